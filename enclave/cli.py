@@ -1,0 +1,247 @@
+"""The `enclave` command: the admin's and operator's entry point.
+
+`enclave` is the composition root: it may import both the service and the worker. The
+service itself never imports the worker (checked by import-linter in the tests).
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+from sqlalchemy import select
+
+from service.auth import hash_api_key, new_api_key
+from service.config import get_settings
+from service.dataschema import load_schema_yaml
+from service.db import engine_for, transaction
+from service.ledger.admission import (
+    InvalidLedgerOperation,
+    dataset_filter,
+    set_analyst_cap,
+    set_dataset_budget,
+)
+from service.ledger.audit import check_totals, verify_all
+from service.ledger.tables import Analyst, Dataset, LedgerEntry, Role
+from service.migrate import upgrade
+from service.privacy.amounts import from_micro
+
+app = typer.Typer(help="Private-data enclave: train models under a differential-privacy budget.",
+                  no_args_is_help=True)
+db_app = typer.Typer(help="The ledger database.", no_args_is_help=True)
+datasets_app = typer.Typer(help="Datasets (inside the enclave).", no_args_is_help=True)
+analysts_app = typer.Typer(help="Analysts and API keys.", no_args_is_help=True)
+ledger_app = typer.Typer(help="The privacy ledger.", no_args_is_help=True)
+app.add_typer(db_app, name="db")
+app.add_typer(datasets_app, name="datasets")
+app.add_typer(analysts_app, name="analysts")
+app.add_typer(ledger_app, name="ledger")
+
+console = Console()
+
+
+def _engine():  # type: ignore[no-untyped-def]
+    return engine_for(get_settings().resolved_database_url)
+
+
+def _home() -> None:
+    get_settings().home.mkdir(parents=True, exist_ok=True)
+
+
+@db_app.command("upgrade")
+def db_upgrade(revision: str = "head") -> None:
+    """Apply the Alembic migrations (the only way the schema changes)."""
+    _home()
+    upgrade(get_settings().resolved_database_url, revision)
+    console.print(f"ledger database at revision {revision}")
+
+
+@datasets_app.command("register")
+def datasets_register(
+    name: Annotated[str, typer.Argument(help="Must equal the schema's name.")],
+    csv: Annotated[Path, typer.Option(exists=True, dir_okay=False, help="The private rows.")],
+    schema: Annotated[Path, typer.Option(exists=True, dir_okay=False, help="Public schema YAML.")],
+    epsilon: Annotated[float, typer.Option(min=0.0, help="ε_total in nats.")],
+    delta: Annotated[float, typer.Option(min=0.0, max=0.999, help="δ_total (0: pure-DP only).")],
+    allow_nominal: Annotated[bool, typer.Option(help="Allow methods with a nominal ε.")] = False,
+) -> None:
+    """Register a dataset: validate its rows against the public schema and set its budget."""
+    from worker.registration import RegistrationError, register_dataset
+
+    parsed = load_schema_yaml(schema.read_text())
+    if parsed.name != name:
+        raise typer.BadParameter(f"the schema is named {parsed.name!r}, not {name!r}")
+    try:
+        reg = register_dataset(_engine(), get_settings(), schema=parsed, csv_path=csv,
+                               epsilon_total=epsilon, delta_total=delta,
+                               allow_nominal=allow_nominal)
+    except RegistrationError as exc:
+        console.print(f"[red]refused:[/red] {exc}")
+        raise typer.Exit(2) from exc
+    r = reg.report
+    console.print(f"registered {name}: {reg.n_rows} rows kept of {r.rows_in} "
+                  f"({r.rows_rejected} rejected)")
+    for col, n in r.rejected_by_column.items():
+        console.print(f"  rejected for {col}: {n}")
+    for col, n in r.clipped_by_column.items():
+        console.print(f"  clipped in {col}: {n}")
+
+
+@datasets_app.command("budget")
+def datasets_budget(name: str, epsilon: float, delta: float) -> None:
+    """Set or raise a dataset's budget (lowering below what is spent is refused)."""
+    with transaction(_engine()) as s:
+        ds = s.scalars(select(Dataset).where(Dataset.name == name)).one()
+        try:
+            set_dataset_budget(s, dataset=ds, epsilon_total=epsilon, delta_total=delta)
+        except InvalidLedgerOperation as exc:
+            console.print(f"[red]refused:[/red] {exc}")
+            raise typer.Exit(2) from exc
+        console.print(dataset_filter(ds).view().model_dump())
+
+
+@datasets_app.command("list")
+def datasets_list() -> None:
+    table = Table("name", "rows", "rule", "ε_total", "δ_total", "Σε charged", "remaining ε", "nominal ok")
+    with transaction(_engine()) as s:
+        for ds in s.scalars(select(Dataset).order_by(Dataset.name)):
+            v = dataset_filter(ds).view()
+            table.add_row(ds.name, str(ds.n_rows), v.rule, f"{v.epsilon_total:g}", f"{v.delta_total:g}",
+                          f"{v.spent_epsilon_sum:g}", f"{v.remaining_epsilon:.4g}", str(ds.allow_nominal))
+    console.print(table)
+
+
+@analysts_app.command("create")
+def analysts_create(
+    name: str,
+    role: Annotated[Role, typer.Option(help="analyst or admin")] = Role.analyst,
+) -> None:
+    """Create an analyst and print their API key (shown once)."""
+    key = analysts_create_key(name, role)
+    console.print(f"created {Role(role).value} {name}")
+    typer.echo(key)
+
+
+def analysts_create_key(name: str, role: Role | str) -> str:
+    key = new_api_key()
+    with transaction(_engine()) as s:
+        s.add(Analyst(name=name, key_hash=hash_api_key(key), role=Role(role)))
+    return key
+
+
+@analysts_app.command("cap")
+def analysts_cap(name: str, dataset: str, epsilon: float, delta: float) -> None:
+    """Set an analyst's cap on a dataset (lowering below what they spent is refused)."""
+    with transaction(_engine()) as s:
+        a = s.scalars(select(Analyst).where(Analyst.name == name)).one()
+        ds = s.scalars(select(Dataset).where(Dataset.name == dataset)).one()
+        try:
+            set_analyst_cap(s, analyst=a, dataset=ds, epsilon=epsilon, delta=delta)
+        except InvalidLedgerOperation as exc:
+            console.print(f"[red]refused:[/red] {exc}")
+            raise typer.Exit(2) from exc
+    console.print(f"cap set: {name} on {dataset}: ε={epsilon}, δ={delta}")
+
+
+def ledger_table(rows: list[dict]) -> Table:
+    table = Table("id", "dataset", "kind", "job", "ε", "δ", "reason", "hash", title="Privacy ledger")
+    for r in rows:
+        table.add_row(str(r["id"]), r["dataset"], r["kind"], (r["job_id"] or "")[:8],
+                      f"{r['epsilon']:g}", r["delta"], (r["reason"] or "")[:40], r["hash"][:12])
+    return table
+
+
+@ledger_app.command("show")
+def ledger_show(limit: int = 50) -> None:
+    with transaction(_engine()) as s:
+        rows = s.execute(
+            select(LedgerEntry, Dataset.name).join(Dataset, Dataset.id == LedgerEntry.dataset_id)
+            .order_by(LedgerEntry.id.desc()).limit(limit)
+        ).all()
+        data = [{"id": e.id, "dataset": n, "kind": str(e.kind), "job_id": e.job_id,
+                 "epsilon": from_micro(e.epsilon_micro), "delta": e.delta, "reason": e.reason,
+                 "hash": e.hash} for e, n in reversed(rows)]
+    console.print(ledger_table(data))
+
+
+@ledger_app.command("verify")
+def ledger_verify() -> None:
+    """Walk every dataset's hash chain."""
+    with transaction(_engine()) as s:
+        reports = verify_all(s)
+    for r in reports:
+        console.print(json.dumps(r.__dict__))
+    if not all(r.ok for r in reports):
+        raise typer.Exit(1)
+
+
+@ledger_app.command("check")
+def ledger_check() -> None:
+    """Recompute every running total from the entries and report mismatches."""
+    with transaction(_engine()) as s:
+        mismatches = check_totals(s)
+    for m in mismatches:
+        console.print(f"[red]mismatch[/red] {m}")
+    if mismatches:
+        raise typer.Exit(1)
+    console.print("all running totals match the entries")
+
+
+@app.command()
+def api(host: str = "127.0.0.1", port: int = 8000, workers: int = 1) -> None:
+    """Run the HTTP API (outside the enclave)."""
+    import uvicorn
+
+    uvicorn.run("service.api.asgi:app", host=host, port=port, workers=workers)
+
+
+@app.command("worker")
+def worker_cmd(loglevel: str = "INFO") -> None:
+    """Run a Celery worker (inside the enclave)."""
+    from worker.celery_app import app as celery_app
+
+    celery_app.worker_main(["worker", "--pool=solo", "--concurrency=1", f"--loglevel={loglevel}",
+                            "--without-gossip", "--without-mingle"])
+
+
+@app.command()
+def up(port: int = 8000) -> None:
+    """Embedded mode: migrate, then run the API and one worker until Ctrl-C."""
+    from enclave.processes import child_env, start_api, start_worker, stop, wait_ready
+
+    db_upgrade()
+    env = child_env({})
+    api_proc = start_api(env, port)
+    worker_proc = start_worker(env)
+    try:
+        wait_ready(f"http://127.0.0.1:{port}")
+        console.print(f"enclave up: API on http://127.0.0.1:{port} (docs at /docs); Ctrl-C stops")
+        signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+        while api_proc.poll() is None and worker_proc.poll() is None:
+            time.sleep(0.5)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        stop(api_proc, worker_proc)
+
+
+@app.command()
+def demo(
+    epsilon: float = 1.0,
+    epochs: int = 3,
+    keep: Annotated[bool, typer.Option(help="Keep the demo's files (.enclave-demo/).")] = False,
+) -> None:
+    """The main job, end to end on the embedded default (see README)."""
+    from enclave.demo import run_demo
+
+    run_demo(epsilon=epsilon, epochs=epochs, keep=keep, console=console)
+
+
+if __name__ == "__main__":
+    app()

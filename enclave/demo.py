@@ -1,0 +1,117 @@
+"""The main job: the whole product end to end on the embedded default.
+
+Admin (inside the enclave): migrate the ledger, register Adult's training part with a
+budget, create an analyst. Then the API and a worker start as processes, and the analyst
+works over HTTP only: list datasets, get a quote, submit a DP-SGD logistic-regression
+job, watch its progress, download the release, evaluate it on the public holdout.
+Finally the admin prints the ledger and verifies its hash chain.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from pathlib import Path
+
+import httpx
+import pandas as pd
+from rich.console import Console
+from rich.table import Table
+from sklearn.metrics import roc_auc_score
+
+from enclave.processes import child_env, free_port, start_api, start_worker, stop, wait_ready
+from service.releases import encode_for, load_release, predict_proba
+
+REPO = Path(__file__).resolve().parents[1]
+ADULT = REPO / "examples" / "adult"
+
+
+def run_demo(*, epsilon: float, epochs: int, keep: bool, console: Console) -> None:
+    t0 = time.monotonic()
+    home = Path(".enclave-demo").resolve()
+    if home.exists():
+        shutil.rmtree(home)
+    home.mkdir(parents=True)
+    env_vars = {"ENCLAVE_HOME": str(home), "ENCLAVE_SWEEP_INTERVAL_S": "2"}
+    os.environ.update(env_vars)
+    from service.config import get_settings
+
+    get_settings.cache_clear()
+
+    from enclave.cli import analysts_create_key, datasets_register, db_upgrade, ledger_table
+
+    console.rule("[bold]1. Admin, inside the enclave")
+    db_upgrade()
+    datasets_register("adult", csv=ADULT / "adult.data.gz", schema=ADULT / "schema.yaml",
+                      epsilon=10.0, delta=1e-5, allow_nominal=True)
+    admin_key = analysts_create_key("admin", "admin")
+    analyst_key = analysts_create_key("alice", "analyst")
+    console.print("created the admin and analyst 'alice' (keys are shown once, stored hashed)")
+
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    env = child_env(env_vars)
+    api_proc = start_api(env, port, log=home / "api.log")
+    worker_proc = start_worker(env, log=home / "worker.log")
+    try:
+        wait_ready(base)
+        console.print(f"API on {base}, one worker (Celery over SQLite) started")
+        analyst = httpx.Client(base_url=base, headers={"Authorization": f"Bearer {analyst_key}"},
+                               timeout=60)
+        admin = httpx.Client(base_url=base, headers={"Authorization": f"Bearer {admin_key}"},
+                             timeout=60)
+
+        console.rule("[bold]2. Analyst, over HTTP")
+        ds = analyst.get("/v1/datasets").raise_for_status().json()[0]
+        console.print(f"dataset {ds['name']}: {ds['n_rows']} rows (public count), "
+                      f"{len(ds['public_schema']['columns'])} columns, budget ε={ds['budget']['epsilon_total']}, "
+                      f"δ={ds['budget']['delta_total']} ({ds['budget']['rule']} rule)")
+        request = {
+            "dataset": "adult", "model": {"kind": "logistic"}, "method": "dpsgd",
+            "epsilon": epsilon, "delta": 1e-5,
+            "dpsgd": {"epochs": epochs, "batch_size": 256, "max_grad_norm": 1.0,
+                      "learning_rate": 1.0, "accountant": "rdp"},
+        }
+        quote = analyst.post("/v1/quote", json=request).raise_for_status().json()
+        console.print(f"quote: admitted={quote['admitted']}, noise multiplier "
+                      f"{quote['plan']['mechanism']['noise_multiplier']:.3f}, "
+                      f"{quote['plan']['mechanism']['steps']} steps; remaining ε after: "
+                      f"{quote['dataset_after']['remaining_epsilon']:.3f}")
+        job = analyst.post("/v1/jobs", json=request,
+                           headers={"Idempotency-Key": "demo-1"}).raise_for_status().json()
+        console.print(f"submitted job {job['id']} ({job['status']})")
+        last = None
+        while job["status"] in ("queued", "running"):
+            time.sleep(0.5)
+            job = analyst.get(f"/v1/jobs/{job['id']}").raise_for_status().json()
+            line = f"  {job['status']}: step {job['progress_step']} of {job['progress_total']}"
+            if line != last:
+                console.print(line)
+                last = line
+        if job["status"] != "released":
+            raise SystemExit(f"job ended {job['status']}: {job['error']}")
+        card = analyst.get(f"/v1/jobs/{job['id']}/release").raise_for_status().json()
+        weights = analyst.get(f"/v1/jobs/{job['id']}/release/weights").raise_for_status().content
+        release = load_release(weights, card)
+        p = card["privacy"]
+        console.print(f"release: {card['model']['kind']}, ε={p['epsilon']}, δ={p['delta']}, "
+                      f"accountant={p['accountant']}, guarantee={p['guarantee'].upper()}")
+        console.print(f"  {p['statement']}")
+
+        holdout = pd.read_csv(ADULT / "adult.test.gz", **release.schema.read_csv_kwargs())
+        x, y = encode_for(release, holdout)
+        auc = roc_auc_score(y, predict_proba(release, x))
+        console.print(f"[bold]AUC on the public holdout ({len(y)} rows): {auc:.4f}[/bold]")
+
+        console.rule("[bold]3. Admin: the ledger")
+        console.print(ledger_table(admin.get("/v1/admin/ledger").raise_for_status().json()))
+        verdict = admin.get("/v1/admin/ledger/verify").raise_for_status().json()
+        console.print(f"hash chain and running totals verified: {verdict['ok']}")
+        if not verdict["ok"]:
+            raise SystemExit("ledger verification failed")
+    finally:
+        stop(api_proc, worker_proc)
+        if not keep:
+            shutil.rmtree(home, ignore_errors=True)
+    console.print(f"demo finished in {time.monotonic() - t0:.1f} s")

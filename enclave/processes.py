@@ -1,0 +1,65 @@
+"""Start the API and worker as child processes (embedded mode, demo and tests)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def child_env(extra: dict[str, str]) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(extra)
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    return env
+
+
+def start_api(env: dict[str, str], port: int, log: Path | None = None, workers: int = 1) -> subprocess.Popen[bytes]:
+    cmd = [sys.executable, "-m", "uvicorn", "service.api.asgi:app", "--host", "127.0.0.1",
+           "--port", str(port), "--log-level", "warning", "--workers", str(workers)]
+    out = open(log, "ab") if log else subprocess.DEVNULL  # noqa: SIM115
+    return subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT)
+
+
+def start_worker(env: dict[str, str], log: Path | None = None, name: str = "w1") -> subprocess.Popen[bytes]:
+    cmd = [sys.executable, "-m", "celery", "-A", "worker.celery_app:app", "worker",
+           "--pool=solo", "--concurrency=1", "--loglevel=INFO", "--without-gossip",
+           "--without-mingle", "--without-heartbeat", "-n", f"{name}@%h"]
+    out = open(log, "ab") if log else subprocess.DEVNULL  # noqa: SIM115
+    return subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT)
+
+
+def wait_ready(base_url: str, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"{base_url}/readyz", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise TimeoutError(f"the API at {base_url} did not become ready in {timeout:.0f} s")
+
+
+def stop(*procs: subprocess.Popen[bytes] | None) -> None:
+    for p in procs:
+        if p is not None and p.poll() is None:
+            p.terminate()
+    for p in procs:
+        if p is not None:
+            try:
+                p.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()

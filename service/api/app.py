@@ -1,0 +1,111 @@
+"""The FastAPI application factory (outside the enclave: it never reads private rows)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI
+
+from service.api.errors import install_handlers, problem_response
+from service.api.routes import admin, health, jobs
+from service.config import Settings, get_settings
+from service.db import engine_for
+from service.jobs import sweep
+
+log = logging.getLogger("enclave.api")
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+
+class BodyLimit:
+    """Reject bodies over `limit` bytes with a 413 problem, declared or streamed."""
+
+    def __init__(self, app: Callable[..., Awaitable[None]], limit: int) -> None:
+        self.app, self.limit = app, limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = dict(scope.get("headers") or [])
+        declared = headers.get(b"content-length")
+        too_big = problem_response(413, "payload-too-large",
+                                   f"the request body exceeds {self.limit} bytes")
+        if declared is not None and (not declared.isdigit() or int(declared) > self.limit):
+            await too_big(scope, receive, send)
+            return
+        seen = 0
+
+        async def limited() -> Message:
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.limit:
+                    raise _TooLarge
+            return message
+
+        try:
+            await self.app(scope, limited, send)
+        except _TooLarge:
+            await too_big(scope, receive, send)
+
+
+class _TooLarge(Exception):
+    pass
+
+
+def _sweeper(settings: Settings, stop: threading.Event) -> None:
+    engine = engine_for(settings.resolved_database_url)
+    while not stop.wait(settings.sweep_interval_s):
+        try:
+            sweep(engine, settings)
+        except Exception:
+            log.warning("sweep failed", exc_info=True)
+
+
+def create_app(settings: Settings | None = None, *, run_sweeper: bool = True) -> FastAPI:
+    settings = settings or get_settings()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        stop = threading.Event()
+        thread = None
+        if run_sweeper:
+            thread = threading.Thread(target=_sweeper, args=(settings, stop), daemon=True,
+                                      name="enclave-sweeper")
+            thread.start()
+        yield
+        stop.set()
+        if thread:
+            thread.join(timeout=5)
+
+    app = FastAPI(
+        title="Private-data enclave",
+        version="0.1.0",
+        summary="Train models on data you may never see, under a differential-privacy budget.",
+        description=(
+            "Analysts submit training jobs; each job's privacy plan is charged to the ledger "
+            "at admission, before any private row is read. A job cancelled while queued is "
+            "refunded. A failed job keeps its charge unless the admin refunds it: its failure "
+            "is itself an output. Releases state their guarantee: `proven` (DP-SGD) or "
+            "`nominal` (ExpM+NF: the flow only approximates the ε-DP mechanism). "
+            "Errors are RFC 9457 `application/problem+json`."
+        ),
+        lifespan=lifespan,
+    )
+    app.state.settings = settings
+    app.state.engine = engine_for(settings.resolved_database_url)
+    install_handlers(app)
+    app.include_router(health.router)
+    app.include_router(jobs.router)
+    app.include_router(admin.router)
+    app.add_middleware(BodyLimit, limit=settings.max_body_bytes)  # type: ignore[arg-type]
+    return app

@@ -1,0 +1,64 @@
+"""Shared dependencies: the engine, settings and the caller's identity and role."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Annotated
+
+from fastapi import Depends, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from sqlalchemy import Engine, select
+
+from service.api.errors import ProblemError
+from service.auth import hash_api_key
+from service.config import Settings
+from service.db import transaction
+from service.ledger.tables import Analyst, Role
+
+_bearer = HTTPBearer(auto_error=False, description="An API key issued by the admin.")
+
+
+def get_engine_dep(request: Request) -> Engine:
+    return request.app.state.engine  # type: ignore[no-any-return]
+
+
+def get_settings_dep(request: Request) -> Settings:
+    return request.app.state.settings  # type: ignore[no-any-return]
+
+
+EngineDep = Annotated[Engine, Depends(get_engine_dep)]
+SettingsDep = Annotated[Settings, Depends(get_settings_dep)]
+
+
+@dataclass(frozen=True)
+class Caller:
+    id: int
+    name: str
+    role: Role
+
+
+def current_caller(
+    engine: EngineDep,
+    creds: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+) -> Caller:
+    if creds is None or creds.scheme.lower() != "bearer" or not creds.credentials:
+        raise ProblemError(401, "unauthorized", "missing API key")
+    with transaction(engine) as s:
+        analyst = s.scalars(
+            select(Analyst).where(Analyst.key_hash == hash_api_key(creds.credentials))
+        ).one_or_none()
+        if analyst is None:
+            raise ProblemError(401, "unauthorized", "invalid API key")
+        return Caller(analyst.id, analyst.name, Role(analyst.role))
+
+
+CallerDep = Annotated[Caller, Depends(current_caller)]
+
+
+def require_admin(caller: CallerDep) -> Caller:
+    if caller.role != Role.admin:
+        raise ProblemError(403, "forbidden", "this endpoint is for the admin")
+    return caller
+
+
+AdminDep = Annotated[Caller, Depends(require_admin)]

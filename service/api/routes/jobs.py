@@ -1,0 +1,226 @@
+"""Analyst endpoints: datasets, quotes, jobs and releases. HTTP translation only."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Header, Response
+from fastapi.responses import FileResponse
+from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from service.api.deps import CallerDep, EngineDep, SettingsDep
+from service.api.errors import ProblemError
+from service.api.lookups import dataset_or_404, visible_job_or_404
+from service.db import transaction
+from service.jobs import enqueue, job_public
+from service.ledger.admission import (
+    BudgetExceeded,
+    Evaluation,
+    IdempotencyConflict,
+    InvalidLedgerOperation,
+    NominalNotAllowed,
+    admit_job,
+    cancel_job,
+    cap_filter,
+    charge_for,
+    dataset_filter,
+    evaluate,
+    lock_job,
+)
+from service.ledger.tables import Analyst, AnalystCap, Dataset, Job, JobStatus, Release
+from service.plans import PlanError, build_plan
+from service.releases import release_paths
+from service.schemas import DatasetPublic, JobPublic, JobRequest, PrivacyPlan, QuoteResponse
+
+router = APIRouter(prefix="/v1", tags=["analyst"])
+
+IdempotencyKey = Annotated[
+    str | None,
+    Header(alias="Idempotency-Key", min_length=1, max_length=200,
+           description="Repeat a POST safely: the same key and body return the first job."),
+]
+
+
+def _dataset_view(s: Session, ds: Dataset, analyst_id: int) -> DatasetPublic:
+    cap = s.get(AnalystCap, (analyst_id, ds.id))
+    return DatasetPublic(
+        name=ds.name,
+        n_rows=ds.n_rows,
+        public_schema=ds.public_schema,
+        allow_nominal=ds.allow_nominal,
+        budget=dataset_filter(ds).view(),
+        analyst_budget=cap_filter(cap).view() if cap else None,
+    )
+
+
+@router.get("/datasets", response_model=list[DatasetPublic])
+def list_datasets(caller: CallerDep, engine: EngineDep) -> list[DatasetPublic]:
+    """Datasets with their public schema and remaining budgets (the dataset's and yours)."""
+    with transaction(engine) as s:
+        return [_dataset_view(s, ds, caller.id) for ds in s.scalars(select(Dataset).order_by(Dataset.name))]
+
+
+@router.get("/datasets/{name}", response_model=DatasetPublic)
+def get_dataset(name: str, caller: CallerDep, engine: EngineDep) -> DatasetPublic:
+    with transaction(engine) as s:
+        return _dataset_view(s, dataset_or_404(s, name), caller.id)
+
+
+def _plan_for(engine: EngineDep, body: JobRequest) -> PrivacyPlan:
+    with transaction(engine) as s:
+        n_rows = dataset_or_404(s, body.dataset).n_rows
+    try:
+        return build_plan(body, n_rows=n_rows)
+    except PlanError as exc:
+        raise ProblemError(422, "invalid-plan", str(exc)) from exc
+
+
+def _budget_problem(ev: Evaluation) -> ProblemError:
+    return ProblemError(
+        409,
+        "budget-exceeded",
+        ev.reason or "budget exceeded",
+        remaining={
+            "dataset": ev.dataset_before.view().model_dump(),
+            "analyst": ev.analyst_before.view().model_dump() if ev.analyst_before else None,
+        },
+    )
+
+
+@router.post("/quote", response_model=QuoteResponse)
+def quote(body: JobRequest, caller: CallerDep, engine: EngineDep) -> QuoteResponse:
+    """The cost of a prospective request and the budgets after it. Charges nothing.
+
+    Uses the same evaluation as admission, on the ledger's current state.
+    """
+    plan = _plan_for(engine, body)
+    with transaction(engine) as s:
+        ds = dataset_or_404(s, body.dataset)
+        cap = s.get(AnalystCap, (caller.id, ds.id))
+        ev = evaluate(dataset_filter(ds), cap_filter(cap) if cap else None, charge_for(plan))
+        reason = ev.reason
+        admitted = ev.admitted
+        if plan.guarantee == "nominal" and not ds.allow_nominal:
+            admitted, reason = False, "this dataset does not allow methods with a nominal guarantee"
+        return QuoteResponse(
+            admitted=admitted,
+            reason=reason,
+            plan=plan,
+            dataset_before=ev.dataset_before.view(),
+            dataset_after=ev.dataset_after.view() if ev.dataset_after else None,
+            analyst_before=ev.analyst_before.view() if ev.analyst_before else None,
+            analyst_after=ev.analyst_after.view() if ev.analyst_after else None,
+        )
+
+
+@router.post(
+    "/jobs",
+    response_model=JobPublic,
+    status_code=202,
+    responses={200: {"description": "Idempotent replay: the first job with this key."}},
+)
+def create_job(
+    body: JobRequest,
+    caller: CallerDep,
+    engine: EngineDep,
+    settings: SettingsDep,
+    response: Response,
+    idempotency_key: IdempotencyKey = None,
+) -> JobPublic:
+    """Submit a training job. Its plan is charged to the ledger at admission, before any
+    private row is read. A job cancelled while queued is refunded; a failed job keeps its
+    charge unless the admin refunds it (its failure is itself an output)."""
+    plan = _plan_for(engine, body)
+    try:
+        with transaction(engine) as s:
+            analyst = s.get_one(Analyst, caller.id)
+            ds = dataset_or_404(s, body.dataset)
+            admitted = admit_job(
+                s, analyst=analyst, dataset=ds, request=body, plan=plan,
+                idempotency_key=idempotency_key,
+            )
+            view = job_public(admitted.job, ds.name)
+    except BudgetExceeded as exc:
+        raise _budget_problem(exc.evaluation) from exc
+    except IdempotencyConflict as exc:
+        raise ProblemError(422, "idempotency-conflict", str(exc)) from exc
+    except NominalNotAllowed as exc:
+        raise ProblemError(403, "nominal-not-allowed", str(exc)) from exc
+    except IntegrityError as exc:
+        # Same key raced on another dataset: the unique constraint is the backstop.
+        raise ProblemError(422, "idempotency-conflict", "this Idempotency-Key is in use") from exc
+    if admitted.created:
+        enqueue(engine, settings, view.id)
+    else:
+        response.status_code = 200
+    return view
+
+
+@router.get("/jobs", response_model=list[JobPublic])
+def list_jobs(caller: CallerDep, engine: EngineDep) -> list[JobPublic]:
+    with transaction(engine) as s:
+        rows = s.execute(
+            select(Job, Dataset.name)
+            .join(Dataset, Dataset.id == Job.dataset_id)
+            .where(Job.analyst_id == caller.id)
+            .order_by(Job.created_at.desc())
+        ).all()
+        return [job_public(job, name) for job, name in rows]
+
+
+@router.get("/jobs/{job_id}", response_model=JobPublic)
+def get_job(job_id: str, caller: CallerDep, engine: EngineDep) -> JobPublic:
+    with transaction(engine) as s:
+        job = visible_job_or_404(s, caller, job_id)
+        return job_public(job, s.get_one(Dataset, job.dataset_id).name)
+
+
+@router.post("/jobs/{job_id}/cancel", response_model=JobPublic)
+def cancel(job_id: str, caller: CallerDep, engine: EngineDep) -> JobPublic:
+    """Cancel a queued job. It is refunded: no private row was read."""
+    with transaction(engine) as s:
+        visible_job_or_404(s, caller, job_id)
+        job = lock_job(s, job_id)
+        assert job is not None
+        try:
+            cancel_job(s, job=job)
+        except InvalidLedgerOperation as exc:
+            raise ProblemError(409, "conflict", str(exc)) from exc
+        return job_public(job, s.get_one(Dataset, job.dataset_id).name)
+
+
+def _release_or_409(s: Session, caller: CallerDep, job_id: str) -> Release:
+    job = visible_job_or_404(s, caller, job_id)
+    release = s.get(Release, job.id)
+    if job.status != JobStatus.released or release is None:
+        raise ProblemError(409, "release-not-ready", f"job {job_id} has no release (status {job.status})")
+    return release
+
+
+@router.get("/jobs/{job_id}/release")
+def get_release_card(job_id: str, caller: CallerDep, engine: EngineDep) -> dict:
+    """The model card: model, preprocessing, mechanism, (ε, δ), accountant and whether the
+    guarantee is proven or nominal."""
+    with transaction(engine) as s:
+        return dict(_release_or_409(s, caller, job_id).card)
+
+
+@router.get(
+    "/jobs/{job_id}/release/weights",
+    response_class=FileResponse,
+    responses={200: {"content": {"application/octet-stream": {}}}},
+)
+def get_release_weights(
+    job_id: str, caller: CallerDep, engine: EngineDep, settings: SettingsDep
+) -> FileResponse:
+    """The released weights (safetensors). Their SHA-256 is in the model card."""
+    with transaction(engine) as s:
+        release = _release_or_409(s, caller, job_id)
+        path = release_paths(settings.resolved_release_dir, job_id, release.card["run_token"]).weights
+    return FileResponse(path, media_type="application/octet-stream",
+                        filename=f"{job_id}.safetensors")
+
+
+

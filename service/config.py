@@ -1,0 +1,56 @@
+"""Settings: one validated class, read from ``ENCLAVE_*`` environment variables.
+
+Built by the cached getter :func:`get_settings`, never at import time; tests call
+``get_settings.cache_clear()`` after changing the environment.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+DEFAULT_HOME = Path(".enclave")
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="ENCLAVE_", extra="ignore")
+
+    home: Path = Field(default=DEFAULT_HOME, description="Root of the embedded mode's files.")
+    database_url: str = Field(default="", description="SQLAlchemy URL of the ledger database.")
+    broker_url: str = Field(default="", description="Celery broker URL.")
+    release_dir: Path | None = Field(default=None, description="Where releases are written.")
+    data_dir: Path | None = Field(
+        default=None, description="Private data volume: mounted only into the worker."
+    )
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    queue: str = "enclave.jobs"
+    max_body_bytes: int = Field(default=64 * 1024, ge=1024)
+    # A running job whose heartbeat is older than this is presumed lost and re-enqueued.
+    heartbeat_timeout_s: float = Field(default=120.0, gt=0)
+    sweep_interval_s: float = Field(default=15.0, gt=0)
+    max_attempts: int = Field(default=3, ge=1)
+
+    @property
+    def resolved_database_url(self) -> str:
+        return self.database_url or f"sqlite:///{(self.home / 'ledger.sqlite').resolve()}"
+
+    @property
+    def resolved_broker_url(self) -> str:
+        return self.broker_url or f"sqla+sqlite:///{(self.home / 'broker.sqlite').resolve()}"
+
+    @property
+    def resolved_release_dir(self) -> Path:
+        return (self.release_dir or self.home / "releases").resolve()
+
+    @property
+    def resolved_data_dir(self) -> Path:
+        return (self.data_dir or self.home / "private-data").resolve()
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    return Settings()

@@ -1,0 +1,583 @@
+"""Admission: check, then commit, against the dataset's and the analyst's privacy filters.
+
+Every path that changes a running total (admit, refund, cap creation, budget change)
+runs in ONE transaction that first locks the dataset row (PostgreSQL ``SELECT … FOR
+UPDATE``; SQLite ``BEGIN IMMEDIATE``, see :mod:`service.db`) and then the analyst's cap
+row. The evaluation itself (:func:`evaluate`) is a pure function of those rows and the
+charge, shared by admission and by quotes, so a quote agrees exactly with what admission
+would do on the same state.
+
+Rules (see :mod:`service.privacy.filters` for the proofs):
+- δ_total = 0: basic composition of pure mechanisms, Σε ≤ ε_total.
+- δ_total > 0: a Rényi-DP filter over the public grid of orders, valid under fully
+  adaptive choice of the next request.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import uuid
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
+from decimal import Decimal
+from typing import Literal
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from service.ledger.chain import GENESIS, append_entry
+from service.ledger.tables import (
+    Analyst,
+    AnalystCap,
+    Dataset,
+    EntryKind,
+    Job,
+    JobStatus,
+    LedgerEntry,
+)
+from service.privacy.amounts import curve_to_micro_up, from_micro, to_micro_down, to_micro_up
+from service.privacy.events import event_from_json
+from service.privacy.filters import (
+    max_admissible_pure_epsilon,
+    pure_admits,
+    rdp_admits,
+    rdp_budget_micro,
+)
+from service.privacy.orders import ORDERS, ORDERS_VERSION
+from service.schemas import BudgetView, JobRequest, PrivacyPlan
+
+
+class LedgerError(Exception):
+    """Base class: a refused ledger operation (a 4xx for the caller, nothing written)."""
+
+
+class BudgetExceeded(LedgerError):
+    def __init__(self, evaluation: Evaluation) -> None:
+        super().__init__(evaluation.reason or "budget exceeded")
+        self.evaluation = evaluation
+
+
+class IdempotencyConflict(LedgerError):
+    """The Idempotency-Key was used before with a different body."""
+
+
+class InvalidLedgerOperation(LedgerError):
+    pass
+
+
+class NominalNotAllowed(LedgerError):
+    """The dataset does not allow methods whose guarantee is nominal."""
+
+
+# --------------------------------------------------------------------------- charges
+
+
+@dataclass(frozen=True)
+class Charge:
+    """What a plan costs, in the ledger's exact units (charges round up)."""
+
+    epsilon_micro: int
+    rdp_micro: list[int]
+    delta: str
+    pure: bool
+    event: dict
+
+    def negated(self) -> Charge:
+        return replace(
+            self, epsilon_micro=-self.epsilon_micro, rdp_micro=[-v for v in self.rdp_micro]
+        )
+
+
+def charge_for(plan: PrivacyPlan) -> Charge:
+    event = event_from_json(plan.event)
+    if list(plan.rdp_orders) != list(ORDERS):
+        raise InvalidLedgerOperation("the plan was made for another grid of Rényi orders")
+    return Charge(
+        epsilon_micro=to_micro_up(plan.epsilon),
+        rdp_micro=curve_to_micro_up(event.rdp(ORDERS)),
+        delta=_decimal_str(plan.delta),
+        pure=event.is_pure,
+        event=plan.event,
+    )
+
+
+def _decimal_str(x: float) -> str:
+    return format(Decimal(repr(float(x))), "f") if x else "0"
+
+
+# --------------------------------------------------------------------------- filters
+
+Scope = Literal["dataset", "analyst"]
+
+
+@dataclass(frozen=True)
+class Filter:
+    """The state of one privacy filter: a dataset budget or an analyst's cap."""
+
+    scope: Scope
+    epsilon_total_micro: int
+    delta_total: str
+    spent_epsilon_micro: int
+    spent_rdp_micro: tuple[int, ...]
+
+    @property
+    def rule(self) -> Literal["pure", "rdp"]:
+        return "pure" if Decimal(self.delta_total) == 0 else "rdp"
+
+    def budget_rdp_micro(self) -> list[int]:
+        return rdp_budget_micro(
+            epsilon_total=from_micro(self.epsilon_total_micro),
+            delta_total=float(Decimal(self.delta_total)),
+            orders=ORDERS,
+        )
+
+    def refusal(self, charge: Charge) -> str | None:
+        """None if this filter admits `charge`, else the reason in plain words."""
+        who = "the dataset's budget" if self.scope == "dataset" else "your budget cap on this dataset"
+        if self.rule == "pure":
+            if not charge.pure:
+                return (
+                    f"{who} allows only pure ε-DP mechanisms (δ_total = 0); "
+                    "this request needs δ > 0"
+                )
+            if not pure_admits(
+                spent_micro=self.spent_epsilon_micro,
+                charge_micro=charge.epsilon_micro,
+                total_micro=self.epsilon_total_micro,
+            ):
+                return f"{who} is exceeded (basic composition Σε ≤ ε_total)"
+            return None
+        if not rdp_admits(
+            spent_micro=self.spent_rdp_micro,
+            charge_micro=charge.rdp_micro,
+            budget_micro=self.budget_rdp_micro(),
+        ):
+            return f"{who} is exceeded (Rényi-DP filter: every order would be exhausted)"
+        return None
+
+    def after(self, charge: Charge) -> Filter:
+        return replace(
+            self,
+            spent_epsilon_micro=self.spent_epsilon_micro + charge.epsilon_micro,
+            spent_rdp_micro=tuple(
+                a + b for a, b in zip(self.spent_rdp_micro, charge.rdp_micro, strict=True)
+            ),
+        )
+
+    def remaining_epsilon(self) -> float:
+        if self.rule == "pure":
+            return from_micro(max(0, self.epsilon_total_micro - self.spent_epsilon_micro))
+        return max_admissible_pure_epsilon(
+            spent_micro=list(self.spent_rdp_micro), budget_micro=self.budget_rdp_micro()
+        )
+
+    def view(self) -> BudgetView:
+        return BudgetView(
+            scope=self.scope,
+            rule=self.rule,
+            epsilon_total=from_micro(self.epsilon_total_micro),
+            delta_total=float(Decimal(self.delta_total)),
+            spent_epsilon_sum=from_micro(self.spent_epsilon_micro),
+            remaining_epsilon=self.remaining_epsilon(),
+        )
+
+
+def dataset_filter(ds: Dataset) -> Filter:
+    return Filter(
+        "dataset", ds.epsilon_total_micro, ds.delta_total, ds.spent_epsilon_micro,
+        tuple(ds.spent_rdp_micro),
+    )
+
+
+def cap_filter(cap: AnalystCap) -> Filter:
+    return Filter(
+        "analyst", cap.epsilon_cap_micro, cap.delta_cap, cap.spent_epsilon_micro,
+        tuple(cap.spent_rdp_micro),
+    )
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    admitted: bool
+    reason: str | None
+    dataset_before: Filter
+    dataset_after: Filter | None
+    analyst_before: Filter | None
+    analyst_after: Filter | None
+
+
+def evaluate(dataset: Filter, cap: Filter | None, charge: Charge) -> Evaluation:
+    """Both filters must pass. Pure function: shared by quotes and admission."""
+    reason = dataset.refusal(charge) or (cap.refusal(charge) if cap else None)
+    admitted = reason is None
+    return Evaluation(
+        admitted=admitted,
+        reason=reason,
+        dataset_before=dataset,
+        dataset_after=dataset.after(charge) if admitted else None,
+        analyst_before=cap,
+        analyst_after=cap.after(charge) if (admitted and cap) else None,
+    )
+
+
+# --------------------------------------------------------------------------- locking
+
+
+def lock_dataset(session: Session, dataset_id: int) -> Dataset:
+    return session.scalars(
+        select(Dataset)
+        .where(Dataset.id == dataset_id)
+        .with_for_update()
+        .execution_options(populate_existing=True)
+    ).one()
+
+
+def lock_cap(session: Session, analyst_id: int, dataset_id: int) -> AnalystCap | None:
+    return session.scalars(
+        select(AnalystCap)
+        .where(AnalystCap.analyst_id == analyst_id, AnalystCap.dataset_id == dataset_id)
+        .with_for_update()
+        .execution_options(populate_existing=True)
+    ).one_or_none()
+
+
+def _apply(ds: Dataset, cap: AnalystCap | None, charge: Charge) -> None:
+    ds.spent_epsilon_micro += charge.epsilon_micro
+    ds.spent_rdp_micro = [a + b for a, b in zip(ds.spent_rdp_micro, charge.rdp_micro, strict=True)]
+    if cap is not None:
+        cap.spent_epsilon_micro += charge.epsilon_micro
+        cap.spent_rdp_micro = [
+            a + b for a, b in zip(cap.spent_rdp_micro, charge.rdp_micro, strict=True)
+        ]
+
+
+# --------------------------------------------------------------------------- operations
+
+
+def new_dataset(
+    session: Session,
+    *,
+    name: str,
+    public_schema: dict,
+    n_rows: int,
+    epsilon_total: float,
+    delta_total: float,
+    allow_nominal: bool,
+) -> Dataset:
+    ds = Dataset(
+        name=name,
+        public_schema=public_schema,
+        n_rows=n_rows,
+        epsilon_total_micro=to_micro_down(epsilon_total),
+        delta_total=_decimal_str(delta_total),
+        allow_nominal=allow_nominal,
+        orders_version=ORDERS_VERSION,
+        spent_epsilon_micro=0,
+        spent_rdp_micro=[0] * len(ORDERS),
+        head_hash=GENESIS,
+    )
+    session.add(ds)
+    session.flush()
+    append_entry(
+        session,
+        ds,
+        LedgerEntry(
+            kind=EntryKind.budget,
+            event={"action": "register", "epsilon_total": epsilon_total,
+                   "delta_total": ds.delta_total, "n_rows": n_rows},
+            epsilon_micro=0,
+            rdp_micro=None,
+            delta="0",
+            reason="dataset registered",
+        ),
+    )
+    return ds
+
+
+def request_digest(request: JobRequest) -> str:
+    body = json.dumps(request.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(body.encode()).hexdigest()
+
+
+def find_idempotent(
+    session: Session, *, analyst_id: int, key: str, request_hash: str
+) -> Job | None:
+    job = session.scalars(
+        select(Job).where(Job.analyst_id == analyst_id, Job.idempotency_key == key)
+    ).one_or_none()
+    if job is not None and job.request_hash != request_hash:
+        raise IdempotencyConflict("this Idempotency-Key was already used with a different body")
+    return job
+
+
+@dataclass(frozen=True)
+class Admitted:
+    job: Job
+    created: bool  # False when an Idempotency-Key replay returned the first job
+
+
+def admit_job(
+    session: Session,
+    *,
+    analyst: Analyst,
+    dataset: Dataset,
+    request: JobRequest,
+    plan: PrivacyPlan,
+    idempotency_key: str | None,
+) -> Admitted:
+    """Charge the plan and create the queued job, in the caller's transaction.
+
+    Raises :class:`BudgetExceeded` (nothing written) when either filter refuses.
+    """
+    digest = request_digest(request)
+    ds = lock_dataset(session, dataset.id)
+    # Under the lock: a concurrent request with the same key has either committed (we
+    # see it) or not started its charge yet (it will see ours and replay it).
+    if idempotency_key is not None:
+        existing = find_idempotent(
+            session, analyst_id=analyst.id, key=idempotency_key, request_hash=digest
+        )
+        if existing is not None:
+            return Admitted(existing, created=False)
+    if plan.guarantee == "nominal" and not ds.allow_nominal:
+        raise NominalNotAllowed(
+            f"dataset {ds.name!r} does not allow methods with a nominal guarantee "
+            "(the admin decides this per dataset)"
+        )
+    cap = lock_cap(session, analyst.id, ds.id)
+    charge = charge_for(plan)
+    ev = evaluate(dataset_filter(ds), cap_filter(cap) if cap else None, charge)
+    if not ev.admitted:
+        raise BudgetExceeded(ev)
+    job = Job(
+        id=str(uuid.uuid4()),
+        analyst_id=analyst.id,
+        dataset_id=ds.id,
+        idempotency_key=idempotency_key,
+        request_hash=digest,
+        request=request.model_dump(mode="json"),
+        plan=plan.model_dump(mode="json"),
+        status=JobStatus.queued,
+        progress_step=0,
+        progress_total=0,
+        attempts=0,
+        data_touched=False,
+    )
+    session.add(job)
+    session.flush()
+    entry = append_entry(
+        session,
+        ds,
+        LedgerEntry(
+            analyst_id=analyst.id,
+            job_id=job.id,
+            kind=EntryKind.charge,
+            event=charge.event,
+            epsilon_micro=charge.epsilon_micro,
+            rdp_micro=charge.rdp_micro,
+            delta=charge.delta,
+            reason=None,
+        ),
+    )
+    _apply(ds, cap, charge)
+    job.charge_entry_id = entry.id
+    return Admitted(job, created=True)
+
+
+def refund_job(session: Session, *, job: Job, reason: str) -> LedgerEntry:
+    """Append a refund of the job's charge. The caller holds the job row lock."""
+    ds = lock_dataset(session, job.dataset_id)
+    already = session.scalar(
+        select(func.count()).select_from(LedgerEntry).where(
+            LedgerEntry.job_id == job.id, LedgerEntry.kind == EntryKind.refund
+        )
+    )
+    if already:
+        raise InvalidLedgerOperation("this job was already refunded")
+    charge_entry = session.get(LedgerEntry, job.charge_entry_id)
+    if charge_entry is None or charge_entry.rdp_micro is None:
+        raise InvalidLedgerOperation("the job has no charge to refund")
+    cap = lock_cap(session, job.analyst_id, ds.id)
+    refund = Charge(
+        epsilon_micro=charge_entry.epsilon_micro,
+        rdp_micro=list(charge_entry.rdp_micro),
+        delta=charge_entry.delta,
+        pure=True,
+        event=charge_entry.event or {},
+    ).negated()
+    entry = append_entry(
+        session,
+        ds,
+        LedgerEntry(
+            analyst_id=job.analyst_id,
+            job_id=job.id,
+            kind=EntryKind.refund,
+            event={"refund_of": charge_entry.id, "data_touched": job.data_touched},
+            epsilon_micro=refund.epsilon_micro,
+            rdp_micro=refund.rdp_micro,
+            delta=charge_entry.delta,
+            reason=reason,
+        ),
+    )
+    _apply(ds, cap, refund)
+    return entry
+
+
+def lock_job(session: Session, job_id: str) -> Job | None:
+    return session.scalars(
+        select(Job)
+        .where(Job.id == job_id)
+        .with_for_update()
+        .execution_options(populate_existing=True)
+    ).one_or_none()
+
+
+def cancel_job(session: Session, *, job: Job) -> Job:
+    """Cancel a queued job; it is refunded because no private row was read."""
+    if job.status != JobStatus.queued or job.data_touched:
+        raise InvalidLedgerOperation(f"only queued jobs can be cancelled (this one is {job.status})")
+    job.status = JobStatus.cancelled
+    job.finished_at = datetime.now(UTC)
+    refund_job(session, job=job, reason="cancelled by the analyst before any private row was read")
+    return job
+
+
+def record_release(session: Session, *, job: Job, weights_sha256: str) -> LedgerEntry:
+    """A release row in the ledger (zero cost: the charge was taken at admission)."""
+    ds = lock_dataset(session, job.dataset_id)
+    return append_entry(
+        session,
+        ds,
+        LedgerEntry(
+            analyst_id=job.analyst_id,
+            job_id=job.id,
+            kind=EntryKind.release,
+            event={"weights_sha256": weights_sha256},
+            epsilon_micro=0,
+            rdp_micro=None,
+            delta="0",
+            reason=None,
+        ),
+    )
+
+
+def spent_by(session: Session, *, analyst_id: int, dataset_id: int) -> tuple[int, list[int]]:
+    """Recompute an analyst's spending on a dataset from the entries."""
+    eps = 0
+    rdp = [0] * len(ORDERS)
+    rows = session.scalars(
+        select(LedgerEntry).where(
+            LedgerEntry.analyst_id == analyst_id,
+            LedgerEntry.dataset_id == dataset_id,
+            LedgerEntry.kind.in_([EntryKind.charge, EntryKind.refund]),
+        )
+    )
+    for e in rows:
+        eps += e.epsilon_micro
+        rdp = [a + b for a, b in zip(rdp, e.rdp_micro or [0] * len(ORDERS), strict=True)]
+    return eps, rdp
+
+
+def _holds(f: Filter) -> bool:
+    """Would this filter, with its current spending, still be within its budget?"""
+    if f.rule == "pure":
+        return f.spent_epsilon_micro <= f.epsilon_total_micro
+    budget = f.budget_rdp_micro()
+    return any(s <= b for s, b in zip(f.spent_rdp_micro, budget, strict=True)) or not any(
+        f.spent_rdp_micro
+    )
+
+
+def _has_nonpure_charges(session: Session, *, dataset_id: int, analyst_id: int | None) -> bool:
+    stmt = select(LedgerEntry).where(
+        LedgerEntry.dataset_id == dataset_id,
+        LedgerEntry.kind == EntryKind.charge,
+        LedgerEntry.job_id.not_in(
+            select(LedgerEntry.job_id).where(
+                LedgerEntry.kind == EntryKind.refund, LedgerEntry.job_id.is_not(None)
+            )
+        ),
+    )
+    if analyst_id is not None:
+        stmt = stmt.where(LedgerEntry.analyst_id == analyst_id)
+    return any(not event_from_json(e.event or {}).is_pure for e in session.scalars(stmt))
+
+
+def set_dataset_budget(
+    session: Session, *, dataset: Dataset, epsilon_total: float, delta_total: float
+) -> Dataset:
+    """Set or raise a dataset budget; lowering it below what is spent is refused."""
+    ds = lock_dataset(session, dataset.id)
+    new = replace(
+        dataset_filter(ds),
+        epsilon_total_micro=to_micro_down(epsilon_total),
+        delta_total=_decimal_str(delta_total),
+    )
+    if not _holds(new) or (
+        new.rule == "pure" and _has_nonpure_charges(session, dataset_id=ds.id, analyst_id=None)
+    ):
+        raise InvalidLedgerOperation("the new budget is below what has already been spent")
+    ds.epsilon_total_micro = new.epsilon_total_micro
+    ds.delta_total = new.delta_total
+    append_entry(
+        session,
+        ds,
+        LedgerEntry(
+            kind=EntryKind.budget,
+            event={"action": "set_budget", "epsilon_total": epsilon_total,
+                   "delta_total": new.delta_total},
+            epsilon_micro=0,
+            rdp_micro=None,
+            delta="0",
+            reason="budget set by the admin",
+        ),
+    )
+    return ds
+
+
+def set_analyst_cap(
+    session: Session, *, analyst: Analyst, dataset: Dataset, epsilon: float, delta: float
+) -> AnalystCap:
+    """Create or change an analyst's cap on a dataset; below what they spent is refused.
+
+    A new cap starts from the analyst's spending so far, recomputed from the entries.
+    """
+    ds = lock_dataset(session, dataset.id)
+    cap = lock_cap(session, analyst.id, ds.id)
+    if cap is None:
+        eps, rdp = spent_by(session, analyst_id=analyst.id, dataset_id=ds.id)
+        cap = AnalystCap(
+            analyst_id=analyst.id,
+            dataset_id=ds.id,
+            epsilon_cap_micro=0,
+            delta_cap="0",
+            spent_epsilon_micro=eps,
+            spent_rdp_micro=rdp,
+        )
+        session.add(cap)
+    new = replace(
+        cap_filter(cap), epsilon_total_micro=to_micro_down(epsilon), delta_total=_decimal_str(delta)
+    )
+    if not _holds(new) or (
+        new.rule == "pure"
+        and _has_nonpure_charges(session, dataset_id=ds.id, analyst_id=analyst.id)
+    ):
+        raise InvalidLedgerOperation("the new cap is below what this analyst has already spent")
+    cap.epsilon_cap_micro = new.epsilon_total_micro
+    cap.delta_cap = new.delta_total
+    append_entry(
+        session,
+        ds,
+        LedgerEntry(
+            analyst_id=analyst.id,
+            kind=EntryKind.budget,
+            event={"action": "set_cap", "epsilon": epsilon, "delta": new.delta_total},
+            epsilon_micro=0,
+            rdp_micro=None,
+            delta="0",
+            reason="analyst cap set by the admin",
+        ),
+    )
+    session.flush()
+    return cap

@@ -1,0 +1,61 @@
+"""Re-account the ledger from its entries: the running totals are only a cache."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from service.ledger.admission import spent_by
+from service.ledger.chain import ChainReport, verify_chain
+from service.ledger.tables import AnalystCap, Dataset, EntryKind, LedgerEntry
+from service.privacy.amounts import curve_to_micro_up
+from service.privacy.events import event_from_json
+from service.privacy.orders import ORDERS
+
+
+@dataclass(frozen=True)
+class Mismatch:
+    where: str
+    field: str
+    stored: object
+    recomputed: object
+
+
+def check_totals(session: Session) -> list[Mismatch]:
+    """Recompute every running total from the entries, and every charge from its event."""
+    out: list[Mismatch] = []
+    for ds in session.scalars(select(Dataset).order_by(Dataset.id)):
+        eps = 0
+        rdp = [0] * len(ORDERS)
+        entries = session.scalars(
+            select(LedgerEntry).where(
+                LedgerEntry.dataset_id == ds.id,
+                LedgerEntry.kind.in_([EntryKind.charge, EntryKind.refund]),
+            )
+        )
+        for e in entries:
+            eps += e.epsilon_micro
+            rdp = [a + b for a, b in zip(rdp, e.rdp_micro or [0] * len(ORDERS), strict=True)]
+            if e.kind == EntryKind.charge:
+                # The event is the source of truth: re-derive the charge from it.
+                again = curve_to_micro_up(event_from_json(e.event or {}).rdp(ORDERS))
+                if again != e.rdp_micro:
+                    out.append(Mismatch(f"entry {e.id}", "rdp_micro", e.rdp_micro, again))
+        if eps != ds.spent_epsilon_micro:
+            out.append(Mismatch(f"dataset {ds.name}", "spent_epsilon_micro", ds.spent_epsilon_micro, eps))
+        if rdp != list(ds.spent_rdp_micro):
+            out.append(Mismatch(f"dataset {ds.name}", "spent_rdp_micro", ds.spent_rdp_micro, rdp))
+    for cap in session.scalars(select(AnalystCap)):
+        eps, rdp = spent_by(session, analyst_id=cap.analyst_id, dataset_id=cap.dataset_id)
+        where = f"cap analyst={cap.analyst_id} dataset={cap.dataset_id}"
+        if eps != cap.spent_epsilon_micro:
+            out.append(Mismatch(where, "spent_epsilon_micro", cap.spent_epsilon_micro, eps))
+        if rdp != list(cap.spent_rdp_micro):
+            out.append(Mismatch(where, "spent_rdp_micro", cap.spent_rdp_micro, rdp))
+    return out
+
+
+def verify_all(session: Session) -> list[ChainReport]:
+    return [verify_chain(session, ds) for ds in session.scalars(select(Dataset).order_by(Dataset.id))]

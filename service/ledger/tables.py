@@ -1,0 +1,150 @@
+"""ORM tables of the ledger database. ORM objects never cross the API boundary.
+
+Amounts are integers in micro-nats (see :mod:`service.privacy.amounts`); δ values are
+stored as exact decimal strings. Ledger entries are append-only; the running totals on
+`datasets` and `analyst_caps` are caches that `enclave ledger check` recomputes.
+"""
+
+from __future__ import annotations
+
+import enum
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    DateTime,
+    Enum,
+    ForeignKey,
+    Integer,
+    String,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class Base(DeclarativeBase):
+    type_annotation_map = {dict[str, Any]: JSON, list[int]: JSON, datetime: DateTime(timezone=True)}
+
+
+class Role(enum.StrEnum):
+    admin = "admin"
+    analyst = "analyst"
+
+
+class JobStatus(enum.StrEnum):
+    queued = "queued"
+    running = "running"
+    released = "released"
+    failed = "failed"
+    cancelled = "cancelled"
+
+
+class EntryKind(enum.StrEnum):
+    charge = "charge"
+    refund = "refund"
+    release = "release"
+    budget = "budget"
+
+
+def _enum(cls: type[enum.Enum]) -> Enum:
+    return Enum(cls, native_enum=False, length=16, validate_strings=True)
+
+
+class Dataset(Base):
+    __tablename__ = "datasets"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(64), unique=True)
+    public_schema: Mapped[dict[str, Any]]
+    n_rows: Mapped[int] = mapped_column(BigInteger)
+    epsilon_total_micro: Mapped[int] = mapped_column(BigInteger)
+    delta_total: Mapped[str] = mapped_column(String(40))
+    allow_nominal: Mapped[bool] = mapped_column(Boolean, default=False)
+    orders_version: Mapped[int] = mapped_column(Integer)
+    spent_epsilon_micro: Mapped[int] = mapped_column(BigInteger, default=0)
+    spent_rdp_micro: Mapped[list[int]]
+    head_hash: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class Analyst(Base):
+    __tablename__ = "analysts"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(64), unique=True)
+    key_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    role: Mapped[Role] = mapped_column(_enum(Role))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class AnalystCap(Base):
+    __tablename__ = "analyst_caps"
+
+    analyst_id: Mapped[int] = mapped_column(ForeignKey("analysts.id"), primary_key=True)
+    dataset_id: Mapped[int] = mapped_column(ForeignKey("datasets.id"), primary_key=True)
+    epsilon_cap_micro: Mapped[int] = mapped_column(BigInteger)
+    delta_cap: Mapped[str] = mapped_column(String(40))
+    spent_epsilon_micro: Mapped[int] = mapped_column(BigInteger, default=0)
+    spent_rdp_micro: Mapped[list[int]]
+
+
+class Job(Base):
+    __tablename__ = "jobs"
+    __table_args__ = (UniqueConstraint("analyst_id", "idempotency_key", name="uq_jobs_idempotency"),)
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    analyst_id: Mapped[int] = mapped_column(ForeignKey("analysts.id"), index=True)
+    dataset_id: Mapped[int] = mapped_column(ForeignKey("datasets.id"), index=True)
+    idempotency_key: Mapped[str | None] = mapped_column(String(200))
+    request_hash: Mapped[str] = mapped_column(String(64))
+    request: Mapped[dict[str, Any]]
+    plan: Mapped[dict[str, Any]]
+    status: Mapped[JobStatus] = mapped_column(_enum(JobStatus), index=True)
+    progress_step: Mapped[int] = mapped_column(Integer, default=0)
+    progress_total: Mapped[int] = mapped_column(Integer, default=0)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    run_token: Mapped[str | None] = mapped_column(String(36))
+    data_touched: Mapped[bool] = mapped_column(Boolean, default=False)
+    error: Mapped[str | None] = mapped_column(Text)
+    charge_entry_id: Mapped[int | None] = mapped_column(BigInteger)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    enqueued_at: Mapped[datetime | None]
+    started_at: Mapped[datetime | None]
+    heartbeat_at: Mapped[datetime | None]
+    finished_at: Mapped[datetime | None]
+
+
+class LedgerEntry(Base):
+    __tablename__ = "ledger_entries"
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
+    dataset_id: Mapped[int] = mapped_column(ForeignKey("datasets.id"), index=True)
+    analyst_id: Mapped[int | None] = mapped_column(ForeignKey("analysts.id"))
+    job_id: Mapped[str | None] = mapped_column(String(36), index=True)
+    kind: Mapped[EntryKind] = mapped_column(_enum(EntryKind))
+    # The mechanism description (a serialised DP event) or the budget change, as data.
+    event: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    epsilon_micro: Mapped[int] = mapped_column(BigInteger, default=0)
+    rdp_micro: Mapped[list[int] | None] = mapped_column(JSON)
+    delta: Mapped[str] = mapped_column(String(40), default="0")
+    reason: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[str] = mapped_column(String(40))
+    prev_hash: Mapped[str] = mapped_column(String(64))
+    hash: Mapped[str] = mapped_column(String(64), unique=True)
+
+
+class Release(Base):
+    __tablename__ = "releases"
+
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id"), primary_key=True)
+    weights_sha256: Mapped[str] = mapped_column(String(64))
+    card: Mapped[dict[str, Any]]
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)

@@ -1,0 +1,53 @@
+"""The service's side of the broker: it only sends task messages, by name.
+
+The service never imports the worker; the task name is the contract.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+from celery import Celery
+
+from service.config import Settings
+
+RUN_JOB_TASK = "enclave.run_job"
+
+
+def celery_config(settings: Settings) -> dict[str, object]:
+    """Settings shared by the sending service and the worker."""
+    return {
+        "broker_url": settings.resolved_broker_url,
+        "task_serializer": "json",
+        "accept_content": ["json"],
+        "result_serializer": "json",
+        "task_ignore_result": True,
+        "task_default_queue": settings.queue,
+        "task_acks_late": True,
+        "task_reject_on_worker_lost": True,
+        "worker_prefetch_multiplier": 1,
+        "broker_connection_retry_on_startup": True,
+        "broker_transport_options": {"polling_interval": 0.5},
+    }
+
+
+@lru_cache(maxsize=4)
+def _client(broker_url: str, queue: str) -> Celery:
+    app = Celery("enclave-service")
+    app.conf.update(
+        broker_url=broker_url,
+        task_serializer="json",
+        accept_content=["json"],
+        task_default_queue=queue,
+        broker_connection_retry=False,
+        broker_connection_max_retries=1,
+        broker_transport_options={"polling_interval": 0.5, "max_retries": 1},
+    )
+    return app
+
+
+def send_run_job(settings: Settings, job_id: str) -> None:
+    """Send one message; raises if the broker is unreachable (the sweeper retries)."""
+    _client(settings.resolved_broker_url, settings.queue).send_task(
+        RUN_JOB_TASK, args=[job_id], queue=settings.queue, retry=False
+    )

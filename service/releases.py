@@ -1,0 +1,98 @@
+"""Releases: where they live, and a small numpy helper that loads one and predicts.
+
+An analyst needs only this module (numpy + safetensors, no torch) and the public schema
+to use a released logistic-regression or MLP model on their own data.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from safetensors.numpy import load as load_safetensors
+
+from service.dataschema import TabularSchema, encode, parse_schema, validate_frame
+
+NOMINAL_STATEMENT = (
+    "NOMINAL guarantee: this model was sampled through a normalizing flow trained to "
+    "approximate the exponential mechanism's density. The exponential mechanism itself is "
+    "ε-DP, but the flow only approximates it and no proof covers the gap, so the stated ε "
+    "is nominal, not proven."
+)
+PROVEN_STATEMENT = (
+    "PROVEN guarantee: the training run is (ε, δ)-differentially private under the named "
+    "accountant, for the plan's exact noise multiplier, sampling rate and number of steps."
+)
+
+
+@dataclass(frozen=True)
+class ReleasePaths:
+    directory: Path
+    weights: Path
+    card: Path
+
+
+def release_paths(release_dir: Path, job_id: str, run_token: str) -> ReleasePaths:
+    d = release_dir / job_id / run_token
+    return ReleasePaths(d, d / "model.safetensors", d / "card.json")
+
+
+def sha256_bytes(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+@dataclass(frozen=True)
+class LoadedRelease:
+    card: dict[str, Any]
+    tensors: dict[str, np.ndarray]
+
+    @property
+    def schema(self) -> TabularSchema:
+        return parse_schema(self.card["preprocessing"]["public_schema"])
+
+    def sample_weights(self, index: int = 0) -> dict[str, np.ndarray]:
+        prefix = f"sample_{index}."
+        return {k[len(prefix):]: v for k, v in self.tensors.items() if k.startswith(prefix)}
+
+
+def load_release(weights: bytes, card: dict[str, Any]) -> LoadedRelease:
+    """Check the weights against the card's SHA-256 and load them."""
+    if sha256_bytes(weights) != card["weights_sha256"]:
+        raise ValueError("the weights do not match the model card's sha256")
+    return LoadedRelease(card=card, tensors=load_safetensors(weights))
+
+
+def _sigmoid(z: np.ndarray) -> np.ndarray:
+    return 0.5 * (1.0 + np.tanh(0.5 * z))
+
+
+def predict_proba(release: LoadedRelease, x: np.ndarray, sample: int = 0) -> np.ndarray:
+    """P(y = 1 | x) for encoded features x (see :func:`encode_for`), logistic or MLP."""
+    w = release.sample_weights(sample)
+    kind = release.card["model"]["kind"]
+    h = x.astype(np.float64)
+    if kind == "logistic":
+        return _sigmoid(h @ w["linear.weight"].T[:, 0] + w["linear.bias"][0])
+    if kind == "mlp":
+        layers = sorted({k.split(".")[1] for k in w if k.startswith("net.")}, key=int)
+        for i, idx in enumerate(layers):
+            h = h @ w[f"net.{idx}.weight"].T + w[f"net.{idx}.bias"]
+            if i < len(layers) - 1:
+                h = np.tanh(h)
+        return _sigmoid(h[:, 0])
+    raise ValueError(f"predict_proba supports logistic and mlp releases, not {kind!r}")
+
+
+def encode_for(release: LoadedRelease, raw: Any) -> tuple[np.ndarray, np.ndarray]:
+    """Preprocess a public raw frame exactly as the enclave did (public schema only)."""
+    frame, _ = validate_frame(release.schema, raw)
+    table = encode(release.schema, frame)
+    return table.x, table.y
+
+
+def card_json(card: dict[str, Any]) -> str:
+    return json.dumps(card, indent=2, sort_keys=True)

@@ -1,0 +1,141 @@
+"""Shared fixtures: real databases (a fresh SQLite file or a fresh PostgreSQL database per
+test), settings pointed at a temporary home, an API client, a small registered dataset."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from sqlalchemy import create_engine, text
+from sqlalchemy.engine import make_url
+
+from service.config import Settings, get_settings
+from service.db import engine_for
+from service.migrate import upgrade
+
+PG_URL = os.environ.get("ENCLAVE_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
+REDIS_URL = os.environ.get("ENCLAVE_TEST_REDIS_URL", "redis://127.0.0.1:6379")
+REPO = Path(__file__).resolve().parents[1]
+ADULT = REPO / "examples" / "adult"
+
+
+@pytest.fixture
+def sqlite_url(tmp_path: Path) -> str:
+    url = f"sqlite:///{tmp_path / 'ledger.sqlite'}"
+    upgrade(url)
+    return url
+
+
+@pytest.fixture
+def pg_url() -> Iterator[str]:
+    """A fresh, migrated PostgreSQL database, dropped afterwards."""
+    name = f"enclave_test_{uuid.uuid4().hex[:12]}"
+    admin = create_engine(PG_URL, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    url = make_url(PG_URL).set(database=name).render_as_string(hide_password=False)
+    try:
+        upgrade(url)
+        yield url
+    finally:
+        engine_for.cache_clear()
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def db_url(request: pytest.FixtureRequest) -> str:
+    """Run the test on both ledger databases."""
+    return str(request.getfixturevalue("sqlite_url" if request.param == "sqlite" else "pg_url"))
+
+
+@pytest.fixture
+def settings(tmp_path: Path, db_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Settings]:
+    monkeypatch.setenv("ENCLAVE_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("ENCLAVE_DATABASE_URL", db_url)
+    monkeypatch.setenv("ENCLAVE_BROKER_URL", f"sqla+sqlite:///{tmp_path / 'broker.sqlite'}")
+    monkeypatch.setenv("ENCLAVE_DEVICE", "cpu")
+    get_settings.cache_clear()
+    s = get_settings()
+    s.home.mkdir(parents=True, exist_ok=True)
+    yield s
+    get_settings.cache_clear()
+
+
+SMALL_SCHEMA = {
+    "name": "toy",
+    "kind": "tabular",
+    "csv": {"header": True},
+    "target": {"column": "label", "positive": ["yes"], "negative": ["no"]},
+    "columns": [
+        {"name": "a", "type": "numeric", "min": 0, "max": 10, "on_invalid": "clip"},
+        {"name": "b", "type": "numeric", "min": -1, "max": 1, "on_invalid": "reject"},
+        {"name": "c", "type": "categorical", "levels": ["x", "y", "z"]},
+    ],
+}
+
+
+def write_toy_csv(path: Path, n: int = 400, seed: int = 0) -> Path:
+    """Synthetic rows whose label depends on the features (test data, not private)."""
+    rng = np.random.default_rng(seed)
+    a = rng.uniform(0, 10, n)
+    b = rng.uniform(-1, 1, n)
+    c = rng.choice(["x", "y", "z"], n)
+    logit = 0.6 * (a - 5) + 2 * b + (c == "z") * 1.5
+    label = np.where(rng.uniform(size=n) < 1 / (1 + np.exp(-logit)), "yes", "no")
+    pd.DataFrame({"a": a, "b": b, "c": c, "label": label}).to_csv(path, index=False)
+    return path
+
+
+@dataclass
+class Keys:
+    admin: str
+    alice: str
+    bob: str
+
+
+def bootstrap(settings: Settings, *, epsilon: float = 10.0, delta: float = 1e-5,
+              allow_nominal: bool = True, n: int = 400) -> Keys:
+    """Register the toy dataset and create an admin and two analysts."""
+    from service.auth import hash_api_key, new_api_key
+    from service.dataschema import parse_schema
+    from service.db import transaction
+    from service.ledger.tables import Analyst, Role
+    from worker.registration import register_dataset
+
+    engine = engine_for(settings.resolved_database_url)
+    csv = write_toy_csv(settings.home / "toy.csv", n=n)
+    register_dataset(engine, settings, schema=parse_schema(SMALL_SCHEMA), csv_path=csv,
+                     epsilon_total=epsilon, delta_total=delta, allow_nominal=allow_nominal)
+    keys = {}
+    with transaction(engine) as s:
+        for name, role in (("admin", Role.admin), ("alice", Role.analyst), ("bob", Role.analyst)):
+            keys[name] = new_api_key()
+            s.add(Analyst(name=name, key_hash=hash_api_key(keys[name]), role=role))
+    return Keys(**keys)
+
+
+@pytest.fixture
+def keys(settings: Settings) -> Keys:
+    return bootstrap(settings)
+
+
+@pytest.fixture
+def client(settings: Settings, keys: Keys) -> Iterator[object]:
+    from fastapi.testclient import TestClient
+
+    from service.api.app import create_app
+
+    with TestClient(create_app(settings, run_sweeper=False), raise_server_exceptions=False) as c:
+        yield c
+
+
+def auth(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}

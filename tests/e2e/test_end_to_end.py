@@ -1,0 +1,183 @@
+"""End to end: the API and real Celery worker processes, driven over HTTP.
+
+- embedded mode: SQLite ledger + SQLite broker (kombu's SQLAlchemy transport);
+- production mode: PostgreSQL ledger + Redis broker;
+- a fault test: the worker is killed (SIGKILL) in the middle of a job; the job is
+  retried by another worker and released exactly once.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import redis
+from sqlalchemy import func, select
+
+from enclave.processes import child_env, free_port, start_api, start_worker, stop, wait_ready
+from service.config import Settings
+from service.db import engine_for, transaction
+from service.ledger.audit import check_totals, verify_all
+from service.ledger.tables import LedgerEntry, Release
+from service.releases import encode_for, load_release, predict_proba
+from tests.conftest import REDIS_URL, auth, bootstrap
+
+pytestmark = pytest.mark.slow
+
+
+@dataclass
+class Stack:
+    base: str
+    env: dict[str, str]
+    keys: Any
+    settings: Settings
+    logs: Path
+    procs: list[Any]
+
+    def client(self, key: str) -> httpx.Client:
+        return httpx.Client(base_url=self.base, headers=auth(key), timeout=60)
+
+    def add_worker(self, name: str) -> Any:
+        p = start_worker(self.env, log=self.logs / f"worker-{name}.log", name=name)
+        self.procs.append(p)
+        return p
+
+
+def _stack(settings: Settings, tmp_path: Path, broker_url: str, *, heartbeat: float = 120,
+           n: int = 400) -> Iterator[Stack]:
+    keys = bootstrap(settings, n=n)
+    env = child_env({
+        "ENCLAVE_HOME": str(settings.home),
+        "ENCLAVE_DATABASE_URL": settings.resolved_database_url,
+        "ENCLAVE_BROKER_URL": broker_url,
+        "ENCLAVE_DEVICE": "cpu",
+        "ENCLAVE_HEARTBEAT_TIMEOUT_S": str(heartbeat),
+        "ENCLAVE_SWEEP_INTERVAL_S": "1",
+    })
+    port = free_port()
+    api = start_api(env, port, log=tmp_path / "api.log")
+    stack = Stack(f"http://127.0.0.1:{port}", env, keys, settings, tmp_path, [api])
+    try:
+        wait_ready(stack.base)
+        yield stack
+    finally:
+        stop(*stack.procs)
+
+
+def _wait(c: httpx.Client, job_id: str, until: set[str], timeout: float = 240) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        job = c.get(f"/v1/jobs/{job_id}").raise_for_status().json()
+        if job["status"] in until:
+            return job
+        time.sleep(0.3)
+    raise AssertionError(f"job {job_id} did not reach {until}: {job}")
+
+
+def _check_ledger(settings: Settings, releases: int) -> None:
+    with transaction(engine_for(settings.resolved_database_url)) as s:
+        assert s.scalar(select(func.count()).select_from(Release)) == releases
+        assert s.scalar(select(func.count()).select_from(LedgerEntry)
+                        .where(LedgerEntry.kind == "release")) == releases
+        assert check_totals(s) == []
+        assert all(r.ok for r in verify_all(s))
+
+
+def _train_and_download(stack: Stack, body: dict) -> tuple[dict, Any]:
+    stack.add_worker("w1")
+    with stack.client(stack.keys.alice) as c:
+        job = c.post("/v1/jobs", json=body).raise_for_status().json()
+        seen = set()
+        deadline = time.monotonic() + 240
+        while job["status"] not in ("released", "failed"):
+            assert time.monotonic() < deadline
+            job = c.get(f"/v1/jobs/{job['id']}").raise_for_status().json()
+            seen.add(job["status"])
+            # Progress is step k of T and nothing else derived from the data.
+            assert set(job) >= {"progress_step", "progress_total"}
+            assert "loss" not in str(job).lower() and "auc" not in str(job).lower()
+            time.sleep(0.2)
+        assert job["status"] == "released", job
+        assert job["progress_step"] == job["progress_total"] > 0
+        card = c.get(f"/v1/jobs/{job['id']}/release").raise_for_status().json()
+        weights = c.get(f"/v1/jobs/{job['id']}/release/weights").raise_for_status().content
+    return card, load_release(weights, card)
+
+
+def _auc(release: Any) -> float:
+    from sklearn.metrics import roc_auc_score
+
+    from tests.conftest import write_toy_csv
+
+    import pandas as pd
+
+    path = write_toy_csv(Path(os.environ.get("TMPDIR", "/tmp")) / f"holdout-{uuid.uuid4().hex}.csv",
+                         n=2000, seed=99)
+    x, y = encode_for(release, pd.read_csv(path, **release.schema.read_csv_kwargs()))
+    return float(roc_auc_score(y, predict_proba(release, x)))
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_embedded_mode_dpsgd_end_to_end(settings: Settings, tmp_path: Path) -> None:
+    for stack in _stack(settings, tmp_path, settings.resolved_broker_url):
+        card, release = _train_and_download(stack, {
+            "dataset": "toy", "method": "dpsgd", "epsilon": 4.0, "delta": 1e-5,
+            "dpsgd": {"epochs": 3, "batch_size": 40, "learning_rate": 2.0},
+        })
+        assert card["privacy"]["guarantee"] == "proven"
+        assert card["privacy"]["accountant"] == "rdp"
+        assert card["privacy"]["epsilon"] == 4.0 and card["privacy"]["delta"] == 1e-5
+        assert _auc(release) > 0.7
+        _check_ledger(settings, releases=1)
+
+
+@pytest.mark.parametrize("db_url", ["postgres"], indirect=True)
+def test_production_mode_postgres_redis(settings: Settings, tmp_path: Path) -> None:
+    db = 1 + uuid.uuid4().int % 14
+    broker = f"{REDIS_URL}/{db}"
+    redis.Redis.from_url(broker).flushdb()
+    for stack in _stack(settings, tmp_path, broker):
+        card, release = _train_and_download(stack, {
+            "dataset": "toy", "method": "dpsgd", "epsilon": 4.0, "delta": 1e-5,
+            "dpsgd": {"epochs": 3, "batch_size": 40, "learning_rate": 2.0},
+        })
+        assert card["privacy"]["guarantee"] == "proven"
+        assert _auc(release) > 0.7
+        _check_ledger(settings, releases=1)
+    redis.Redis.from_url(broker).flushdb()
+
+
+@pytest.mark.parametrize("db_url", ["postgres"], indirect=True)
+def test_worker_killed_mid_job_is_retried_and_released_once(settings: Settings, tmp_path: Path) -> None:
+    db = 1 + uuid.uuid4().int % 14
+    broker = f"{REDIS_URL}/{db}"
+    redis.Redis.from_url(broker).flushdb()
+    for stack in _stack(settings, tmp_path, broker, heartbeat=3, n=4000):
+        victim = stack.add_worker("victim")
+        with stack.client(stack.keys.alice) as c:
+            job = c.post("/v1/jobs", json={
+                "dataset": "toy", "method": "dpsgd", "epsilon": 4.0, "delta": 1e-5,
+                "dpsgd": {"epochs": 40, "batch_size": 20},
+            }).raise_for_status().json()
+            deadline = time.monotonic() + 120
+            while True:
+                job = c.get(f"/v1/jobs/{job['id']}").raise_for_status().json()
+                if job["status"] == "running" and job["progress_step"] > 0:
+                    break
+                assert time.monotonic() < deadline, job
+                time.sleep(0.1)
+            os.kill(victim.pid, signal.SIGKILL)
+            victim.wait()
+            stack.add_worker("rescuer")
+            job = _wait(c, job["id"], {"released", "failed"}, timeout=300)
+            assert job["status"] == "released", job
+        _check_ledger(settings, releases=1)
+    redis.Redis.from_url(broker).flushdb()

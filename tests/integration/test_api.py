@@ -1,0 +1,185 @@
+"""The HTTP API against a real ledger database (SQLite file and PostgreSQL)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from service.db import engine_for, transaction
+from service.ledger.audit import check_totals, verify_all
+from service.ledger.tables import LedgerEntry
+from tests.conftest import auth
+
+DPSGD = {
+    "dataset": "toy", "method": "dpsgd", "epsilon": 1.0, "delta": 1e-5,
+    "dpsgd": {"epochs": 1, "batch_size": 50},
+}
+
+
+def _charged(settings: Any) -> int:
+    from sqlalchemy import func, select
+
+    with transaction(engine_for(settings.resolved_database_url)) as s:
+        return int(s.scalar(select(func.count()).select_from(LedgerEntry)
+                            .where(LedgerEntry.kind == "charge")) or 0)
+
+
+def _is_problem(r: Any, status: int, slug: str) -> dict:
+    assert r.status_code == status, r.text
+    assert r.headers["content-type"].startswith("application/problem+json")
+    body = r.json()
+    assert body["type"] == f"/problems/{slug}"
+    assert body["status"] == status
+    return body
+
+
+def test_health(client: Any) -> None:
+    assert client.get("/healthz").json() == {"status": "ok"}
+    assert client.get("/readyz").status_code == 200
+
+
+def test_datasets_show_public_schema_and_budget(client: Any, keys: Any) -> None:
+    r = client.get("/v1/datasets", headers=auth(keys.alice))
+    assert r.status_code == 200
+    [ds] = r.json()
+    assert ds["name"] == "toy" and ds["n_rows"] == 400
+    assert ds["public_schema"]["target"]["column"] == "label"
+    assert ds["budget"]["rule"] == "rdp" and ds["budget"]["epsilon_total"] == 10.0
+    assert 0 < ds["budget"]["remaining_epsilon"] <= 10.0
+
+
+def test_submit_charges_before_running_and_is_visible_only_to_owner(client: Any, keys: Any,
+                                                                   settings: Any) -> None:
+    r = client.post("/v1/jobs", json=DPSGD, headers=auth(keys.alice))
+    assert r.status_code == 202, r.text
+    job = r.json()
+    assert job["status"] == "queued" and job["guarantee"] == "proven"
+    assert job["plan"]["mechanism"]["noise_multiplier"] > 0
+    assert _charged(settings) == 1
+    assert client.get(f"/v1/jobs/{job['id']}", headers=auth(keys.alice)).status_code == 200
+    _is_problem(client.get(f"/v1/jobs/{job['id']}", headers=auth(keys.bob)), 404, "not-found")
+    assert client.get("/v1/jobs", headers=auth(keys.bob)).json() == []
+    # The admin sees it in the ledger.
+    ledger = client.get("/v1/admin/ledger", headers=auth(keys.admin)).json()
+    assert [e["kind"] for e in ledger] == ["budget", "charge"]
+
+
+def test_quote_agrees_with_admission_and_charges_nothing(client: Any, keys: Any, settings: Any) -> None:
+    q = client.post("/v1/quote", json=DPSGD, headers=auth(keys.alice)).json()
+    assert q["admitted"] is True
+    assert _charged(settings) == 0
+    job = client.post("/v1/jobs", json=DPSGD, headers=auth(keys.alice)).json()
+    assert job["plan"] == q["plan"]
+    after = client.get("/v1/datasets/toy", headers=auth(keys.alice)).json()["budget"]
+    assert after == q["dataset_after"]
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "slug"),
+    [
+        ({**DPSGD, "epsilon": 0}, 422, "validation-error"),
+        ({**DPSGD, "epsilon": -1}, 422, "validation-error"),
+        ({**DPSGD, "epsilon": "lots"}, 422, "validation-error"),
+        ({**DPSGD, "epsilon": 1e308 * 10}, 422, "validation-error"),
+        ({**DPSGD, "dataset": "nope"}, 404, "not-found"),
+        ({**DPSGD, "method": "magic"}, 422, "validation-error"),
+        ({**DPSGD, "model": {"kind": "transformer"}}, 422, "validation-error"),
+        ({**DPSGD, "unknown_field": 1}, 422, "validation-error"),
+        ({**DPSGD, "delta": 0}, 422, "invalid-plan"),
+        ({**DPSGD, "dpsgd": {"batch_size": 100000}}, 422, "invalid-plan"),
+        ({**DPSGD, "epsilon": 1e-9}, 422, "invalid-plan"),
+        ({k: v for k, v in DPSGD.items() if k != "epsilon"}, 422, "validation-error"),
+    ],
+)
+def test_bad_input_is_a_clear_4xx_and_charges_nothing(client: Any, keys: Any, settings: Any,
+                                                     body: dict, status: int, slug: str) -> None:
+    raw = json.dumps(body, allow_nan=True)
+    r = client.post("/v1/jobs", content=raw, headers={**auth(keys.alice),
+                                                      "content-type": "application/json"})
+    _is_problem(r, status, slug)
+    assert _charged(settings) == 0
+
+
+@pytest.mark.parametrize("literal", ["NaN", "Infinity", "-Infinity"])
+def test_nan_and_infinities_are_rejected(client: Any, keys: Any, settings: Any, literal: str) -> None:
+    raw = json.dumps(DPSGD).replace('"epsilon": 1.0', f'"epsilon": {literal}')
+    r = client.post("/v1/jobs", content=raw, headers={**auth(keys.alice),
+                                                      "content-type": "application/json"})
+    assert 400 <= r.status_code < 500
+    assert r.headers["content-type"].startswith("application/problem+json")
+    assert _charged(settings) == 0
+
+
+def test_malformed_json_oversized_body_and_wrong_key(client: Any, keys: Any, settings: Any) -> None:
+    h = {**auth(keys.alice), "content-type": "application/json"}
+    _is_problem(client.post("/v1/jobs", content="{not json", headers=h), 400, "malformed-json")
+    big = json.dumps({**DPSGD, "pad": "x" * 200_000})
+    _is_problem(client.post("/v1/jobs", content=big, headers=h), 413, "payload-too-large")
+    _is_problem(client.post("/v1/jobs", json=DPSGD, headers=auth("enc_wrong")), 401, "unauthorized")
+    _is_problem(client.post("/v1/jobs", json=DPSGD), 401, "unauthorized")
+    _is_problem(client.post("/v1/admin/analysts", json={"name": "x"}, headers=auth(keys.alice)),
+                403, "forbidden")
+    _is_problem(client.get("/v1/nothing-here", headers=auth(keys.alice)), 404, "not-found")
+    assert _charged(settings) == 0
+
+
+def test_budget_exceeded_is_409_with_remaining(client: Any, keys: Any, settings: Any) -> None:
+    big = {**DPSGD, "epsilon": 9.0}
+    assert client.post("/v1/jobs", json=big, headers=auth(keys.alice)).status_code == 202
+    r = client.post("/v1/jobs", json=big, headers=auth(keys.bob))
+    body = _is_problem(r, 409, "budget-exceeded")
+    assert "exceeded" in body["detail"]
+    assert body["remaining"]["dataset"]["remaining_epsilon"] < 9.0
+    assert _charged(settings) == 1
+
+
+def test_idempotency_key(client: Any, keys: Any, settings: Any) -> None:
+    h = {**auth(keys.alice), "Idempotency-Key": "k-1"}
+    first = client.post("/v1/jobs", json=DPSGD, headers=h)
+    again = client.post("/v1/jobs", json=DPSGD, headers=h)
+    assert first.status_code == 202 and again.status_code == 200
+    assert first.json()["id"] == again.json()["id"]
+    _is_problem(client.post("/v1/jobs", json={**DPSGD, "epsilon": 2.0}, headers=h), 422,
+                "idempotency-conflict")
+    # Keys are per analyst: bob's "k-1" is a different job.
+    other = client.post("/v1/jobs", json=DPSGD, headers={**auth(keys.bob), "Idempotency-Key": "k-1"})
+    assert other.status_code == 202 and other.json()["id"] != first.json()["id"]
+    assert _charged(settings) == 2
+
+
+def test_cancel_queued_job_refunds(client: Any, keys: Any, settings: Any) -> None:
+    before = client.get("/v1/datasets/toy", headers=auth(keys.alice)).json()["budget"]
+    job = client.post("/v1/jobs", json=DPSGD, headers=auth(keys.alice)).json()
+    _is_problem(client.post(f"/v1/jobs/{job['id']}/cancel", headers=auth(keys.bob)), 404, "not-found")
+    r = client.post(f"/v1/jobs/{job['id']}/cancel", headers=auth(keys.alice))
+    assert r.status_code == 200 and r.json()["status"] == "cancelled"
+    after = client.get("/v1/datasets/toy", headers=auth(keys.alice)).json()["budget"]
+    assert after == before
+    _is_problem(client.post(f"/v1/jobs/{job['id']}/cancel", headers=auth(keys.alice)), 409, "conflict")
+    kinds = [e["kind"] for e in client.get("/v1/admin/ledger", headers=auth(keys.admin)).json()]
+    assert kinds == ["budget", "charge", "refund"]
+    with transaction(engine_for(settings.resolved_database_url)) as s:
+        assert all(r.ok for r in verify_all(s))
+        assert check_totals(s) == []
+
+
+def test_release_not_ready(client: Any, keys: Any) -> None:
+    job = client.post("/v1/jobs", json=DPSGD, headers=auth(keys.alice)).json()
+    _is_problem(client.get(f"/v1/jobs/{job['id']}/release", headers=auth(keys.alice)), 409,
+                "release-not-ready")
+
+
+def test_admin_creates_analyst_key_once(client: Any, keys: Any) -> None:
+    r = client.post("/v1/admin/analysts", json={"name": "carol"}, headers=auth(keys.admin))
+    assert r.status_code == 201
+    key = r.json()["api_key"]
+    assert client.get("/v1/datasets", headers=auth(key)).status_code == 200
+    _is_problem(client.post("/v1/admin/analysts", json={"name": "carol"}, headers=auth(keys.admin)),
+                409, "conflict")
+
+
+def test_openapi_document_is_served(client: Any) -> None:
+    doc = client.get("/openapi.json").json()
+    assert "/v1/jobs" in doc["paths"] and "/v1/quote" in doc["paths"]

@@ -1,0 +1,65 @@
+"""Private data: registration (validation against the public schema) and loading.
+
+Only the enclave runs this module. The private volume (`ENCLAVE_DATA_DIR`) holds one
+folder per dataset with the validated rows; the ledger holds only the public schema and
+the public row count.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+from service.dataschema import TabularSchema, ValidationReport, encode, parse_schema, validate_frame
+from worker.mechanisms.base import TabularTrainingSet
+
+ROWS_FILE = "rows.csv.gz"
+
+
+def dataset_dir(data_dir: Path, name: str) -> Path:
+    return data_dir / name
+
+
+@dataclass(frozen=True)
+class Prepared:
+    frame: pd.DataFrame
+    report: ValidationReport
+
+
+def prepare_csv(schema: TabularSchema, csv_path: Path) -> Prepared:
+    """Read a raw CSV as the schema describes it and apply the declared validation rules."""
+    raw = pd.read_csv(csv_path, **schema.read_csv_kwargs())
+    frame, report = validate_frame(schema, raw)
+    return Prepared(frame, report)
+
+
+def store_rows(data_dir: Path, schema: TabularSchema, frame: pd.DataFrame) -> Path:
+    target = dataset_dir(data_dir, schema.name)
+    target.mkdir(parents=True, exist_ok=True)
+    path = target / ROWS_FILE
+    tmp = target / (ROWS_FILE + ".tmp")
+    frame.to_csv(tmp, index=False, compression="gzip")
+    tmp.replace(path)
+    return path
+
+
+def load_training_set(
+    data_dir: Path, public_schema: dict, device: torch.device
+) -> TabularTrainingSet:
+    """Load a registered dataset's validated rows and encode them by the public schema."""
+    schema = parse_schema(public_schema)
+    raw = pd.read_csv(
+        dataset_dir(data_dir, schema.name) / ROWS_FILE, dtype=str, keep_default_na=False,
+        na_values=[""],
+    )
+    frame, _ = validate_frame(schema, raw)
+    table = encode(schema, frame)
+    x = torch.as_tensor(table.x, dtype=torch.float32, device=device)
+    y = torch.as_tensor(table.y, dtype=torch.float32, device=device)
+    if not (math.isfinite(float(x.sum())) and x.min() >= 0 and x.max() <= 1):
+        raise ValueError("encoded features left [0, 1]")
+    return TabularTrainingSet(x=x, y=y)

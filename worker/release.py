@@ -1,0 +1,100 @@
+"""Write a release: safetensors weights plus a JSON model card that states the guarantee."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load as load_safetensors_torch
+from safetensors.torch import save as save_safetensors
+
+from service.releases import (
+    NOMINAL_STATEMENT,
+    PROVEN_STATEMENT,
+    ReleasePaths,
+    release_paths,
+    sha256_bytes,
+)
+from service.schemas import PrivacyPlan
+
+
+def model_card(
+    *,
+    job_id: str,
+    run_token: str,
+    plan: PrivacyPlan,
+    public_schema: dict[str, Any],
+    charge_entry_id: int | None,
+    weights_sha256: str,
+    samples: int,
+) -> dict[str, Any]:
+    return {
+        "card_version": 1,
+        "job_id": job_id,
+        "run_token": run_token,
+        "model": plan.model,
+        "samples": samples,
+        "weights_layout": "tensors are named sample_<i>.<state-dict key>, i = 0..samples-1",
+        "output": "sigmoid(logits) = P(y = 1 | x), in [0, 1]",
+        "preprocessing": {
+            "description": (
+                "Data-independent: numeric columns are clipped to the schema's declared "
+                "[min, max] (after log1p where declared) and scaled to [0, 1]; categorical "
+                "columns are one-hot over the declared levels; the target is 1 for the "
+                "declared positive values."
+            ),
+            "feature_names": _feature_names(public_schema),
+            "public_schema": public_schema,
+        },
+        "mechanism": {"method": plan.method, **plan.mechanism},
+        "privacy": {
+            "epsilon": plan.epsilon,
+            "delta": plan.delta,
+            "units": "ε in nats; δ a probability; for the whole job (all samples)",
+            "accountant": plan.accountant,
+            "guarantee": plan.guarantee,
+            "statement": NOMINAL_STATEMENT if plan.guarantee == "nominal" else PROVEN_STATEMENT,
+            "ledger_charge_entry_id": charge_entry_id,
+            "event": plan.event,
+        },
+        "weights_sha256": weights_sha256,
+    }
+
+
+def _feature_names(public_schema: dict[str, Any]) -> list[str]:
+    from service.dataschema import parse_schema
+
+    return parse_schema(public_schema).feature_names
+
+
+def weights_bytes(releases: list[dict[str, torch.Tensor]]) -> bytes:
+    tensors = {
+        f"sample_{i}.{k}": v.detach().cpu().contiguous()
+        for i, sd in enumerate(releases)
+        for k, v in sd.items()
+    }
+    return save_safetensors(tensors)
+
+
+def write_release(
+    release_dir: Path, job_id: str, run_token: str, payload: bytes, card: dict[str, Any]
+) -> ReleasePaths:
+    paths = release_paths(release_dir, job_id, run_token)
+    paths.directory.mkdir(parents=True, exist_ok=True)
+    paths.weights.write_bytes(payload)
+    paths.card.write_text(json.dumps(card, indent=2, sort_keys=True))
+    return paths
+
+
+def load_state_dicts(payload: bytes, samples: int) -> list[dict[str, torch.Tensor]]:
+    tensors = load_safetensors_torch(payload)
+    out = []
+    for i in range(samples):
+        prefix = f"sample_{i}."
+        out.append({k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)})
+    return out
+
+
+__all__ = ["load_state_dicts", "model_card", "sha256_bytes", "weights_bytes", "write_release"]

@@ -1,0 +1,220 @@
+"""Run one job inside the enclave: claim, check the plan, train, release (compare-and-set).
+
+1. Claim (one transaction, job row locked): skip jobs that are finished or running with a
+   fresh heartbeat; give up after `max_attempts`; otherwise take a new run token.
+2. Recompute the plan from the stored request and public metadata; refuse a plan that
+   cannot be reproduced (before any private row is read).
+3. Mark `data_touched`, load the rows, run the mechanism. A heartbeat thread reports
+   data-independent progress (step k of T) and notices when another worker took over.
+4. Write the release files under the run token, then in one transaction release the job
+   only if it is still ours and still running: a duplicate run is never released.
+
+What an analyst can see of a failure is a generic sentence; the detail goes to the
+enclave's log only.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import threading
+import uuid
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import torch
+from sqlalchemy import Engine, update
+
+from service.config import Settings, get_settings
+from service.db import engine_for, transaction
+from service.ledger.admission import lock_job, record_release
+from service.ledger.tables import Dataset, Job, JobStatus, Release
+from service.modelspec import ModelSpec
+from service.plans import PlanError, build_plan
+from service.schemas import JobRequest, PrivacyPlan
+from worker.data import load_training_set
+from worker.device import resolve_device
+from worker.mechanisms.base import MechanismOutput, ProgressFn, TabularTrainingSet
+from worker.release import model_card, sha256_bytes, weights_bytes, write_release
+
+log = logging.getLogger("enclave.worker")
+
+GENERIC_FAILURE = "the job failed inside the enclave; the admin can see the details"
+PLAN_FAILURE = "the job's privacy plan could not be reproduced; it was not run"
+
+
+class Outcome(enum.StrEnum):
+    released = "released"
+    skipped = "skipped"
+    failed = "failed"
+    superseded = "superseded"
+
+
+class Superseded(Exception):
+    """Another worker took this job over (our heartbeat went stale)."""
+
+
+def _aware(ts: datetime | None) -> datetime | None:
+    return ts.replace(tzinfo=UTC) if ts is not None and ts.tzinfo is None else ts
+
+
+def _claim(engine: Engine, settings: Settings, job_id: str) -> tuple[str, Job, Dataset] | None:
+    now = datetime.now(UTC)
+    with transaction(engine) as s:
+        job = lock_job(s, job_id)
+        if job is None or job.status in (JobStatus.released, JobStatus.failed, JobStatus.cancelled):
+            return None
+        if job.status == JobStatus.running:
+            beat = _aware(job.heartbeat_at) or _aware(job.started_at)
+            if beat is not None and beat > now - timedelta(seconds=settings.heartbeat_timeout_s):
+                return None  # someone else is on it
+        if job.attempts >= settings.max_attempts:
+            job.status = JobStatus.failed
+            job.error = GENERIC_FAILURE
+            job.finished_at = now
+            log.error("job %s: giving up after %d attempts", job_id, job.attempts)
+            return None
+        token = str(uuid.uuid4())
+        job.status = JobStatus.running
+        job.attempts += 1
+        job.run_token = token
+        job.started_at = now
+        job.heartbeat_at = now
+        job.progress_step = 0
+        ds = s.get_one(Dataset, job.dataset_id)
+        s.expunge(job)
+        s.expunge(ds)
+        return token, job, ds
+
+
+def _finish_failed(engine: Engine, job_id: str, token: str, message: str) -> None:
+    with transaction(engine) as s:
+        job = lock_job(s, job_id)
+        if job is not None and job.run_token == token and job.status == JobStatus.running:
+            job.status = JobStatus.failed
+            job.error = message
+            job.finished_at = datetime.now(UTC)
+
+
+class Heartbeat:
+    """Writes progress and a heartbeat; flags when the job's run token is no longer ours."""
+
+    def __init__(self, engine: Engine, job_id: str, token: str, interval: float) -> None:
+        self.engine, self.job_id, self.token, self.interval = engine, job_id, token, interval
+        self.step, self.total = 0, 0
+        self.lost = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True, name="heartbeat")
+
+    def __enter__(self) -> Heartbeat:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+    def beat(self) -> None:
+        with transaction(self.engine) as s:
+            res = s.execute(
+                update(Job)
+                .where(Job.id == self.job_id, Job.run_token == self.token,
+                       Job.status == JobStatus.running)
+                .values(heartbeat_at=datetime.now(UTC), progress_step=self.step,
+                        progress_total=self.total)
+            )
+            if res.rowcount == 0:  # type: ignore[attr-defined]
+                self.lost.set()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                self.beat()
+            except Exception:
+                log.warning("heartbeat failed for job %s", self.job_id, exc_info=True)
+
+    def progress(self, step: int, total: int) -> None:
+        """The mechanisms' progress callback: step k of T (data-independent)."""
+        self.step, self.total = step, total
+        if self.lost.is_set():
+            raise Superseded(self.job_id)
+
+
+Runner = Callable[..., MechanismOutput]
+
+
+def run_mechanism(
+    *, plan: PrivacyPlan, spec: ModelSpec, data: TabularTrainingSet, device: torch.device,
+    progress: ProgressFn,
+) -> MechanismOutput:
+    if plan.method == "dpsgd":
+        from worker.mechanisms.dpsgd import run_dpsgd
+
+        return run_dpsgd(spec=spec, mechanism=plan.mechanism, samples=plan.samples, data=data,
+                         device=device, progress=progress)
+    if plan.method == "expm_nf":
+        from worker.mechanisms.expm_job import run_expm_nf_plan
+
+        return run_expm_nf_plan(plan=plan, spec=spec, data=data, device=device, progress=progress)
+    raise PlanError(f"unknown method {plan.method!r}")
+
+
+def execute_job(job_id: str, settings: Settings | None = None) -> Outcome:
+    settings = settings or get_settings()
+    engine = engine_for(settings.resolved_database_url)
+    claimed = _claim(engine, settings, job_id)
+    if claimed is None:
+        return Outcome.skipped
+    token, job, ds = claimed
+    try:
+        request = JobRequest.model_validate(job.request)
+        stored = PrivacyPlan.model_validate(job.plan)
+        plan = build_plan(request, n_rows=ds.n_rows)
+        if plan != stored:
+            raise PlanError("stored plan differs from the recomputed plan")
+    except Exception:
+        log.exception("job %s: plan check failed", job_id)
+        _finish_failed(engine, job_id, token, PLAN_FAILURE)
+        return Outcome.failed
+    with transaction(engine) as s:
+        s.execute(update(Job).where(Job.id == job_id, Job.run_token == token)
+                  .values(data_touched=True))
+    interval = max(0.2, min(5.0, settings.heartbeat_timeout_s / 4))
+    try:
+        with Heartbeat(engine, job_id, token, interval) as hb:
+            device = resolve_device(settings.device)
+            data = load_training_set(settings.resolved_data_dir, ds.public_schema, device)
+            output = run_mechanism(plan=plan, spec=request.model, data=data, device=device,
+                                   progress=hb.progress)
+            hb.beat()
+        payload = weights_bytes(output.releases)
+        digest = sha256_bytes(payload)
+        card = model_card(job_id=job_id, run_token=token, plan=plan,
+                          public_schema=ds.public_schema, charge_entry_id=job.charge_entry_id,
+                          weights_sha256=digest, samples=len(output.releases))
+        if output.enclave_diagnostics:
+            log.info("job %s enclave diagnostics: %s", job_id, output.enclave_diagnostics)
+        write_release(settings.resolved_release_dir, job_id, token, payload, card)
+    except Superseded:
+        log.warning("job %s: superseded by another run; discarding this one", job_id)
+        return Outcome.superseded
+    except Exception:
+        log.exception("job %s failed", job_id)
+        _finish_failed(engine, job_id, token, GENERIC_FAILURE)
+        return Outcome.failed
+    return _release(engine, job_id, token, digest, card)
+
+
+def _release(engine: Engine, job_id: str, token: str, digest: str, card: dict[str, Any]) -> Outcome:
+    with transaction(engine) as s:
+        job = lock_job(s, job_id)
+        if job is None or job.run_token != token or job.status != JobStatus.running:
+            log.warning("job %s: not ours any more; this run is not released", job_id)
+            return Outcome.superseded
+        s.add(Release(job_id=job_id, weights_sha256=digest, card=card))
+        record_release(s, job=job, weights_sha256=digest)
+        job.status = JobStatus.released
+        job.progress_step = job.progress_total = int(job.progress_total or job.progress_step)
+        job.finished_at = datetime.now(UTC)
+    return Outcome.released
