@@ -1,0 +1,366 @@
+"""Rényi-DP formulas: curves for the mechanisms we run and the RDP → (ε, δ) conversion.
+
+Conventions: ε and RDP values in nats; δ a probability; an order α is a float > 1.
+The neighbouring relation throughout is add-or-remove one record (the relation
+under which the subsampled-Gaussian analysis of DP-SGD holds); every pure
+mechanism composed with it must be ε-DP under the same relation.
+
+A mechanism M is (α, ρ)-RDP if D_α(M(D) ‖ M(D')) ≤ ρ for all neighbours D, D'
+in both orders (Mironov 2017, "Rényi Differential Privacy", CSF 2017), where
+D_α(P ‖ Q) = 1/(α−1) · log E_Q[(dP/dQ)^α]. RDP composes additively, also under
+adaptive choice of mechanisms (Mironov 2017, Prop. 1); the ledger relies on the
+stronger filter version of that fact (filters.py).
+
+Every function returns a valid *upper bound* on the true RDP (or, for the
+conversion, on the true ε): rounding is always towards more privacy loss.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from functools import lru_cache
+
+import numpy as np
+from scipy import special
+
+__all__ = [
+    "bounded_range_rdp",
+    "epsilon_from_rdp",
+    "gaussian_rdp",
+    "randomized_response_rdp",
+    "subsampled_gaussian_rdp",
+    "validate_orders",
+]
+
+
+def validate_orders(orders: Sequence[float]) -> tuple[float, ...]:
+    """Return ``orders`` as a tuple of floats; raise ValueError unless all are finite and > 1."""
+    out: list[float] = []
+    for a in orders:
+        if isinstance(a, bool) or not isinstance(a, int | float | np.integer | np.floating):
+            raise ValueError(f"Rényi order must be a real number, got {a!r}")
+        af = float(a)
+        if not math.isfinite(af) or af <= 1.0:
+            raise ValueError(f"Rényi orders must be finite and > 1, got {a!r}")
+        out.append(af)
+    if not out:
+        raise ValueError("at least one Rényi order is required")
+    return tuple(out)
+
+
+def _check_epsilon(epsilon: float) -> float:
+    if isinstance(epsilon, bool) or not isinstance(epsilon, int | float | np.floating):
+        raise ValueError(f"epsilon must be a real number, got {epsilon!r}")
+    e = float(epsilon)
+    if not math.isfinite(e) or e < 0.0:
+        raise ValueError(f"epsilon must be finite and >= 0, got {epsilon!r}")
+    return e
+
+
+# --------------------------------------------------------------------------- pure ε-DP
+
+
+def _log_cosh(x: float) -> float:
+    """log cosh(x), accurate for tiny and huge |x|."""
+    x = abs(x)
+    if x < 20.0:
+        # cosh x = 1 + 2 sinh²(x/2): no cancellation for small x (log cosh x ≈ x²/2).
+        return math.log1p(2.0 * math.sinh(0.5 * x) ** 2)
+    return x + math.log1p(math.exp(-2.0 * x)) - math.log(2.0)
+
+
+def randomized_response_rdp(*, epsilon: float, orders: Sequence[float]) -> np.ndarray:
+    """RDP curve valid for *every* ε-DP mechanism: that of binary randomized response.
+
+    Exact form, with p = e^ε / (1 + e^ε) (binary RR with flip probability 1 − p):
+
+        D_α = 1/(α−1) · log( p^α (1−p)^(1−α) + (1−p)^α p^(1−α) )
+            = 1/(α−1) · [ log cosh((α − ½)ε) − log cosh(ε/2) ]
+
+    (the second line follows by factoring e^{ε/2} out of both numerator terms and of
+    1 + e^ε; it is what we evaluate, because it is stable for ε → 0 and ε → ∞).
+
+    Why it is valid for any ε-DP mechanism M: for each pair of neighbours, the pair
+    of output distributions (M(D), M(D')) is a post-processing (one randomised map
+    applied to both) of the pair of RR output distributions (Kairouz, Oh & Viswanath
+    2015, "The Composition Theorem for Differential Privacy": every (ε, δ)-DP pair
+    is a post-processing of the (ε, δ) randomized-response pair; here δ = 0),
+    and Rényi divergence satisfies the data-processing inequality (van Erven &
+    Harremoës 2014, "Rényi Divergence and Kullback-Leibler Divergence").
+
+    We also take the minimum with two bounds that this curve already satisfies
+    mathematically, as guards against floating-point drift:
+    D_α ≤ D_∞ = ε (D_α is non-decreasing in α; van Erven & Harremoës 2014) and
+    D_α ≤ α ε²/2 (Bun & Steinke 2016,
+    "Concentrated Differential Privacy", Prop. 3.3: ε-DP ⇒ ½ε²-zCDP).
+
+    Limits: D_α → ε as α → ∞ and D_α ≈ α ε²/2 as ε → 0.
+    """
+    eps = _check_epsilon(epsilon)
+    alphas = validate_orders(orders)
+    if eps == 0.0:
+        return np.zeros(len(alphas))
+    lc_half = _log_cosh(0.5 * eps)
+    out = np.empty(len(alphas))
+    for n, a in enumerate(alphas):
+        d = (_log_cosh((a - 0.5) * eps) - lc_half) / (a - 1.0)
+        out[n] = max(0.0, min(d, eps, 0.5 * a * eps * eps))
+    return out
+
+
+def bounded_range_rdp(*, epsilon: float, orders: Sequence[float]) -> np.ndarray:
+    """RDP bound α ε²/8 of an ε-bounded-range (ε-BR) mechanism.
+
+    M is ε-BR (Durfee & Rogers 2019, "Practical Differentially Private Top-k
+    Selection with Pay-what-you-get Composition", NeurIPS 2019) if for all neighbours
+    D, D' the privacy loss L(y) = log(P(y)/Q(y)), P = M(D), Q = M(D'), takes values
+    in an interval of length ε. Cesar & Rogers 2021 ("Bounding, Concentrating, and
+    Truncating: Unifying Privacy Loss Composition for Data Analytics", ALT 2021,
+    arXiv:2004.07223) show that ε-BR implies ε²/8-zCDP, i.e. D_α ≤ α ε²/8 for
+    all α > 1. Self-contained proof of the statement we use:
+
+        Let f(t) = log E_Q[e^{tL}]. Then f(0) = 0 and f(1) = log E_Q[dP/dQ] = 0,
+        and f''(t) is the variance of L under the tilted law ∝ e^{tL} Q, which is
+        ≤ ε²/4 because L lives in an interval of length ε (Popoviciu). Hence
+        h(t) = ε² t(t−1)/8 − f(t) is convex with h(0) = h(1) = 0, so h(α) ≥ 0
+        for α ≥ 1, i.e. (α−1) D_α(P‖Q) = f(α) ≤ α(α−1) ε²/8. The same holds for
+        D_α(Q‖P) (the loss −L has the same range).
+
+    The exponential mechanism sampling θ ∝ exp(ε u(D, θ) / (2Δu)) with
+    Δu = sup |u(D, θ) − u(D', θ)| is ε-BR (the ratio of likelihood ratios at θ and
+    θ' is at most exp(ε/(2Δu) · 2Δu)); so is the monotone-utility variant
+    θ ∝ exp(ε u / Δu) (McSherry & Talwar 2007), since then u(D, ·) − u(D', ·) has
+    one sign and its range is ≤ Δu (Durfee & Rogers 2019 introduce BR for exactly
+    this reason). ε-BR also implies ε-DP (E_Q[e^L] = 1 forces 0 into the range
+    of L, so |L| ≤ ε).
+
+    This bound alone is *not* valid for arbitrary ε-DP mechanisms; callers take
+    the minimum with :func:`randomized_response_rdp`.
+    """
+    eps = _check_epsilon(epsilon)
+    alphas = np.asarray(validate_orders(orders))
+    return alphas * (eps * eps / 8.0)
+
+
+# --------------------------------------------------------------- (subsampled) Gaussian
+
+
+def gaussian_rdp(*, noise_multiplier: float, orders: Sequence[float]) -> np.ndarray:
+    """RDP of the Gaussian mechanism with L2 sensitivity 1 and noise std σ:
+    D_α = α / (2σ²) (Mironov 2017, Gaussian mechanism). Exact."""
+    sigma = _check_sigma(noise_multiplier)
+    alphas = np.asarray(validate_orders(orders))
+    return alphas / (2.0 * sigma * sigma)
+
+
+def _check_sigma(noise_multiplier: float) -> float:
+    if isinstance(noise_multiplier, bool) or not isinstance(
+        noise_multiplier, int | float | np.floating
+    ):
+        raise ValueError(f"noise_multiplier must be a real number, got {noise_multiplier!r}")
+    s = float(noise_multiplier)
+    if not math.isfinite(s) or s <= 0.0:
+        raise ValueError(f"noise_multiplier must be finite and > 0, got {noise_multiplier!r}")
+    return s
+
+
+def _check_q(sampling_rate: float) -> float:
+    if isinstance(sampling_rate, bool) or not isinstance(sampling_rate, int | float | np.floating):
+        raise ValueError(f"sampling_rate must be a real number, got {sampling_rate!r}")
+    q = float(sampling_rate)
+    if not (0.0 < q <= 1.0):
+        raise ValueError(f"sampling_rate must be in (0, 1], got {sampling_rate!r}")
+    return q
+
+
+def _log_abs_binom(a: float, k: np.ndarray) -> np.ndarray:
+    """log |C(a, k)| for real a ≥ 0 and integer k ≥ 0 (gammaln is log|Γ|)."""
+    return special.gammaln(a + 1.0) - special.gammaln(k + 1.0) - special.gammaln(a - k + 1.0)
+
+
+def _log_a_int(q: float, sigma: float, alpha: int) -> float:
+    """log A_α for integer α (Mironov, Talwar & Zhang 2019, Sec. 3; the binomial expansion):
+
+    A_α = Σ_{k=0}^{α} C(α, k) (1−q)^{α−k} q^k exp((k² − k) / (2σ²)).
+    """
+    k = np.arange(alpha + 1, dtype=np.float64)
+    log_terms = (
+        _log_abs_binom(float(alpha), k)
+        + k * math.log(q)
+        + (alpha - k) * math.log1p(-q)
+        + (k * k - k) / (2.0 * sigma * sigma)
+    )
+    return float(special.logsumexp(log_terms))
+
+
+# Beyond this many series terms a fractional order falls back to ⌈α⌉ (see below).
+_MAX_FRAC_TERMS = 1 << 14
+
+
+def _log_a_frac(q: float, sigma: float, alpha: float) -> float:
+    """An upper bound on log A_α for fractional α (Mironov, Talwar & Zhang 2019, Sec. 3.3).
+
+    With z0 = σ² log(1/q − 1) + ½ (the point where q μ1 = (1−q) μ0), MTZ split
+    A_α = ∫ μ0 ((1−q) + q μ1/μ0)^α at z0 and expand each half binomially:
+
+        A_α = Σ_i C(α,i) [ q^i (1−q)^{α−i} e^{(i²−i)/(2σ²)} Φ((z0 − i)/σ)
+                         + q^j (1−q)^i e^{(j²−j)/(2σ²)} Φ((j − z0)/σ) ],  j = α − i.
+
+    Both expansions converge absolutely, so the signed series equals A_α
+    (dominated convergence). For i > ⌈α⌉ the coefficients C(α,i) alternate in
+    sign; summing |C(α,i)| instead (what dp_accounting 0.4+ does) is also an upper
+    bound but a loose one for small α or large σ (5–10 % at α ≤ 1.25 and several
+    times too large for σ ≈ 40), so we sum the signed series and add explicit
+    bounds for the two things that could make it too small:
+
+    * Truncation. Take n > max(⌈α⌉, z0, α − z0). For i ≥ n the Gaussian tail bound
+      Φ(−x) ≤ e^{−x²/2} · min(½, 1/(x√(2π))), x > 0 (Chernoff / Mills ratio), with
+      x = (i − z0)/σ in the first part and x = (z0 − j)/σ = (i − α + z0)/σ in the
+      second, turns the i-th term into at most |C(α,i)| (1−q)^α e^{−z0²/(2σ²)} c_n
+      with c_n = min(½, σ/((n − z0)√(2π))) + min(½, σ/((n − α + z0)√(2π)))
+      (the exponents collapse because 2z0 − 1 = 2σ² log((1−q)/q)). For i ≥ ⌈α⌉
+      the signs of (−1)^i C(α,i) agree, so Σ_{i≥n} |C(α,i)| =
+      |Σ_{i<n} (−1)^i C(α,i)| = |C(α−1, n−1)| (telescoping Pascal's rule and
+      Σ_i (−1)^i C(α,i) = (1−1)^α = 0). Hence
+      |tail| ≤ (1−q)^α e^{−z0²/(2σ²)} c_n |C(α−1, n−1)|.
+    * Rounding. Each term is exp of a sum of logs; its relative error is at most
+      (Σ |summands| + 8) · 16 · 2⁻⁵² (a generous first-order bound), and the sum
+      itself is exactly rounded (math.fsum). We add Σ_i |term_i| · that bound.
+
+    The result is min(signed + rounding bound, Σ |terms|) + tail bound, an upper
+    bound in every case; n doubles until the tail bound is below 1e-10·(α−1) of
+    the total. If more than ``_MAX_FRAC_TERMS`` terms would be needed (z0 huge:
+    σ ≳ 40 with q ≲ 1 %), we return log A_⌈α⌉ instead, valid because D_α is
+    non-decreasing in α (van Erven & Harremoës 2014, "Rényi Divergence and
+    Kullback-Leibler Divergence").
+    """
+    z0 = sigma * sigma * (math.log1p(-q) - math.log(q)) + 0.5
+    n_min = max(math.ceil(alpha), math.ceil(z0), math.ceil(alpha - z0)) + 1
+    if n_min > _MAX_FRAC_TERMS:
+        return _log_a_int(q, sigma, math.ceil(alpha))
+    log_q, log_1mq = math.log(q), math.log1p(-q)
+    two_s2 = 2.0 * sigma * sigma
+    tail_const = alpha * log_1mq - z0 * z0 / two_s2
+    mills = sigma / math.sqrt(2.0 * math.pi)
+    stop_gap = math.log(1e-10 * (alpha - 1.0))
+    gl_alpha = float(special.gammaln(alpha + 1.0))
+    n = max(n_min, 256)
+    while True:
+        i = np.arange(n, dtype=np.float64)
+        j = alpha - i
+        gl_i = special.gammaln(i + 1.0)
+        gl_j = special.gammaln(j + 1.0)
+        log_coef = gl_alpha - gl_i - gl_j
+        # sign of C(α, i) = sign of Γ(α − i + 1) for α > 0
+        sign = special.gammasgn(j + 1.0)
+        parts0 = (i * log_q, j * log_1mq, (i * i - i) / two_s2, special.log_ndtr((z0 - i) / sigma))
+        parts1 = (j * log_q, i * log_1mq, (j * j - j) / two_s2, special.log_ndtr((j - z0) / sigma))
+        log_t0 = log_coef + sum(parts0)
+        log_t1 = log_coef + sum(parts1)
+        base = abs(gl_alpha) + np.abs(gl_i) + np.abs(gl_j) + 8.0
+        rel0 = (base + sum(np.abs(p) for p in parts0)) * (16.0 * 2.0**-52)
+        rel1 = (base + sum(np.abs(p) for p in parts1)) * (16.0 * 2.0**-52)
+
+        m = float(max(np.max(log_t0), np.max(log_t1)))
+        t0 = np.exp(log_t0 - m)
+        t1 = np.exp(log_t1 - m)
+        signed = math.fsum((sign * t0).tolist()) + math.fsum((sign * t1).tolist())
+        absolute = math.fsum(t0.tolist()) + math.fsum(t1.tolist())
+        rounding = math.fsum((t0 * rel0).tolist()) + math.fsum((t1 * rel1).tolist())
+        # 2**-40 relative slack covers the rounding of the three fsum results themselves.
+        partial = min(signed + rounding + absolute * 2.0**-40, absolute * (1.0 + 2.0**-40))
+
+        c_n = min(0.5, mills / (n - z0)) + min(0.5, mills / (n - alpha + z0))
+        log_tail = (
+            tail_const + math.log(c_n) + float(_log_abs_binom(alpha - 1.0, np.array([n - 1.0]))[0])
+        )
+        total = m + math.log(partial + math.exp(min(log_tail - m, 700.0)))
+        # The tail bound is included, so even at the cap the result is an upper bound.
+        if log_tail < total + stop_gap or n >= _MAX_FRAC_TERMS:
+            return total
+        n = min(2 * n, _MAX_FRAC_TERMS)
+
+
+@lru_cache(maxsize=4096)
+def _subsampled_gaussian_rdp_one(q: float, sigma: float, alpha: float) -> float:
+    gauss = alpha / (2.0 * sigma * sigma)
+    if q == 1.0:
+        return gauss
+    int_order = alpha.is_integer()
+    log_a = _log_a_int(q, sigma, int(alpha)) if int_order else _log_a_frac(q, sigma, alpha)
+    rdp = log_a / (alpha - 1.0)
+    if math.isnan(rdp):
+        return math.inf
+    # Subsampling never hurts: by joint quasi-convexity of D_α (van Erven & Harremoës
+    # 2014), D_α((1−q)μ0 + qμ1 ‖ μ0) ≤ max(0, D_α(μ1 ‖ μ0)) = α/(2σ²), and likewise
+    # in the other direction. Mathematically redundant; a guard against drift.
+    return max(0.0, min(rdp, gauss))
+
+
+def subsampled_gaussian_rdp(
+    *, sampling_rate: float, noise_multiplier: float, orders: Sequence[float]
+) -> np.ndarray:
+    """RDP of one step of the Poisson-subsampled Gaussian mechanism (one DP-SGD step).
+
+    Each record is included independently with probability q = ``sampling_rate``;
+    the sum of the included (L2-clipped to norm 1) contributions gets N(0, σ²I)
+    noise, σ = ``noise_multiplier``. Under add/remove-one the worst case reduces to
+    the 1-D pair μ0 = N(0, σ²), μ = (1−q)μ0 + qN(1, σ²), and the RDP at order α is
+    (1/(α−1)) log A_α with A_α = E_{μ0}[(μ/μ0)^α] (Mironov, Talwar & Zhang 2019,
+    "Rényi Differential Privacy of the Sampled Gaussian Mechanism",
+    arXiv:1908.10530, Sec. 3; they also show the other direction D_α(μ0 ‖ μ) is
+    never larger, so A_α is the worst case). Integer orders use the exact finite
+    sum, fractional orders the MTZ series with a rigorous tail bound; q = 1 gives
+    the exact Gaussian α/(2σ²). Steps compose additively: multiply by the count.
+    """
+    q = _check_q(sampling_rate)
+    sigma = _check_sigma(noise_multiplier)
+    alphas = validate_orders(orders)
+    return np.array([_subsampled_gaussian_rdp_one(q, sigma, a) for a in alphas])
+
+
+# ---------------------------------------------------------------------- conversion
+
+
+def epsilon_from_rdp(
+    *, rdp: Sequence[float] | np.ndarray, orders: Sequence[float], delta: float
+) -> float:
+    """Smallest ε over the given orders for which an RDP curve implies (ε, δ)-DP.
+
+    Uses the conversion of Canonne, Kamath & Steinke 2020 ("The Discrete Gaussian
+    for Differential Privacy", arXiv:2004.00010v4, Prop. 12), also Asoodeh et al.
+    2020 (arXiv:2001.05990, Eq. 20) and Balle et al. 2020 ("Hypothesis Testing
+    Interpretations and Rényi Differential Privacy", AISTATS): if
+    D_α(P ‖ Q) ≤ ρ then P is (ε, δ)-indistinguishable from Q with
+
+        ε = ρ + log((α−1)/α) − (log δ + log α)/(α − 1).
+
+    It is a statement about one pair of distributions, so it applies to any
+    mechanism (or filtered interaction) whose output pairs satisfy the RDP bound.
+    The result is the minimum over orders, clipped at 0; +inf entries of ``rdp``
+    (orders with no finite bound) are skipped, and if all are +inf so is ε.
+
+    One more valid case (as in dp_accounting): KL(P ‖ Q) ≤ D_α(P ‖ Q) ≤ ρ and the
+    Bretagnolle–Huber inequality TV(P, Q) ≤ √(1 − e^{−KL}) give (0, δ)-DP as soon
+    as δ² ≥ 1 − e^{−ρ}, so such an order yields ε = 0.
+    """
+    alphas = validate_orders(orders)
+    values = [float(r) for r in rdp]
+    if len(values) != len(alphas):
+        raise ValueError(f"rdp has {len(values)} entries but orders has {len(alphas)}")
+    if isinstance(delta, bool) or not (0.0 < float(delta) < 1.0):
+        raise ValueError(f"delta must be in (0, 1), got {delta!r}")
+    if any(math.isnan(r) or r < 0.0 for r in values):
+        raise ValueError("rdp values must be >= 0 and not NaN")
+    delta = float(delta)
+    log_delta = math.log(delta)
+    best = math.inf
+    for a, r in zip(alphas, values, strict=True):
+        if math.isinf(r):
+            continue
+        if delta * delta + math.expm1(-r) >= 0.0:
+            return 0.0
+        eps = r + math.log1p(-1.0 / a) - (log_delta + math.log(a)) / (a - 1.0)
+        best = min(best, eps)
+    return max(0.0, best)

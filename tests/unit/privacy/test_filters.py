@@ -1,0 +1,272 @@
+"""Composition rules: pure basic composition and the RDP filter over ORDERS."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from service.privacy.amounts import MICRO_CAP, curve_to_micro_up, from_micro, to_micro_up
+from service.privacy.events import (
+    ExponentialMechanismEvent,
+    PoissonSubsampledGaussianEvent,
+    PureDpEvent,
+)
+from service.privacy.filters import (
+    max_admissible_epsilon,
+    max_admissible_pure_epsilon,
+    pure_admits,
+    pure_max_admissible_epsilon,
+    rdp_admits,
+    rdp_budget_micro,
+)
+from service.privacy.orders import ORDERS
+from service.privacy.rdp import epsilon_from_rdp
+
+N = len(ORDERS)
+micro = st.integers(min_value=0, max_value=50_000_000)
+vectors = st.lists(micro, min_size=N, max_size=N)
+budgets = st.builds(
+    lambda e, d: rdp_budget_micro(epsilon_total=e, delta_total=d),
+    st.floats(0.05, 60.0),
+    st.sampled_from([1e-3, 1e-5, 1e-7, 1e-9]),
+)
+
+
+# ------------------------------------------------------------------ pure rule
+
+
+@given(spent=micro, charge=micro, total=micro, smaller=micro)
+def test_pure_admits_is_basic_composition_and_monotone(
+    spent: int, charge: int, total: int, smaller: int
+) -> None:
+    ok = pure_admits(spent_micro=spent, charge_micro=charge, total_micro=total)
+    assert ok == (spent + charge <= total)
+    if ok:
+        assert pure_admits(spent_micro=spent, charge_micro=min(smaller, charge), total_micro=total)
+
+
+@given(st.lists(st.floats(0.0, 3.0), max_size=40), st.floats(0.01, 10.0))
+def test_pure_dataset_never_exceeds_total(requests: list[float], eps_total: float) -> None:
+    total = int(eps_total * 1_000_000)
+    spent = 0
+    for eps in requests:
+        charge = to_micro_up(eps)
+        if pure_admits(spent_micro=spent, charge_micro=charge, total_micro=total):
+            spent += charge
+        assert spent <= total
+    remaining = pure_max_admissible_epsilon(spent_micro=spent, total_micro=total)
+    assert pure_admits(spent_micro=spent, charge_micro=to_micro_up(remaining), total_micro=total)
+    assert not pure_admits(
+        spent_micro=spent, charge_micro=to_micro_up(remaining) + 1, total_micro=total
+    )
+
+
+def test_pure_rule_rejects_bad_input() -> None:
+    with pytest.raises(ValueError):
+        pure_admits(spent_micro=-1, charge_micro=0, total_micro=1)
+    with pytest.raises(ValueError):
+        pure_admits(spent_micro=0, charge_micro=0.5, total_micro=1)  # type: ignore[arg-type]
+    assert not pure_admits(spent_micro=0, charge_micro=MICRO_CAP, total_micro=MICRO_CAP)
+
+
+# ------------------------------------------------------------------ budgets
+
+
+@pytest.mark.parametrize("eps_total", [0.1, 1.0, 3.0, 10.0, 50.0])
+@pytest.mark.parametrize("delta_total", [1e-5, 1e-8])
+def test_budget_is_the_cks_conversion_at_delta_share(eps_total: float, delta_total: float) -> None:
+    budget = rdp_budget_micro(epsilon_total=eps_total, delta_total=delta_total)
+    assert len(budget) == N
+    share = delta_total / N
+    for alpha, b in zip(ORDERS, budget, strict=True):
+        if b < 0:
+            continue
+        # spending exactly B_α at order α converts back to ≤ ε_total at δ_total/|Λ|
+        eps = epsilon_from_rdp(rdp=[from_micro(b)], orders=[alpha], delta=share)
+        assert eps <= eps_total + 1e-9
+        assert eps >= eps_total - 2e-6  # rounded down by at most one micro-unit
+
+
+def test_budget_is_at_least_the_simple_conversion() -> None:
+    eps_total, delta_total = 2.0, 1e-6
+    budget = rdp_budget_micro(epsilon_total=eps_total, delta_total=delta_total)
+    for alpha, b in zip(ORDERS, budget, strict=True):
+        simple = eps_total - math.log(N / delta_total) / (alpha - 1)
+        assert from_micro(b) >= simple - 1e-6
+
+
+def test_large_budgets_use_small_orders() -> None:
+    budget = rdp_budget_micro(epsilon_total=10.0, delta_total=1e-5)
+    usable = [a for a, b in zip(ORDERS, budget, strict=True) if b >= 0]
+    assert min(usable) <= 2.5
+    assert all(b >= 0 for b in rdp_budget_micro(epsilon_total=60.0, delta_total=1e-5))
+    tiny = rdp_budget_micro(epsilon_total=0.05, delta_total=1e-5)
+    assert any(b > 0 for b in tiny)
+
+
+@pytest.mark.parametrize(
+    ("eps", "delta"),
+    [
+        (0.0, 1e-5),
+        (-1.0, 1e-5),
+        (math.inf, 1e-5),
+        (math.nan, 1e-5),
+        (1e7, 1e-5),
+        (1.0, 0.0),
+        (1.0, 1.0),
+        (1.0, -1e-5),
+        (1.0, math.nan),
+        (True, 1e-5),
+    ],
+)
+def test_budget_rejects_bad_input(eps: float, delta: float) -> None:
+    with pytest.raises(ValueError):
+        rdp_budget_micro(epsilon_total=eps, delta_total=delta)
+
+
+# ------------------------------------------------------------------ RDP filter
+
+
+@given(
+    spent=vectors,
+    charge=vectors,
+    budget=budgets,
+    shrink=st.lists(st.floats(0, 1), min_size=N, max_size=N),
+)
+def test_rdp_admits_is_monotone(
+    spent: list[int], charge: list[int], budget: list[int], shrink: list[float]
+) -> None:
+    ok = rdp_admits(spent_micro=spent, charge_micro=charge, budget_micro=budget)
+    assert ok == any(s + c <= b for s, c, b in zip(spent, charge, budget, strict=True))
+    smaller = [int(c * f) for c, f in zip(charge, shrink, strict=True)]
+    if ok:
+        assert rdp_admits(spent_micro=spent, charge_micro=smaller, budget_micro=budget)
+        less_spent = [int(s * f) for s, f in zip(spent, shrink, strict=True)]
+        assert rdp_admits(spent_micro=less_spent, charge_micro=charge, budget_micro=budget)
+
+
+request_events = st.one_of(
+    st.builds(PureDpEvent, epsilon=st.floats(0.0, 2.0)),
+    st.builds(ExponentialMechanismEvent, epsilon=st.floats(0.0, 2.0)),
+    st.builds(
+        PoissonSubsampledGaussianEvent,
+        sampling_rate=st.sampled_from([0.001, 0.01, 0.05, 1.0]),
+        noise_multiplier=st.sampled_from([0.7, 1.0, 2.0, 5.0]),
+        steps=st.sampled_from([1, 10, 500]),
+    ),
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    requests=st.lists(request_events, max_size=25),
+    eps_total=st.floats(0.2, 20.0),
+    delta_total=st.sampled_from([1e-5, 1e-8]),
+)
+def test_filter_run_keeps_an_order_alive(
+    requests: list[PureDpEvent], eps_total: float, delta_total: float
+) -> None:
+    """Simulate a ledger: after every admission some order stays within its budget,
+    so the interaction is (ε_total, δ_total)-DP by the theorem in filters.py."""
+    budget = rdp_budget_micro(epsilon_total=eps_total, delta_total=delta_total)
+    spent = [0] * N
+    admitted = []
+    for ev in requests:
+        charge = curve_to_micro_up(ev.rdp(ORDERS))
+        if rdp_admits(spent_micro=spent, charge_micro=charge, budget_micro=budget):
+            spent = [s + c for s, c in zip(spent, charge, strict=True)]
+            admitted.append(ev)
+            assert any(s <= b for s, b in zip(spent, budget, strict=True))
+    if admitted:
+        # the real-valued RDP of what was admitted converts to ≤ ε_total at δ_total/|Λ|
+        true_rdp = np.sum([e.rdp(ORDERS) for e in admitted], axis=0)
+        eps = epsilon_from_rdp(rdp=true_rdp, orders=ORDERS, delta=delta_total / N)
+        assert eps <= eps_total + 1e-9
+
+
+def test_rdp_admits_validates_and_ignores_saturated_orders() -> None:
+    with pytest.raises(ValueError, match="lengths"):
+        rdp_admits(spent_micro=[0], charge_micro=[0, 0], budget_micro=[1, 1])
+    with pytest.raises(ValueError):
+        rdp_admits(spent_micro=[-1], charge_micro=[0], budget_micro=[1])
+    assert not rdp_admits(spent_micro=[0], charge_micro=[MICRO_CAP], budget_micro=[MICRO_CAP])
+    assert not rdp_admits(spent_micro=[0], charge_micro=[0], budget_micro=[-1])
+    assert rdp_admits(spent_micro=[5, 0], charge_micro=[0, 3], budget_micro=[4, 3])
+
+
+# ------------------------------------------------------------------ remaining ε
+
+
+@settings(max_examples=40, deadline=None)
+@given(eps_total=st.floats(0.1, 30.0), used=st.lists(st.floats(0.0, 1.5), max_size=6))
+def test_max_admissible_pure_epsilon_is_tight(eps_total: float, used: list[float]) -> None:
+    budget = rdp_budget_micro(epsilon_total=eps_total, delta_total=1e-5)
+    spent = [0] * N
+    for eps in used:
+        charge = curve_to_micro_up(PureDpEvent(epsilon=eps).rdp())
+        if rdp_admits(spent_micro=spent, charge_micro=charge, budget_micro=budget):
+            spent = [s + c for s, c in zip(spent, charge, strict=True)]
+    best = max_admissible_pure_epsilon(spent_micro=spent, budget_micro=budget)
+    assert best >= 0
+    assert best == round(best, 6)
+
+    def admitted(eps: float) -> bool:
+        charge = curve_to_micro_up(PureDpEvent(epsilon=eps).rdp())
+        return rdp_admits(spent_micro=spent, charge_micro=charge, budget_micro=budget)
+
+    if admitted(0.0):
+        assert admitted(best)
+    assert not admitted(best + 1e-6)
+
+
+def test_remaining_epsilon_examples() -> None:
+    # an untouched ε_total = 1 budget (δ = 1e-5) admits one pure release of a little
+    # less than ε = 1 (0.969: the price of splitting δ over the grid)
+    budget = rdp_budget_micro(epsilon_total=1.0, delta_total=1e-5)
+    fresh = max_admissible_pure_epsilon(spent_micro=[0] * N, budget_micro=budget)
+    assert 0.95 < fresh <= 1.0
+    # the exponential mechanism's bounded-range curve leaves more room
+    expm = max_admissible_epsilon(
+        spent_micro=[0] * N,
+        budget_micro=budget,
+        event_for_epsilon=lambda e: ExponentialMechanismEvent(epsilon=e),
+    )
+    assert expm >= fresh
+    # exhausted: nothing admissible
+    assert max_admissible_pure_epsilon(spent_micro=[10**9] * N, budget_micro=budget) == 0.0
+
+
+def test_dp_sgd_job_then_pure_queries() -> None:
+    budget = rdp_budget_micro(epsilon_total=3.0, delta_total=1e-5)
+    job = PoissonSubsampledGaussianEvent(sampling_rate=256 / 30000, noise_multiplier=1.0, steps=351)
+    charge = curve_to_micro_up(job.rdp())
+    spent = [0] * N
+    assert rdp_admits(spent_micro=spent, charge_micro=charge, budget_micro=budget)
+    spent = charge
+    remaining = max_admissible_pure_epsilon(spent_micro=spent, budget_micro=budget)
+    fresh = max_admissible_pure_epsilon(spent_micro=[0] * N, budget_micro=budget)
+    assert 0 < remaining < fresh
+    assert np.all(np.asarray(spent) >= 0)
+
+
+def _releases_until_refused(
+    event: PureDpEvent | ExponentialMechanismEvent, budget: list[int]
+) -> int:
+    charge = curve_to_micro_up(event.rdp())
+    spent, n = [0] * N, 0
+    while rdp_admits(spent_micro=spent, charge_micro=charge, budget_micro=budget):
+        spent = [s + c for s, c in zip(spent, charge, strict=True)]
+        n += 1
+    return n
+
+
+def test_repeated_releases_are_counted() -> None:
+    budget = rdp_budget_micro(epsilon_total=10.0, delta_total=1e-5)
+    pure = _releases_until_refused(PureDpEvent(epsilon=0.5), budget)
+    expm = _releases_until_refused(ExponentialMechanismEvent(epsilon=0.5), budget)
+    assert pure == 20  # no better than basic composition at this scale, never worse
+    assert expm == 46  # the bounded-range bound (α ε²/8) pays off over many releases
