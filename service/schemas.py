@@ -172,6 +172,13 @@ class NominalUpdate(_In):
 
 class RefundRequest(_In):
     reason: str = Field(min_length=3, max_length=2000)
+    override: bool = Field(
+        default=False,
+        description=(
+            "Required to refund a job that had already read private rows. Such a refund is an "
+            "explicit admin decision outside the ledger's DP guarantee, and is recorded so."
+        ),
+    )
 
 
 class LedgerEntryPublic(_Out):

@@ -13,6 +13,7 @@ from fastapi import FastAPI
 from service.api.errors import install_handlers, problem_response
 from service.api.routes import admin, health, jobs
 from service.config import Settings, get_settings
+from service.dashboard import routes as dashboard
 from service.db import engine_for
 from service.jobs import sweep
 
@@ -107,5 +108,6 @@ def create_app(settings: Settings | None = None, *, run_sweeper: bool = True) ->
     app.include_router(health.router)
     app.include_router(jobs.router)
     app.include_router(admin.router)
+    app.include_router(dashboard.router)
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)  # type: ignore[arg-type]
     return app

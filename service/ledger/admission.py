@@ -385,8 +385,18 @@ def admit_job(
     return Admitted(job, created=True)
 
 
-def refund_job(session: Session, *, job: Job, reason: str) -> LedgerEntry:
-    """Append a refund of the job's charge. The caller holds the job row lock."""
+def refund_job(session: Session, *, job: Job, reason: str, override: bool = False) -> LedgerEntry:
+    """Append a refund of the job's charge. The caller holds the job row lock.
+
+    Why refunds of untouched jobs are sound: the filter proof (service.privacy.filters)
+    needs, for the order α that survives, Σ RDP(α) ≤ B_α over the mechanisms that
+    actually ran. A job that never read a private row ran no mechanism, so dropping its
+    charge leaves that sum unchanged; every other charge only grows it. A refund of a job
+    that did read rows (`override`) is an admin decision outside the guarantee and is
+    recorded as such in the entry.
+    """
+    if job.data_touched and not override:
+        raise InvalidLedgerOperation("the job read private rows: a refund needs an explicit override")
     ds = lock_dataset(session, job.dataset_id)
     already = session.scalar(
         select(func.count()).select_from(LedgerEntry).where(
@@ -413,7 +423,8 @@ def refund_job(session: Session, *, job: Job, reason: str) -> LedgerEntry:
             analyst_id=job.analyst_id,
             job_id=job.id,
             kind=EntryKind.refund,
-            event={"refund_of": charge_entry.id, "data_touched": job.data_touched},
+            event={"refund_of": charge_entry.id, "data_touched": job.data_touched,
+                   "outside_guarantee": bool(job.data_touched)},
             epsilon_micro=refund.epsilon_micro,
             rdp_micro=refund.rdp_micro,
             delta=charge_entry.delta,

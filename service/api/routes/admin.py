@@ -93,7 +93,10 @@ def put_nominal(name: str, body: NominalUpdate, _: AdminDep, engine: EngineDep) 
 def refund(job_id: str, body: RefundRequest, admin: AdminDep, engine: EngineDep) -> JobPublic:
     """Refund a failed job's charge, with a reason (a new ledger entry).
 
-    Released jobs cannot be refunded: their model is out, and so is its privacy cost.
+    A job that failed before reading any private row released nothing, so its refund keeps
+    the composition guarantee. A job that had read private rows needs `override: true`:
+    its failure was itself an output, so refunding it is an admin decision outside the
+    ledger's guarantee, and the entry says so. Released jobs cannot be refunded.
     """
     with transaction(engine) as s:
         visible_job_or_404(s, admin, job_id)
@@ -101,8 +104,14 @@ def refund(job_id: str, body: RefundRequest, admin: AdminDep, engine: EngineDep)
         assert job is not None
         if job.status != JobStatus.failed:
             raise ProblemError(409, "conflict", f"only failed jobs can be refunded (this one is {job.status})")
+        if job.data_touched and not body.override:
+            raise ProblemError(
+                409, "conflict",
+                "this job read private rows before it failed; refunding it lies outside the "
+                "ledger's DP guarantee and needs override: true",
+            )
         try:
-            refund_job(s, job=job, reason=body.reason)
+            refund_job(s, job=job, reason=body.reason, override=job.data_touched)
         except InvalidLedgerOperation as exc:
             raise ProblemError(409, "conflict", str(exc)) from exc
         return job_public(job, s.get_one(Dataset, job.dataset_id).name)
