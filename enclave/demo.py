@@ -82,7 +82,10 @@ def run_demo(*, epsilon: float, epochs: int, keep: bool, console: Console) -> No
                            headers={"Idempotency-Key": "demo-1"}).raise_for_status().json()
         console.print(f"submitted job {job['id']} ({job['status']})")
         last = None
+        deadline = time.monotonic() + 300
         while job["status"] in ("queued", "running"):
+            if time.monotonic() > deadline:
+                raise SystemExit(f"the job did not finish in 300 s; see {home}/worker.log")
             time.sleep(0.5)
             job = analyst.get(f"/v1/jobs/{job['id']}").raise_for_status().json()
             line = f"  {job['status']}: step {job['progress_step']} of {job['progress_total']}"

@@ -27,8 +27,15 @@ def celery_config(settings: Settings) -> dict[str, object]:
         "task_reject_on_worker_lost": True,
         "worker_prefetch_multiplier": 1,
         "broker_connection_retry_on_startup": True,
-        "broker_transport_options": {"polling_interval": 0.5},
+        "broker_transport_options": transport_options(settings.resolved_broker_url),
     }
+
+
+def transport_options(broker_url: str) -> dict[str, object]:
+    # kombu's SQLAlchemy transport hands its options to create_engine(): give it none.
+    if broker_url.startswith("sqla+"):
+        return {}
+    return {"visibility_timeout": 3600}
 
 
 @lru_cache(maxsize=4)
@@ -41,7 +48,7 @@ def _client(broker_url: str, queue: str) -> Celery:
         task_default_queue=queue,
         broker_connection_retry=False,
         broker_connection_max_retries=1,
-        broker_transport_options={"polling_interval": 0.5, "max_retries": 1},
+        broker_transport_options=transport_options(broker_url),
     )
     return app
 
