@@ -99,8 +99,15 @@ def main() -> None:
     try:
         engine = make_engine(url, pool_size=70, max_overflow=10)
         with transaction(engine) as s:
-            ds = new_dataset(s, name="bench", public_schema={}, n_rows=30000,
-                             epsilon_total=1e4, delta_total=1e-5, allow_nominal=True)
+            ds = new_dataset(
+                s,
+                name="bench",
+                public_schema={},
+                n_rows=30000,
+                epsilon_total=1e4,
+                delta_total=1e-5,
+                allow_nominal=True,
+            )
             a = Analyst(name="a", key_hash="0" * 64, role=Role.analyst)
             s.add(a)
             s.flush()
@@ -111,8 +118,14 @@ def main() -> None:
         def admit(_: int) -> None:
             try:
                 with transaction(engine) as s:
-                    admit_job(s, analyst=s.get_one(Analyst, a_id), dataset=s.get_one(Dataset, ds_id),
-                              request=req, plan=plan, idempotency_key=None)
+                    admit_job(
+                        s,
+                        analyst=s.get_one(Analyst, a_id),
+                        dataset=s.get_one(Dataset, ds_id),
+                        request=req,
+                        plan=plan,
+                        idempotency_key=None,
+                    )
             except BudgetExceeded:
                 raise SystemExit("the benchmark budget ran out; lower epsilon") from None
 
@@ -133,9 +146,16 @@ def main() -> None:
         for clients in CLIENT_COUNTS:
             for label, fn in (("admission", admit), ("raw row-lock tx", raw_tx)):
                 lat = run_clients(fn, clients, args.seconds)
-                rows.append({"what": label, "clients": clients, "n": len(lat),
-                             "tps": len(lat) / args.seconds, "p50_ms": 1e3 * statistics.median(lat),
-                             "p99_ms": 1e3 * pct(lat, 99)})
+                rows.append(
+                    {
+                        "what": label,
+                        "clients": clients,
+                        "n": len(lat),
+                        "tps": len(lat) / args.seconds,
+                        "p50_ms": 1e3 * statistics.median(lat),
+                        "p99_ms": 1e3 * pct(lat, 99),
+                    }
+                )
                 print(rows[-1], flush=True)
 
         # Quote latency as the ledger grows (the quote reads the running totals: O(1)).
@@ -145,19 +165,30 @@ def main() -> None:
             have = s.query(LedgerEntry).count()
         for n in target:
             if have < n:
-                batch = [{"dataset_id": ds_id, "kind": EntryKind.release, "epsilon_micro": 0,
-                          "delta": "0", "created_at": "2026-01-01T00:00:00", "prev_hash": "0" * 64,
-                          "hash": uuid.uuid4().hex + uuid.uuid4().hex} for _ in range(n - have)]
+                batch = [
+                    {
+                        "dataset_id": ds_id,
+                        "kind": EntryKind.release,
+                        "epsilon_micro": 0,
+                        "delta": "0",
+                        "created_at": "2026-01-01T00:00:00",
+                        "prev_hash": "0" * 64,
+                        "hash": uuid.uuid4().hex + uuid.uuid4().hex,
+                    }
+                    for _ in range(n - have)
+                ]
                 with transaction(engine) as s:
                     for i in range(0, len(batch), 10_000):
-                        s.execute(insert(LedgerEntry), batch[i:i + 10_000])
+                        s.execute(insert(LedgerEntry), batch[i : i + 10_000])
                 have = n
 
             def quote_once() -> None:
                 with transaction(engine) as s:
                     d = s.get_one(Dataset, ds_id)
                     cap = s.get(AnalystCap, (a_id, ds_id))
-                    ev = evaluate(dataset_filter(d), cap_filter(cap) if cap else None, charge_for(plan))
+                    ev = evaluate(
+                        dataset_filter(d), cap_filter(cap) if cap else None, charge_for(plan)
+                    )
                     ev.dataset_before.view()
                     if ev.dataset_after:
                         ev.dataset_after.view()
@@ -169,8 +200,14 @@ def main() -> None:
                 lat.append(time.perf_counter() - t)
             with transaction(engine) as s:
                 total = s.scalar(select(LedgerEntry.id).order_by(LedgerEntry.id.desc()).limit(1))
-            quote_rows.append({"entries": have, "p50_ms": 1e3 * statistics.median(lat),
-                               "p99_ms": 1e3 * pct(lat, 99), "last_id": total})
+            quote_rows.append(
+                {
+                    "entries": have,
+                    "p50_ms": 1e3 * statistics.median(lat),
+                    "p99_ms": 1e3 * pct(lat, 99),
+                    "last_id": total,
+                }
+            )
             print(quote_rows[-1], flush=True)
         engine.dispose()
         raw.dispose()
@@ -180,21 +217,30 @@ def main() -> None:
     cmd = "python " + " ".join(sys.argv)
     RESULTS.mkdir(exist_ok=True)
     lines = [
-        "# Ledger admission benchmark (PostgreSQL, this machine: 2 cores)", "",
-        f"Command: `{cmd}`", "",
+        "# Ledger admission benchmark (PostgreSQL, this machine: 2 cores)",
+        "",
+        f"Command: `{cmd}`",
+        "",
         "| what | clients | transactions | per second | p50 ms | p99 ms |",
         "|---|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
-        lines.append(f"| {r['what']} | {r['clients']} | {r['n']} | {r['tps']:.0f} | "
-                     f"{r['p50_ms']:.2f} | {r['p99_ms']:.2f} |")
+        lines.append(
+            f"| {r['what']} | {r['clients']} | {r['n']} | {r['tps']:.0f} | "
+            f"{r['p50_ms']:.2f} | {r['p99_ms']:.2f} |"
+        )
     lines += ["", "Ratio (admission ÷ raw row-lock transaction, throughput):", ""]
     for c in CLIENT_COUNTS:
         adm = next(r for r in rows if r["what"] == "admission" and r["clients"] == c)
         rawr = next(r for r in rows if r["what"] != "admission" and r["clients"] == c)
         lines.append(f"- {c} clients: {adm['tps'] / rawr['tps']:.2f}")
-    lines += ["", "Quote latency against the number of ledger entries:", "",
-              "| entries | p50 ms | p99 ms |", "|---:|---:|---:|"]
+    lines += [
+        "",
+        "Quote latency against the number of ledger entries:",
+        "",
+        "| entries | p50 ms | p99 ms |",
+        "|---:|---:|---:|",
+    ]
     for q in quote_rows:
         lines.append(f"| {q['entries']} | {q['p50_ms']:.2f} | {q['p99_ms']:.2f} |")
     (RESULTS / "ledger_admission.md").write_text("\n".join(lines) + "\n")
@@ -208,8 +254,12 @@ def main() -> None:
     ax[0].set_ylabel("transactions / s")
     ax[0].legend()
     ax[0].set_title("Admission vs raw row-lock transaction")
-    ax[1].plot([q["entries"] for q in quote_rows], [q["p50_ms"] for q in quote_rows], "o-", label="p50")
-    ax[1].plot([q["entries"] for q in quote_rows], [q["p99_ms"] for q in quote_rows], "s--", label="p99")
+    ax[1].plot(
+        [q["entries"] for q in quote_rows], [q["p50_ms"] for q in quote_rows], "o-", label="p50"
+    )
+    ax[1].plot(
+        [q["entries"] for q in quote_rows], [q["p99_ms"] for q in quote_rows], "s--", label="p99"
+    )
     ax[1].set_xscale("log")
     ax[1].set_xlabel("ledger entries")
     ax[1].set_ylabel("quote latency (ms)")

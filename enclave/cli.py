@@ -32,8 +32,10 @@ from service.ledger.tables import Analyst, Dataset, LedgerEntry, Role
 from service.migrate import upgrade
 from service.privacy.amounts import from_micro
 
-app = typer.Typer(help="Private-data enclave: train models under a differential-privacy budget.",
-                  no_args_is_help=True)
+app = typer.Typer(
+    help="Private-data enclave: train models under a differential-privacy budget.",
+    no_args_is_help=True,
+)
 db_app = typer.Typer(help="The ledger database.", no_args_is_help=True)
 datasets_app = typer.Typer(help="Datasets (inside the enclave).", no_args_is_help=True)
 analysts_app = typer.Typer(help="Analysts and API keys.", no_args_is_help=True)
@@ -78,15 +80,22 @@ def datasets_register(
     if parsed.name != name:
         raise typer.BadParameter(f"the schema is named {parsed.name!r}, not {name!r}")
     try:
-        reg = register_dataset(_engine(), get_settings(), schema=parsed, csv_path=csv,
-                               epsilon_total=epsilon, delta_total=delta,
-                               allow_nominal=allow_nominal)
+        reg = register_dataset(
+            _engine(),
+            get_settings(),
+            schema=parsed,
+            csv_path=csv,
+            epsilon_total=epsilon,
+            delta_total=delta,
+            allow_nominal=allow_nominal,
+        )
     except RegistrationError as exc:
         console.print(f"[red]refused:[/red] {exc}")
         raise typer.Exit(2) from exc
     r = reg.report
-    console.print(f"registered {name}: {reg.n_rows} rows kept of {r.rows_in} "
-                  f"({r.rows_rejected} rejected)")
+    console.print(
+        f"registered {name}: {reg.n_rows} rows kept of {r.rows_in} ({r.rows_rejected} rejected)"
+    )
     for col, n in r.rejected_by_column.items():
         console.print(f"  rejected for {col}: {n}")
     for col, n in r.clipped_by_column.items():
@@ -108,12 +117,22 @@ def datasets_budget(name: str, epsilon: float, delta: float) -> None:
 
 @datasets_app.command("list")
 def datasets_list() -> None:
-    table = Table("name", "rows", "rule", "ε_total", "δ_total", "Σε charged", "remaining ε", "nominal ok")
+    table = Table(
+        "name", "rows", "rule", "ε_total", "δ_total", "Σε charged", "remaining ε", "nominal ok"
+    )
     with transaction(_engine()) as s:
         for ds in s.scalars(select(Dataset).order_by(Dataset.name)):
             v = dataset_filter(ds).view()
-            table.add_row(ds.name, str(ds.n_rows), v.rule, f"{v.epsilon_total:g}", f"{v.delta_total:g}",
-                          f"{v.spent_epsilon_sum:g}", f"{v.remaining_epsilon:.4g}", str(ds.allow_nominal))
+            table.add_row(
+                ds.name,
+                str(ds.n_rows),
+                v.rule,
+                f"{v.epsilon_total:g}",
+                f"{v.delta_total:g}",
+                f"{v.spent_epsilon_sum:g}",
+                f"{v.remaining_epsilon:.4g}",
+                str(ds.allow_nominal),
+            )
     console.print(table)
 
 
@@ -150,10 +169,20 @@ def analysts_cap(name: str, dataset: str, epsilon: float, delta: float) -> None:
 
 
 def ledger_table(rows: list[dict]) -> Table:
-    table = Table("id", "dataset", "kind", "job", "ε", "δ", "reason", "hash", title="Privacy ledger")
+    table = Table(
+        "id", "dataset", "kind", "job", "ε", "δ", "reason", "hash", title="Privacy ledger"
+    )
     for r in rows:
-        table.add_row(str(r["id"]), r["dataset"], r["kind"], (r["job_id"] or "")[:8],
-                      f"{r['epsilon']:g}", r["delta"], (r["reason"] or "")[:40], r["hash"][:12])
+        table.add_row(
+            str(r["id"]),
+            r["dataset"],
+            r["kind"],
+            (r["job_id"] or "")[:8],
+            f"{r['epsilon']:g}",
+            r["delta"],
+            (r["reason"] or "")[:40],
+            r["hash"][:12],
+        )
     return table
 
 
@@ -161,12 +190,24 @@ def ledger_table(rows: list[dict]) -> Table:
 def ledger_show(limit: int = 50) -> None:
     with transaction(_engine()) as s:
         rows = s.execute(
-            select(LedgerEntry, Dataset.name).join(Dataset, Dataset.id == LedgerEntry.dataset_id)
-            .order_by(LedgerEntry.id.desc()).limit(limit)
+            select(LedgerEntry, Dataset.name)
+            .join(Dataset, Dataset.id == LedgerEntry.dataset_id)
+            .order_by(LedgerEntry.id.desc())
+            .limit(limit)
         ).all()
-        data = [{"id": e.id, "dataset": n, "kind": str(e.kind), "job_id": e.job_id,
-                 "epsilon": from_micro(e.epsilon_micro), "delta": e.delta, "reason": e.reason,
-                 "hash": e.hash} for e, n in reversed(rows)]
+        data = [
+            {
+                "id": e.id,
+                "dataset": n,
+                "kind": str(e.kind),
+                "job_id": e.job_id,
+                "epsilon": from_micro(e.epsilon_micro),
+                "delta": e.delta,
+                "reason": e.reason,
+                "hash": e.hash,
+            }
+            for e, n in reversed(rows)
+        ]
     console.print(ledger_table(data))
 
 
@@ -206,8 +247,16 @@ def worker_cmd(loglevel: str = "INFO") -> None:
     """Run a Celery worker (inside the enclave)."""
     from worker.celery_app import app as celery_app
 
-    celery_app.worker_main(["worker", "--pool=solo", "--concurrency=1", f"--loglevel={loglevel}",
-                            "--without-gossip", "--without-mingle"])
+    celery_app.worker_main(
+        [
+            "worker",
+            "--pool=solo",
+            "--concurrency=1",
+            f"--loglevel={loglevel}",
+            "--without-gossip",
+            "--without-mingle",
+        ]
+    )
 
 
 @app.command()

@@ -17,7 +17,6 @@ from pathlib import Path
 import httpx
 import pandas as pd
 from rich.console import Console
-from rich.table import Table
 from sklearn.metrics import roc_auc_score
 
 from enclave.processes import child_env, free_port, start_api, start_worker, stop, wait_ready
@@ -43,8 +42,14 @@ def run_demo(*, epsilon: float, epochs: int, keep: bool, console: Console) -> No
 
     console.rule("[bold]1. Admin, inside the enclave")
     db_upgrade()
-    datasets_register("adult", csv=ADULT / "adult.data.gz", schema=ADULT / "schema.yaml",
-                      epsilon=10.0, delta=1e-5, allow_nominal=True)
+    datasets_register(
+        "adult",
+        csv=ADULT / "adult.data.gz",
+        schema=ADULT / "schema.yaml",
+        epsilon=10.0,
+        delta=1e-5,
+        allow_nominal=True,
+    )
     admin_key = analysts_create_key("admin", "admin")
     analyst_key = analysts_create_key("alice", "analyst")
     console.print("created the admin and analyst 'alice' (keys are shown once, stored hashed)")
@@ -57,29 +62,47 @@ def run_demo(*, epsilon: float, epochs: int, keep: bool, console: Console) -> No
     try:
         wait_ready(base)
         console.print(f"API on {base}, one worker (Celery over SQLite) started")
-        analyst = httpx.Client(base_url=base, headers={"Authorization": f"Bearer {analyst_key}"},
-                               timeout=60)
-        admin = httpx.Client(base_url=base, headers={"Authorization": f"Bearer {admin_key}"},
-                             timeout=60)
+        analyst = httpx.Client(
+            base_url=base, headers={"Authorization": f"Bearer {analyst_key}"}, timeout=60
+        )
+        admin = httpx.Client(
+            base_url=base, headers={"Authorization": f"Bearer {admin_key}"}, timeout=60
+        )
 
         console.rule("[bold]2. Analyst, over HTTP")
         ds = analyst.get("/v1/datasets").raise_for_status().json()[0]
-        console.print(f"dataset {ds['name']}: {ds['n_rows']} rows (public count), "
-                      f"{len(ds['public_schema']['columns'])} columns, budget ε={ds['budget']['epsilon_total']}, "
-                      f"δ={ds['budget']['delta_total']} ({ds['budget']['rule']} rule)")
+        budget = ds["budget"]
+        console.print(
+            f"dataset {ds['name']}: {ds['n_rows']} rows (public count), "
+            f"{len(ds['public_schema']['columns'])} columns, budget ε={budget['epsilon_total']}, "
+            f"δ={budget['delta_total']} ({budget['rule']} rule)"
+        )
         request = {
-            "dataset": "adult", "model": {"kind": "logistic"}, "method": "dpsgd",
-            "epsilon": epsilon, "delta": 1e-5,
-            "dpsgd": {"epochs": epochs, "batch_size": 256, "max_grad_norm": 1.0,
-                      "learning_rate": 1.0, "accountant": "rdp"},
+            "dataset": "adult",
+            "model": {"kind": "logistic"},
+            "method": "dpsgd",
+            "epsilon": epsilon,
+            "delta": 1e-5,
+            "dpsgd": {
+                "epochs": epochs,
+                "batch_size": 256,
+                "max_grad_norm": 1.0,
+                "learning_rate": 1.0,
+                "accountant": "rdp",
+            },
         }
         quote = analyst.post("/v1/quote", json=request).raise_for_status().json()
-        console.print(f"quote: admitted={quote['admitted']}, noise multiplier "
-                      f"{quote['plan']['mechanism']['noise_multiplier']:.3f}, "
-                      f"{quote['plan']['mechanism']['steps']} steps; remaining ε after: "
-                      f"{quote['dataset_after']['remaining_epsilon']:.3f}")
-        job = analyst.post("/v1/jobs", json=request,
-                           headers={"Idempotency-Key": "demo-1"}).raise_for_status().json()
+        console.print(
+            f"quote: admitted={quote['admitted']}, noise multiplier "
+            f"{quote['plan']['mechanism']['noise_multiplier']:.3f}, "
+            f"{quote['plan']['mechanism']['steps']} steps; remaining ε after: "
+            f"{quote['dataset_after']['remaining_epsilon']:.3f}"
+        )
+        job = (
+            analyst.post("/v1/jobs", json=request, headers={"Idempotency-Key": "demo-1"})
+            .raise_for_status()
+            .json()
+        )
         console.print(f"submitted job {job['id']} ({job['status']})")
         last = None
         deadline = time.monotonic() + 300
@@ -98,8 +121,10 @@ def run_demo(*, epsilon: float, epochs: int, keep: bool, console: Console) -> No
         weights = analyst.get(f"/v1/jobs/{job['id']}/release/weights").raise_for_status().content
         release = load_release(weights, card)
         p = card["privacy"]
-        console.print(f"release: {card['model']['kind']}, ε={p['epsilon']}, δ={p['delta']}, "
-                      f"accountant={p['accountant']}, guarantee={p['guarantee'].upper()}")
+        console.print(
+            f"release: {card['model']['kind']}, ε={p['epsilon']}, δ={p['delta']}, "
+            f"accountant={p['accountant']}, guarantee={p['guarantee'].upper()}"
+        )
         console.print(f"  {p['statement']}")
 
         holdout = pd.read_csv(ADULT / "adult.test.gz", **release.schema.read_csv_kwargs())

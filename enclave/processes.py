@@ -25,17 +25,46 @@ def child_env(extra: dict[str, str]) -> dict[str, str]:
     return env
 
 
-def start_api(env: dict[str, str], port: int, log: Path | None = None, workers: int = 1) -> subprocess.Popen[bytes]:
-    cmd = [sys.executable, "-m", "uvicorn", "service.api.asgi:app", "--host", "127.0.0.1",
-           "--port", str(port), "--log-level", "warning", "--workers", str(workers)]
+def start_api(
+    env: dict[str, str], port: int, log: Path | None = None, workers: int = 1
+) -> subprocess.Popen[bytes]:
+    cmd = [
+        sys.executable,
+        "-m",
+        "uvicorn",
+        "service.api.asgi:app",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--log-level",
+        "warning",
+        "--workers",
+        str(workers),
+    ]
     out = open(log, "ab") if log else subprocess.DEVNULL  # noqa: SIM115
     return subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT)
 
 
-def start_worker(env: dict[str, str], log: Path | None = None, name: str = "w1") -> subprocess.Popen[bytes]:
-    cmd = [sys.executable, "-m", "celery", "-A", "worker.celery_app:app", "worker",
-           "--pool=solo", "--concurrency=1", "--loglevel=INFO", "--without-gossip",
-           "--without-mingle", "--without-heartbeat", "-n", f"{name}@%h"]
+def start_worker(
+    env: dict[str, str], log: Path | None = None, name: str = "w1"
+) -> subprocess.Popen[bytes]:
+    cmd = [
+        sys.executable,
+        "-m",
+        "celery",
+        "-A",
+        "worker.celery_app:app",
+        "worker",
+        "--pool=solo",
+        "--concurrency=1",
+        "--loglevel=INFO",
+        "--without-gossip",
+        "--without-mingle",
+        "--without-heartbeat",
+        "-n",
+        f"{name}@%h",
+    ]
     out = open(log, "ab") if log else subprocess.DEVNULL  # noqa: SIM115
     return subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT)
 

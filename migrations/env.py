@@ -21,8 +21,9 @@ def _url() -> str:
 
 
 def run_migrations_offline() -> None:
-    context.configure(url=_url(), target_metadata=target_metadata, literal_binds=True,
-                      render_as_batch=True)
+    context.configure(
+        url=_url(), target_metadata=target_metadata, literal_binds=True, render_as_batch=True
+    )
     with context.begin_transaction():
         context.run_migrations()
 
@@ -30,16 +31,18 @@ def run_migrations_offline() -> None:
 def run_migrations_online() -> None:
     connection = config.attributes.get("connection")
     if connection is not None:
-        context.configure(connection=connection, target_metadata=target_metadata,
-                          render_as_batch=True)
+        context.configure(
+            connection=connection, target_metadata=target_metadata, render_as_batch=True
+        )
         with context.begin_transaction():
             context.run_migrations()
         return
     engine = make_engine(_url())
     try:
         with engine.connect() as conn:
-            context.configure(connection=conn, target_metadata=target_metadata,
-                              render_as_batch=True)
+            context.configure(
+                connection=conn, target_metadata=target_metadata, render_as_batch=True
+            )
             with context.begin_transaction():
                 context.run_migrations()
     finally:

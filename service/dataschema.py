@@ -169,7 +169,9 @@ def _clean_text(series: pd.Series, suffix: str | None) -> pd.Series:
     return s
 
 
-def validate_frame(schema: TabularSchema, raw: pd.DataFrame) -> tuple[pd.DataFrame, ValidationReport]:
+def validate_frame(
+    schema: TabularSchema, raw: pd.DataFrame
+) -> tuple[pd.DataFrame, ValidationReport]:
     """Apply each column's declared rule; return the kept rows and a report.
 
     Numeric values that are missing, NaN or infinite are rejected (there is no public value

@@ -24,7 +24,9 @@ def is_sqlite(url: str) -> bool:
 
 def make_engine(url: str, **kwargs: Any) -> Engine:
     if is_sqlite(url):
-        engine = create_engine(url, connect_args={"timeout": 60, "check_same_thread": False}, **kwargs)
+        engine = create_engine(
+            url, connect_args={"timeout": 60, "check_same_thread": False}, **kwargs
+        )
 
         @event.listens_for(engine, "connect")
         def _on_connect(dbapi_conn: Any, _record: Any) -> None:

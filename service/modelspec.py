@@ -21,7 +21,9 @@ class MlpSpec(_Spec):
     """A small MLP with tanh hidden layers and a sigmoid output in [0, 1]."""
 
     kind: Literal["mlp"] = "mlp"
-    hidden: list[Annotated[int, Field(ge=1, le=256)]] = Field(default=[16], min_length=1, max_length=3)
+    hidden: list[Annotated[int, Field(ge=1, le=256)]] = Field(
+        default=[16], min_length=1, max_length=3
+    )
 
 
 class GrudSpec(_Spec):

@@ -17,7 +17,7 @@ from service.privacy.events import (
     SelfComposedEvent,
 )
 from service.privacy.orders import ORDERS
-from service.schemas import DpsgdOptions, ExpmNfOptions, JobRequest, PrivacyPlan
+from service.schemas import DpsgdOptions, ExpmNfOptions, Guarantee, JobRequest, PrivacyPlan
 
 
 class PlanError(ValueError):
@@ -80,6 +80,7 @@ def build_plan(request: JobRequest, *, n_rows: int) -> PrivacyPlan:
     """Turn a validated request into its privacy plan (raises :class:`PlanError`)."""
     if n_rows < 1:
         raise PlanError("the dataset has no rows")
+    guarantee: Guarantee
     if request.method == "dpsgd":
         if request.expm_nf is not None:
             raise PlanError("expm_nf options given for method dpsgd")

@@ -56,7 +56,7 @@ class LoadedRelease:
 
     def sample_weights(self, index: int = 0) -> dict[str, np.ndarray]:
         prefix = f"sample_{index}."
-        return {k[len(prefix):]: v for k, v in self.tensors.items() if k.startswith(prefix)}
+        return {k[len(prefix) :]: v for k, v in self.tensors.items() if k.startswith(prefix)}
 
 
 def load_release(weights: bytes, card: dict[str, Any]) -> LoadedRelease:

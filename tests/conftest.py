@@ -101,8 +101,14 @@ class Keys:
     bob: str
 
 
-def bootstrap(settings: Settings, *, epsilon: float = 10.0, delta: float = 1e-5,
-              allow_nominal: bool = True, n: int = 400) -> Keys:
+def bootstrap(
+    settings: Settings,
+    *,
+    epsilon: float = 10.0,
+    delta: float = 1e-5,
+    allow_nominal: bool = True,
+    n: int = 400,
+) -> Keys:
     """Register the toy dataset and create an admin and two analysts."""
     from service.auth import hash_api_key, new_api_key
     from service.dataschema import parse_schema
@@ -112,8 +118,15 @@ def bootstrap(settings: Settings, *, epsilon: float = 10.0, delta: float = 1e-5,
 
     engine = engine_for(settings.resolved_database_url)
     csv = write_toy_csv(settings.home / "toy.csv", n=n)
-    register_dataset(engine, settings, schema=parse_schema(SMALL_SCHEMA), csv_path=csv,
-                     epsilon_total=epsilon, delta_total=delta, allow_nominal=allow_nominal)
+    register_dataset(
+        engine,
+        settings,
+        schema=parse_schema(SMALL_SCHEMA),
+        csv_path=csv,
+        epsilon_total=epsilon,
+        delta_total=delta,
+        allow_nominal=allow_nominal,
+    )
     keys = {}
     with transaction(engine) as s:
         for name, role in (("admin", Role.admin), ("alice", Role.analyst), ("bob", Role.analyst)):

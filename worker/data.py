@@ -53,7 +53,9 @@ def load_training_set(
     """Load a registered dataset's validated rows and encode them by the public schema."""
     schema = parse_schema(public_schema)
     raw = pd.read_csv(
-        dataset_dir(data_dir, schema.name) / ROWS_FILE, dtype=str, keep_default_na=False,
+        dataset_dir(data_dir, schema.name) / ROWS_FILE,
+        dtype=str,
+        keep_default_na=False,
         na_values=[""],
     )
     frame, _ = validate_frame(schema, raw)

@@ -93,7 +93,7 @@ def load_state_dicts(payload: bytes, samples: int) -> list[dict[str, torch.Tenso
     out = []
     for i in range(samples):
         prefix = f"sample_{i}."
-        out.append({k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)})
+        out.append({k[len(prefix) :]: v for k, v in tensors.items() if k.startswith(prefix)})
     return out
 
 

@@ -119,10 +119,16 @@ class Heartbeat:
         with transaction(self.engine) as s:
             res = s.execute(
                 update(Job)
-                .where(Job.id == self.job_id, Job.run_token == self.token,
-                       Job.status == JobStatus.running)
-                .values(heartbeat_at=datetime.now(UTC), progress_step=self.step,
-                        progress_total=self.total)
+                .where(
+                    Job.id == self.job_id,
+                    Job.run_token == self.token,
+                    Job.status == JobStatus.running,
+                )
+                .values(
+                    heartbeat_at=datetime.now(UTC),
+                    progress_step=self.step,
+                    progress_total=self.total,
+                )
             )
             if res.rowcount == 0:  # type: ignore[attr-defined]
                 self.lost.set()
@@ -145,14 +151,24 @@ Runner = Callable[..., MechanismOutput]
 
 
 def run_mechanism(
-    *, plan: PrivacyPlan, spec: ModelSpec, data: TabularTrainingSet, device: torch.device,
+    *,
+    plan: PrivacyPlan,
+    spec: ModelSpec,
+    data: TabularTrainingSet,
+    device: torch.device,
     progress: ProgressFn,
 ) -> MechanismOutput:
     if plan.method == "dpsgd":
         from worker.mechanisms.dpsgd import run_dpsgd
 
-        return run_dpsgd(spec=spec, mechanism=plan.mechanism, samples=plan.samples, data=data,
-                         device=device, progress=progress)
+        return run_dpsgd(
+            spec=spec,
+            mechanism=plan.mechanism,
+            samples=plan.samples,
+            data=data,
+            device=device,
+            progress=progress,
+        )
     if plan.method == "expm_nf":
         from worker.mechanisms.expm_job import run_expm_nf_plan
 
@@ -178,21 +194,29 @@ def execute_job(job_id: str, settings: Settings | None = None) -> Outcome:
         _finish_failed(engine, job_id, token, PLAN_FAILURE)
         return Outcome.failed
     with transaction(engine) as s:
-        s.execute(update(Job).where(Job.id == job_id, Job.run_token == token)
-                  .values(data_touched=True))
+        s.execute(
+            update(Job).where(Job.id == job_id, Job.run_token == token).values(data_touched=True)
+        )
     interval = max(0.2, min(5.0, settings.heartbeat_timeout_s / 4))
     try:
         with Heartbeat(engine, job_id, token, interval) as hb:
             device = resolve_device(settings.device)
             data = load_training_set(settings.resolved_data_dir, ds.public_schema, device)
-            output = run_mechanism(plan=plan, spec=request.model, data=data, device=device,
-                                   progress=hb.progress)
+            output = run_mechanism(
+                plan=plan, spec=request.model, data=data, device=device, progress=hb.progress
+            )
             hb.beat()
         payload = weights_bytes(output.releases)
         digest = sha256_bytes(payload)
-        card = model_card(job_id=job_id, run_token=token, plan=plan,
-                          public_schema=ds.public_schema, charge_entry_id=job.charge_entry_id,
-                          weights_sha256=digest, samples=len(output.releases))
+        card = model_card(
+            job_id=job_id,
+            run_token=token,
+            plan=plan,
+            public_schema=ds.public_schema,
+            charge_entry_id=job.charge_entry_id,
+            weights_sha256=digest,
+            samples=len(output.releases),
+        )
         if output.enclave_diagnostics:
             log.info("job %s enclave diagnostics: %s", job_id, output.enclave_diagnostics)
         write_release(settings.resolved_release_dir, job_id, token, payload, card)

@@ -37,8 +37,9 @@ class BodyLimit:
             return
         headers = dict(scope.get("headers") or [])
         declared = headers.get(b"content-length")
-        too_big = problem_response(413, "payload-too-large",
-                                   f"the request body exceeds {self.limit} bytes")
+        too_big = problem_response(
+            413, "payload-too-large", f"the request body exceeds {self.limit} bytes"
+        )
         if declared is not None and (not declared.isdigit() or int(declared) > self.limit):
             await too_big(scope, receive, send)
             return
@@ -80,8 +81,9 @@ def create_app(settings: Settings | None = None, *, run_sweeper: bool = True) ->
         stop = threading.Event()
         thread = None
         if run_sweeper:
-            thread = threading.Thread(target=_sweeper, args=(settings, stop), daemon=True,
-                                      name="enclave-sweeper")
+            thread = threading.Thread(
+                target=_sweeper, args=(settings, stop), daemon=True, name="enclave-sweeper"
+            )
             thread.start()
         yield
         stop.set()

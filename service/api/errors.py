@@ -14,7 +14,10 @@ PROBLEM_JSON = "application/problem+json"
 
 # slug -> (title, what it means). The slugs are a compatibility contract.
 PROBLEMS: dict[str, tuple[str, str]] = {
-    "validation-error": ("Invalid request", "A field is missing, of the wrong type or out of range."),
+    "validation-error": (
+        "Invalid request",
+        "A field is missing, of the wrong type or out of range.",
+    ),
     "malformed-json": ("Malformed JSON", "The body is not valid JSON."),
     "payload-too-large": ("Payload too large", "The body exceeds the service's size limit."),
     "unauthorized": ("Unauthorized", "Send a valid API key as `Authorization: Bearer <key>`."),
@@ -65,14 +68,22 @@ def problem_response(
     return JSONResponse(body, status_code=status, media_type=PROBLEM_JSON, headers=headers)
 
 
-_STATUS_SLUG = {401: "unauthorized", 403: "forbidden", 404: "not-found", 405: "method-not-allowed",
-                409: "conflict", 413: "payload-too-large"}
+_STATUS_SLUG = {
+    401: "unauthorized",
+    403: "forbidden",
+    404: "not-found",
+    405: "method-not-allowed",
+    409: "conflict",
+    413: "payload-too-large",
+}
 
 
 def _clean_errors(errors: list[Any]) -> list[dict[str, Any]]:
     out = []
     for e in errors:
-        out.append({"loc": list(e.get("loc", ())), "msg": str(e.get("msg", "")), "type": e.get("type")})
+        out.append(
+            {"loc": list(e.get("loc", ())), "msg": str(e.get("msg", "")), "type": e.get("type")}
+        )
     return out
 
 
@@ -85,14 +96,20 @@ def install_handlers(app: FastAPI) -> None:
     async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
         errors = list(exc.errors())
         if any(e.get("type") == "json_invalid" for e in errors):
-            return problem_response(400, "malformed-json", "The request body is not valid JSON.",
-                                    request.url.path)
-        return problem_response(422, "validation-error", "The request is invalid.",
-                                request.url.path, errors=_clean_errors(errors))
+            return problem_response(
+                400, "malformed-json", "The request body is not valid JSON.", request.url.path
+            )
+        return problem_response(
+            422,
+            "validation-error",
+            "The request is invalid.",
+            request.url.path,
+            errors=_clean_errors(errors),
+        )
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        slug = _STATUS_SLUG.get(exc.status_code, "conflict" if exc.status_code < 500 else "conflict")
+        slug = _STATUS_SLUG.get(exc.status_code, "conflict")
         return problem_response(exc.status_code, slug, str(exc.detail), request.url.path)
 
     @app.exception_handler(Exception)

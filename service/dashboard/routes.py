@@ -42,37 +42,57 @@ def style() -> PlainTextResponse:
 
 
 @router.get("", response_class=HTMLResponse)
-def index(request: Request, engine: EngineDep,
-          enclave_admin: Annotated[str | None, Cookie()] = None) -> Response:
+def index(
+    request: Request, engine: EngineDep, enclave_admin: Annotated[str | None, Cookie()] = None
+) -> Response:
     admin = _admin(engine, enclave_admin)
     if admin is None:
         return templates.TemplateResponse(request, "login.html", {"error": None})
     with transaction(engine) as s:
         datasets = list(s.scalars(select(Dataset).order_by(Dataset.name)))
         accounting = [accounting_summary(s, ds) for ds in datasets]
-        jobs = [job_public(j, n) for j, n in s.execute(
-            select(Job, Dataset.name).join(Dataset, Dataset.id == Job.dataset_id)
-            .order_by(Job.created_at.desc()).limit(50)).all()]
+        jobs = [
+            job_public(j, n)
+            for j, n in s.execute(
+                select(Job, Dataset.name)
+                .join(Dataset, Dataset.id == Job.dataset_id)
+                .order_by(Job.created_at.desc())
+                .limit(50)
+            ).all()
+        ]
         verified = all(r.ok for r in verify_all(s)) and not check_totals(s)
         rows = {ds.name: ds.n_rows for ds in datasets}
         nominal = {ds.name: ds.allow_nominal for ds in datasets}
     from service.api.deps import Caller
 
     entries = ledger_entries(Caller(admin.id, admin.name, Role.admin), engine, None, 0, 1000)[-50:]
-    return templates.TemplateResponse(request, "index.html", {
-        "admin": admin.name, "accounting": accounting, "jobs": jobs, "entries": entries[::-1],
-        "verified": verified, "rows": rows, "nominal": nominal,
-    })
+    return templates.TemplateResponse(
+        request,
+        "index.html",
+        {
+            "admin": admin.name,
+            "accounting": accounting,
+            "jobs": jobs,
+            "entries": entries[::-1],
+            "verified": verified,
+            "rows": rows,
+            "nominal": nominal,
+        },
+    )
 
 
 @router.post("/login")
-def login(request: Request, engine: EngineDep, api_key: Annotated[str, Form(max_length=200)]) -> Response:
+def login(
+    request: Request, engine: EngineDep, api_key: Annotated[str, Form(max_length=200)]
+) -> Response:
     if _admin(engine, api_key) is None:
-        return templates.TemplateResponse(request, "login.html",
-                                          {"error": "not an admin key"}, status_code=401)
+        return templates.TemplateResponse(
+            request, "login.html", {"error": "not an admin key"}, status_code=401
+        )
     resp = RedirectResponse("/dashboard", status_code=303)
-    resp.set_cookie(COOKIE, api_key, httponly=True, samesite="strict",
-                    secure=request.url.scheme == "https")
+    resp.set_cookie(
+        COOKIE, api_key, httponly=True, samesite="strict", secure=request.url.scheme == "https"
+    )
     return resp
 
 

@@ -134,7 +134,9 @@ class Filter:
 
     def refusal(self, charge: Charge) -> str | None:
         """None if this filter admits `charge`, else the reason in plain words."""
-        who = "the dataset's budget" if self.scope == "dataset" else "your budget cap on this dataset"
+        who = (
+            "the dataset's budget" if self.scope == "dataset" else "your budget cap on this dataset"
+        )
         if self.rule == "pure":
             if not charge.pure:
                 return (
@@ -185,14 +187,20 @@ class Filter:
 
 def dataset_filter(ds: Dataset) -> Filter:
     return Filter(
-        "dataset", ds.epsilon_total_micro, ds.delta_total, ds.spent_epsilon_micro,
+        "dataset",
+        ds.epsilon_total_micro,
+        ds.delta_total,
+        ds.spent_epsilon_micro,
         tuple(ds.spent_rdp_micro),
     )
 
 
 def cap_filter(cap: AnalystCap) -> Filter:
     return Filter(
-        "analyst", cap.epsilon_cap_micro, cap.delta_cap, cap.spent_epsilon_micro,
+        "analyst",
+        cap.epsilon_cap_micro,
+        cap.delta_cap,
+        cap.spent_epsilon_micro,
         tuple(cap.spent_rdp_micro),
     )
 
@@ -284,8 +292,12 @@ def new_dataset(
         ds,
         LedgerEntry(
             kind=EntryKind.budget,
-            event={"action": "register", "epsilon_total": epsilon_total,
-                   "delta_total": ds.delta_total, "n_rows": n_rows},
+            event={
+                "action": "register",
+                "epsilon_total": epsilon_total,
+                "delta_total": ds.delta_total,
+                "n_rows": n_rows,
+            },
             epsilon_micro=0,
             rdp_micro=None,
             delta="0",
@@ -396,12 +408,14 @@ def refund_job(session: Session, *, job: Job, reason: str, override: bool = Fals
     recorded as such in the entry.
     """
     if job.data_touched and not override:
-        raise InvalidLedgerOperation("the job read private rows: a refund needs an explicit override")
+        raise InvalidLedgerOperation(
+            "the job read private rows: a refund needs an explicit override"
+        )
     ds = lock_dataset(session, job.dataset_id)
     already = session.scalar(
-        select(func.count()).select_from(LedgerEntry).where(
-            LedgerEntry.job_id == job.id, LedgerEntry.kind == EntryKind.refund
-        )
+        select(func.count())
+        .select_from(LedgerEntry)
+        .where(LedgerEntry.job_id == job.id, LedgerEntry.kind == EntryKind.refund)
     )
     if already:
         raise InvalidLedgerOperation("this job was already refunded")
@@ -423,8 +437,11 @@ def refund_job(session: Session, *, job: Job, reason: str, override: bool = Fals
             analyst_id=job.analyst_id,
             job_id=job.id,
             kind=EntryKind.refund,
-            event={"refund_of": charge_entry.id, "data_touched": job.data_touched,
-                   "outside_guarantee": bool(job.data_touched)},
+            event={
+                "refund_of": charge_entry.id,
+                "data_touched": job.data_touched,
+                "outside_guarantee": bool(job.data_touched),
+            },
             epsilon_micro=refund.epsilon_micro,
             rdp_micro=refund.rdp_micro,
             delta=charge_entry.delta,
@@ -447,7 +464,9 @@ def lock_job(session: Session, job_id: str) -> Job | None:
 def cancel_job(session: Session, *, job: Job) -> Job:
     """Cancel a queued job; it is refunded because no private row was read."""
     if job.status != JobStatus.queued or job.data_touched:
-        raise InvalidLedgerOperation(f"only queued jobs can be cancelled (this one is {job.status})")
+        raise InvalidLedgerOperation(
+            f"only queued jobs can be cancelled (this one is {job.status})"
+        )
     job.status = JobStatus.cancelled
     job.finished_at = datetime.now(UTC)
     refund_job(session, job=job, reason="cancelled by the analyst before any private row was read")
@@ -536,8 +555,11 @@ def set_dataset_budget(
         ds,
         LedgerEntry(
             kind=EntryKind.budget,
-            event={"action": "set_budget", "epsilon_total": epsilon_total,
-                   "delta_total": new.delta_total},
+            event={
+                "action": "set_budget",
+                "epsilon_total": epsilon_total,
+                "delta_total": new.delta_total,
+            },
             epsilon_micro=0,
             rdp_micro=None,
             delta="0",

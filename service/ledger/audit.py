@@ -44,7 +44,9 @@ def check_totals(session: Session) -> list[Mismatch]:
                 if again != e.rdp_micro:
                     out.append(Mismatch(f"entry {e.id}", "rdp_micro", e.rdp_micro, again))
         if eps != ds.spent_epsilon_micro:
-            out.append(Mismatch(f"dataset {ds.name}", "spent_epsilon_micro", ds.spent_epsilon_micro, eps))
+            out.append(
+                Mismatch(f"dataset {ds.name}", "spent_epsilon_micro", ds.spent_epsilon_micro, eps)
+            )
         if rdp != list(ds.spent_rdp_micro):
             out.append(Mismatch(f"dataset {ds.name}", "spent_rdp_micro", ds.spent_rdp_micro, rdp))
     for cap in session.scalars(select(AnalystCap)):
@@ -58,4 +60,6 @@ def check_totals(session: Session) -> list[Mismatch]:
 
 
 def verify_all(session: Session) -> list[ChainReport]:
-    return [verify_chain(session, ds) for ds in session.scalars(select(Dataset).order_by(Dataset.id))]
+    return [
+        verify_chain(session, ds) for ds in session.scalars(select(Dataset).order_by(Dataset.id))
+    ]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import enum
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, ClassVar
 
 from sqlalchemy import (
     JSON,
@@ -31,7 +31,11 @@ def utcnow() -> datetime:
 
 
 class Base(DeclarativeBase):
-    type_annotation_map = {dict[str, Any]: JSON, list[int]: JSON, datetime: DateTime(timezone=True)}
+    type_annotation_map: ClassVar[dict[Any, Any]] = {
+        dict[str, Any]: JSON,
+        list[int]: JSON,
+        datetime: DateTime(timezone=True),
+    }
 
 
 class Role(enum.StrEnum):
@@ -98,7 +102,9 @@ class AnalystCap(Base):
 
 class Job(Base):
     __tablename__ = "jobs"
-    __table_args__ = (UniqueConstraint("analyst_id", "idempotency_key", name="uq_jobs_idempotency"),)
+    __table_args__ = (
+        UniqueConstraint("analyst_id", "idempotency_key", name="uq_jobs_idempotency"),
+    )
 
     id: Mapped[str] = mapped_column(String(36), primary_key=True)
     analyst_id: Mapped[int] = mapped_column(ForeignKey("analysts.id"), index=True)

@@ -26,7 +26,7 @@ from enclave.processes import child_env, free_port, start_api, start_worker, sto
 from service.config import Settings
 from service.db import engine_for, transaction
 from service.ledger.audit import check_totals, verify_all
-from service.ledger.tables import LedgerEntry, Release
+from service.ledger.tables import Job, LedgerEntry, Release
 from service.releases import encode_for, load_release, predict_proba
 from tests.conftest import REDIS_URL, auth, bootstrap
 
@@ -51,17 +51,20 @@ class Stack:
         return p
 
 
-def _stack(settings: Settings, tmp_path: Path, broker_url: str, *, heartbeat: float = 120,
-           n: int = 400) -> Iterator[Stack]:
+def _stack(
+    settings: Settings, tmp_path: Path, broker_url: str, *, heartbeat: float = 120, n: int = 400
+) -> Iterator[Stack]:
     keys = bootstrap(settings, n=n)
-    env = child_env({
-        "ENCLAVE_HOME": str(settings.home),
-        "ENCLAVE_DATABASE_URL": settings.resolved_database_url,
-        "ENCLAVE_BROKER_URL": broker_url,
-        "ENCLAVE_DEVICE": "cpu",
-        "ENCLAVE_HEARTBEAT_TIMEOUT_S": str(heartbeat),
-        "ENCLAVE_SWEEP_INTERVAL_S": "1",
-    })
+    env = child_env(
+        {
+            "ENCLAVE_HOME": str(settings.home),
+            "ENCLAVE_DATABASE_URL": settings.resolved_database_url,
+            "ENCLAVE_BROKER_URL": broker_url,
+            "ENCLAVE_DEVICE": "cpu",
+            "ENCLAVE_HEARTBEAT_TIMEOUT_S": str(heartbeat),
+            "ENCLAVE_SWEEP_INTERVAL_S": "1",
+        }
+    )
     port = free_port()
     api = start_api(env, port, log=tmp_path / "api.log")
     stack = Stack(f"http://127.0.0.1:{port}", env, keys, settings, tmp_path, [api])
@@ -85,8 +88,12 @@ def _wait(c: httpx.Client, job_id: str, until: set[str], timeout: float = 240) -
 def _check_ledger(settings: Settings, releases: int) -> None:
     with transaction(engine_for(settings.resolved_database_url)) as s:
         assert s.scalar(select(func.count()).select_from(Release)) == releases
-        assert s.scalar(select(func.count()).select_from(LedgerEntry)
-                        .where(LedgerEntry.kind == "release")) == releases
+        assert (
+            s.scalar(
+                select(func.count()).select_from(LedgerEntry).where(LedgerEntry.kind == "release")
+            )
+            == releases
+        )
         assert check_totals(s) == []
         assert all(r.ok for r in verify_all(s))
 
@@ -113,14 +120,14 @@ def _train_and_download(stack: Stack, body: dict) -> tuple[dict, Any]:
 
 
 def _auc(release: Any) -> float:
+    import pandas as pd
     from sklearn.metrics import roc_auc_score
 
     from tests.conftest import write_toy_csv
 
-    import pandas as pd
-
-    path = write_toy_csv(Path(os.environ.get("TMPDIR", "/tmp")) / f"holdout-{uuid.uuid4().hex}.csv",
-                         n=2000, seed=99)
+    path = write_toy_csv(
+        Path(os.environ.get("TMPDIR", "/tmp")) / f"holdout-{uuid.uuid4().hex}.csv", n=2000, seed=99
+    )
     x, y = encode_for(release, pd.read_csv(path, **release.schema.read_csv_kwargs()))
     return float(roc_auc_score(y, predict_proba(release, x)))
 
@@ -128,10 +135,16 @@ def _auc(release: Any) -> float:
 @pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
 def test_embedded_mode_dpsgd_end_to_end(settings: Settings, tmp_path: Path) -> None:
     for stack in _stack(settings, tmp_path, settings.resolved_broker_url):
-        card, release = _train_and_download(stack, {
-            "dataset": "toy", "method": "dpsgd", "epsilon": 4.0, "delta": 1e-5,
-            "dpsgd": {"epochs": 3, "batch_size": 40, "learning_rate": 2.0},
-        })
+        card, release = _train_and_download(
+            stack,
+            {
+                "dataset": "toy",
+                "method": "dpsgd",
+                "epsilon": 4.0,
+                "delta": 1e-5,
+                "dpsgd": {"epochs": 3, "batch_size": 40, "learning_rate": 2.0},
+            },
+        )
         assert card["privacy"]["guarantee"] == "proven"
         assert card["privacy"]["accountant"] == "rdp"
         assert card["privacy"]["epsilon"] == 4.0 and card["privacy"]["delta"] == 1e-5
@@ -145,10 +158,16 @@ def test_production_mode_postgres_redis(settings: Settings, tmp_path: Path) -> N
     broker = f"{REDIS_URL}/{db}"
     redis.Redis.from_url(broker).flushdb()
     for stack in _stack(settings, tmp_path, broker):
-        card, release = _train_and_download(stack, {
-            "dataset": "toy", "method": "dpsgd", "epsilon": 4.0, "delta": 1e-5,
-            "dpsgd": {"epochs": 3, "batch_size": 40, "learning_rate": 2.0},
-        })
+        card, release = _train_and_download(
+            stack,
+            {
+                "dataset": "toy",
+                "method": "dpsgd",
+                "epsilon": 4.0,
+                "delta": 1e-5,
+                "dpsgd": {"epochs": 3, "batch_size": 40, "learning_rate": 2.0},
+            },
+        )
         assert card["privacy"]["guarantee"] == "proven"
         assert _auc(release) > 0.7
         _check_ledger(settings, releases=1)
@@ -156,17 +175,29 @@ def test_production_mode_postgres_redis(settings: Settings, tmp_path: Path) -> N
 
 
 @pytest.mark.parametrize("db_url", ["postgres"], indirect=True)
-def test_worker_killed_mid_job_is_retried_and_released_once(settings: Settings, tmp_path: Path) -> None:
+def test_worker_killed_mid_job_is_retried_and_released_once(
+    settings: Settings, tmp_path: Path
+) -> None:
     db = 1 + uuid.uuid4().int % 14
     broker = f"{REDIS_URL}/{db}"
     redis.Redis.from_url(broker).flushdb()
     for stack in _stack(settings, tmp_path, broker, heartbeat=3, n=4000):
         victim = stack.add_worker("victim")
         with stack.client(stack.keys.alice) as c:
-            job = c.post("/v1/jobs", json={
-                "dataset": "toy", "method": "dpsgd", "epsilon": 4.0, "delta": 1e-5,
-                "dpsgd": {"epochs": 40, "batch_size": 20},
-            }).raise_for_status().json()
+            job = (
+                c.post(
+                    "/v1/jobs",
+                    json={
+                        "dataset": "toy",
+                        "method": "dpsgd",
+                        "epsilon": 4.0,
+                        "delta": 1e-5,
+                        "dpsgd": {"epochs": 40, "batch_size": 20},
+                    },
+                )
+                .raise_for_status()
+                .json()
+            )
             deadline = time.monotonic() + 120
             while True:
                 job = c.get(f"/v1/jobs/{job['id']}").raise_for_status().json()
@@ -179,5 +210,7 @@ def test_worker_killed_mid_job_is_retried_and_released_once(settings: Settings, 
             stack.add_worker("rescuer")
             job = _wait(c, job["id"], {"released", "failed"}, timeout=300)
             assert job["status"] == "released", job
+        with transaction(engine_for(settings.resolved_database_url)) as s:
+            assert s.get_one(Job, job["id"]).attempts == 2  # the killed run, then the retry
         _check_ledger(settings, releases=1)
     redis.Redis.from_url(broker).flushdb()

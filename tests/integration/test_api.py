@@ -13,7 +13,10 @@ from service.ledger.tables import LedgerEntry
 from tests.conftest import auth
 
 DPSGD = {
-    "dataset": "toy", "method": "dpsgd", "epsilon": 1.0, "delta": 1e-5,
+    "dataset": "toy",
+    "method": "dpsgd",
+    "epsilon": 1.0,
+    "delta": 1e-5,
     "dpsgd": {"epochs": 1, "batch_size": 50},
 }
 
@@ -22,8 +25,12 @@ def _charged(settings: Any) -> int:
     from sqlalchemy import func, select
 
     with transaction(engine_for(settings.resolved_database_url)) as s:
-        return int(s.scalar(select(func.count()).select_from(LedgerEntry)
-                            .where(LedgerEntry.kind == "charge")) or 0)
+        return int(
+            s.scalar(
+                select(func.count()).select_from(LedgerEntry).where(LedgerEntry.kind == "charge")
+            )
+            or 0
+        )
 
 
 def _is_problem(r: Any, status: int, slug: str) -> dict:
@@ -50,8 +57,9 @@ def test_datasets_show_public_schema_and_budget(client: Any, keys: Any) -> None:
     assert 0 < ds["budget"]["remaining_epsilon"] <= 10.0
 
 
-def test_submit_charges_before_running_and_is_visible_only_to_owner(client: Any, keys: Any,
-                                                                   settings: Any) -> None:
+def test_submit_charges_before_running_and_is_visible_only_to_owner(
+    client: Any, keys: Any, settings: Any
+) -> None:
     r = client.post("/v1/jobs", json=DPSGD, headers=auth(keys.alice))
     assert r.status_code == 202, r.text
     job = r.json()
@@ -66,7 +74,9 @@ def test_submit_charges_before_running_and_is_visible_only_to_owner(client: Any,
     assert [e["kind"] for e in ledger] == ["budget", "charge"]
 
 
-def test_quote_agrees_with_admission_and_charges_nothing(client: Any, keys: Any, settings: Any) -> None:
+def test_quote_agrees_with_admission_and_charges_nothing(
+    client: Any, keys: Any, settings: Any
+) -> None:
     q = client.post("/v1/quote", json=DPSGD, headers=auth(keys.alice)).json()
     assert q["admitted"] is True
     assert _charged(settings) == 0
@@ -93,20 +103,25 @@ def test_quote_agrees_with_admission_and_charges_nothing(client: Any, keys: Any,
         ({k: v for k, v in DPSGD.items() if k != "epsilon"}, 422, "validation-error"),
     ],
 )
-def test_bad_input_is_a_clear_4xx_and_charges_nothing(client: Any, keys: Any, settings: Any,
-                                                     body: dict, status: int, slug: str) -> None:
+def test_bad_input_is_a_clear_4xx_and_charges_nothing(
+    client: Any, keys: Any, settings: Any, body: dict, status: int, slug: str
+) -> None:
     raw = json.dumps(body, allow_nan=True)
-    r = client.post("/v1/jobs", content=raw, headers={**auth(keys.alice),
-                                                      "content-type": "application/json"})
+    r = client.post(
+        "/v1/jobs", content=raw, headers={**auth(keys.alice), "content-type": "application/json"}
+    )
     _is_problem(r, status, slug)
     assert _charged(settings) == 0
 
 
 @pytest.mark.parametrize("literal", ["NaN", "Infinity", "-Infinity"])
-def test_nan_and_infinities_are_rejected(client: Any, keys: Any, settings: Any, literal: str) -> None:
+def test_nan_and_infinities_are_rejected(
+    client: Any, keys: Any, settings: Any, literal: str
+) -> None:
     raw = json.dumps(DPSGD).replace('"epsilon": 1.0', f'"epsilon": {literal}')
-    r = client.post("/v1/jobs", content=raw, headers={**auth(keys.alice),
-                                                      "content-type": "application/json"})
+    r = client.post(
+        "/v1/jobs", content=raw, headers={**auth(keys.alice), "content-type": "application/json"}
+    )
     assert 400 <= r.status_code < 500
     assert r.headers["content-type"].startswith("application/problem+json")
     assert _charged(settings) == 0
@@ -119,8 +134,11 @@ def test_malformed_json_oversized_body_and_wrong_key(client: Any, keys: Any, set
     _is_problem(client.post("/v1/jobs", content=big, headers=h), 413, "payload-too-large")
     _is_problem(client.post("/v1/jobs", json=DPSGD, headers=auth("enc_wrong")), 401, "unauthorized")
     _is_problem(client.post("/v1/jobs", json=DPSGD), 401, "unauthorized")
-    _is_problem(client.post("/v1/admin/analysts", json={"name": "x"}, headers=auth(keys.alice)),
-                403, "forbidden")
+    _is_problem(
+        client.post("/v1/admin/analysts", json={"name": "x"}, headers=auth(keys.alice)),
+        403,
+        "forbidden",
+    )
     _is_problem(client.get("/v1/nothing-here", headers=auth(keys.alice)), 404, "not-found")
     assert _charged(settings) == 0
 
@@ -141,10 +159,15 @@ def test_idempotency_key(client: Any, keys: Any, settings: Any) -> None:
     again = client.post("/v1/jobs", json=DPSGD, headers=h)
     assert first.status_code == 202 and again.status_code == 200
     assert first.json()["id"] == again.json()["id"]
-    _is_problem(client.post("/v1/jobs", json={**DPSGD, "epsilon": 2.0}, headers=h), 422,
-                "idempotency-conflict")
+    _is_problem(
+        client.post("/v1/jobs", json={**DPSGD, "epsilon": 2.0}, headers=h),
+        422,
+        "idempotency-conflict",
+    )
     # Keys are per analyst: bob's "k-1" is a different job.
-    other = client.post("/v1/jobs", json=DPSGD, headers={**auth(keys.bob), "Idempotency-Key": "k-1"})
+    other = client.post(
+        "/v1/jobs", json=DPSGD, headers={**auth(keys.bob), "Idempotency-Key": "k-1"}
+    )
     assert other.status_code == 202 and other.json()["id"] != first.json()["id"]
     assert _charged(settings) == 2
 
@@ -152,12 +175,16 @@ def test_idempotency_key(client: Any, keys: Any, settings: Any) -> None:
 def test_cancel_queued_job_refunds(client: Any, keys: Any, settings: Any) -> None:
     before = client.get("/v1/datasets/toy", headers=auth(keys.alice)).json()["budget"]
     job = client.post("/v1/jobs", json=DPSGD, headers=auth(keys.alice)).json()
-    _is_problem(client.post(f"/v1/jobs/{job['id']}/cancel", headers=auth(keys.bob)), 404, "not-found")
+    _is_problem(
+        client.post(f"/v1/jobs/{job['id']}/cancel", headers=auth(keys.bob)), 404, "not-found"
+    )
     r = client.post(f"/v1/jobs/{job['id']}/cancel", headers=auth(keys.alice))
     assert r.status_code == 200 and r.json()["status"] == "cancelled"
     after = client.get("/v1/datasets/toy", headers=auth(keys.alice)).json()["budget"]
     assert after == before
-    _is_problem(client.post(f"/v1/jobs/{job['id']}/cancel", headers=auth(keys.alice)), 409, "conflict")
+    _is_problem(
+        client.post(f"/v1/jobs/{job['id']}/cancel", headers=auth(keys.alice)), 409, "conflict"
+    )
     kinds = [e["kind"] for e in client.get("/v1/admin/ledger", headers=auth(keys.admin)).json()]
     assert kinds == ["budget", "charge", "refund"]
     with transaction(engine_for(settings.resolved_database_url)) as s:
@@ -167,8 +194,11 @@ def test_cancel_queued_job_refunds(client: Any, keys: Any, settings: Any) -> Non
 
 def test_release_not_ready(client: Any, keys: Any) -> None:
     job = client.post("/v1/jobs", json=DPSGD, headers=auth(keys.alice)).json()
-    _is_problem(client.get(f"/v1/jobs/{job['id']}/release", headers=auth(keys.alice)), 409,
-                "release-not-ready")
+    _is_problem(
+        client.get(f"/v1/jobs/{job['id']}/release", headers=auth(keys.alice)),
+        409,
+        "release-not-ready",
+    )
 
 
 def test_admin_creates_analyst_key_once(client: Any, keys: Any) -> None:
@@ -176,8 +206,11 @@ def test_admin_creates_analyst_key_once(client: Any, keys: Any) -> None:
     assert r.status_code == 201
     key = r.json()["api_key"]
     assert client.get("/v1/datasets", headers=auth(key)).status_code == 200
-    _is_problem(client.post("/v1/admin/analysts", json={"name": "carol"}, headers=auth(keys.admin)),
-                409, "conflict")
+    _is_problem(
+        client.post("/v1/admin/analysts", json={"name": "carol"}, headers=auth(keys.admin)),
+        409,
+        "conflict",
+    )
 
 
 def test_openapi_document_is_served(client: Any) -> None:

@@ -48,8 +48,13 @@ def _max_admissible(ds_filter: Any, charge: Any) -> int:
 
 def test_direct_admission_race(settings: Any, keys: Any) -> None:
     engine = engine_for(settings.resolved_database_url)
-    request = JobRequest(dataset="toy", method="dpsgd", epsilon=2.0, delta=1e-5,
-                         dpsgd={"epochs": 1, "batch_size": 50})
+    request = JobRequest(
+        dataset="toy",
+        method="dpsgd",
+        epsilon=2.0,
+        delta=1e-5,
+        dpsgd={"epochs": 1, "batch_size": 50},
+    )
     with transaction(engine) as s:
         ds = s.scalars(select(Dataset)).one()
         alice = s.scalars(select(Analyst).where(Analyst.name == "alice")).one()
@@ -63,8 +68,14 @@ def test_direct_admission_race(settings: Any, keys: Any) -> None:
         barrier.wait()
         try:
             with transaction(engine) as s:
-                admit_job(s, analyst=s.get_one(Analyst, alice.id), dataset=s.get_one(Dataset, ds.id),
-                          request=request, plan=plan, idempotency_key=f"race-{i}")
+                admit_job(
+                    s,
+                    analyst=s.get_one(Analyst, alice.id),
+                    dataset=s.get_one(Dataset, ds.id),
+                    request=request,
+                    plan=plan,
+                    idempotency_key=f"race-{i}",
+                )
             outcomes.append("ok")
         except BudgetExceeded:
             outcomes.append("refused")
@@ -84,17 +95,24 @@ def test_direct_admission_race(settings: Any, keys: Any) -> None:
 
 def test_http_race_with_idempotency(settings: Any, keys: Any, tmp_path: Path) -> None:
     port = free_port()
-    env = child_env({
-        "ENCLAVE_HOME": str(settings.home),
-        "ENCLAVE_DATABASE_URL": settings.resolved_database_url,
-        "ENCLAVE_BROKER_URL": settings.resolved_broker_url,
-        "ENCLAVE_SWEEP_INTERVAL_S": "3600",
-    })
+    env = child_env(
+        {
+            "ENCLAVE_HOME": str(settings.home),
+            "ENCLAVE_DATABASE_URL": settings.resolved_database_url,
+            "ENCLAVE_BROKER_URL": settings.resolved_broker_url,
+            "ENCLAVE_SWEEP_INTERVAL_S": "3600",
+        }
+    )
     workers = 1 if settings.resolved_database_url.startswith("sqlite") else 2
     proc = start_api(env, port, log=tmp_path / "api.log", workers=workers)
     base = f"http://127.0.0.1:{port}"
-    body = {"dataset": "toy", "method": "dpsgd", "epsilon": 2.0, "delta": 1e-5,
-            "dpsgd": {"epochs": 1, "batch_size": 50}}
+    body = {
+        "dataset": "toy",
+        "method": "dpsgd",
+        "epsilon": 2.0,
+        "delta": 1e-5,
+        "dpsgd": {"epochs": 1, "batch_size": 50},
+    }
     try:
         wait_ready(base)
         barrier = threading.Barrier(CLIENTS)
@@ -114,14 +132,18 @@ def test_http_race_with_idempotency(settings: Any, keys: Any, tmp_path: Path) ->
     finally:
         stop(proc)
     assert all(code < 500 for code, _ in results)
-    shared_ids = {jid for (code, jid), i in zip(results, range(CLIENTS), strict=True)
-                  if i < 16 and code in (200, 202)}
+    shared_ids = {
+        jid
+        for (code, jid), i in zip(results, range(CLIENTS), strict=True)
+        if i < 16 and code in (200, 202)
+    }
     assert len(shared_ids) <= 1
     engine = engine_for(settings.resolved_database_url)
     with transaction(engine) as s:
         jobs = s.scalar(select(func.count()).select_from(Job))
-        charges = s.scalar(select(func.count()).select_from(LedgerEntry)
-                           .where(LedgerEntry.kind == "charge"))
+        charges = s.scalar(
+            select(func.count()).select_from(LedgerEntry).where(LedgerEntry.kind == "charge")
+        )
         assert jobs == charges
         ds = s.scalars(select(Dataset)).one()
         plan = build_plan(JobRequest.model_validate(body), n_rows=ds.n_rows)

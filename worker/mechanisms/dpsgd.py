@@ -118,8 +118,15 @@ def run_dpsgd(
     per = params.epochs * params.steps_per_epoch
     total = per * samples
     releases = [
-        _train_one(spec=spec, params=params, data=data, device=device, progress=progress,
-                   done=i * per, total=total)
+        _train_one(
+            spec=spec,
+            params=params,
+            data=data,
+            device=device,
+            progress=progress,
+            done=i * per,
+            total=total,
+        )
         for i in range(samples)
     ]
     return MechanismOutput(releases=releases)

@@ -60,8 +60,9 @@ def put_budget(name: str, body: BudgetUpdate, _: AdminDep, engine: EngineDep) ->
     with transaction(engine) as s:
         ds = dataset_or_404(s, name)
         try:
-            ds = set_dataset_budget(s, dataset=ds, epsilon_total=body.epsilon_total,
-                                    delta_total=body.delta_total)
+            ds = set_dataset_budget(
+                s, dataset=ds, epsilon_total=body.epsilon_total, delta_total=body.delta_total
+            )
         except InvalidLedgerOperation as exc:
             raise ProblemError(409, "conflict", str(exc)) from exc
         return dataset_filter(ds).view()
@@ -103,10 +104,13 @@ def refund(job_id: str, body: RefundRequest, admin: AdminDep, engine: EngineDep)
         job = lock_job(s, job_id)
         assert job is not None
         if job.status != JobStatus.failed:
-            raise ProblemError(409, "conflict", f"only failed jobs can be refunded (this one is {job.status})")
+            raise ProblemError(
+                409, "conflict", f"only failed jobs can be refunded (this one is {job.status})"
+            )
         if job.data_touched and not body.override:
             raise ProblemError(
-                409, "conflict",
+                409,
+                "conflict",
                 "this job read private rows before it failed; refunding it lies outside the "
                 "ledger's DP guarantee and needs override: true",
             )
@@ -118,11 +122,15 @@ def refund(job_id: str, body: RefundRequest, admin: AdminDep, engine: EngineDep)
 
 
 @router.get("/jobs", response_model=list[JobPublic])
-def all_jobs(_: AdminDep, engine: EngineDep, limit: Annotated[int, Query(ge=1, le=1000)] = 100) -> list[JobPublic]:
+def all_jobs(
+    _: AdminDep, engine: EngineDep, limit: Annotated[int, Query(ge=1, le=1000)] = 100
+) -> list[JobPublic]:
     with transaction(engine) as s:
         rows = s.execute(
-            select(Job, Dataset.name).join(Dataset, Dataset.id == Job.dataset_id)
-            .order_by(Job.created_at.desc()).limit(limit)
+            select(Job, Dataset.name)
+            .join(Dataset, Dataset.id == Job.dataset_id)
+            .order_by(Job.created_at.desc())
+            .limit(limit)
         ).all()
         return [job_public(j, n) for j, n in rows]
 
@@ -148,10 +156,18 @@ def ledger(
             stmt = stmt.where(Dataset.id == dataset_or_404(s, dataset).id)
         return [
             LedgerEntryPublic(
-                id=e.id, dataset=name, analyst_id=e.analyst_id, job_id=e.job_id,
-                kind=str(e.kind.value if hasattr(e.kind, "value") else e.kind), event=e.event,
-                epsilon=from_micro(e.epsilon_micro), delta=e.delta, reason=e.reason,
-                created_at=e.created_at, prev_hash=e.prev_hash, hash=e.hash,
+                id=e.id,
+                dataset=name,
+                analyst_id=e.analyst_id,
+                job_id=e.job_id,
+                kind=str(e.kind.value if hasattr(e.kind, "value") else e.kind),
+                event=e.event,
+                epsilon=from_micro(e.epsilon_micro),
+                delta=e.delta,
+                reason=e.reason,
+                created_at=e.created_at,
+                prev_hash=e.prev_hash,
+                hash=e.hash,
             )
             for e, name in s.execute(stmt).all()
         ]

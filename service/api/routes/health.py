@@ -25,7 +25,9 @@ def readyz(engine: EngineDep) -> dict[str, str] | JSONResponse:
         with engine.connect() as conn:
             conn.execute(text("SELECT 1 FROM datasets LIMIT 1"))
     except Exception:
-        return problem_response(503, "conflict", "the ledger database is not reachable or not migrated")
+        return problem_response(
+            503, "conflict", "the ledger database is not reachable or not migrated"
+        )
     return {"status": "ready"}
 
 

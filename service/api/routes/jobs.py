@@ -38,8 +38,12 @@ router = APIRouter(prefix="/v1", tags=["analyst"])
 
 IdempotencyKey = Annotated[
     str | None,
-    Header(alias="Idempotency-Key", min_length=1, max_length=200,
-           description="Repeat a POST safely: the same key and body return the first job."),
+    Header(
+        alias="Idempotency-Key",
+        min_length=1,
+        max_length=200,
+        description="Repeat a POST safely: the same key and body return the first job.",
+    ),
 ]
 
 
@@ -59,7 +63,10 @@ def _dataset_view(s: Session, ds: Dataset, analyst_id: int) -> DatasetPublic:
 def list_datasets(caller: CallerDep, engine: EngineDep) -> list[DatasetPublic]:
     """Datasets with their public schema and remaining budgets (the dataset's and yours)."""
     with transaction(engine) as s:
-        return [_dataset_view(s, ds, caller.id) for ds in s.scalars(select(Dataset).order_by(Dataset.name))]
+        return [
+            _dataset_view(s, ds, caller.id)
+            for ds in s.scalars(select(Dataset).order_by(Dataset.name))
+        ]
 
 
 @router.get("/datasets/{name}", response_model=DatasetPublic)
@@ -138,7 +145,11 @@ def create_job(
             analyst = s.get_one(Analyst, caller.id)
             ds = dataset_or_404(s, body.dataset)
             admitted = admit_job(
-                s, analyst=analyst, dataset=ds, request=body, plan=plan,
+                s,
+                analyst=analyst,
+                dataset=ds,
+                request=body,
+                plan=plan,
                 idempotency_key=idempotency_key,
             )
             view = job_public(admitted.job, ds.name)
@@ -195,7 +206,9 @@ def _release_or_409(s: Session, caller: CallerDep, job_id: str) -> Release:
     job = visible_job_or_404(s, caller, job_id)
     release = s.get(Release, job.id)
     if job.status != JobStatus.released or release is None:
-        raise ProblemError(409, "release-not-ready", f"job {job_id} has no release (status {job.status})")
+        raise ProblemError(
+            409, "release-not-ready", f"job {job_id} has no release (status {job.status})"
+        )
     return release
 
 
@@ -218,9 +231,9 @@ def get_release_weights(
     """The released weights (safetensors). Their SHA-256 is in the model card."""
     with transaction(engine) as s:
         release = _release_or_409(s, caller, job_id)
-        path = release_paths(settings.resolved_release_dir, job_id, release.card["run_token"]).weights
-    return FileResponse(path, media_type="application/octet-stream",
-                        filename=f"{job_id}.safetensors")
-
-
-
+        path = release_paths(
+            settings.resolved_release_dir, job_id, release.card["run_token"]
+        ).weights
+    return FileResponse(
+        path, media_type="application/octet-stream", filename=f"{job_id}.safetensors"
+    )

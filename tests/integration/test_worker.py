@@ -1,0 +1,111 @@
+"""The worker's job runner in-process, on real databases: claim, plan check, release
+compare-and-set, generic failures."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import func, select, update
+
+from service.db import engine_for, transaction
+from service.ledger.tables import Job, JobStatus, LedgerEntry, Release
+from tests.conftest import auth
+from worker.data import ROWS_FILE, dataset_dir
+from worker.runner import GENERIC_FAILURE, PLAN_FAILURE, Outcome, execute_job
+
+BODY = {
+    "dataset": "toy",
+    "method": "dpsgd",
+    "epsilon": 2.0,
+    "delta": 1e-5,
+    "dpsgd": {"epochs": 1, "batch_size": 50},
+}
+
+
+def _submit(client: Any, keys: Any, body: dict | None = None) -> str:
+    r = client.post("/v1/jobs", json=body or BODY, headers=auth(keys.alice))
+    assert r.status_code == 202, r.text
+    return str(r.json()["id"])
+
+
+def test_run_releases_once(client: Any, keys: Any, settings: Any) -> None:
+    job_id = _submit(client, keys)
+    assert execute_job(job_id, settings) == Outcome.released
+    assert execute_job(job_id, settings) == Outcome.skipped  # a duplicate message
+    job = client.get(f"/v1/jobs/{job_id}", headers=auth(keys.alice)).json()
+    assert job["status"] == "released" and job["progress_step"] == job["progress_total"] == 8
+    card = client.get(f"/v1/jobs/{job_id}/release", headers=auth(keys.alice)).json()
+    assert card["privacy"]["guarantee"] == "proven"
+    assert card["privacy"]["ledger_charge_entry_id"] is not None
+    assert card["preprocessing"]["feature_names"] == ["a", "b", "c=x", "c=y", "c=z"]
+    with transaction(engine_for(settings.resolved_database_url)) as s:
+        assert s.scalar(select(func.count()).select_from(Release)) == 1
+        n_release = s.scalar(
+            select(func.count()).select_from(LedgerEntry).where(LedgerEntry.kind == "release")
+        )
+        assert n_release == 1
+
+
+def test_failure_message_is_generic(client: Any, keys: Any, settings: Any) -> None:
+    job_id = _submit(client, keys)
+    (dataset_dir(settings.resolved_data_dir, "toy") / ROWS_FILE).unlink()
+    assert execute_job(job_id, settings) == Outcome.failed
+    job = client.get(f"/v1/jobs/{job_id}", headers=auth(keys.alice)).json()
+    assert job["status"] == "failed" and job["error"] == GENERIC_FAILURE
+    with transaction(engine_for(settings.resolved_database_url)) as s:
+        assert s.get_one(Job, job_id).data_touched is True
+
+
+def test_plan_that_cannot_be_reproduced_is_refused_before_data(
+    client: Any, keys: Any, settings: Any
+) -> None:
+    job_id = _submit(client, keys)
+    engine = engine_for(settings.resolved_database_url)
+    with transaction(engine) as s:
+        job = s.get_one(Job, job_id)
+        plan = dict(job.plan)
+        plan["mechanism"] = {**plan["mechanism"], "noise_multiplier": 0.01}
+        s.execute(update(Job).where(Job.id == job_id).values(plan=plan))
+    assert execute_job(job_id, settings) == Outcome.failed
+    with transaction(engine) as s:
+        job = s.get_one(Job, job_id)
+        assert job.error == PLAN_FAILURE and job.data_touched is False
+
+
+def test_stale_run_is_not_released(client: Any, keys: Any, settings: Any) -> None:
+    """If another run took the job over, this run's result is discarded."""
+    import worker.runner as runner
+
+    job_id = _submit(client, keys)
+    engine = engine_for(settings.resolved_database_url)
+    original = runner.run_mechanism
+
+    def hijacked(**kwargs: Any) -> Any:
+        out = original(**kwargs)
+        with transaction(engine) as s:  # another worker claims the job meanwhile
+            s.execute(update(Job).where(Job.id == job_id).values(run_token="someone-else"))
+        return out
+
+    runner.run_mechanism = hijacked  # type: ignore[assignment]
+    try:
+        assert execute_job(job_id, settings) == Outcome.superseded
+    finally:
+        runner.run_mechanism = original  # type: ignore[assignment]
+    with transaction(engine) as s:
+        assert s.get_one(Job, job_id).status == JobStatus.running
+        assert s.scalar(select(func.count()).select_from(Release)) == 0
+
+
+def test_ensemble_of_k_models(client: Any, keys: Any, settings: Any) -> None:
+    job_id = _submit(client, keys, {**BODY, "samples": 2})
+    assert execute_job(job_id, settings) == Outcome.released
+    card = client.get(f"/v1/jobs/{job_id}/release", headers=auth(keys.alice)).json()
+    assert card["samples"] == 2 and card["privacy"]["epsilon"] == 4.0
+    weights = client.get(f"/v1/jobs/{job_id}/release/weights", headers=auth(keys.alice)).content
+    from service.releases import load_release
+
+    rel = load_release(weights, card)
+    assert set(rel.sample_weights(0)) == set(rel.sample_weights(1)) == {
+        "linear.weight",
+        "linear.bias",
+    }
