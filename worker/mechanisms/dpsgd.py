@@ -63,7 +63,10 @@ def _train_one(
     total: int,
 ) -> dict[str, torch.Tensor]:
     module = build_module(spec, int(data.x.shape[1])).to(device)
-    optimizer = torch.optim.SGD(module.parameters(), lr=params.learning_rate)
+    # Sum-reduced loss with lr / E[batch]: the standard DP-SGD average over the *expected*
+    # batch size (Abadi et al. 2016), which stays well defined for empty Poisson batches.
+    expected_batch = params.sampling_rate * data.n
+    optimizer = torch.optim.SGD(module.parameters(), lr=params.learning_rate / expected_batch)
     loader = DataLoader(
         TensorDataset(data.x, data.y),
         batch_size=params.batch_size,
@@ -80,20 +83,19 @@ def _train_one(
             data_loader=loader,
             noise_multiplier=params.noise_multiplier,
             max_grad_norm=params.max_grad_norm,
+            loss_reduction="sum",
             poisson_sampling=True,
             noise_generator=secure_generator(device),
         )
     if not math.isclose(1 / len(loader), params.sampling_rate, rel_tol=1e-12):
         raise PlanMismatch("Opacus's sampling rate differs from the plan's")
-    loss_fn = torch.nn.BCEWithLogitsLoss()
+    loss_fn = torch.nn.BCEWithLogitsLoss(reduction="sum")
     step = 0
     for _ in range(params.epochs):
         for xb, yb in loader:
             optimizer.zero_grad(set_to_none=True)
-            if len(xb) > 0:
-                loss = loss_fn(module(xb), yb)
-                loss.backward()
             # An empty Poisson batch still takes a (pure-noise) step, as the analysis assumes.
+            loss_fn(module(xb), yb).backward()
             optimizer.step()
             step += 1
             progress(done + step, total)
