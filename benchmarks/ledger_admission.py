@@ -97,7 +97,7 @@ def main() -> None:
     name, url = fresh_db(args.pg)
     rows: list[dict] = []
     try:
-        engine = make_engine(url, pool_size=70, max_overflow=10)
+        engine = make_engine(url, pool_size=CLIENT_COUNTS[-1], max_overflow=0)
         with transaction(engine) as s:
             ds = new_dataset(
                 s,
@@ -131,7 +131,7 @@ def main() -> None:
 
         # The raw equivalent: one transaction that locks the budget row, updates the running
         # total and appends one row, with no ORM and no privacy math.
-        raw = create_engine(url, pool_size=70, max_overflow=10)
+        raw = create_engine(url, pool_size=CLIENT_COUNTS[-1], max_overflow=0)
         with raw.begin() as c:
             c.execute(text("CREATE TABLE raw_budget (id int primary key, spent bigint)"))
             c.execute(text("CREATE TABLE raw_entries (id bigserial primary key, amount bigint)"))
@@ -146,6 +146,9 @@ def main() -> None:
         for clients in CLIENT_COUNTS:
             for label, fn in (("admission", admit), ("raw row-lock tx", raw_tx)):
                 lat = run_clients(fn, clients, args.seconds)
+                # Close the pools between runs: both together would exceed max_connections.
+                engine.dispose()
+                raw.dispose()
                 rows.append(
                     {
                         "what": label,

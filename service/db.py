@@ -45,7 +45,7 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
         return engine
     kwargs.setdefault("pool_pre_ping", True)
     kwargs.setdefault("pool_size", 10)
-    kwargs.setdefault("max_overflow", 70)
+    kwargs.setdefault("max_overflow", 30)  # ≤ 40 connections a process: PostgreSQL allows 100
     return create_engine(url, **kwargs)
 
 

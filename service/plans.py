@@ -76,10 +76,15 @@ def _expm_plan(request: JobRequest) -> tuple[DpEvent, dict[str, Any], str]:
     return ExponentialMechanismEvent(epsilon=request.epsilon), mechanism, "pure-composition"
 
 
-def build_plan(request: JobRequest, *, n_rows: int) -> PrivacyPlan:
+def build_plan(request: JobRequest, *, n_rows: int, dataset_kind: str = "tabular") -> PrivacyPlan:
     """Turn a validated request into its privacy plan (raises :class:`PlanError`)."""
     if n_rows < 1:
         raise PlanError("the dataset has no rows")
+    if (request.model.kind == "grud") != (dataset_kind == "timeseries"):
+        raise PlanError(
+            f"model {request.model.kind!r} does not fit a {dataset_kind} dataset "
+            "(GRU-D is for time-series datasets, the others for tabular ones)"
+        )
     guarantee: Guarantee
     if request.method == "dpsgd":
         if request.expm_nf is not None:

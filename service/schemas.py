@@ -39,16 +39,20 @@ class DpsgdOptions(_In):
 
 
 class ExpmNfOptions(_In):
-    """The exponential mechanism sampled through a normalizing flow (nominal ε)."""
+    """The exponential mechanism sampled through a normalizing flow (nominal ε).
+
+    These knobs shape only the sampler, not the mechanism's ε: the target density is
+    exp(ε·u(θ)/2) with u = −Σ(ŷ − y)² − l2·‖θ‖² (sensitivity 1).
+    """
 
     flow: Literal["planar", "sylvester"] = "planar"
-    layers: int = Field(default=8, ge=1, le=64)
+    layers: int = Field(default=4, ge=1, le=64)
     steps: int = Field(default=1500, ge=1, le=100_000)
     n_samples_per_step: int = Field(default=64, ge=1, le=4096)
-    batch_size: int = Field(default=2048, ge=1, le=1_000_000)
-    learning_rate: float = Field(default=0.01, gt=0, le=10)
+    batch_size: int = Field(default=1024, ge=1, le=1_000_000)
+    learning_rate: float = Field(default=0.02, gt=0, le=10)
     base_std: float = Field(default=1.0, gt=0, le=100)
-    l2: float = Field(default=0.0, ge=0, le=1e6)
+    l2: float = Field(default=1.0, ge=0, le=1e6)
 
 
 class JobRequest(_In):

@@ -186,7 +186,9 @@ def execute_job(job_id: str, settings: Settings | None = None) -> Outcome:
     try:
         request = JobRequest.model_validate(job.request)
         stored = PrivacyPlan.model_validate(job.plan)
-        plan = build_plan(request, n_rows=ds.n_rows)
+        plan = build_plan(
+            request, n_rows=ds.n_rows, dataset_kind=str(ds.public_schema.get("kind", "tabular"))
+        )
         if plan != stored:
             raise PlanError("stored plan differs from the recomputed plan")
     except Exception:

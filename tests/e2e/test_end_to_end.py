@@ -214,3 +214,27 @@ def test_worker_killed_mid_job_is_retried_and_released_once(
             assert s.get_one(Job, job["id"]).attempts == 2  # the killed run, then the retry
         _check_ledger(settings, releases=1)
     redis.Redis.from_url(broker).flushdb()
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_expm_nf_job_end_to_end_is_labelled_nominal(settings: Settings, tmp_path: Path) -> None:
+    for stack in _stack(settings, tmp_path, settings.resolved_broker_url):
+        card, release = _train_and_download(
+            stack,
+            {
+                "dataset": "toy",
+                "method": "expm_nf",
+                "epsilon": 5.0,
+                "delta": 0,
+                "expm_nf": {"steps": 300, "batch_size": 400},
+            },
+        )
+        privacy = card["privacy"]
+        assert privacy["guarantee"] == "nominal"
+        assert "NOMINAL" in privacy["statement"] and "no proof" in privacy["statement"]
+        assert privacy["event"]["type"] == "exponential_mechanism"
+        assert _auc(release) > 0.6
+        with stack.client(stack.keys.alice) as c:
+            jobs = c.get("/v1/jobs").json()
+            assert jobs[0]["guarantee"] == "nominal"
+        _check_ledger(settings, releases=1)

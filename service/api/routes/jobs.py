@@ -77,9 +77,10 @@ def get_dataset(name: str, caller: CallerDep, engine: EngineDep) -> DatasetPubli
 
 def _plan_for(engine: EngineDep, body: JobRequest) -> PrivacyPlan:
     with transaction(engine) as s:
-        n_rows = dataset_or_404(s, body.dataset).n_rows
+        ds = dataset_or_404(s, body.dataset)
+        n_rows, kind = ds.n_rows, str(ds.public_schema.get("kind", "tabular"))
     try:
-        return build_plan(body, n_rows=n_rows)
+        return build_plan(body, n_rows=n_rows, dataset_kind=kind)
     except PlanError as exc:
         raise ProblemError(422, "invalid-plan", str(exc)) from exc
 

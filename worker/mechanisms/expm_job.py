@@ -1,0 +1,45 @@
+"""ExpM+NF as a job: the plan's resolved parameters → :func:`run_expm_nf`."""
+
+from __future__ import annotations
+
+import torch
+
+from service.modelspec import ModelSpec
+from service.schemas import PrivacyPlan
+from worker.mechanisms.base import MechanismOutput, ProgressFn, TabularTrainingSet
+from worker.mechanisms.expm_nf import ExpmNfParams, run_expm_nf
+from worker.rng import secure_generator
+
+
+def params_from_plan(plan: PrivacyPlan) -> ExpmNfParams:
+    m = plan.mechanism
+    return ExpmNfParams(
+        epsilon=float(m["epsilon"]),
+        samples=plan.samples,
+        flow=m["flow"],
+        layers=int(m["layers"]),
+        base_std=float(m["base_std"]),
+        steps=int(m["steps"]),
+        n_samples_per_step=int(m["n_samples_per_step"]),
+        batch_size=int(m["batch_size"]),
+        lr=float(m["learning_rate"]),
+        l2=float(m["l2"]),
+    )
+
+
+def run_expm_nf_plan(
+    *,
+    plan: PrivacyPlan,
+    spec: ModelSpec,
+    data: TabularTrainingSet,
+    device: torch.device,
+    progress: ProgressFn,
+) -> MechanismOutput:
+    return run_expm_nf(
+        spec=spec,
+        params=params_from_plan(plan),
+        data=data,
+        device=device,
+        generator=secure_generator(device),
+        progress=progress,
+    )
