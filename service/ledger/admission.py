@@ -21,6 +21,7 @@ import uuid
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from decimal import Decimal
+from functools import lru_cache
 from typing import Literal
 
 from sqlalchemy import func, select
@@ -126,11 +127,7 @@ class Filter:
         return "pure" if Decimal(self.delta_total) == 0 else "rdp"
 
     def budget_rdp_micro(self) -> list[int]:
-        return rdp_budget_micro(
-            epsilon_total=from_micro(self.epsilon_total_micro),
-            delta_total=float(Decimal(self.delta_total)),
-            orders=ORDERS,
-        )
+        return list(_budget(self.epsilon_total_micro, self.delta_total))
 
     def refusal(self, charge: Charge) -> str | None:
         """None if this filter admits `charge`, else the reason in plain words."""
@@ -170,9 +167,7 @@ class Filter:
     def remaining_epsilon(self) -> float:
         if self.rule == "pure":
             return from_micro(max(0, self.epsilon_total_micro - self.spent_epsilon_micro))
-        return max_admissible_pure_epsilon(
-            spent_micro=list(self.spent_rdp_micro), budget_micro=self.budget_rdp_micro()
-        )
+        return _remaining_rdp(self.spent_rdp_micro, tuple(self.budget_rdp_micro()))
 
     def view(self) -> BudgetView:
         return BudgetView(
@@ -183,6 +178,24 @@ class Filter:
             spent_epsilon_sum=from_micro(self.spent_epsilon_micro),
             remaining_epsilon=self.remaining_epsilon(),
         )
+
+
+@lru_cache(maxsize=256)
+def _budget(epsilon_total_micro: int, delta_total: str) -> tuple[int, ...]:
+    return tuple(
+        rdp_budget_micro(
+            epsilon_total=from_micro(epsilon_total_micro),
+            delta_total=float(Decimal(delta_total)),
+            orders=ORDERS,
+        )
+    )
+
+
+@lru_cache(maxsize=4096)
+def _remaining_rdp(spent: tuple[int, ...], budget: tuple[int, ...]) -> float:
+    # A bisection over the filter (tens of curve evaluations): cached, because every
+    # quote and dataset listing asks it again for the same ledger state.
+    return max_admissible_pure_epsilon(spent_micro=list(spent), budget_micro=list(budget))
 
 
 def dataset_filter(ds: Dataset) -> Filter:
