@@ -97,6 +97,8 @@ def test_quote_agrees_with_admission_and_charges_nothing(
         ({**DPSGD, "method": "magic"}, 422, "validation-error"),
         ({**DPSGD, "model": {"kind": "transformer"}}, 422, "validation-error"),
         ({**DPSGD, "unknown_field": 1}, 422, "validation-error"),
+        ({**DPSGD, "seed": 1234}, 422, "validation-error"),  # no caller ever seeds DP noise
+        ({**DPSGD, "dpsgd": {"seed": 1}}, 422, "validation-error"),
         ({**DPSGD, "delta": 0}, 422, "invalid-plan"),
         ({**DPSGD, "dpsgd": {"batch_size": 100000}}, 422, "invalid-plan"),
         ({**DPSGD, "epsilon": 1e-9}, 422, "invalid-plan"),
