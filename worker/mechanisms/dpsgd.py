@@ -3,7 +3,8 @@ noise with the plan's calibrated noise multiplier.
 
 The plan fixes q = 1/ceil(n/B) and T = epochs·ceil(n/B); Opacus's Poisson data loader
 uses exactly that rate and that many batches per epoch, so the run is the mechanism the
-ledger charged. After training, the worker checks Opacus's own accountant agrees.
+ledger charged; the loader's length and the number of steps taken are checked against the
+plan, and a mismatch fails the job rather than release a differently-accounted model.
 """
 
 from __future__ import annotations
