@@ -105,7 +105,11 @@ def test_ensemble_of_k_models(client: Any, keys: Any, settings: Any) -> None:
     from service.releases import load_release
 
     rel = load_release(weights, card)
-    assert set(rel.sample_weights(0)) == set(rel.sample_weights(1)) == {
-        "linear.weight",
-        "linear.bias",
-    }
+    assert (
+        set(rel.sample_weights(0))
+        == set(rel.sample_weights(1))
+        == {
+            "linear.weight",
+            "linear.bias",
+        }
+    )
