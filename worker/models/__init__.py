@@ -1,0 +1,64 @@
+"""Target models. Every module's forward returns logits of shape (batch,);
+sigmoid(logits) is the bounded output in [0, 1] that sensitivity analyses rely on.
+
+``build_module`` makes the nn.Module (what a release's state dict loads into);
+``build_batched`` wraps it with its batched functional form (N parameter vectors at once).
+
+``n_features`` is the number of input columns for logistic/MLP and the number of
+time-series variables V for GRU-D (whose inputs are (B, 3, T, V), see
+:mod:`worker.models.grud`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+from service.modelspec import GrudSpec, LogisticSpec, MlpSpec, ModelSpec
+from worker.models.functional import BatchedModel, LinearBatchedModel, ParamLayout
+from worker.models.grud import Grud, pack_inputs, pack_inputs_np
+from worker.models.logistic import Logistic
+from worker.models.mlp import Mlp
+
+__all__ = [
+    "BatchedModel",
+    "Grud",
+    "LinearBatchedModel",
+    "Logistic",
+    "Mlp",
+    "ParamLayout",
+    "build_batched",
+    "build_module",
+    "pack_inputs",
+    "pack_inputs_np",
+]
+
+
+def build_module(
+    spec: ModelSpec, n_features: int, *, public_means: Sequence[float] | None = None
+) -> nn.Module:
+    """The target model for ``spec``.
+
+    ``public_means`` (GRU-D only) is the public per-variable mean x̄ used for imputation;
+    it is a buffer in the state dict, so a released state dict restores it on load.
+    """
+    if isinstance(spec, LogisticSpec):
+        return Logistic(n_features)
+    if isinstance(spec, MlpSpec):
+        return Mlp(n_features, spec.hidden)
+    if isinstance(spec, GrudSpec):
+        means = None if public_means is None else torch.tensor(list(public_means))
+        return Grud(n_features, spec.hidden, means)
+    raise ValueError(f"unknown model kind {getattr(spec, 'kind', spec)!r}")
+
+
+def build_batched(
+    spec: ModelSpec, n_features: int, *, public_means: Sequence[float] | None = None
+) -> BatchedModel:
+    """``build_module`` plus its batched functional form (matmul for logistic regression)."""
+    module = build_module(spec, n_features, public_means=public_means)
+    if isinstance(spec, LogisticSpec):
+        return LinearBatchedModel(module)
+    return BatchedModel(module)
