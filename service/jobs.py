@@ -21,7 +21,7 @@ from service.schemas import JobPublic, PrivacyPlan
 log = logging.getLogger("enclave.jobs")
 
 
-def _aware(ts: datetime | None) -> datetime | None:
+def as_utc(ts: datetime | None) -> datetime | None:
     # SQLite returns naive datetimes; everything we store is UTC.
     if ts is not None and ts.tzinfo is None:
         return ts.replace(tzinfo=UTC)
@@ -54,13 +54,13 @@ def jobs_to_resend(engine: Engine, settings: Settings, now: datetime | None = No
         out = []
         for job in rows:
             if job.status == JobStatus.queued:
-                enq = _aware(job.enqueued_at)
+                enq = as_utc(job.enqueued_at)
                 # Never sent, or sent long ago and still not picked up (lost message).
                 if enq is None or enq < now - timedelta(seconds=10 * settings.heartbeat_timeout_s):
                     out.append(job.id)
             else:
-                beat = _aware(job.heartbeat_at) or _aware(job.started_at)
-                enq = _aware(job.enqueued_at)
+                beat = as_utc(job.heartbeat_at) or as_utc(job.started_at)
+                enq = as_utc(job.enqueued_at)
                 if (beat is None or beat < stale) and (enq is None or enq < stale):
                     out.append(job.id)
         return out
@@ -87,9 +87,9 @@ def job_public(job: Job, dataset_name: str) -> JobPublic:
         epsilon=plan.epsilon,
         delta=plan.delta,
         error=job.error,
-        created_at=_aware(job.created_at) or datetime.now(UTC),
-        started_at=_aware(job.started_at),
-        finished_at=_aware(job.finished_at),
+        created_at=as_utc(job.created_at) or datetime.now(UTC),
+        started_at=as_utc(job.started_at),
+        finished_at=as_utc(job.finished_at),
         request=job.request,
         plan=plan,
         release_url=f"/v1/jobs/{job.id}/release" if job.status == JobStatus.released else None,

@@ -28,6 +28,7 @@ from sqlalchemy import Engine, update
 
 from service.config import Settings, get_settings
 from service.db import engine_for, transaction
+from service.jobs import as_utc
 from service.ledger.admission import lock_job, record_release
 from service.ledger.tables import Dataset, Job, JobStatus, Release
 from service.modelspec import ModelSpec
@@ -55,10 +56,6 @@ class Superseded(Exception):
     """Another worker took this job over (our heartbeat went stale)."""
 
 
-def _aware(ts: datetime | None) -> datetime | None:
-    return ts.replace(tzinfo=UTC) if ts is not None and ts.tzinfo is None else ts
-
-
 def _claim(engine: Engine, settings: Settings, job_id: str) -> tuple[str, Job, Dataset] | None:
     now = datetime.now(UTC)
     with transaction(engine) as s:
@@ -66,7 +63,7 @@ def _claim(engine: Engine, settings: Settings, job_id: str) -> tuple[str, Job, D
         if job is None or job.status in (JobStatus.released, JobStatus.failed, JobStatus.cancelled):
             return None
         if job.status == JobStatus.running:
-            beat = _aware(job.heartbeat_at) or _aware(job.started_at)
+            beat = as_utc(job.heartbeat_at) or as_utc(job.started_at)
             if beat is not None and beat > now - timedelta(seconds=settings.heartbeat_timeout_s):
                 return None  # someone else is on it
         if job.attempts >= settings.max_attempts:

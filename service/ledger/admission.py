@@ -276,6 +276,33 @@ def _apply(ds: Dataset, cap: AnalystCap | None, charge: Charge) -> None:
 # --------------------------------------------------------------------------- operations
 
 
+def _zero_cost_entry(
+    session: Session,
+    ds: Dataset,
+    *,
+    kind: EntryKind,
+    event: dict,
+    reason: str | None,
+    analyst_id: int | None = None,
+    job_id: str | None = None,
+) -> LedgerEntry:
+    """A chained entry that costs nothing: budget changes and releases."""
+    return append_entry(
+        session,
+        ds,
+        LedgerEntry(
+            analyst_id=analyst_id,
+            job_id=job_id,
+            kind=kind,
+            event=event,
+            epsilon_micro=0,
+            rdp_micro=None,
+            delta="0",
+            reason=reason,
+        ),
+    )
+
+
 def new_dataset(
     session: Session,
     *,
@@ -300,22 +327,17 @@ def new_dataset(
     )
     session.add(ds)
     session.flush()
-    append_entry(
+    _zero_cost_entry(
         session,
         ds,
-        LedgerEntry(
-            kind=EntryKind.budget,
-            event={
-                "action": "register",
-                "epsilon_total": epsilon_total,
-                "delta_total": ds.delta_total,
-                "n_rows": n_rows,
-            },
-            epsilon_micro=0,
-            rdp_micro=None,
-            delta="0",
-            reason="dataset registered",
-        ),
+        kind=EntryKind.budget,
+        event={
+            "action": "register",
+            "epsilon_total": epsilon_total,
+            "delta_total": ds.delta_total,
+            "n_rows": n_rows,
+        },
+        reason="dataset registered",
     )
     return ds
 
@@ -489,37 +511,43 @@ def cancel_job(session: Session, *, job: Job) -> Job:
 def record_release(session: Session, *, job: Job, weights_sha256: str) -> LedgerEntry:
     """A release row in the ledger (zero cost: the charge was taken at admission)."""
     ds = lock_dataset(session, job.dataset_id)
-    return append_entry(
+    return _zero_cost_entry(
         session,
         ds,
-        LedgerEntry(
-            analyst_id=job.analyst_id,
-            job_id=job.id,
-            kind=EntryKind.release,
-            event={"weights_sha256": weights_sha256},
-            epsilon_micro=0,
-            rdp_micro=None,
-            delta="0",
-            reason=None,
-        ),
+        kind=EntryKind.release,
+        event={"weights_sha256": weights_sha256},
+        reason=None,
+        analyst_id=job.analyst_id,
+        job_id=job.id,
     )
+
+
+def cost_entries(
+    session: Session, *, dataset_id: int, analyst_id: int | None = None
+) -> list[LedgerEntry]:
+    """The charge and refund entries of a dataset (and of one analyst, if given)."""
+    stmt = select(LedgerEntry).where(
+        LedgerEntry.dataset_id == dataset_id,
+        LedgerEntry.kind.in_([EntryKind.charge, EntryKind.refund]),
+    )
+    if analyst_id is not None:
+        stmt = stmt.where(LedgerEntry.analyst_id == analyst_id)
+    return list(session.scalars(stmt.order_by(LedgerEntry.id)))
+
+
+def sum_entries(entries: list[LedgerEntry]) -> tuple[int, list[int]]:
+    """(Σ ε, Σ RDP curve) in micro-units: the running totals, recomputed."""
+    eps = 0
+    rdp = [0] * len(ORDERS)
+    for e in entries:
+        eps += e.epsilon_micro
+        rdp = [a + b for a, b in zip(rdp, e.rdp_micro or [0] * len(ORDERS), strict=True)]
+    return eps, rdp
 
 
 def spent_by(session: Session, *, analyst_id: int, dataset_id: int) -> tuple[int, list[int]]:
     """Recompute an analyst's spending on a dataset from the entries."""
-    eps = 0
-    rdp = [0] * len(ORDERS)
-    rows = session.scalars(
-        select(LedgerEntry).where(
-            LedgerEntry.analyst_id == analyst_id,
-            LedgerEntry.dataset_id == dataset_id,
-            LedgerEntry.kind.in_([EntryKind.charge, EntryKind.refund]),
-        )
-    )
-    for e in rows:
-        eps += e.epsilon_micro
-        rdp = [a + b for a, b in zip(rdp, e.rdp_micro or [0] * len(ORDERS), strict=True)]
-    return eps, rdp
+    return sum_entries(cost_entries(session, dataset_id=dataset_id, analyst_id=analyst_id))
 
 
 def _holds(f: Filter) -> bool:
@@ -563,21 +591,16 @@ def set_dataset_budget(
         raise InvalidLedgerOperation("the new budget is below what has already been spent")
     ds.epsilon_total_micro = new.epsilon_total_micro
     ds.delta_total = new.delta_total
-    append_entry(
+    _zero_cost_entry(
         session,
         ds,
-        LedgerEntry(
-            kind=EntryKind.budget,
-            event={
-                "action": "set_budget",
-                "epsilon_total": epsilon_total,
-                "delta_total": new.delta_total,
-            },
-            epsilon_micro=0,
-            rdp_micro=None,
-            delta="0",
-            reason="budget set by the admin",
-        ),
+        kind=EntryKind.budget,
+        event={
+            "action": "set_budget",
+            "epsilon_total": epsilon_total,
+            "delta_total": new.delta_total,
+        },
+        reason="budget set by the admin",
     )
     return ds
 
@@ -612,18 +635,13 @@ def set_analyst_cap(
         raise InvalidLedgerOperation("the new cap is below what this analyst has already spent")
     cap.epsilon_cap_micro = new.epsilon_total_micro
     cap.delta_cap = new.delta_total
-    append_entry(
+    _zero_cost_entry(
         session,
         ds,
-        LedgerEntry(
-            analyst_id=analyst.id,
-            kind=EntryKind.budget,
-            event={"action": "set_cap", "epsilon": epsilon, "delta": new.delta_total},
-            epsilon_micro=0,
-            rdp_micro=None,
-            delta="0",
-            reason="analyst cap set by the admin",
-        ),
+        kind=EntryKind.budget,
+        event={"action": "set_cap", "epsilon": epsilon, "delta": new.delta_total},
+        reason="analyst cap set by the admin",
+        analyst_id=analyst.id,
     )
     session.flush()
     return cap

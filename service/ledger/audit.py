@@ -7,9 +7,9 @@ from dataclasses import dataclass
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from service.ledger.admission import spent_by
+from service.ledger.admission import cost_entries, spent_by, sum_entries
 from service.ledger.chain import ChainReport, verify_chain
-from service.ledger.tables import AnalystCap, Dataset, EntryKind, LedgerEntry
+from service.ledger.tables import AnalystCap, Dataset, EntryKind
 from service.privacy.amounts import curve_to_micro_up
 from service.privacy.events import event_from_json
 from service.privacy.orders import ORDERS
@@ -27,17 +27,9 @@ def check_totals(session: Session) -> list[Mismatch]:
     """Recompute every running total from the entries, and every charge from its event."""
     out: list[Mismatch] = []
     for ds in session.scalars(select(Dataset).order_by(Dataset.id)):
-        eps = 0
-        rdp = [0] * len(ORDERS)
-        entries = session.scalars(
-            select(LedgerEntry).where(
-                LedgerEntry.dataset_id == ds.id,
-                LedgerEntry.kind.in_([EntryKind.charge, EntryKind.refund]),
-            )
-        )
+        entries = cost_entries(session, dataset_id=ds.id)
+        eps, rdp = sum_entries(entries)
         for e in entries:
-            eps += e.epsilon_micro
-            rdp = [a + b for a, b in zip(rdp, e.rdp_micro or [0] * len(ORDERS), strict=True)]
             if e.kind == EntryKind.charge:
                 # The event is the source of truth: re-derive the charge from it.
                 again = curve_to_micro_up(event_from_json(e.event or {}).rdp(ORDERS))
