@@ -37,7 +37,6 @@ from typing import Final, Literal
 
 from service.privacy.events import (
     DpEvent,
-    ExponentialMechanismEvent,
     PoissonSubsampledGaussianEvent,
     PureDpEvent,
     leaf_counts,
@@ -92,7 +91,7 @@ def _pld_of(event: DpEvent, value_discretization_interval: float) -> object:
         value_discretization_interval=value_discretization_interval
     )
     for leaf, count in leaf_counts(event).items():
-        if isinstance(leaf, PureDpEvent | ExponentialMechanismEvent):
+        if isinstance(leaf, PureDpEvent):
             if leaf.epsilon == 0.0:
                 continue
             # The worst-case PLD of an ε-DP mechanism: randomized response

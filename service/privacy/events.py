@@ -161,10 +161,10 @@ class PureDpEvent(DpEvent):
 
 
 @dataclass(frozen=True)
-class ExponentialMechanismEvent(DpEvent):
-    """One exponential-mechanism release calibrated to ε-DP by the standard
-    McSherry–Talwar rule (density ∝ exp(ε u / (2Δu)), or ∝ exp(ε u / Δu) for a
-    utility that is monotone in the data set), utility sensitivity folded into ε.
+class ExponentialMechanismEvent(PureDpEvent):
+    """One exponential-mechanism release (an ε-DP mechanism, hence a PureDpEvent, whose
+    curve is sharper), calibrated to ε-DP by the standard McSherry–Talwar rule
+    (density ∝ exp(ε u / (2Δu)), or ∝ exp(ε u / Δu) for a utility that is monotone in the data set), utility sensitivity folded into ε.
 
     Such a mechanism is ε-bounded-range, so its RDP is at most
     min(RR curve, α ε²/8) (Cesar & Rogers 2021; proof in
@@ -174,33 +174,13 @@ class ExponentialMechanismEvent(DpEvent):
     the ε is nominal (the flow only approximates the ExpM density).
     """
 
-    epsilon: float
-
     TYPE: ClassVar[str] = "exponential_mechanism"
     VERSION: ClassVar[int] = 1
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "epsilon", _nonneg_epsilon(self.epsilon))
-
-    @property
-    def is_pure(self) -> bool:
-        return True
-
-    def pure_epsilon(self) -> float | None:
-        return self.epsilon
 
     def _leaf_curve(self, orders: tuple[float, ...]) -> tuple[float, ...]:
         rr = randomized_response_rdp(epsilon=self.epsilon, orders=orders)
         br = bounded_range_rdp(epsilon=self.epsilon, orders=orders)
         return tuple(np.minimum(rr, br).tolist())
-
-    def to_json(self) -> dict[str, Any]:
-        return {"type": self.TYPE, "version": self.VERSION, "epsilon": self.epsilon}
-
-    @classmethod
-    def _from_fields(cls, d: Mapping[str, Any], depth: int) -> DpEvent:
-        _expect_keys(d, {"epsilon"})
-        return cls(epsilon=d["epsilon"])
 
 
 @dataclass(frozen=True)
