@@ -164,7 +164,8 @@ class PureDpEvent(DpEvent):
 class ExponentialMechanismEvent(PureDpEvent):
     """One exponential-mechanism release (an ε-DP mechanism, hence a PureDpEvent, whose
     curve is sharper), calibrated to ε-DP by the standard McSherry–Talwar rule
-    (density ∝ exp(ε u / (2Δu)), or ∝ exp(ε u / Δu) for a utility that is monotone in the data set), utility sensitivity folded into ε.
+    (density ∝ exp(ε u / (2Δu)), or ∝ exp(ε u / Δu) for a utility that is monotone
+    in the data set), utility sensitivity folded into ε.
 
     Such a mechanism is ε-bounded-range, so its RDP is at most
     min(RR curve, α ε²/8) (Cesar & Rogers 2021; proof in
