@@ -75,6 +75,15 @@ def _stack(
         stop(*stack.procs)
 
 
+@pytest.fixture
+def redis_broker() -> Iterator[str]:
+    """A Redis database of its own for this test's Celery broker, emptied before and after."""
+    url = f"{REDIS_URL}/{1 + uuid.uuid4().int % 14}"
+    redis.Redis.from_url(url).flushdb()
+    yield url
+    redis.Redis.from_url(url).flushdb()
+
+
 def _wait(c: httpx.Client, job_id: str, until: set[str], timeout: float = 240) -> dict:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -153,11 +162,10 @@ def test_embedded_mode_dpsgd_end_to_end(settings: Settings, tmp_path: Path) -> N
 
 
 @pytest.mark.parametrize("db_url", ["postgres"], indirect=True)
-def test_production_mode_postgres_redis(settings: Settings, tmp_path: Path) -> None:
-    db = 1 + uuid.uuid4().int % 14
-    broker = f"{REDIS_URL}/{db}"
-    redis.Redis.from_url(broker).flushdb()
-    for stack in _stack(settings, tmp_path, broker):
+def test_production_mode_postgres_redis(
+    settings: Settings, tmp_path: Path, redis_broker: str
+) -> None:
+    for stack in _stack(settings, tmp_path, redis_broker):
         card, release = _train_and_download(
             stack,
             {
@@ -171,17 +179,13 @@ def test_production_mode_postgres_redis(settings: Settings, tmp_path: Path) -> N
         assert card["privacy"]["guarantee"] == "proven"
         assert _auc(release) > 0.7
         _check_ledger(settings, releases=1)
-    redis.Redis.from_url(broker).flushdb()
 
 
 @pytest.mark.parametrize("db_url", ["postgres"], indirect=True)
 def test_worker_killed_mid_job_is_retried_and_released_once(
-    settings: Settings, tmp_path: Path
+    settings: Settings, tmp_path: Path, redis_broker: str
 ) -> None:
-    db = 1 + uuid.uuid4().int % 14
-    broker = f"{REDIS_URL}/{db}"
-    redis.Redis.from_url(broker).flushdb()
-    for stack in _stack(settings, tmp_path, broker, heartbeat=3, n=4000):
+    for stack in _stack(settings, tmp_path, redis_broker, heartbeat=3, n=4000):
         victim = stack.add_worker("victim")
         with stack.client(stack.keys.alice) as c:
             job = (
@@ -213,7 +217,6 @@ def test_worker_killed_mid_job_is_retried_and_released_once(
         with transaction(engine_for(settings.resolved_database_url)) as s:
             assert s.get_one(Job, job["id"]).attempts == 2  # the killed run, then the retry
         _check_ledger(settings, releases=1)
-    redis.Redis.from_url(broker).flushdb()
 
 
 @pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
