@@ -358,6 +358,16 @@ def find_idempotent(
     return job
 
 
+def nominal_refusal(ds: Dataset, plan: PrivacyPlan) -> str | None:
+    """The dataset's policy on nominal guarantees; shared by quotes and admission."""
+    if plan.guarantee == "nominal" and not ds.allow_nominal:
+        return (
+            f"dataset {ds.name!r} does not allow methods with a nominal guarantee "
+            "(the admin decides this per dataset)"
+        )
+    return None
+
+
 @dataclass(frozen=True)
 class Admitted:
     job: Job
@@ -387,11 +397,9 @@ def admit_job(
         )
         if existing is not None:
             return Admitted(existing, created=False)
-    if plan.guarantee == "nominal" and not ds.allow_nominal:
-        raise NominalNotAllowed(
-            f"dataset {ds.name!r} does not allow methods with a nominal guarantee "
-            "(the admin decides this per dataset)"
-        )
+    refused = nominal_refusal(ds, plan)
+    if refused:
+        raise NominalNotAllowed(refused)
     cap = lock_cap(session, analyst.id, ds.id)
     charge = charge_for(plan)
     ev = evaluate(dataset_filter(ds), cap_filter(cap) if cap else None, charge)

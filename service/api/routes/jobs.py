@@ -28,6 +28,7 @@ from service.ledger.admission import (
     dataset_filter,
     evaluate,
     lock_job,
+    nominal_refusal,
 )
 from service.ledger.tables import Analyst, AnalystCap, Dataset, Job, JobStatus, Release
 from service.plans import PlanError, build_plan
@@ -108,12 +109,10 @@ def quote(body: JobRequest, caller: CallerDep, engine: EngineDep) -> QuoteRespon
         ds = dataset_or_404(s, body.dataset)
         cap = s.get(AnalystCap, (caller.id, ds.id))
         ev = evaluate(dataset_filter(ds), cap_filter(cap) if cap else None, charge_for(plan))
-        reason = ev.reason
-        admitted = ev.admitted
-        if plan.guarantee == "nominal" and not ds.allow_nominal:
-            admitted, reason = False, "this dataset does not allow methods with a nominal guarantee"
+        # Admission checks the nominal policy first, then the filters: so does the quote.
+        reason = nominal_refusal(ds, plan) or ev.reason
         return QuoteResponse(
-            admitted=admitted,
+            admitted=reason is None,
             reason=reason,
             plan=plan,
             dataset_before=ev.dataset_before.view(),
