@@ -13,6 +13,7 @@ import signal
 import time
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,14 @@ from service.releases import encode_for, load_release, predict_proba
 from tests.conftest import REDIS_URL, auth, bootstrap
 
 pytestmark = pytest.mark.slow
+
+DPSGD_TOY = {
+    "dataset": "toy",
+    "method": "dpsgd",
+    "epsilon": 4.0,
+    "delta": 1e-5,
+    "dpsgd": {"epochs": 3, "batch_size": 40, "learning_rate": 2.0},
+}
 
 
 @dataclass
@@ -51,6 +60,7 @@ class Stack:
         return p
 
 
+@contextmanager
 def _stack(
     settings: Settings, tmp_path: Path, broker_url: str, *, heartbeat: float = 120, n: int = 400
 ) -> Iterator[Stack]:
@@ -143,16 +153,10 @@ def _auc(release: Any) -> float:
 
 @pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
 def test_embedded_mode_dpsgd_end_to_end(settings: Settings, tmp_path: Path) -> None:
-    for stack in _stack(settings, tmp_path, settings.resolved_broker_url):
+    with _stack(settings, tmp_path, settings.resolved_broker_url) as stack:
         card, release = _train_and_download(
             stack,
-            {
-                "dataset": "toy",
-                "method": "dpsgd",
-                "epsilon": 4.0,
-                "delta": 1e-5,
-                "dpsgd": {"epochs": 3, "batch_size": 40, "learning_rate": 2.0},
-            },
+            DPSGD_TOY,
         )
         assert card["privacy"]["guarantee"] == "proven"
         assert card["privacy"]["accountant"] == "rdp"
@@ -165,16 +169,10 @@ def test_embedded_mode_dpsgd_end_to_end(settings: Settings, tmp_path: Path) -> N
 def test_production_mode_postgres_redis(
     settings: Settings, tmp_path: Path, redis_broker: str
 ) -> None:
-    for stack in _stack(settings, tmp_path, redis_broker):
+    with _stack(settings, tmp_path, redis_broker) as stack:
         card, release = _train_and_download(
             stack,
-            {
-                "dataset": "toy",
-                "method": "dpsgd",
-                "epsilon": 4.0,
-                "delta": 1e-5,
-                "dpsgd": {"epochs": 3, "batch_size": 40, "learning_rate": 2.0},
-            },
+            DPSGD_TOY,
         )
         assert card["privacy"]["guarantee"] == "proven"
         assert _auc(release) > 0.7
@@ -185,7 +183,7 @@ def test_production_mode_postgres_redis(
 def test_worker_killed_mid_job_is_retried_and_released_once(
     settings: Settings, tmp_path: Path, redis_broker: str
 ) -> None:
-    for stack in _stack(settings, tmp_path, redis_broker, heartbeat=3, n=4000):
+    with _stack(settings, tmp_path, redis_broker, heartbeat=3, n=4000) as stack:
         victim = stack.add_worker("victim")
         with stack.client(stack.keys.alice) as c:
             job = (
@@ -221,7 +219,7 @@ def test_worker_killed_mid_job_is_retried_and_released_once(
 
 @pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
 def test_expm_nf_job_end_to_end_is_labelled_nominal(settings: Settings, tmp_path: Path) -> None:
-    for stack in _stack(settings, tmp_path, settings.resolved_broker_url):
+    with _stack(settings, tmp_path, settings.resolved_broker_url) as stack:
         card, release = _train_and_download(
             stack,
             {

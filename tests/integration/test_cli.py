@@ -24,41 +24,13 @@ def test_admin_workflow(settings: Any, tmp_path: Path) -> None:
     with csv.open("a") as f:
         f.write("1.0,5.0,x,yes\n11.0,0.5,y,no\n")
     assert runner.invoke(app, ["db", "upgrade"]).exit_code == 0
-    r = runner.invoke(
-        app,
-        [
-            "datasets",
-            "register",
-            "toy",
-            "--csv",
-            str(csv),
-            "--schema",
-            str(schema),
-            "--epsilon",
-            "3",
-            "--delta",
-            "1e-6",
-        ],
-    )
+    register = ["datasets", "register", "toy", "--csv", str(csv), "--schema", str(schema),
+                "--epsilon", "3", "--delta", "1e-6"]  # fmt: skip
+    r = runner.invoke(app, register)
     assert r.exit_code == 0, r.output
     assert "301 rows kept of 302 (1 rejected)" in r.output
     assert "rejected for b: 1" in r.output and "clipped in a: 1" in r.output
-    again = runner.invoke(
-        app,
-        [
-            "datasets",
-            "register",
-            "toy",
-            "--csv",
-            str(csv),
-            "--schema",
-            str(schema),
-            "--epsilon",
-            "3",
-            "--delta",
-            "1e-6",
-        ],
-    )
+    again = runner.invoke(app, register)
     assert again.exit_code == 2 and "already registered" in again.output
     r = runner.invoke(app, ["analysts", "create", "alice"])
     assert r.exit_code == 0 and r.output.strip().splitlines()[-1].startswith("enc_")

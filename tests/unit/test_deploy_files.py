@@ -41,4 +41,4 @@ def test_worker_reserves_a_gpu_and_the_image_has_a_cuda_variant() -> None:
     assert worker["build"]["args"]["VARIANT"] == "cuda"
     dockerfile = (REPO / "Dockerfile").read_text()
     assert "ARG VARIANT=cpu" in dockerfile and "base-cuda" in dockerfile
-    assert 'torch==2.13.0' in dockerfile
+    assert "torch==2.13.0" in dockerfile
