@@ -43,6 +43,7 @@ __all__ = [
     "ComposedEvent",
     "DpEvent",
     "ExponentialMechanismEvent",
+    "PmfSlackEvent",
     "PoissonSubsampledGaussianEvent",
     "PureDpEvent",
     "SelfComposedEvent",
@@ -246,6 +247,53 @@ class PoissonSubsampledGaussianEvent(DpEvent):
 
 
 @dataclass(frozen=True)
+class PmfSlackEvent(DpEvent):
+    """A correction, not a mechanism: the job's output law is within a factor e^{±τ}
+    (pointwise, on every output) of the law of the mechanism the rest of its event tree
+    describes; ``tau`` = τ (nats).
+
+    Where it comes from: noise drawn in floating point (worker/noise.py) has every pmf
+    value within a relative error η of the exact law; a d-dimensional draw is then within
+    e^{±d·(−log(1−η))}, and a job of T such draws within e^{±T·d·(−log(1−η))} = e^{±τ}.
+    Mixtures (Poisson subsampling) keep the same factor, since each component does.
+
+    RDP: if P̂ ∈ [e^{−τ}P, e^{τ}P] and Q̂ ∈ [e^{−τ}Q, e^{τ}Q] pointwise, then for α > 1
+    E_Q̂[(P̂/Q̂)^α] = Σ P̂^α Q̂^{1−α} ≤ e^{τα} e^{τ(α−1)} Σ P^α Q^{1−α}, so
+    D_α(P̂ ‖ Q̂) ≤ D_α(P ‖ Q) + τ(2α − 1)/(α − 1): the curve of this leaf, added to the
+    rest of the tree by composition. It is linear in τ, so k copies are k charges.
+    """
+
+    tau: float
+
+    TYPE: ClassVar[str] = "pmf_slack"
+    VERSION: ClassVar[int] = 1
+
+    def __post_init__(self) -> None:
+        tau = _real("tau", self.tau)
+        if tau < 0.0:
+            raise ValueError(f"tau must be >= 0, got {self.tau!r}")
+        object.__setattr__(self, "tau", tau)
+
+    @property
+    def is_pure(self) -> bool:
+        return False
+
+    def pure_epsilon(self) -> float | None:
+        return None
+
+    def _leaf_curve(self, orders: tuple[float, ...]) -> tuple[float, ...]:
+        return tuple(self.tau * (2.0 * a - 1.0) / (a - 1.0) for a in orders)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"type": self.TYPE, "version": self.VERSION, "tau": self.tau}
+
+    @classmethod
+    def _from_fields(cls, d: Mapping[str, Any], depth: int) -> DpEvent:
+        _expect_keys(d, {"tau"})
+        return cls(tau=d["tau"])
+
+
+@dataclass(frozen=True)
 class ComposedEvent(DpEvent):
     """A heterogeneous sequence of events run one after another (e.g. a decaying
     noise schedule as a list of PoissonSubsampledGaussianEvent runs). A list given
@@ -339,6 +387,7 @@ EVENT_TYPES: Final[Mapping[str, type[DpEvent]]] = {
         PureDpEvent,
         ExponentialMechanismEvent,
         PoissonSubsampledGaussianEvent,
+        PmfSlackEvent,
         ComposedEvent,
         SelfComposedEvent,
     )

@@ -16,6 +16,7 @@ from service.privacy.events import (
     ComposedEvent,
     DpEvent,
     ExponentialMechanismEvent,
+    PmfSlackEvent,
     PoissonSubsampledGaussianEvent,
     PureDpEvent,
     SelfComposedEvent,
@@ -35,6 +36,8 @@ EXAMPLES: list[DpEvent] = [
     SGM,
     PoissonSubsampledGaussianEvent(sampling_rate=1.0, noise_multiplier=3.0, steps=1),
     ComposedEvent(events=(PureDpEvent(epsilon=0.2), SGM)),
+    PmfSlackEvent(tau=1e-9),
+    ComposedEvent(events=(SGM, PmfSlackEvent(tau=3e-7))),
     ComposedEvent(events=(PureDpEvent(epsilon=0.2), ExponentialMechanismEvent(epsilon=0.4))),
     SelfComposedEvent(event=ExponentialMechanismEvent(epsilon=0.5), count=3),
     SelfComposedEvent(event=ComposedEvent(events=(SGM, PureDpEvent(epsilon=1.0))), count=2),
@@ -68,6 +71,12 @@ INVALID_FIELDS: dict[str, list[dict[str, Any]]] = {
         {"sampling_rate": 0.1, "noise_multiplier": 1.0, "steps": 2.0},
         {"sampling_rate": 0.1, "noise_multiplier": 1.0, "steps": 2.5},
         {"sampling_rate": 0.1, "noise_multiplier": 1.0, "steps": True},
+    ],
+    "pmf_slack": [
+        {"tau": -1e-9},
+        {"tau": math.inf},
+        {"tau": "0"},
+        {"tau": None},
     ],
     "composed": [
         {"events": []},
@@ -260,3 +269,24 @@ def test_curve_does_not_depend_on_grouping_or_order() -> None:
     reordered = ComposedEvent(events=(b, SelfComposedEvent(event=b, count=1), c, a))
     np.testing.assert_array_equal(flat.rdp(), regrouped.rdp())
     np.testing.assert_array_equal(flat.rdp(), reordered.rdp())
+
+
+def test_pmf_slack_curve_is_the_closed_form_bound() -> None:
+    """D_α(P̂‖Q̂) ≤ D_α(P‖Q) + τ(2α−1)/(α−1) for P̂, Q̂ within e^{±τ} of P, Q.
+
+    Checked on a worst case: P̂ = P scaled up by e^{τ} on one atom, Q̂ scaled down there
+    (both renormalised), against the exact Rényi divergences of two-point laws."""
+    tau = 0.01
+    curve = PmfSlackEvent(tau=tau).rdp(ORDERS)
+    assert np.allclose(curve, [tau * (2 * a - 1) / (a - 1) for a in ORDERS], rtol=0, atol=0)
+
+    def renyi(p: np.ndarray, q: np.ndarray, a: float) -> float:
+        return float(np.log(np.sum(p**a * q ** (1 - a))) / (a - 1))
+
+    p, q = np.array([0.3, 0.7]), np.array([0.6, 0.4])
+    for a, extra in zip(ORDERS, curve, strict=True):
+        ph = np.array([p[0] * math.exp(tau), p[1] * math.exp(-tau)])
+        qh = np.array([q[0] * math.exp(-tau), q[1] * math.exp(tau)])
+        ph, qh = ph / ph.sum(), qh / qh.sum()
+        # renormalising keeps each within e^{±2τ}; the bound at 2τ must hold
+        assert renyi(ph, qh, a) <= renyi(p, q, a) + 2 * extra + 1e-12
