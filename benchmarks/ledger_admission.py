@@ -103,7 +103,8 @@ def main() -> None:
                 s,
                 name="bench",
                 public_schema={},
-                n_rows=30000,
+                noisy_n_rows=30000,
+                count_epsilon=0.01,
                 epsilon_total=1e4,
                 delta_total=1e-5,
                 allow_nominal=True,
@@ -113,7 +114,7 @@ def main() -> None:
             s.flush()
             ds_id, a_id = ds.id, a.id
         req = JobRequest(dataset="bench", method="expm_nf", epsilon=1e-6)
-        plan = build_plan(req, n_rows=30000)
+        plan = build_plan(req, n_rows=30000, n_features=104)
 
         def admit(_: int) -> None:
             try:
@@ -170,12 +171,13 @@ def main() -> None:
                 s,
                 name="quote",
                 public_schema={},
-                n_rows=30000,
+                noisy_n_rows=30000,
+                count_epsilon=0.01,
                 epsilon_total=1e4,
                 delta_total=1e-5,
                 allow_nominal=True,
             ).id
-        have = 1
+        have = 2  # the registration entry and the noisy-count charge
         for n in target:
             if have < n:
                 batch = [

@@ -72,8 +72,19 @@ def datasets_register(
     epsilon: Annotated[float, typer.Option(min=0.0, help="ε_total in nats.")],
     delta: Annotated[float, typer.Option(min=0.0, max=0.999, help="δ_total (0: pure-DP only).")],
     allow_nominal: Annotated[bool, typer.Option(help="Allow methods with a nominal ε.")] = False,
+    count_epsilon: Annotated[
+        float | None,
+        typer.Option(
+            min=0.0,
+            help=(
+                "ε (nats) of the DP noisy row count released at registration and charged to "
+                "the budget; default: 1% of ε_total, at most 0.1."
+            ),
+        ),
+    ] = None,
 ) -> None:
-    """Register a dataset: validate its rows against the public schema and set its budget."""
+    """Register a dataset: validate its rows against the public schema, set its budget and
+    release a DP noisy row count (the only row count anyone outside the enclave sees)."""
     from worker.registration import RegistrationError, register_dataset
 
     parsed = load_schema_yaml(schema.read_text())
@@ -88,13 +99,19 @@ def datasets_register(
             epsilon_total=epsilon,
             delta_total=delta,
             allow_nominal=allow_nominal,
+            count_epsilon=count_epsilon,
         )
     except RegistrationError as exc:
         console.print(f"[red]refused:[/red] {exc}")
         raise typer.Exit(2) from exc
     r = reg.report
     console.print(
-        f"registered {name}: {reg.n_rows} rows kept of {r.rows_in} ({r.rows_rejected} rejected)"
+        f"registered {name}: {r.rows_kept} rows kept of {r.rows_in} ({r.rows_rejected} rejected)"
+        " (exact counts: shown here, inside the enclave, only)"
+    )
+    console.print(
+        f"public row count: {reg.noisy_n_rows} (DP noisy count, ε = {reg.count_epsilon:g}, "
+        "charged to the dataset's budget; plans use only this)"
     )
     for col, n in r.rejected_by_column.items():
         console.print(f"  rejected for {col}: {n}")
@@ -118,7 +135,14 @@ def datasets_budget(name: str, epsilon: float, delta: float) -> None:
 @datasets_app.command("list")
 def datasets_list() -> None:
     table = Table(
-        "name", "rows", "rule", "ε_total", "δ_total", "Σε charged", "remaining ε", "nominal ok"
+        "name",
+        "public rows (noisy)",
+        "rule",
+        "ε_total",
+        "δ_total",
+        "Σε charged",
+        "remaining ε",
+        "nominal ok",
     )
     with transaction(_engine()) as s:
         for ds in s.scalars(select(Dataset).order_by(Dataset.name)):

@@ -73,7 +73,8 @@ def run_demo(*, epsilon: float, epochs: int, keep: bool, console: Console) -> No
         ds = analyst.get("/v1/datasets").raise_for_status().json()[0]
         budget = ds["budget"]
         console.print(
-            f"dataset {ds['name']}: {ds['n_rows']} rows (public count), "
+            f"dataset {ds['name']}: {ds['n_rows']} rows (public DP noisy count, "
+            f"ε = {ds['count_epsilon']:g} charged at registration), "
             f"{len(ds['public_schema']['columns'])} columns, budget ε={budget['epsilon_total']}, "
             f"δ={budget['delta_total']} ({budget['rule']} rule)"
         )

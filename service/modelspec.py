@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from itertools import pairwise
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -34,3 +35,19 @@ class GrudSpec(_Spec):
 
 
 ModelSpec = Annotated[LogisticSpec | MlpSpec | GrudSpec, Field(discriminator="kind")]
+
+
+def parameter_count(spec: ModelSpec, n_features: int) -> int:
+    """Number of trainable parameters of the target model (public: spec and schema only).
+
+    Logistic: n_features + 1. MLP: Σ (fan_in + 1)·fan_out over its layers, sigmoid head of
+    width 1. GRU-D: not counted here (no DP-SGD path yet); raises ValueError.
+    """
+    if n_features < 1:
+        raise ValueError(f"n_features must be >= 1, got {n_features}")
+    if isinstance(spec, LogisticSpec):
+        return n_features + 1
+    if isinstance(spec, MlpSpec):
+        widths = [n_features, *spec.hidden, 1]
+        return sum((a + 1) * b for a, b in pairwise(widths))
+    raise ValueError(f"no parameter count for model kind {spec.kind!r}")

@@ -7,16 +7,21 @@ job whose stored plan differs from the recomputed one ("a plan it cannot reprodu
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
+from service.dataschema import parse_schema
+from service.modelspec import parameter_count
 from service.privacy.calibrate import calibrate_noise_multiplier
 from service.privacy.events import (
+    ComposedEvent,
     DpEvent,
     ExponentialMechanismEvent,
     PoissonSubsampledGaussianEvent,
     SelfComposedEvent,
 )
 from service.privacy.orders import ORDERS
+from service.privacy.sampling import GRID_BITS, noise_slack
 from service.schemas import DpsgdOptions, ExpmNfOptions, Guarantee, JobRequest, PrivacyPlan
 
 
@@ -28,56 +33,108 @@ def _repeat(event: DpEvent, k: int) -> DpEvent:
     return event if k == 1 else SelfComposedEvent(event=event, count=k)
 
 
-def dpsgd_schedule(*, n_rows: int, options: DpsgdOptions) -> tuple[float, int, int]:
-    """(sampling rate q, steps per epoch, total steps) exactly as Opacus's Poisson loader runs.
+@dataclass(frozen=True)
+class DpsgdSchedule:
+    """What DP-SGD's accounting depends on, from public values only.
 
-    Opacus uses q = 1/len(loader) with len(loader) = ceil(n / batch_size).
+    ``n_public`` is the dataset's public row count (a DP noisy count released at
+    registration, see worker/registration.py), never the number of rows the worker loads.
+    Each row is included in a step independently with probability
+    q = batch_size / n_public (so ``batch_size`` is the *expected* batch), for
+    T = epochs · ⌈n_public / batch_size⌉ steps. The worker's own Poisson sampler runs
+    exactly this q (rounded down to a multiple of 2^−53) and exactly T steps, for any
+    batch size, so no admitted plan can fail for a schedule mismatch.
     """
+
+    sampling_rate: float
+    steps_per_epoch: int
+    steps: int
+
+
+def dpsgd_schedule(*, n_rows: int, options: DpsgdOptions) -> DpsgdSchedule:
+    """The public schedule (raises :class:`PlanError` when batch_size exceeds the count)."""
     if options.batch_size > n_rows:
-        raise PlanError(f"batch_size {options.batch_size} exceeds the dataset's {n_rows} rows")
+        raise PlanError(
+            f"batch_size {options.batch_size} exceeds the dataset's public row count {n_rows}"
+        )
     steps_per_epoch = math.ceil(n_rows / options.batch_size)
-    return 1.0 / steps_per_epoch, steps_per_epoch, steps_per_epoch * options.epochs
+    return DpsgdSchedule(
+        sampling_rate=options.batch_size / n_rows,
+        steps_per_epoch=steps_per_epoch,
+        steps=steps_per_epoch * options.epochs,
+    )
 
 
-def _dpsgd_plan(request: JobRequest, *, n_rows: int) -> tuple[DpEvent, dict[str, Any], str]:
+def _dpsgd_plan(
+    request: JobRequest, *, n_rows: int, n_features: int
+) -> tuple[DpEvent, dict[str, Any], str]:
     options = request.dpsgd or DpsgdOptions()
     if request.delta <= 0:
         raise PlanError("dpsgd needs delta > 0 (it is an approximate-DP mechanism)")
-    q, steps_per_epoch, steps = dpsgd_schedule(n_rows=n_rows, options=options)
+    schedule = dpsgd_schedule(n_rows=n_rows, options=options)
+    try:
+        parameters = parameter_count(request.model, n_features)
+    except ValueError as exc:
+        raise PlanError(str(exc)) from exc
+    # One noise coordinate per parameter per step; the floating-point gap of the
+    # integer-noise sampler is charged, not ignored (service/privacy/sampling.py).
+    slack = noise_slack(draws=parameters * schedule.steps)
+    # Calibrate the Gaussian part so that it plus the slack stays within (ε, δ):
+    # RDP: the slack adds τ(2α−1)/(α−1) ≤ 12τ at every calibration order (α ≥ 1.1);
+    # PLD: pointwise e^{±τ} closeness turns (ε', δ') into (ε' + 2τ, δ'·e^{τ}).
     try:
         sigma = calibrate_noise_multiplier(
-            sampling_rate=q,
-            steps=steps,
-            epsilon=request.epsilon,
-            delta=request.delta,
+            sampling_rate=schedule.sampling_rate,
+            steps=schedule.steps,
+            epsilon=request.epsilon - 12.0 * slack.tau,
+            delta=request.delta * math.exp(-slack.tau),
             accountant=options.accountant,
         )
     except ValueError as exc:
         raise PlanError(f"cannot calibrate DP-SGD noise: {exc}") from exc
-    event = PoissonSubsampledGaussianEvent(sampling_rate=q, noise_multiplier=sigma, steps=steps)
+    gaussian = PoissonSubsampledGaussianEvent(
+        sampling_rate=schedule.sampling_rate, noise_multiplier=sigma, steps=schedule.steps
+    )
     mechanism = {
         **options.model_dump(),
-        "sampling_rate": q,
-        "steps_per_epoch": steps_per_epoch,
-        "steps": steps,
+        "public_n_rows": n_rows,
+        "expected_batch_size": float(options.batch_size),  # = q·n̂ by construction
+        "sampling_rate": schedule.sampling_rate,
+        "steps_per_epoch": schedule.steps_per_epoch,
+        "steps": schedule.steps,
         "noise_multiplier": sigma,
+        "parameters": parameters,
+        "grid_bits": GRID_BITS,
+        "noise": "rounded Gaussian on the grid C·2^-grid_bits, exact integer sum",
     }
-    return event, mechanism, options.accountant
+    return ComposedEvent(events=(gaussian, slack)), mechanism, options.accountant
 
 
 def _expm_plan(request: JobRequest) -> tuple[DpEvent, dict[str, Any], str]:
     options = request.expm_nf or ExpmNfOptions()
     if request.delta != 0:
         raise PlanError("expm_nf is a pure ε-DP mechanism: send delta = 0")
-    # Sensitivity 1 of u = −Σ(ŷ−y)² − λ·r(θ) holds because every target model ends in a
-    # sigmoid (ŷ ∈ [0, 1]) and targets are encoded in {0, 1}; the regulariser does not
-    # depend on the data (Bridges, Tombs, Stanley: ExpM+NF).
-    mechanism = {**options.model_dump(), "epsilon": request.epsilon, "sensitivity": 1.0}
+    # u = −Σ(ŷ−y)² − λ‖θ‖² with ŷ = sigmoid(·) ∈ [0,1], y ∈ [0,1]: adding or removing one
+    # row changes u by a(θ) ∈ [0,1], always with the same sign (monotone), so a density
+    # ∝ exp(ε·u/s), s = 1, is ε-DP and ε-bounded-range under add/remove (proof:
+    # worker/mechanisms/expm_nf.py; McSherry & Talwar 2007). Not valid under replace-one.
+    mechanism = {
+        **options.model_dump(),
+        "epsilon": request.epsilon,
+        "sensitivity": 1.0,
+        "calibration": "monotone",
+    }
     return ExponentialMechanismEvent(epsilon=request.epsilon), mechanism, "pure-composition"
 
 
-def build_plan(request: JobRequest, *, n_rows: int, dataset_kind: str = "tabular") -> PrivacyPlan:
-    """Turn a validated request into its privacy plan (raises :class:`PlanError`)."""
+def build_plan(
+    request: JobRequest, *, n_rows: int, n_features: int, dataset_kind: str = "tabular"
+) -> PrivacyPlan:
+    """Turn a validated request into its privacy plan (raises :class:`PlanError`).
+
+    Public inputs only: ``n_rows`` is the dataset's public (DP noisy) row count,
+    ``n_features`` the encoded width its public schema implies, ``dataset_kind`` its kind.
+    """
     if n_rows < 1:
         raise PlanError("the dataset has no rows")
     if (request.model.kind == "grud") != (dataset_kind == "timeseries"):
@@ -91,7 +148,7 @@ def build_plan(request: JobRequest, *, n_rows: int, dataset_kind: str = "tabular
             raise PlanError("expm_nf options given for method dpsgd")
         if request.model.kind == "grud":
             raise PlanError("dpsgd does not support the grud model yet")
-        one, mechanism, accountant = _dpsgd_plan(request, n_rows=n_rows)
+        one, mechanism, accountant = _dpsgd_plan(request, n_rows=n_rows, n_features=n_features)
         guarantee = "proven"
     else:
         if request.dpsgd is not None:
@@ -117,3 +174,14 @@ def build_plan(request: JobRequest, *, n_rows: int, dataset_kind: str = "tabular
         rdp_curve=[float(v) for v in curve],
         mechanism=mechanism,
     )
+
+
+def plan_for_dataset(
+    request: JobRequest, *, n_rows: int, public_schema: dict[str, Any]
+) -> PrivacyPlan:
+    """:func:`build_plan` with the public facts read off a registered dataset: its public
+    row count and its public schema (kind, encoded width). The API (quote, admission) and
+    the worker (re-derivation before it reads data) both call this."""
+    kind = str(public_schema.get("kind", "tabular"))
+    n_features = parse_schema(public_schema).n_features if kind == "tabular" else 0
+    return build_plan(request, n_rows=n_rows, n_features=n_features, dataset_kind=kind)

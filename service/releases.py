@@ -19,14 +19,47 @@ from service.dataschema import TabularSchema, encode, parse_schema, validate_fra
 
 NOMINAL_STATEMENT = (
     "NOMINAL guarantee: this model was sampled through a normalizing flow trained to "
-    "approximate the exponential mechanism's density. The exponential mechanism itself is "
-    "ε-DP, but the flow only approximates it and no proof covers the gap, so the stated ε "
+    "approximate the exponential mechanism's density. The exponential mechanism itself "
+    "(density ∝ exp(ε·u), a utility monotone in the data) is ε-DP under add/remove one "
+    "row, but the flow only approximates it and no proof covers the gap, so the stated ε "
     "is nominal, not proven."
 )
 PROVEN_STATEMENT = (
     "PROVEN guarantee: the training run is (ε, δ)-differentially private under the named "
-    "accountant, for the plan's exact noise multiplier, sampling rate and number of steps."
+    "accountant, for the plan's exact noise multiplier, sampling rate and number of steps, "
+    "with add/remove-one-row neighbours and only the public values listed in the card "
+    "treated as public."
 )
+NEIGHBOURING_RELATION = (
+    "add/remove one row: datasets D and D' are neighbours when one is the other plus one "
+    "row. Every charge of the ledger, and this release's (ε, δ), is for this relation."
+)
+
+
+def public_values(*, n_rows: int, count_epsilon: float | None, method: str) -> dict[str, str]:
+    """What the mechanism may depend on besides the private rows, in words (model cards,
+    API). ``count_epsilon`` None marks a dataset whose exact row count was published."""
+    if count_epsilon is None:
+        count = (
+            f"{n_rows}: the exact row count, published when the dataset was registered "
+            "(before noisy counts); the guarantee treats it as public"
+        )
+    else:
+        count = (
+            f"{n_rows}: a DP noisy count (two-sided geometric noise, ε = {count_epsilon:g}) "
+            "released at registration and charged to the dataset's budget"
+        )
+    uses = (
+        "q = batch_size / row count and the expected batch q·row count"
+        if method == "dpsgd"
+        else "nothing (the exponential mechanism does not use it)"
+    )
+    return {
+        "public_schema": "declared by the admin: columns, bounds, levels, target encoding",
+        "row_count": count,
+        "row_count_used_for": uses,
+        "plan": "the request and every value under `mechanism` and `event`",
+    }
 
 
 @dataclass(frozen=True)

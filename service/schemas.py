@@ -24,11 +24,14 @@ class _Out(BaseModel):
 
 
 class DpsgdOptions(_In):
-    """DP-SGD (Abadi et al. 2016) with Poisson sampling, as implemented by Opacus.
+    """DP-SGD (Abadi et al. 2016) with Poisson sampling, per-example clipping and Gaussian
+    noise, run by the enclave's own sampler and integer-noise stage.
 
-    The sampling rate is 1/ceil(n/batch_size) and the number of steps
-    epochs·ceil(n/batch_size), where n is the dataset's public row count; the noise
-    multiplier is calibrated so the whole run is (ε, δ)-DP under the chosen accountant.
+    With n̂ the dataset's public row count (a DP noisy count), each row is included in a
+    step independently with probability q = batch_size/n̂ (batch_size is the *expected*
+    batch), for T = epochs·⌈n̂/batch_size⌉ steps; the noise multiplier is calibrated so the
+    whole run is (ε, δ)-DP under add/remove-one neighbours with the chosen accountant.
+    Every batch size up to n̂ runs exactly as planned.
     """
 
     epochs: int = Field(default=3, ge=1, le=100)
@@ -42,7 +45,10 @@ class ExpmNfOptions(_In):
     """The exponential mechanism sampled through a normalizing flow (nominal ε).
 
     These knobs shape only the sampler, not the mechanism's ε: the target density is
-    exp(ε·u(θ)/2) with u = −Σ(ŷ − y)² − l2·‖θ‖² (sensitivity 1).
+    exp(ε·u(θ)) with u = −Σ(ŷ − y)² − l2·‖θ‖² (sensitivity 1; the utility is monotone in
+    the data set, so the McSherry–Talwar calibration without the factor 1/2 is ε-DP under
+    add/remove-one). l2 must be > 0: without it the density over unbounded parameters does
+    not normalise and the ε would describe no mechanism.
     """
 
     flow: Literal["planar", "sylvester"] = "planar"
@@ -52,7 +58,12 @@ class ExpmNfOptions(_In):
     batch_size: int = Field(default=1024, ge=1, le=1_000_000)
     learning_rate: float = Field(default=0.02, gt=0, le=10)
     base_std: float = Field(default=1.0, gt=0, le=100)
-    l2: float = Field(default=1.0, ge=0, le=1e6)
+    l2: float = Field(
+        default=1.0,
+        gt=0,
+        le=1e6,
+        description="Regulariser weight λ > 0 (the target must normalise over unbounded θ).",
+    )
 
 
 class JobRequest(_In):
@@ -82,7 +93,7 @@ class PrivacyPlan(BaseModel):
     version: Literal[1] = 1
     method: Method
     dataset: str
-    n_rows: int
+    n_rows: int = Field(description="The dataset's public (DP noisy) row count the plan used.")
     model: dict[str, Any]
     epsilon: float = Field(description="ε of the whole job (all released models), nats.")
     delta: float = Field(description="δ of the whole job.")
@@ -96,23 +107,70 @@ class PrivacyPlan(BaseModel):
 
 
 class BudgetView(BaseModel):
-    """One privacy filter (the dataset's, or the analyst's cap) as the caller may see it."""
+    """One privacy filter (the dataset's, or the analyst's cap) as the caller may see it.
+
+    ε in nats, δ a probability. The figures and why they differ from ε_total are argued
+    in :mod:`service.privacy.filters` (module docstring: "spent", "remaining").
+    """
 
     scope: Literal["dataset", "analyst"]
     rule: Literal["pure", "rdp"] = Field(
         description="pure: basic composition Σε ≤ ε_total. rdp: Rényi filter over a fixed grid."
     )
-    epsilon_total: float
-    delta_total: float
-    spent_epsilon_sum: float = Field(description="Naive sum of charged ε (information).")
+    epsilon_total: float = Field(description="The budget's ε (nats): the guarantee it enforces.")
+    delta_total: float = Field(description="The budget's δ.")
+    spent_epsilon_sum: float = Field(
+        description=(
+            "Naive sum of the ε of the charges in force. For rule 'pure' it is what admission "
+            "compares with epsilon_total; for rule 'rdp' it is information only (usually far "
+            "above what the Rényi filter counts)."
+        )
+    )
+    epsilon_spent: float = Field(
+        description=(
+            "The smallest budget ε (at delta_total) whose filter would have admitted every "
+            "charge in force: rule 'pure': Σε; rule 'rdp': min over the orders α of the RDP "
+            "→ (ε, δ) conversion of the spent RDP at δ_total/|orders|, the split admission "
+            "uses. Valid under adaptive choice in the sense that a ledger given this budget "
+            "from the start would have run the same jobs; the guarantee stays epsilon_total."
+        )
+    )
     remaining_epsilon: float = Field(
-        description="Largest ε of a further pure ε-DP request that this filter would admit."
+        description=(
+            "The largest ε of ONE further pure ε-DP request this filter would still admit "
+            "(rule 'rdp': charged with the randomized-response RDP curve). Several smaller "
+            "requests may add up to more. Under rule 'rdp' it is below epsilon_total even "
+            "before any charge (about 0.032 below at δ_total = 1e-5: δ_total is split over "
+            "the grid of orders, and the RDP → (ε, δ) conversion has its own cost)."
+        )
+    )
+    guarantee: Guarantee | None = Field(
+        default=None,
+        description=(
+            "Dataset scope: 'nominal' once a job whose guarantee is nominal (ExpM sampled "
+            "through a normalizing flow) has read the dataset's rows: from then on no proof "
+            "covers the dataset's releases as a whole, whatever the budget says; 'proven' "
+            "otherwise. Null where not computed (analyst caps, quotes, budget updates)."
+        ),
     )
 
 
 class DatasetPublic(_Out):
     name: str
-    n_rows: int
+    n_rows: int = Field(
+        description=(
+            "The public row count: a DP noisy count released at registration (two-sided "
+            "geometric noise with ε = count_epsilon, charged to the dataset's budget). Plans "
+            "use only this value; the exact count is never published."
+        )
+    )
+    count_epsilon: float | None = Field(
+        default=None,
+        description=(
+            "ε (nats) spent on the noisy row count; null for a dataset registered before "
+            "noisy counts, whose n_rows is exact and treated as public."
+        ),
+    )
     public_schema: dict[str, Any]
     allow_nominal: bool
     budget: BudgetView
@@ -179,8 +237,10 @@ class RefundRequest(_In):
     override: bool = Field(
         default=False,
         description=(
-            "Required to refund a job that had already read private rows. Such a refund is an "
-            "explicit admin decision outside the ledger's DP guarantee, and is recorded so."
+            "Required to record a refund of a job that had already read private rows. Such a "
+            "refund is information only: it is written to the ledger with the reason but "
+            "returns no budget, because the job's output (even a failure) depended on the "
+            "data. Jobs that never read a private row are refunded for real without it."
         ),
     )
 

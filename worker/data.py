@@ -8,6 +8,7 @@ the public row count.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -48,16 +49,29 @@ def store_rows(data_dir: Path, schema: TabularSchema, frame: pd.DataFrame) -> Pa
 
 
 def load_training_set(
-    data_dir: Path, public_schema: dict, device: torch.device
+    data_dir: Path,
+    public_schema: dict,
+    device: torch.device,
+    *,
+    before_first_read: Callable[[], None],
 ) -> TabularTrainingSet:
-    """Load a registered dataset's validated rows and encode them by the public schema."""
+    """Load a registered dataset's validated rows and encode them by the public schema.
+
+    ``before_first_read`` runs after the private file was opened and before its first byte
+    is read: the runner marks the job as having touched data there, so a failure before
+    (no such file, no permission) leaves a job whose charge can be refunded without an
+    override, and nothing is read unless the mark succeeded (it raises otherwise).
+    """
     schema = parse_schema(public_schema)
-    raw = pd.read_csv(
-        dataset_dir(data_dir, schema.name) / ROWS_FILE,
-        dtype=str,
-        keep_default_na=False,
-        na_values=[""],
-    )
+    with (dataset_dir(data_dir, schema.name) / ROWS_FILE).open("rb") as fh:
+        before_first_read()
+        raw = pd.read_csv(
+            fh,
+            compression="gzip",
+            dtype=str,
+            keep_default_na=False,
+            na_values=[""],
+        )
     frame, _ = validate_frame(schema, raw)
     table = encode(schema, frame)
     x = torch.as_tensor(table.x, dtype=torch.float32, device=device)

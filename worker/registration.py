@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -10,9 +11,11 @@ from sqlalchemy import Engine, select
 from service.config import Settings
 from service.dataschema import TabularSchema, ValidationReport
 from service.db import transaction
-from service.ledger.admission import new_dataset
+from service.ledger.admission import count_refusal, new_dataset
 from service.ledger.tables import Dataset
+from service.privacy.sampling import default_count_epsilon
 from worker.data import prepare_csv, store_rows
+from worker.noise import discrete_laplace, secure_rng
 
 
 class RegistrationError(ValueError):
@@ -21,10 +24,21 @@ class RegistrationError(ValueError):
 
 @dataclass(frozen=True)
 class Registered:
+    """What the admin is told inside the enclave. ``noisy_n_rows`` is the released count
+    (public from now on); the exact counts are in ``report`` and go nowhere else."""
+
     name: str
-    n_rows: int
+    noisy_n_rows: int
+    count_epsilon: float
     report: ValidationReport
     path: Path
+
+
+def noisy_count(n: int, *, epsilon: float) -> int:
+    """n + two-sided geometric noise of scale 1/ε, floored at 1 (post-processing): ε-DP for
+    a count under add/remove-one (Ghosh, Roughgarden & Sundararajan 2009)."""
+    noise = int(discrete_laplace(secure_rng(), scale=1.0 / epsilon, size=1)[0])
+    return max(1, n + noise)
 
 
 def register_dataset(
@@ -36,10 +50,22 @@ def register_dataset(
     epsilon_total: float,
     delta_total: float,
     allow_nominal: bool = False,
+    count_epsilon: float | None = None,
 ) -> Registered:
-    """Validate the rows against the public schema, store them on the private volume and
-    create the dataset's budget in the ledger. The admin is told how many rows were
-    rejected or clipped (inside the enclave only)."""
+    """Validate the rows against the public schema, store them on the private volume,
+    create the dataset's budget in the ledger and release a DP noisy row count, charged to
+    that budget (``count_epsilon``, default :func:`default_count_epsilon`). Plans use only
+    the noisy count, so the accounting's add/remove-one relation holds with nothing
+    about the row count published exactly. The admin is told how many rows were rejected
+    or clipped (inside the enclave only)."""
+    eps_count = default_count_epsilon(epsilon_total) if count_epsilon is None else count_epsilon
+    if not (math.isfinite(eps_count) and eps_count > 0):
+        raise RegistrationError(f"the row count's ε must be > 0, got {eps_count!r}")
+    refused = count_refusal(
+        epsilon_total=epsilon_total, delta_total=delta_total, count_epsilon=eps_count
+    )
+    if refused:
+        raise RegistrationError(f"the budget cannot pay for the noisy row count: {refused}")
     with transaction(engine) as s:
         if s.scalars(select(Dataset).where(Dataset.name == schema.name)).first():
             raise RegistrationError(f"a dataset named {schema.name!r} is already registered")
@@ -47,14 +73,16 @@ def register_dataset(
     if prepared.report.rows_kept == 0:
         raise RegistrationError("no row passed validation")
     path = store_rows(settings.resolved_data_dir, schema, prepared.frame)
+    released = noisy_count(prepared.report.rows_kept, epsilon=eps_count)
     with transaction(engine) as s:
         new_dataset(
             s,
             name=schema.name,
             public_schema=schema.model_dump(mode="json"),
-            n_rows=prepared.report.rows_kept,
+            noisy_n_rows=released,
+            count_epsilon=eps_count,
             epsilon_total=epsilon_total,
             delta_total=delta_total,
             allow_nominal=allow_nominal,
         )
-    return Registered(schema.name, prepared.report.rows_kept, prepared.report, path)
+    return Registered(schema.name, released, eps_count, prepared.report, path)

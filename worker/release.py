@@ -11,9 +11,11 @@ from safetensors.torch import load as load_safetensors_torch
 from safetensors.torch import save as save_safetensors
 
 from service.releases import (
+    NEIGHBOURING_RELATION,
     NOMINAL_STATEMENT,
     PROVEN_STATEMENT,
     ReleasePaths,
+    public_values,
     release_paths,
     sha256_bytes,
 )
@@ -26,10 +28,13 @@ def model_card(
     run_token: str,
     plan: PrivacyPlan,
     public_schema: dict[str, Any],
-    charge_entry_id: int | None,
+    count_epsilon: float | None,
     weights_sha256: str,
     samples: int,
 ) -> dict[str, Any]:
+    """The card states the guarantee, the neighbouring relation it is for, and the public
+    values the mechanism was allowed to depend on. Nothing in it counts other people's
+    activity (no global ledger ids or sequence numbers): only this job's own values."""
     return {
         "card_version": 1,
         "job_id": job_id,
@@ -56,7 +61,10 @@ def model_card(
             "accountant": plan.accountant,
             "guarantee": plan.guarantee,
             "statement": NOMINAL_STATEMENT if plan.guarantee == "nominal" else PROVEN_STATEMENT,
-            "ledger_charge_entry_id": charge_entry_id,
+            "neighbouring_relation": NEIGHBOURING_RELATION,
+            "public_values": public_values(
+                n_rows=plan.n_rows, count_epsilon=count_epsilon, method=plan.method
+            ),
             "event": plan.event,
         },
         "weights_sha256": weights_sha256,

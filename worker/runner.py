@@ -4,8 +4,10 @@
    fresh heartbeat; give up after `max_attempts`; otherwise take a new run token.
 2. Recompute the plan from the stored request and public metadata; refuse a plan that
    cannot be reproduced (before any private row is read).
-3. Mark `data_touched`, load the rows, run the mechanism. A heartbeat thread reports
-   data-independent progress (step k of T) and notices when another worker took over.
+3. Open the private rows, mark `data_touched` just before the first read (a failure
+   before that, e.g. a missing data file, leaves the charge refundable), run the
+   mechanism. A heartbeat thread reports data-independent progress (step k of T) and
+   notices when another worker took over.
 4. Write the release files under the run token, then in one transaction release the job
    only if it is still ours and still running: a duplicate run is never released.
 
@@ -32,7 +34,8 @@ from service.jobs import as_utc
 from service.ledger.admission import lock_job, record_release
 from service.ledger.tables import Dataset, Job, JobStatus, Release
 from service.modelspec import ModelSpec
-from service.plans import PlanError, build_plan
+from service.plans import PlanError, plan_for_dataset
+from service.privacy.amounts import from_micro
 from service.schemas import JobRequest, PrivacyPlan
 from worker.data import load_training_set
 from worker.device import resolve_device
@@ -92,6 +95,23 @@ def _finish_failed(engine: Engine, job_id: str, token: str, message: str) -> Non
             job.status = JobStatus.failed
             job.error = message
             job.finished_at = datetime.now(UTC)
+
+
+def _mark_data_touched(engine: Engine, job_id: str, token: str) -> None:
+    """Record, before the first private row is read, that this job reads private data.
+
+    From here on the job is a round of the ledger's filter (service/privacy/filters.py):
+    its charge can no longer be refunded for real. Raises Superseded (and nothing is
+    read) if the job is no longer this run's.
+    """
+    with transaction(engine) as s:
+        res = s.execute(
+            update(Job)
+            .where(Job.id == job_id, Job.run_token == token, Job.status == JobStatus.running)
+            .values(data_touched=True)
+        )
+        if res.rowcount == 0:  # type: ignore[attr-defined]
+            raise Superseded(job_id)
 
 
 class Heartbeat:
@@ -183,24 +203,23 @@ def execute_job(job_id: str, settings: Settings | None = None) -> Outcome:
     try:
         request = JobRequest.model_validate(job.request)
         stored = PrivacyPlan.model_validate(job.plan)
-        plan = build_plan(
-            request, n_rows=ds.n_rows, dataset_kind=str(ds.public_schema.get("kind", "tabular"))
-        )
+        plan = plan_for_dataset(request, n_rows=ds.n_rows, public_schema=ds.public_schema)
         if plan != stored:
             raise PlanError("stored plan differs from the recomputed plan")
     except Exception:
         log.exception("job %s: plan check failed", job_id)
         _finish_failed(engine, job_id, token, PLAN_FAILURE)
         return Outcome.failed
-    with transaction(engine) as s:
-        s.execute(
-            update(Job).where(Job.id == job_id, Job.run_token == token).values(data_touched=True)
-        )
     interval = max(0.2, min(5.0, settings.heartbeat_timeout_s / 4))
     try:
         with Heartbeat(engine, job_id, token, interval) as hb:
             device = resolve_device(settings.device)
-            data = load_training_set(settings.resolved_data_dir, ds.public_schema, device)
+            data = load_training_set(
+                settings.resolved_data_dir,
+                ds.public_schema,
+                device,
+                before_first_read=lambda: _mark_data_touched(engine, job_id, token),
+            )
             output = run_mechanism(
                 plan=plan, spec=request.model, data=data, device=device, progress=hb.progress
             )
@@ -212,7 +231,9 @@ def execute_job(job_id: str, settings: Settings | None = None) -> Outcome:
             run_token=token,
             plan=plan,
             public_schema=ds.public_schema,
-            charge_entry_id=job.charge_entry_id,
+            count_epsilon=(
+                None if ds.count_epsilon_micro is None else from_micro(ds.count_epsilon_micro)
+            ),
             weights_sha256=digest,
             samples=len(output.releases),
         )

@@ -1,6 +1,8 @@
 """The admin dashboard: budgets, what each composition rule says, jobs and the ledger.
 
 Sign-in exchanges an admin API key for an HttpOnly, SameSite=Strict cookie holding it.
+Every figure comes from the same query functions as the API (service.ledger.accounting);
+what each one means, and which are valid, is said on the page next to it.
 """
 
 from __future__ import annotations
@@ -14,11 +16,10 @@ from fastapi.templating import Jinja2Templates
 from sqlalchemy import select
 
 from service.api.deps import EngineDep
-from service.api.routes.admin import ledger as ledger_entries
 from service.auth import hash_api_key
 from service.db import transaction
 from service.jobs import job_public
-from service.ledger.accounting import accounting_summary
+from service.ledger.accounting import accounting_summary, latest_ledger_entries
 from service.ledger.audit import check_totals, verify_all
 from service.ledger.tables import Analyst, Dataset, Job, Role
 
@@ -63,9 +64,7 @@ def index(
         verified = all(r.ok for r in verify_all(s)) and not check_totals(s)
         rows = {ds.name: ds.n_rows for ds in datasets}
         nominal = {ds.name: ds.allow_nominal for ds in datasets}
-    from service.api.deps import Caller
-
-    entries = ledger_entries(Caller(admin.id, admin.name, Role.admin), engine, None, 0, 1000)[-50:]
+        entries = latest_ledger_entries(s, limit=50)
     return templates.TemplateResponse(
         request,
         "index.html",
@@ -73,7 +72,7 @@ def index(
             "admin": admin.name,
             "accounting": accounting,
             "jobs": jobs,
-            "entries": entries[::-1],
+            "entries": entries,
             "verified": verified,
             "rows": rows,
             "nominal": nominal,

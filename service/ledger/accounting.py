@@ -1,77 +1,170 @@
-"""Information for the admin: what each composition rule says about a dataset's spending."""
+"""Information for the admin: what each composition rule says about a dataset's spending,
+and the dataset's guarantee label. Plain query functions shared by the API and the dashboard.
+
+Which figures are valid is argued in :mod:`service.privacy.filters`: admission uses only
+the dataset's rule; ``epsilon_spent`` is the smallest budget whose filter would have
+admitted everything charged so far (valid under adaptive choice in that sense); the PLD
+figure composes the same events as if they had been fixed in advance and is information
+only.
+"""
 
 from __future__ import annotations
 
 from decimal import Decimal
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from service.ledger.admission import dataset_filter
-from service.ledger.tables import Dataset, EntryKind, LedgerEntry
+from service.ledger.admission import charges_in_force, dataset_filter
+from service.ledger.tables import Dataset, EntryKind, Job, LedgerEntry
 from service.privacy.amounts import from_micro
 from service.privacy.calibrate import pld_epsilon
 from service.privacy.events import DpEvent, event_from_json
-from service.privacy.orders import ORDERS
-from service.privacy.rdp import epsilon_from_rdp
+from service.schemas import Guarantee, LedgerEntryPublic
 
 
 class AccountingSummary(BaseModel):
+    """What each composition rule says about one dataset. ε in nats, δ a probability."""
+
     dataset: str
-    rule: str
+    rule: str = Field(description="The admission rule: 'pure' (Σε ≤ ε_total) or 'rdp'.")
     epsilon_total: float
     delta_total: float
-    charges_in_force: int
-    naive_epsilon_sum: float
-    rdp_epsilon: float | None
-    pld_epsilon: float | None
-    remaining_epsilon: float
+    guarantee: Guarantee = Field(
+        description=(
+            "'nominal' once a job with a nominal guarantee (ExpM sampled through a "
+            "normalizing flow) has read the dataset's rows: no proof then covers the "
+            "dataset's releases as a whole; 'proven' otherwise."
+        )
+    )
+    charges_in_force: int = Field(
+        description=(
+            "Charge entries the filter still holds: every charge except those of jobs "
+            "refunded for real (jobs that never read a private row). Includes the noisy row "
+            "count charged at registration and charges kept by information-only refunds."
+        )
+    )
+    naive_epsilon_sum: float = Field(
+        description="Σε of the charges in force: the rule for 'pure', information for 'rdp'."
+    )
+    epsilon_spent: float = Field(
+        description=(
+            "The smallest ε such that a budget (ε, δ_total) would have admitted every charge "
+            "in force. 'rdp': min over the orders of the RDP → (ε, δ) conversion of the spent "
+            "RDP at δ_total/|orders| (the union bound admission pays; the conversion at the "
+            "full δ_total with the order picked afterwards is not justified under adaptive "
+            "choice). 'pure': Σε. Valid under adaptive choice in the sense that a ledger "
+            "given this budget from the start would have run the same jobs; the guarantee "
+            "the ledger enforces stays (ε_total, δ_total)."
+        )
+    )
+    pld_epsilon: float | None = Field(
+        description=(
+            "PLD composition of the same events at δ_total, as if they had been chosen in "
+            "advance. INFORMATION ONLY: not proven valid when analysts choose requests "
+            "adaptively, never used to admit, and it may be tighter or looser than "
+            "epsilon_spent (pure and ExpM events enter as randomized response, without the "
+            "bounded-range refinement of their RDP charge). Null for pure datasets or when "
+            "nothing is charged."
+        )
+    )
+    remaining_epsilon: float = Field(
+        description=(
+            "The largest ε of ONE further pure ε-DP request the filter would still admit "
+            "('rdp': charged with the randomized-response RDP curve). Below ε_total even "
+            "before any charge under 'rdp' (δ_total split over the orders, RDP → (ε, δ) "
+            "conversion)."
+        )
+    )
     note: str
 
 
 def charged_events(session: Session, dataset: Dataset) -> list[DpEvent]:
-    """The events of every charge that has not been refunded."""
-    refunded = select(LedgerEntry.job_id).where(
-        LedgerEntry.dataset_id == dataset.id, LedgerEntry.kind == EntryKind.refund
-    )
-    rows = session.scalars(
-        select(LedgerEntry).where(
-            LedgerEntry.dataset_id == dataset.id,
-            LedgerEntry.kind == EntryKind.charge,
-            LedgerEntry.job_id.not_in(refunded),
-        )
-    )
+    """The events of every charge in force (see :func:`charges_in_force`).
+
+    Information-only refunds (admin overrides of jobs that read private rows) do not remove
+    their charge, and charges without a job (the registration's noisy row count) are kept:
+    a ``job_id NOT IN (…)`` filter would drop them, as SQL's ``NULL NOT IN (…)`` is not
+    true.
+    """
+    rows = session.scalars(charges_in_force(dataset.id).order_by(LedgerEntry.id))
     return [event_from_json(e.event or {}) for e in rows]
 
 
+def dataset_guarantee(session: Session, dataset_id: int) -> Guarantee:
+    """'nominal' once a job whose plan's guarantee is "nominal" has read private rows of
+    the dataset (``data_touched``), else 'proven'. The flow-sampled ExpM release carries
+    no proof, so neither does the dataset's transcript after it ran, whatever ran since."""
+    nominal_run = session.scalar(
+        select(Job.id)
+        .where(
+            Job.dataset_id == dataset_id,
+            Job.data_touched.is_(True),
+            Job.plan["guarantee"].as_string() == "nominal",
+        )
+        .limit(1)
+    )
+    return "nominal" if nominal_run is not None else "proven"
+
+
 def accounting_summary(session: Session, dataset: Dataset) -> AccountingSummary:
-    f = dataset_filter(dataset)
+    guarantee = dataset_guarantee(session, dataset.id)
+    view = dataset_filter(dataset).view(guarantee=guarantee)
     events = charged_events(session, dataset)
     delta = float(Decimal(dataset.delta_total))
-    rdp_eps = pld_eps = None
+    pld_eps = None
     if delta > 0 and events:
-        rdp_eps = epsilon_from_rdp(
-            rdp=[from_micro(v) for v in dataset.spent_rdp_micro], orders=ORDERS, delta=delta
-        )
         try:
             pld_eps = pld_epsilon(events=events, delta=delta)
         except ValueError:
             pld_eps = None
     return AccountingSummary(
         dataset=dataset.name,
-        rule=f.rule,
-        epsilon_total=from_micro(f.epsilon_total_micro),
+        rule=view.rule,
+        epsilon_total=view.epsilon_total,
         delta_total=delta,
+        guarantee=guarantee,
         charges_in_force=len(events),
-        naive_epsilon_sum=from_micro(dataset.spent_epsilon_micro),
-        rdp_epsilon=rdp_eps,
+        naive_epsilon_sum=view.spent_epsilon_sum,
+        epsilon_spent=view.epsilon_spent,
         pld_epsilon=pld_eps,
-        remaining_epsilon=f.remaining_epsilon(),
+        remaining_epsilon=view.remaining_epsilon,
         note=(
-            "Admission uses only the rule named in `rule`. `rdp_epsilon` is the ε implied by "
-            "the RDP totals at δ_total (one fixed conversion, for comparison); `pld_epsilon` "
-            "is PLD composition of the same events, tighter but not proven valid when "
-            "analysts choose requests adaptively, so it is information only."
+            "Admission uses only the rule named in `rule`. `epsilon_spent` is the smallest "
+            "budget ε at δ_total whose filter would have admitted every charge in force "
+            "(valid under adaptive choice in that sense). `pld_epsilon` composes the same "
+            "events by PLD as if they had been fixed in advance: information only, not valid "
+            "under adaptive choice, and it may be tighter or looser than `epsilon_spent`. "
+            "`remaining_epsilon` is the largest ε of one further pure ε-DP request the filter "
+            "would admit; under the RDP rule it is below ε_total even before any charge."
         ),
     )
+
+
+def ledger_entry_public(entry: LedgerEntry, dataset_name: str) -> LedgerEntryPublic:
+    return LedgerEntryPublic(
+        id=entry.id,
+        dataset=dataset_name,
+        analyst_id=entry.analyst_id,
+        job_id=entry.job_id,
+        kind=EntryKind(entry.kind).value,
+        event=entry.event,
+        epsilon=from_micro(entry.epsilon_micro),
+        delta=entry.delta,
+        reason=entry.reason,
+        created_at=entry.created_at,
+        prev_hash=entry.prev_hash,
+        hash=entry.hash,
+    )
+
+
+def latest_ledger_entries(session: Session, *, limit: int) -> list[LedgerEntryPublic]:
+    """The ``limit`` newest ledger entries of all datasets, newest first."""
+    rows = session.execute(
+        select(LedgerEntry, Dataset.name)
+        .join(Dataset, Dataset.id == LedgerEntry.dataset_id)
+        .order_by(LedgerEntry.id.desc())
+        .limit(limit)
+    ).all()
+    return [ledger_entry_public(e, name) for e, name in rows]

@@ -24,7 +24,7 @@ from decimal import Decimal
 from functools import lru_cache
 from typing import Literal
 
-from sqlalchemy import func, select
+from sqlalchemy import Select, func, or_, select
 from sqlalchemy.orm import Session
 
 from service.ledger.chain import GENESIS, append_entry
@@ -40,12 +40,14 @@ from service.ledger.tables import (
 from service.privacy.amounts import curve_to_micro_up, from_micro, to_micro_down, to_micro_up
 from service.privacy.events import event_from_json
 from service.privacy.filters import (
+    epsilon_spent,
     max_admissible_pure_epsilon,
     pure_admits,
     rdp_admits,
     rdp_budget_micro,
 )
 from service.privacy.orders import ORDERS, ORDERS_VERSION
+from service.privacy.sampling import count_event
 from service.schemas import BudgetView, JobRequest, PrivacyPlan
 
 
@@ -169,14 +171,25 @@ class Filter:
             return from_micro(max(0, self.epsilon_total_micro - self.spent_epsilon_micro))
         return _remaining_rdp(self.spent_rdp_micro, tuple(self.budget_rdp_micro()))
 
-    def view(self) -> BudgetView:
+    def view(self, *, guarantee: Literal["proven", "nominal"] | None = None) -> BudgetView:
+        """The filter as the API shows it. ``guarantee`` is the dataset's label, which
+        needs the jobs table (service.ledger.accounting.dataset_guarantee); callers that
+        have not computed it leave it None."""
+        delta = float(Decimal(self.delta_total))
+        spent = (
+            from_micro(self.spent_epsilon_micro)
+            if self.rule == "pure"
+            else epsilon_spent(spent_micro=self.spent_rdp_micro, delta_total=delta)
+        )
         return BudgetView(
             scope=self.scope,
             rule=self.rule,
             epsilon_total=from_micro(self.epsilon_total_micro),
-            delta_total=float(Decimal(self.delta_total)),
+            delta_total=delta,
             spent_epsilon_sum=from_micro(self.spent_epsilon_micro),
+            epsilon_spent=spent,
             remaining_epsilon=self.remaining_epsilon(),
+            guarantee=guarantee,
         )
 
 
@@ -303,20 +316,59 @@ def _zero_cost_entry(
     )
 
 
+def _count_charge(epsilon: float) -> Charge:
+    event = count_event(epsilon=epsilon)
+    return Charge(
+        epsilon_micro=to_micro_up(event.epsilon),
+        rdp_micro=curve_to_micro_up(event.rdp(ORDERS)),
+        delta="0",
+        pure=True,
+        event=event.to_json(),
+    )
+
+
+def count_refusal(*, epsilon_total: float, delta_total: float, count_epsilon: float) -> str | None:
+    """Would a fresh budget (ε_total, δ_total) admit the noisy count's charge? None if so.
+
+    Registration asks this before it reads the CSV, so a budget too small for its own
+    row count is refused with nothing read, released or written."""
+    fresh = Filter(
+        "dataset",
+        to_micro_down(epsilon_total),
+        _decimal_str(delta_total),
+        0,
+        tuple([0] * len(ORDERS)),
+    )
+    return fresh.refusal(_count_charge(count_epsilon))
+
+
 def new_dataset(
     session: Session,
     *,
     name: str,
     public_schema: dict,
-    n_rows: int,
+    noisy_n_rows: int,
+    count_epsilon: float,
     epsilon_total: float,
     delta_total: float,
     allow_nominal: bool,
 ) -> Dataset:
+    """Create a dataset's budget and charge the DP noisy row count released with it.
+
+    ``noisy_n_rows`` is the output of the count mechanism (worker/registration.py); it is
+    the only row count anything outside the enclave ever sees, and what plans use. Its
+    charge is the first entry after registration, so the dataset's filter includes it.
+    """
+    refused = count_refusal(
+        epsilon_total=epsilon_total, delta_total=delta_total, count_epsilon=count_epsilon
+    )
+    if refused:
+        raise InvalidLedgerOperation(f"the noisy row count does not fit: {refused}")
     ds = Dataset(
         name=name,
         public_schema=public_schema,
-        n_rows=n_rows,
+        n_rows=noisy_n_rows,
+        count_epsilon_micro=to_micro_up(count_epsilon),
         epsilon_total_micro=to_micro_down(epsilon_total),
         delta_total=_decimal_str(delta_total),
         allow_nominal=allow_nominal,
@@ -335,10 +387,28 @@ def new_dataset(
             "action": "register",
             "epsilon_total": epsilon_total,
             "delta_total": ds.delta_total,
-            "n_rows": n_rows,
+            "n_rows": noisy_n_rows,
+            "n_rows_is": "DP noisy count (two-sided geometric)",
+            "count_epsilon": count_epsilon,
         },
         reason="dataset registered",
     )
+    charge = _count_charge(count_epsilon)
+    append_entry(
+        session,
+        ds,
+        LedgerEntry(
+            analyst_id=None,
+            job_id=None,
+            kind=EntryKind.charge,
+            event=charge.event,
+            epsilon_micro=charge.epsilon_micro,
+            rdp_micro=charge.rdp_micro,
+            delta=charge.delta,
+            reason="DP noisy row count released at registration",
+        ),
+    )
+    _apply(ds, None, charge)
     return ds
 
 
@@ -443,16 +513,20 @@ def admit_job(
 def refund_job(session: Session, *, job: Job, reason: str, override: bool = False) -> LedgerEntry:
     """Append a refund of the job's charge. The caller holds the job row lock.
 
-    Why refunds of untouched jobs are sound: the filter proof (service.privacy.filters)
-    needs, for the order α that survives, Σ RDP(α) ≤ B_α over the mechanisms that
-    actually ran. A job that never read a private row ran no mechanism, so dropping its
-    charge leaves that sum unchanged; every other charge only grows it. A refund of a job
-    that did read rows (`override`) is an admin decision outside the guarantee and is
-    recorded as such in the entry.
+    Only a job that never read a private row is refunded for real (negative amounts that
+    return its charge to both filters). That is sound because the filter's rounds are job
+    *starts* (first reads of private rows), not admissions: the argument is in
+    :mod:`service.privacy.filters`. A job that did read rows ran a mechanism whose output
+    (even a failure) depends on the data; returning its charge could revive an exhausted
+    Rényi order and void the guarantee. With ``override`` the admin may still record such
+    a refund, but it is **information only**: a zero-cost entry that names the charge and
+    the reason, and leaves the filter state (and so every later admission and the stated
+    guarantee) untouched. Without ``override`` it is refused.
     """
     if job.data_touched and not override:
         raise InvalidLedgerOperation(
-            "the job read private rows: a refund needs an explicit override"
+            "the job read private rows: its charge cannot be returned; with an explicit "
+            "override the refund is recorded as information only and returns no budget"
         )
     ds = lock_dataset(session, job.dataset_id)
     already = session.scalar(
@@ -465,6 +539,27 @@ def refund_job(session: Session, *, job: Job, reason: str, override: bool = Fals
     charge_entry = session.get(LedgerEntry, job.charge_entry_id)
     if charge_entry is None or charge_entry.rdp_micro is None:
         raise InvalidLedgerOperation("the job has no charge to refund")
+    if job.data_touched:
+        return append_entry(
+            session,
+            ds,
+            LedgerEntry(
+                analyst_id=job.analyst_id,
+                job_id=job.id,
+                kind=EntryKind.refund,
+                event={
+                    "refund_of": charge_entry.id,
+                    "data_touched": True,
+                    "information_only": True,
+                    "charge_kept_epsilon": from_micro(charge_entry.epsilon_micro),
+                    "charge_kept_delta": charge_entry.delta,
+                },
+                epsilon_micro=0,
+                rdp_micro=None,
+                delta="0",
+                reason=reason,
+            ),
+        )
     cap = lock_cap(session, job.analyst_id, ds.id)
     refund = Charge(
         epsilon_micro=charge_entry.epsilon_micro,
@@ -480,11 +575,7 @@ def refund_job(session: Session, *, job: Job, reason: str, override: bool = Fals
             analyst_id=job.analyst_id,
             job_id=job.id,
             kind=EntryKind.refund,
-            event={
-                "refund_of": charge_entry.id,
-                "data_touched": job.data_touched,
-                "outside_guarantee": bool(job.data_touched),
-            },
+            event={"refund_of": charge_entry.id, "data_touched": False},
             epsilon_micro=refund.epsilon_micro,
             rdp_micro=refund.rdp_micro,
             delta=charge_entry.delta,
@@ -568,16 +659,26 @@ def _holds(f: Filter) -> bool:
     )
 
 
-def _has_nonpure_charges(session: Session, *, dataset_id: int, analyst_id: int | None) -> bool:
-    stmt = select(LedgerEntry).where(
+def charges_in_force(dataset_id: int) -> Select[LedgerEntry]:
+    """The dataset's charge entries whose amount the filter still holds: every charge
+    except those of jobs refunded for real (a negative refund entry). Information-only
+    refunds (zero amount) leave their charge in force; charges without a job (the noisy
+    row count) are always in force."""
+    really_refunded = select(LedgerEntry.job_id).where(
+        LedgerEntry.dataset_id == dataset_id,
+        LedgerEntry.kind == EntryKind.refund,
+        LedgerEntry.epsilon_micro < 0,
+        LedgerEntry.job_id.is_not(None),
+    )
+    return select(LedgerEntry).where(
         LedgerEntry.dataset_id == dataset_id,
         LedgerEntry.kind == EntryKind.charge,
-        LedgerEntry.job_id.not_in(
-            select(LedgerEntry.job_id).where(
-                LedgerEntry.kind == EntryKind.refund, LedgerEntry.job_id.is_not(None)
-            )
-        ),
+        or_(LedgerEntry.job_id.is_(None), LedgerEntry.job_id.not_in(really_refunded)),
     )
+
+
+def _has_nonpure_charges(session: Session, *, dataset_id: int, analyst_id: int | None) -> bool:
+    stmt = charges_in_force(dataset_id)
     if analyst_id is not None:
         stmt = stmt.where(LedgerEntry.analyst_id == analyst_id)
     return any(not event_from_json(e.event or {}).is_pure for e in session.scalars(stmt))

@@ -68,7 +68,11 @@ class Dataset(Base):
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     name: Mapped[str] = mapped_column(String(64), unique=True)
     public_schema: Mapped[dict[str, Any]]
+    # The public row count: a DP noisy count released at registration (its ε in
+    # count_epsilon_micro, charged to the budget); NULL ε: an exact count published
+    # before noisy counts existed (migration 0002).
     n_rows: Mapped[int] = mapped_column(BigInteger)
+    count_epsilon_micro: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     epsilon_total_micro: Mapped[int] = mapped_column(BigInteger)
     delta_total: Mapped[str] = mapped_column(String(40))
     allow_nominal: Mapped[bool] = mapped_column(Boolean, default=False)

@@ -96,14 +96,100 @@ sequential model assumes (a post-processing of it); Haney et al. 2023
 Privacy-Loss Parameters", CCS 2023) extend fixed-order RDP filters to
 concurrently interleaved interactive mechanisms.
 
-Scope, to be respected by the ledger: the proof needs S to be monotone, i.e.
-charges are made (under the row lock) before a job touches data and are never
-taken back. Returning budget to the filter (a refund) is NOT covered: an order
-that died could come back to life and the coupling of step 2 breaks. Safe
-options are to keep refunded amounts in the filter state (show refunds as
-information only), or to make the filter decision when the worker starts the
-job, counting only started jobs, so that a job cancelled before it touched data
-was never a round of the filter.
+Refunds: the filter's rounds are job STARTS. The proof above treats S as
+monotone: a charge, once counted, is never taken back, or an order that died
+could come back to life and the coupling of step 2 breaks. The ledger
+(service/ledger/admission.py) nevertheless returns budget in one case, and the
+argument for it is that the rounds of the filter are not admissions but job
+starts, where a job's START is its first read of private rows:
+
+* A job that never read a private row (cancelled while queued, or failed before
+  its first read) is refunded for real: an entry with the negated amounts.
+* A job that did read private rows keeps its charge for ever. An admin may still
+  record a refund for it (override), but that entry is information only:
+  epsilon_micro = 0, rdp_micro = None, event {"refund_of": <charge entry id>,
+  "information_only": true, "data_touched": true, ...}; the running totals do
+  not move.
+
+Claim: with refunds of this kind, the transcript of the interaction is still
+(ε_total, δ_total)-DP. Let S_live(α) be the sum of the charges of the jobs that
+are admitted and not refunded for real (plus charges without a job, such as the
+registration's noisy row count, whose mechanism runs when it is charged: a start
+like any other): the running total the ledger stores and admits against.
+Invariant: at all times S_live = 0 or some α ∈ Λ has S_live(α) ≤ B_α.
+Admission adds a charge only if some order stays within its budget; a real
+refund lowers every S_live(α) (charges are ≥ 0 at every order), so an order
+within budget stays within it; an information-only refund changes nothing.
+Now let job j start. A started job is never refunded for real, and j is live
+when it starts (a job refunded for real is cancelled or finished and never reads
+data: the worker sets data_touched before its first read by an update of the job
+row that succeeds only while the job is running under its run token, and
+refunds lock that row and require a queued or finished job). So the jobs
+started before j, and j, are all live, and because charges are ≥ 0,
+
+    S_started(α) + c_j(α) ≤ S_live(α)   for every α,
+
+where S_started sums the charges of the jobs started before j. The invariant
+gives an α with S_live(α) ≤ B_α, and that α admits j in the *start-time filter*
+F': this module's rule with rounds = job starts, in the order they happen, and
+S = S_started. F' therefore admits every job that starts, i.e. it coincides with
+what actually ran. F' is exactly the filter of the theorem: in each of its
+rounds the "request" is the next job to start, chosen adaptively from the public
+transcript (which job starts next depends on submissions, cancellations, refunds
+and the queue, all public); admission refusals, cancellations and real refunds
+are functions of that public record, i.e. further refusal rules of the kind the
+setting allows; and a job cancelled before its start was never a round of F'.
+So the transcript of the started mechanisms, with the public record, is
+(ε_total, δ_total)-DP by the theorem. Had we refunded a started job for real,
+S_started could exceed every B_α at a later start and this argument would fail;
+hence information-only refunds. The same argument, with Σε for S(α) and ε_total
+for B_α, covers the pure rule (basic-composition filter).
+
+Assumption: the timing and order of job starts do not depend on the private
+data beyond what earlier releases reveal (the queue is ordered by public
+events; whether a job fails *before* its first read cannot depend on the data;
+a failure after it is an output of the mechanism, which is why such a job keeps
+its charge). Concurrency: see above; jobs running at the same time are rounds of
+F' in the order of their starts. Budget changes by the admin (raising
+ε_total) are outside this argument.
+
+What the ledger may show as "spent" (:func:`epsilon_spent`). For the spent
+vector S = S_live, ε_spent(S) is the smallest ε_now whose budgets
+B_α(ε_now, δ_total) cover S at some order: min over α of the CKS conversion of
+S(α) at δ_total/|Λ| (0 if nothing was charged). Its meaning, valid under full
+adaptivity: let α* be the minimising order. Every job started so far was
+admitted by the start-time filter F' run with budget ε_now at order α*, because
+S_started only grows and S_started ≤ S_live ≤ B_α*(ε_now) (the argument above,
+with ε_now in place of ε_total). So the same ledger, with jobs allowed to start
+only within the budget (ε_now, δ_total) from the beginning, would have run
+exactly the same jobs on this history, and its transcript is (ε_now, δ_total)-DP
+by the theorem. Formally, for every fixed e: let I_e be the real ledger in
+which, in addition, a job may start only if the start-time filter with budget
+(e, δ_total) admits it (a public rule; F' at level e is the theorem's filter).
+I_e is (e, δ_total)-DP, and by the coupling of step 2 (S_started is monotone)
+its transcript equals the real one on the event {ε_spent ≤ e}, so for every set
+O of transcripts P_D(τ ∈ O, ε_spent(τ) ≤ e) ≤ e^e P_{D'}(τ ∈ O, ε_spent(τ) ≤ e)
++ δ_total. (Checking e at admission instead would not do: a job admitted while
+S_live still held a charge refunded later may exceed level e then.)
+Caveat: ε_spent is computed from the transcript, so reading it as a
+data-independent "ε so far" is a privacy-odometer statement (Rogers, Roth,
+Ullman & Vadhan 2016), which this does not claim; the unconditional guarantee
+remains (ε_total, δ_total). The CKS conversion of S at the full δ_total with the
+best order picked afterwards (what the accounting page showed before) is valid
+for a composition fixed in advance, but not justified here: picking the order
+after seeing an adaptively grown S needs the union bound over Λ, which
+ε_spent pays exactly as admission does.
+
+What the ledger shows as "remaining" (:func:`max_admissible_pure_epsilon`): the
+largest ε of ONE further pure ε-DP request (charged with the randomized-response
+RDP curve) that the filter would still admit. It is below ε_total even before
+any charge: order α can only absorb B_α = ε_total − log((α−1)/α) −
+(log(|Λ|/δ_total) − log α)/(α − 1), which is ε_total − 0.032 at α = 256 for
+δ_total = 1e-5 and |Λ| = 25 (δ_total is split over the |Λ| orders, and the RDP →
+(ε, δ) conversion has its own cost), while the RR curve of ε-DP tends to ε at
+large α. Hence 9.968 on a fresh (10, 1e-5) budget and 0.969 on (1, 1e-5): the
+price of an RDP filter, which also admits (ε, δ) mechanisms. A pure dataset
+(δ_total = 0) uses basic composition and has remaining = ε_total − Σε exactly.
 
 Tighter PLD/PRV numbers across jobs are not used here: natural f-DP filters are
 not valid under full adaptivity (Tran, Koskela, Räisä & Honkela 2026,
@@ -121,6 +207,7 @@ from service.privacy.amounts import (
     curve_to_micro_up,
     from_micro,
     signed_to_micro_down,
+    to_micro_up,
 )
 from service.privacy.events import DpEvent, PureDpEvent
 from service.privacy.orders import ORDERS
@@ -128,6 +215,7 @@ from service.privacy.rdp import validate_orders
 
 __all__ = [
     "EPSILON_TOTAL_MAX",
+    "epsilon_spent",
     "max_admissible_epsilon",
     "max_admissible_pure_epsilon",
     "pure_admits",
@@ -214,6 +302,50 @@ def rdp_budget_micro(
     return out
 
 
+def epsilon_spent(
+    *, spent_micro: Sequence[int], delta_total: float, orders: Sequence[float] = ORDERS
+) -> float:
+    """The smallest ε_now (nats, rounded up to 1e-6, ≥ 0) whose RDP budgets
+    B_α(ε_now, δ_total) cover the spent vector at some order α ∈ ``orders``:
+
+        ε_spent = max(0, min_α [ S(α) + log((α−1)/α) − (log(δ_total/|Λ|) + log α)/(α−1) ]),
+
+    the CKS conversion (Canonne, Kamath & Steinke 2020, Prop. 12) of S(α) at
+    δ_total/|Λ|, minimised over the grid; 0.0 when nothing is spent (every job that
+    ran had a zero charge, so its output did not depend on the data). Orders
+    saturated at MICRO_CAP are skipped; +inf if all are.
+
+    Valid under full adaptivity in the sense proven in the module docstring ("What
+    the ledger may show as spent"): a filter with budget (ε_spent, δ_total) from the
+    start would have admitted every job started so far, so the transcript is
+    (ε_spent, δ_total)-DP on the event that spending stays ≤ ε_spent; the
+    unconditional guarantee remains the budget (ε_total, δ_total). ``spent_micro``
+    is the running total in micro-units (rounded up, so the result is an upper
+    bound on the same quantity for the exact charges).
+    """
+    alphas = validate_orders(orders)
+    spent = _check_vector("spent_micro", spent_micro)
+    if len(spent) != len(alphas):
+        raise ValueError(f"spent_micro has {len(spent)} entries but orders has {len(alphas)}")
+    if isinstance(delta_total, bool) or not isinstance(delta_total, int | float):
+        raise ValueError(f"delta_total must be a real number, got {delta_total!r}")
+    if not (0.0 < float(delta_total) < 1.0):
+        raise ValueError(f"delta_total must be in (0, 1), got {delta_total!r}")
+    if not any(spent):
+        return 0.0
+    log_delta_share = math.log(float(delta_total)) - math.log(len(alphas))
+    best = math.inf
+    for a, m in zip(alphas, spent, strict=True):
+        if m >= MICRO_CAP:
+            continue
+        eps = from_micro(m) + math.log1p(-1.0 / a) - (log_delta_share + math.log(a)) / (a - 1.0)
+        best = min(best, eps)
+    if math.isinf(best):
+        return math.inf
+    # The relative slack covers the few roundings above; then round up to micro-units.
+    return from_micro(to_micro_up(max(0.0, best) * (1.0 + 1e-12)))
+
+
 def rdp_admits(
     *,
     spent_micro: Sequence[int],
@@ -284,7 +416,11 @@ def max_admissible_pure_epsilon(
     orders: Sequence[float] = ORDERS,
 ) -> float:
     """Largest ε (nats, rounded down to 1e-6, ≥ 0) such that a PureDpEvent(ε) would
-    still be admitted by the RDP filter: the remaining budget "in ε terms"."""
+    still be admitted by the RDP filter: the remaining budget "in ε terms".
+
+    It is the ε of ONE further pure request, charged with the randomized-response
+    curve; several smaller requests may add up to more, and even a fresh budget gives
+    less than ε_total (0.032 less at δ_total = 1e-5; module docstring, "remaining")."""
     return max_admissible_epsilon(
         spent_micro=spent_micro,
         budget_micro=budget_micro,

@@ -27,7 +27,7 @@ from service.ledger.admission import (
 )
 from service.ledger.audit import check_totals, verify_all
 from service.ledger.tables import Analyst, Dataset, Job, LedgerEntry
-from service.plans import build_plan
+from service.plans import plan_for_dataset
 from service.schemas import JobRequest
 from tests.conftest import auth
 
@@ -58,7 +58,7 @@ def test_direct_admission_race(settings: Any, keys: Any) -> None:
     with transaction(engine) as s:
         ds = s.scalars(select(Dataset)).one()
         alice = s.scalars(select(Analyst).where(Analyst.name == "alice")).one()
-        plan = build_plan(request, n_rows=ds.n_rows)
+        plan = plan_for_dataset(request, n_rows=ds.n_rows, public_schema=ds.public_schema)
         expected = _max_admissible(dataset_filter(ds), charge_for(plan))
     assert 1 <= expected < CLIENTS  # the race is meaningful
     barrier = threading.Barrier(CLIENTS)
@@ -142,11 +142,15 @@ def test_http_race_with_idempotency(settings: Any, keys: Any, tmp_path: Path) ->
     with transaction(engine) as s:
         jobs = s.scalar(select(func.count()).select_from(Job))
         charges = s.scalar(
-            select(func.count()).select_from(LedgerEntry).where(LedgerEntry.kind == "charge")
+            select(func.count())
+            .select_from(LedgerEntry)
+            .where(LedgerEntry.kind == "charge", LedgerEntry.job_id.is_not(None))
         )
         assert jobs == charges
         ds = s.scalars(select(Dataset)).one()
-        plan = build_plan(JobRequest.model_validate(body), n_rows=ds.n_rows)
+        plan = plan_for_dataset(
+            JobRequest.model_validate(body), n_rows=ds.n_rows, public_schema=ds.public_schema
+        )
         assert not evaluate(dataset_filter(ds), None, charge_for(plan)).admitted
         assert check_totals(s) == []
         assert all(r.ok for r in verify_all(s))

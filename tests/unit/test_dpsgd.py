@@ -1,77 +1,193 @@
-"""DP-SGD runs exactly the planned mechanism."""
+"""DP-SGD runs exactly the planned mechanism, and depends only on the plan's public values."""
 
 from __future__ import annotations
 
+import math
+
+import numpy as np
 import pytest
 import torch
+from scipy import stats
 
-from service.modelspec import LogisticSpec
+from service.modelspec import LogisticSpec, MlpSpec, parameter_count
+from service.plans import build_plan, dpsgd_schedule
+from service.privacy.sampling import GRID_BITS
+from service.schemas import DpsgdOptions, JobRequest
+from worker.mechanisms import dpsgd
 from worker.mechanisms.base import TabularTrainingSet
-from worker.mechanisms.dpsgd import PlanMismatch, run_dpsgd
+from worker.mechanisms.dpsgd import PoissonSampler, clipped_integer_sum, run_dpsgd
+from worker.models import build_module
+from worker.noise import secure_rng
+
+ADULT_PUBLIC_ROWS = 30162  # the bundled Adult training file's validated rows
 
 
 def _mech(**kw: float) -> dict:
     base = dict(
         noise_multiplier=1.0,
         sampling_rate=0.1,
-        steps_per_epoch=10,
-        epochs=3,
-        batch_size=1,
+        steps=30,
+        expected_batch_size=1.0,
         max_grad_norm=1.0,
         learning_rate=0.1,
-        accountant="rdp",
+        grid_bits=GRID_BITS,
+        parameters=4,
     )
     return {**base, **kw}
 
 
-def _data(n: int = 10) -> TabularTrainingSet:
+def _data(n: int = 10, d: int = 3) -> TabularTrainingSet:
     g = torch.Generator().manual_seed(0)
     return TabularTrainingSet(
-        torch.rand(n, 3, generator=g), (torch.rand(n, generator=g) > 0.5).float()
+        torch.rand(n, d, generator=g), (torch.rand(n, generator=g) > 0.5).float()
     )
+
+
+def _run(mechanism: dict, data: TabularTrainingSet, progress=lambda k, t: None) -> dict:
+    out = run_dpsgd(
+        spec=LogisticSpec(),
+        mechanism=mechanism,
+        samples=1,
+        data=data,
+        device=torch.device("cpu"),
+        progress=progress,
+    )
+    return out.releases[0]
 
 
 def test_runs_every_planned_step_even_with_empty_poisson_batches() -> None:
     steps: list[tuple[int, int]] = []
-    out = run_dpsgd(
-        spec=LogisticSpec(),
-        mechanism=_mech(),
-        samples=1,
-        data=_data(),
-        device=torch.device("cpu"),
-        progress=lambda k, t: steps.append((k, t)),
-    )
+    w = _run(_mech(), _data(), progress=lambda k, t: steps.append((k, t)))
     assert [k for k, _ in steps] == list(range(1, 31)) and {t for _, t in steps} == {30}
-    w = out.releases[0]
     assert set(w) == {"linear.weight", "linear.bias"}
     assert all(torch.isfinite(v).all() for v in w.values())
 
 
 def test_noise_is_not_reproducible_by_anyone() -> None:
     """Two runs with identical inputs differ: the noise is drawn from fresh CSPRNG seeds."""
-    runs = [
-        run_dpsgd(
-            spec=LogisticSpec(),
-            mechanism=_mech(noise_multiplier=5.0),
-            samples=1,
-            data=_data(),
-            device=torch.device("cpu"),
-            progress=lambda k, t: None,
-        )
-        for _ in range(2)
-    ]
-    assert not torch.equal(
-        runs[0].releases[0]["linear.weight"], runs[1].releases[0]["linear.weight"]
+    a, b = (_run(_mech(noise_multiplier=5.0), _data()) for _ in range(2))
+    assert not torch.equal(a["linear.weight"], b["linear.weight"])
+
+
+@pytest.fixture
+def zero_init(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Start from θ = 0 so a single step's update can be read off the release."""
+
+    def build(spec, n_features, **kw):  # type: ignore[no-untyped-def]
+        module = build_module(spec, n_features, **kw)
+        with torch.no_grad():
+            for p in module.parameters():
+                p.zero_()
+        return module
+
+    monkeypatch.setattr(dpsgd, "build_module", build)
+
+
+def test_update_is_normalised_by_the_public_expected_batch_not_the_loaded_rows(
+    monkeypatch: pytest.MonkeyPatch, zero_init: None
+) -> None:
+    """Audit defect 1. With the noise switched off (so the update is deterministic), q = 1,
+    zero features, y = 1 and θ = 0, each row's bias gradient is σ(0) − 1 = −0.5, so one
+    step moves the bias by lr·0.5·n_loaded/B̂ with B̂ the plan's expected batch size. The
+    old code divided by q·n_loaded, giving lr·0.5 whatever n: the loaded row count set the
+    scale of the released weights (and of their noise)."""
+    monkeypatch.setattr(
+        dpsgd, "rounded_gaussian", lambda rng, *, scale, size: np.zeros(size, np.int64)
     )
+    for n in (99, 100):
+        data = TabularTrainingSet(torch.zeros(n, 3), torch.ones(n))
+        m = _mech(sampling_rate=1.0, steps=1, expected_batch_size=100.0, learning_rate=1.0)
+        w = _run(m, data)
+        assert float(w["linear.bias"][0]) == pytest.approx(0.5 * n / 100.0, abs=1e-6)
 
 
-def test_refuses_a_plan_whose_schedule_differs_from_opacus() -> None:
-    with pytest.raises(PlanMismatch):
-        run_dpsgd(
-            spec=LogisticSpec(),
-            mechanism=_mech(steps_per_epoch=7),
-            samples=1,
-            data=_data(),
-            device=torch.device("cpu"),
-            progress=lambda k, t: None,
+def test_released_update_is_integer_noise_on_the_public_grid(zero_init: None) -> None:
+    """Audit defect 6. From θ = 0 with no row sampled (q = 1e-12), one step's update is
+    pure noise; with lr = C = B̂ = 1 it is N·2^−k for the integer noise vector N, exactly
+    representable in float32 here. Float noise (torch.normal, the old code) is not on the
+    grid almost surely."""
+    m = _mech(
+        noise_multiplier=0.01,
+        sampling_rate=1e-12,
+        steps=1,
+        learning_rate=1.0,
+        expected_batch_size=1.0,
+        parameters=201,
+    )
+    w = _run(m, TabularTrainingSet(torch.zeros(10, 200), torch.ones(10)))
+    flat = torch.cat([w["linear.weight"].flatten(), w["linear.bias"].flatten()]).double()
+    units = flat * 2.0**GRID_BITS
+    assert torch.equal(units, units.round())
+    # and it is noise of the planned scale σ·2^k (a loose check on 201 draws)
+    assert 0.5 < float(units.std()) / (0.01 * 2**GRID_BITS) < 1.5
+
+
+def test_clipped_integer_sum_bounds_each_row_exactly() -> None:
+    module = build_module(LogisticSpec(), 5)
+    x = torch.rand(50, 5) * 1000.0  # huge gradients: all clipped
+    y = torch.zeros(50)
+    total = clipped_integer_sum(module, x, y, grid_bits=GRID_BITS, max_grad_norm=0.5, parameters=6)
+    assert total.dtype == torch.int64
+    assert float(total.double().norm()) <= 50 * 2**GRID_BITS
+    for i in range(5):
+        one = clipped_integer_sum(
+            module, x[i : i + 1], y[i : i + 1], grid_bits=GRID_BITS, max_grad_norm=0.5, parameters=6
         )
+        assert int((one * one).sum()) <= 4**GRID_BITS
+        assert int((one * one).sum()) >= (2**GRID_BITS * 0.999) ** 2  # clipped to ≈ C
+    empty = clipped_integer_sum(
+        module, x[:0], y[:0], grid_bits=GRID_BITS, max_grad_norm=0.5, parameters=6
+    )
+    assert torch.equal(empty, torch.zeros(6, dtype=torch.int64))
+
+
+def test_poisson_sampler_uses_at_most_q_and_matches_it() -> None:
+    for q in (1.0, 0.5, 1 / 3, 16 / ADULT_PUBLIC_ROWS, 1e-9):
+        s = PoissonSampler(sampling_rate=q, rng=secure_rng())
+        assert s.rate <= q and q - s.rate < 2.0**-52
+    s = PoissonSampler(sampling_rate=0.3, rng=secure_rng())
+    n, draws = 1000, 200
+    hits = sum(len(s.indices(n)) for _ in range(draws))
+    # two-sided binomial test at 1e-7: a correct sampler fails this once in 10^7 runs
+    assert stats.binomtest(hits, n * draws, 0.3).pvalue > 1e-7
+    assert len(PoissonSampler(sampling_rate=1.0, rng=secure_rng()).indices(17)) == 17
+
+
+def test_every_batch_size_up_to_2000_runs_as_planned_on_adult() -> None:
+    """Audit defect 5 (Opacus ran int(1/q) batches per epoch, so 25 batch sizes up to 2000
+    failed after touching data). Now the schedule is q = B/n̂, T = epochs·⌈n̂/B⌉ for every
+    B, and the worker's sampler runs that q (to 2^-53) for exactly the plan's T steps."""
+    for batch in range(1, 2001):
+        options = DpsgdOptions(batch_size=batch, epochs=3)
+        sch = dpsgd_schedule(n_rows=ADULT_PUBLIC_ROWS, options=options)
+        assert sch.sampling_rate == batch / ADULT_PUBLIC_ROWS
+        assert sch.steps == 3 * math.ceil(ADULT_PUBLIC_ROWS / batch)
+        rate = PoissonSampler(sampling_rate=sch.sampling_rate, rng=secure_rng()).rate
+        assert 0 <= sch.sampling_rate - rate < 2.0**-52
+
+
+@pytest.mark.parametrize("batch", [16, 32])
+def test_formerly_failing_batch_sizes_plan_and_run(batch: int) -> None:
+    """Full path for two of the batch sizes the audit saw fail: plan, then run on data with
+    the public row count, counting the steps the mechanism takes."""
+    request = JobRequest(
+        dataset="adult",
+        method="dpsgd",
+        epsilon=1.0,
+        delta=1e-5,
+        dpsgd=DpsgdOptions(batch_size=batch, epochs=1),
+    )
+    plan = build_plan(request, n_rows=ADULT_PUBLIC_ROWS, n_features=3)
+    seen: list[int] = []
+    _run(
+        plan.mechanism,
+        _data(n=ADULT_PUBLIC_ROWS),
+        progress=lambda k, t: seen.append(k) if k == t else None,
+    )
+    assert seen == [plan.mechanism["steps"]] == [math.ceil(ADULT_PUBLIC_ROWS / batch)]
+
+
+def test_parameter_count_matches_the_modules() -> None:
+    for spec in (LogisticSpec(), MlpSpec(hidden=[16]), MlpSpec(hidden=[8, 4, 2])):
+        module = build_module(spec, 7)
+        assert parameter_count(spec, 7) == sum(p.numel() for p in module.parameters())

@@ -1,56 +1,156 @@
-"""DP-SGD (Abadi et al. 2016) with Opacus: Poisson sampling, per-sample clipping, Gaussian
-noise with the plan's calibrated noise multiplier.
+"""DP-SGD (Abadi et al. 2016): Poisson sampling, per-example clipping, Gaussian noise, run
+as the named stages of one step, each depending only on the plan's public values.
 
-The plan fixes q = 1/ceil(n/B) and T = epochs·ceil(n/B); Opacus's Poisson data loader
-uses exactly that rate and that many batches per epoch, so the run is the mechanism the
-ledger charged; the loader's length and the number of steps taken are checked against the
-plan, and a mismatch fails the job rather than release a differently-accounted model.
+What the ledger charged (service/plans.py) is the Poisson-subsampled Gaussian mechanism
+with the plan's q, σ, C and T, under add/remove-one neighbours. The run below is exactly
+that mechanism, post-processed:
+
+1. **Sample** (:class:`PoissonSampler`): every loaded row is included independently with
+   probability q' = ⌊q·2^53⌋/2^53 ≤ q (a 53-bit integer compared with an integer
+   threshold; a smaller rate is never worse for privacy, by joint convexity of
+   exp((α−1)D_α)), for exactly T steps. Empty batches take their noise step. Nothing
+   here looks at how many rows were loaded except to draw one coin per row.
+2. **Clip and quantise** (:func:`clipped_integer_sum`): per-example gradients (torch.func
+   vmap of grad) are scaled to ℓ2 norm ≤ C·(1 − 2^−20) in float64, divided by C, scaled
+   by 2^k (k = the plan's grid_bits) and rounded toward zero, so every example's integer
+   vector has ℓ2 norm ≤ 2^k; this is checked exactly in integer arithmetic. The sum over
+   the batch is an exact int64 sum: the quantity whose sensitivity is 2^k.
+3. **Noise** (:func:`worker.noise.rounded_gaussian`): integer noise N = round(s·Z),
+   s = σ·2^k, added in exact integer arithmetic. S + round(s·Z) = round(S + s·Z) for an
+   integer S, so the output is a deterministic post-processing of the Gaussian mechanism
+   on S with sensitivity 2^k and noise s = σ·2^k: every accountant's curve for the
+   subsampled Gaussian applies unchanged. The support of the output is all integers
+   whatever the data, which closes the floating-point attacks on Gaussian sampling
+   (Mironov 2012; Jin et al. 2022); the sampler's own floating-point gap (relative pmf
+   error η) is charged in the plan as a PmfSlackEvent.
+4. **Scale and step**: θ ← θ − lr · (S + N)·C·2^−k / (q·n̂), where q·n̂ is the *expected*
+   batch size from the public row count n̂. It was q·n with the loaded n before, which
+   made the released weights' scale depend on the private row count (an audit measured
+   ε ≥ 3.56 at claimed ε = 1 from that alone).
+
+Timing side channels (a step's duration grows with the sampled batch) are out of scope.
 """
 
 from __future__ import annotations
 
 import math
-import warnings
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
-from opacus import PrivacyEngine
-from torch.utils.data import DataLoader, TensorDataset
+from torch.func import functional_call, grad, vmap
 
 from service.modelspec import ModelSpec
 from worker.mechanisms.base import MechanismOutput, ProgressFn, TabularTrainingSet
 from worker.models import build_module
-from worker.rng import secure_generator
+from worker.noise import rounded_gaussian, secure_rng
+
+# Rows per vmap chunk: bounds the (rows × parameters) per-example gradient buffer.
+_CHUNK_ELEMENTS = 1 << 24
+_UNIFORM_BITS = 53
 
 
 @dataclass(frozen=True)
 class DpsgdParams:
+    """The plan's public values that the run may depend on (and nothing else)."""
+
     noise_multiplier: float
     sampling_rate: float
-    steps_per_epoch: int
-    epochs: int
-    batch_size: int
+    steps: int
+    expected_batch_size: float
     max_grad_norm: float
     learning_rate: float
-    accountant: str
+    grid_bits: int
+    parameters: int
 
     @classmethod
     def from_plan(cls, mechanism: dict[str, Any]) -> DpsgdParams:
         return cls(
             noise_multiplier=float(mechanism["noise_multiplier"]),
             sampling_rate=float(mechanism["sampling_rate"]),
-            steps_per_epoch=int(mechanism["steps_per_epoch"]),
-            epochs=int(mechanism["epochs"]),
-            batch_size=int(mechanism["batch_size"]),
+            steps=int(mechanism["steps"]),
+            expected_batch_size=float(mechanism["expected_batch_size"]),
             max_grad_norm=float(mechanism["max_grad_norm"]),
             learning_rate=float(mechanism["learning_rate"]),
-            accountant=str(mechanism["accountant"]),
+            grid_bits=int(mechanism["grid_bits"]),
+            parameters=int(mechanism["parameters"]),
         )
 
 
 class PlanMismatch(RuntimeError):
     """The run would not be the mechanism the ledger charged."""
+
+
+class PoissonSampler:
+    """Independent inclusion of each row with probability ⌊q·2^53⌋/2^53 ≤ q, per step."""
+
+    def __init__(self, *, sampling_rate: float, rng: np.random.Generator) -> None:
+        if not 0.0 < sampling_rate <= 1.0:
+            raise ValueError(f"sampling_rate must be in (0, 1], got {sampling_rate!r}")
+        # q·2^53 is exact in binary floating point (a power-of-two scaling).
+        self.threshold = math.floor(sampling_rate * 2.0**_UNIFORM_BITS)
+        self.rng = rng
+
+    @property
+    def rate(self) -> float:
+        """The inclusion probability actually used."""
+        return self.threshold / 2.0**_UNIFORM_BITS
+
+    def indices(self, n: int) -> np.ndarray:
+        coins = self.rng.integers(0, 1 << _UNIFORM_BITS, size=n, dtype=np.int64)
+        return np.flatnonzero(coins < self.threshold)
+
+
+def _flat_per_example_grads(
+    module: torch.nn.Module, x: torch.Tensor, y: torch.Tensor
+) -> torch.Tensor:
+    """(rows, parameters) float64: gradients of each row's BCE loss, in parameter order."""
+    params = {k: v.detach() for k, v in module.named_parameters()}
+
+    def loss_one(p: dict[str, torch.Tensor], xi: torch.Tensor, yi: torch.Tensor) -> torch.Tensor:
+        logit = functional_call(module, p, (xi.unsqueeze(0),))
+        return torch.nn.functional.binary_cross_entropy_with_logits(
+            logit, yi.reshape(logit.shape), reduction="sum"
+        )
+
+    grads = vmap(grad(loss_one), in_dims=(None, 0, 0))(params, x, y)
+    return torch.cat([grads[k].reshape(x.shape[0], -1) for k in params], dim=1).double()
+
+
+def clipped_integer_sum(
+    module: torch.nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    *,
+    grid_bits: int,
+    max_grad_norm: float,
+    parameters: int,
+) -> torch.Tensor:
+    """Σ over rows of trunc(2^k · clip_C(g_i)/C) as int64 (shape (parameters,)).
+
+    Every summand has ℓ2 norm ≤ 2^k, checked exactly; zero rows give the zero vector.
+    """
+    device = x.device
+    total = torch.zeros(parameters, dtype=torch.int64, device=device)
+    if x.shape[0] == 0:
+        return total
+    limit = 1.0 - 2.0**-20  # float64 norm errors are ~1e-16·√d: far inside this margin
+    scale = 2.0**grid_bits
+    bound = 1 << (2 * grid_bits)
+    chunk = max(1, _CHUNK_ELEMENTS // max(parameters, 1))
+    for start in range(0, x.shape[0], chunk):
+        g = _flat_per_example_grads(module, x[start : start + chunk], y[start : start + chunk])
+        if g.shape[1] != parameters:
+            raise PlanMismatch("the model's parameter count differs from the plan's")
+        unit = g / max_grad_norm
+        norms = torch.linalg.vector_norm(unit, dim=1, keepdim=True)
+        factor = torch.clamp(limit / torch.clamp(norms, min=1e-300), max=1.0)
+        ints = torch.trunc(unit * factor * scale).to(torch.int64)
+        if bool(((ints * ints).sum(dim=1) > bound).any()):
+            raise PlanMismatch("a quantised per-example gradient exceeded the clipping norm")
+        total += ints.sum(dim=0)
+    return total
 
 
 def _train_one(
@@ -64,47 +164,37 @@ def _train_one(
     total: int,
 ) -> dict[str, torch.Tensor]:
     module = build_module(spec, int(data.x.shape[1])).to(device)
-    # Sum-reduced loss with lr / E[batch]: the standard DP-SGD average over the *expected*
-    # batch size (Abadi et al. 2016), which stays well defined for empty Poisson batches.
-    expected_batch = params.sampling_rate * data.n
-    optimizer = torch.optim.SGD(module.parameters(), lr=params.learning_rate / expected_batch)
-    loader = DataLoader(
-        TensorDataset(data.x, data.y),
-        batch_size=params.batch_size,
-        generator=secure_generator("cpu"),
-    )
-    if len(loader) != params.steps_per_epoch:
-        raise PlanMismatch("the data loader's length differs from the plan's steps per epoch")
-    engine = PrivacyEngine(accountant="rdp")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        module, optimizer, loader = engine.make_private(
-            module=module,
-            optimizer=optimizer,
-            data_loader=loader,
-            noise_multiplier=params.noise_multiplier,
+    names = [k for k, _ in module.named_parameters()]
+    shapes = [p.shape for _, p in module.named_parameters()]
+    rng = secure_rng()
+    sampler = PoissonSampler(sampling_rate=params.sampling_rate, rng=rng)
+    noise_scale = params.noise_multiplier * 2.0**params.grid_bits
+    # Integer units → gradient units, then the average over the *expected* batch.
+    unit = params.max_grad_norm * 2.0**-params.grid_bits / params.expected_batch_size
+    for step in range(1, params.steps + 1):
+        idx = torch.as_tensor(sampler.indices(data.n), device=device)
+        summed = clipped_integer_sum(
+            module,
+            data.x.index_select(0, idx),
+            data.y.index_select(0, idx),
+            grid_bits=params.grid_bits,
             max_grad_norm=params.max_grad_norm,
-            loss_reduction="sum",
-            poisson_sampling=True,
-            noise_generator=secure_generator(device),
+            parameters=params.parameters,
         )
-    if not math.isclose(1 / len(loader), params.sampling_rate, rel_tol=1e-12):
-        raise PlanMismatch("Opacus's sampling rate differs from the plan's")
-    loss_fn = torch.nn.BCEWithLogitsLoss(reduction="sum")
-    step = 0
-    for _ in range(params.epochs):
-        for xb, yb in loader:
-            optimizer.zero_grad(set_to_none=True)
-            # An empty Poisson batch still takes a (pure-noise) step, as the analysis assumes.
-            loss_fn(module(xb), yb).backward()
-            optimizer.step()
-            step += 1
-            progress(done + step, total)
-    planned = params.epochs * params.steps_per_epoch
-    if step != planned:
-        raise PlanMismatch(f"ran {step} steps, the plan charged {planned}")
-    inner = module._module if hasattr(module, "_module") else module
-    return {k: v.detach().cpu().clone() for k, v in inner.state_dict().items()}
+        noise = torch.as_tensor(
+            rounded_gaussian(rng, scale=noise_scale, size=params.parameters), device=device
+        )
+        noisy = (summed + noise).double() * unit
+        with torch.no_grad():
+            offset = 0
+            for p, shape in zip(module.parameters(), shapes, strict=True):
+                size = p.numel()
+                step_ = noisy[offset : offset + size].reshape(shape).to(p.dtype)
+                p.sub_(params.learning_rate * step_)
+                offset += size
+        progress(done + step, total)
+    state = module.state_dict()
+    return {k: state[k].detach().cpu().clone() for k in names}
 
 
 def run_dpsgd(
@@ -118,7 +208,7 @@ def run_dpsgd(
 ) -> MechanismOutput:
     """Train `samples` independent DP-SGD models (each charged by the plan)."""
     params = DpsgdParams.from_plan(mechanism)
-    per = params.epochs * params.steps_per_epoch
+    per = params.steps
     total = per * samples
     releases = [
         _train_one(
@@ -133,7 +223,3 @@ def run_dpsgd(
         for i in range(samples)
     ]
     return MechanismOutput(releases=releases)
-
-
-def total_steps(mechanism: dict[str, Any], samples: int) -> int:
-    return int(mechanism["epochs"]) * int(mechanism["steps_per_epoch"]) * samples

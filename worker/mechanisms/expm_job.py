@@ -1,4 +1,9 @@
-"""ExpM+NF as a job: the plan's resolved parameters → :func:`run_expm_nf`."""
+"""ExpM+NF as a job: the plan's resolved parameters → :func:`run_expm_nf`.
+
+The plan's ε was charged for the mechanism of :mod:`worker.mechanisms.expm_nf` (density
+∝ exp(ε·u/s), add/remove neighbours, s = 1); a plan that states another sensitivity or
+calibration is refused rather than run under a different mechanism.
+"""
 
 from __future__ import annotations
 
@@ -7,12 +12,16 @@ import torch
 from service.modelspec import ModelSpec
 from service.schemas import PrivacyPlan
 from worker.mechanisms.base import MechanismOutput, ProgressFn, TabularTrainingSet
-from worker.mechanisms.expm_nf import ExpmNfParams, run_expm_nf
+from worker.mechanisms.expm_nf import CALIBRATION, SENSITIVITY, ExpmNfParams, run_expm_nf
 from worker.rng import secure_generator
 
 
 def params_from_plan(plan: PrivacyPlan) -> ExpmNfParams:
     m = plan.mechanism
+    if float(m["sensitivity"]) != SENSITIVITY:
+        raise ValueError("the plan's sensitivity is not the one this worker implements")
+    if m.get("calibration") != CALIBRATION:
+        raise ValueError("the plan's calibration is not the one this worker implements")
     return ExpmNfParams(
         epsilon=float(m["epsilon"]),
         samples=plan.samples,

@@ -1,18 +1,44 @@
 """ExpM+NF: the exponential mechanism for model training, sampled through a normalizing flow.
 
 Mechanism (McSherry & Talwar 2007; for training, Bridges, Tombs & Stanley 2023,
-arXiv:2311.09200): release θ with density p(θ) ∝ exp(ε·u(θ; D) / (2s)) where
+arXiv:2311.09200): release θ ∈ R^P with density p_D(θ) = exp(ε·u(θ; D)/s) / Z_D where
 
-    u(θ; D) = −Σ_i (ŷ(x_i; θ) − y_i)² − λ·‖θ‖²,   ŷ = sigmoid(logit) ∈ [0, 1], y ∈ [0, 1].
+    u(θ; D) = −Σ_i (ŷ(x_i; θ) − y_i)² − λ·‖θ‖²,   ŷ = sigmoid(logit) ∈ [0, 1], y ∈ [0, 1],
 
-Sensitivity: replacing one row changes one summand (ŷ − y)² ∈ [0, 1], so
-|u(θ; D) − u(θ; D′)| ≤ 1 for every θ (the regulariser does not depend on D): s = 1
-(Bridges et al. 2023, their sensitivity bound for the ℓ² loss). Sampling exactly from p is
-then ε-DP (McSherry & Talwar 2007; Dwork & Roth 2014, Thm. 3.10); releasing k independent
-draws costs kε (basic composition).
+s = 1 and λ > 0. This is the *monotone* calibration (no factor 1/2): it is ε-DP under the
+ledger's neighbouring relation, add/remove one row, and NOT under replace-one.
 
-The sampler is pluggable (:mod:`worker.mechanisms.samplers`). The flow sampler only
-approximates p: the released ε is **nominal** (no proof covers the approximation gap).
+Proof (add/remove one row). Let D′ = D ∪ {(x, y)}. The regulariser does not depend on the
+data, so u(θ; D′) = u(θ; D) − a(θ) with a(θ) = (ŷ(x; θ) − y)² ∈ [0, 1] = [0, s] for every θ:
+the utility is monotone in the data set (the case in which McSherry & Talwar 2007 drop the
+factor 2 of the general calibration exp(ε·u/(2s))). The proof is self-contained:
+
+    p_D(θ) / p_D′(θ) = exp(ε·a(θ)/s) · Z_D′ / Z_D,
+    exp(ε·a(θ)/s) ∈ [1, e^ε],
+    Z_D′ = ∫ exp(ε·u(θ; D)/s − ε·a(θ)/s) dθ ∈ [e^{−ε}·Z_D, Z_D],
+
+so the ratio lies in [1·e^{−ε}, e^ε·1] for every θ: ε-DP for both directions of the
+add/remove relation (removal is the same statement with D and D′ swapped). Moreover the
+log-ratio ε·a(θ)/s + log(Z_D′/Z_D) is a constant plus a function of θ with values in
+[0, ε], so it ranges over an interval of length ≤ ε: the mechanism is ε-bounded-range
+(Durfee & Rogers 2019), which is what the ledger's ExponentialMechanismEvent assumes for
+its RDP bound min(RR, α·ε²/8) (Cesar & Rogers 2021; service/privacy/rdp.py,
+bounded_range_rdp).
+
+Why the relation matters: under replace-one, u(θ; D′) − u(θ; D) = b(θ) − a(θ) ∈ [−1, 1]
+takes both signs, the two bounds above no longer pair up, and exp(ε·u/s) is only
+2ε-DP (the log-ratio can approach ±2ε; tests/unit/worker/test_expm_nf.py shows it exceeding
+ε). The replace-one calibration would be exp(ε·u/(2s)); it is not used here.
+
+Normalisation: Z_D must be finite for p_D to exist. The data term lies in [−n, 0], so
+e^{−εn/s}·G ≤ Z_D ≤ G with G = ∫ exp(−ε·λ‖θ‖²/s) dθ = (π·s/(ε·λ))^{P/2}, finite only
+because λ > 0 (a Gaussian tail). With λ = 0 the integrand is ≥ e^{−εn/s} on all of R^P
+and Z_D = ∞: there is no mechanism to sample from, so :class:`ExpmNfParams` and
+:class:`ExpMTarget` refuse λ ≤ 0.
+
+Releasing k independent draws costs kε (basic composition). The sampler is pluggable
+(:mod:`worker.mechanisms.samplers`); the flow sampler only approximates p_D, so the
+released ε is **nominal** (no proof covers the approximation gap).
 """
 
 from __future__ import annotations
@@ -39,6 +65,7 @@ from worker.mechanisms.samplers import (
 from worker.models import BatchedModel, LinearBatchedModel, build_batched
 
 __all__ = [
+    "CALIBRATION",
     "EXPM_NF_GUARANTEE",
     "SENSITIVITY",
     "ExpMTarget",
@@ -49,8 +76,12 @@ __all__ = [
     "squared_error_utility",
 ]
 
-# s = 1: outputs and targets in [0, 1] (see the module docstring).
+# s = 1: outputs and targets in [0, 1], so adding or removing one row changes u by
+# a(θ) ∈ [0, 1] for every θ, always in the same direction (see the module docstring).
 SENSITIVITY = 1.0
+# The calibration the target implements: density ∝ exp(ε·u/s), valid for a utility that is
+# monotone under add/remove one row (module docstring). Plans may name it; see expm_job.
+CALIBRATION = "monotone"
 EXPM_NF_GUARANTEE: Guarantee = FlowSampler.guarantee
 
 
@@ -62,7 +93,10 @@ class ExpmNfParams:
     see benchmarks/expm_adult.py. ``affine`` appends a learnable elementwise affine layer
     (without it the flow cannot change its scale much beyond base_std, and under-disperses).
     ``init_scale`` is the affine layer's initial per-coordinate scale (None: the std of the
-    regulariser-only density, sqrt(s/(ελ)), a public quantity).
+    regulariser-only density, sqrt(s/(2ελ)), a public quantity).
+    ``l2`` = λ must be > 0: without the Gaussian tail exp(−ελ‖θ‖²/s) the density does not
+    normalise (Z_D = ∞ over unbounded θ, see the module docstring), so there is no
+    exponential mechanism to sample and no ε to claim.
     ``grud_public_means`` (GRU-D only) is the public per-variable mean x̄ from the schema.
 
     Memory: one training step keeps the autograd graph of N·b model evaluations. That is
@@ -92,8 +126,8 @@ class ExpmNfParams:
             raise ValueError("epsilon must be a positive finite number")
         if self.samples < 1:
             raise ValueError("samples must be ≥ 1")
-        if not (self.l2 >= 0 and math.isfinite(self.l2)):
-            raise ValueError("l2 must be a non-negative finite number")
+        # λ = 0: Z_D = ∞, the ExpM density does not exist (module docstring).
+        _check_l2(self.l2)
         if self.grud_public_means is not None and not all(
             math.isfinite(v) for v in self.grud_public_means
         ):
@@ -101,14 +135,14 @@ class ExpmNfParams:
         # The remaining range checks live in the configs built below.
         self.sampler_config()
 
-    def prior_std(self) -> float | None:
-        """Std of the regulariser-only ExpM density exp(−(ε/2s)·λ‖θ‖²) = N(0, s/(ελ)·I)."""
-        return math.sqrt(SENSITIVITY / (self.epsilon * self.l2)) if self.l2 > 0 else None
+    def prior_std(self) -> float:
+        """Std of the regulariser-only ExpM density exp(−ε·λ‖θ‖²/s) = N(0, s/(2ελ)·I)."""
+        return math.sqrt(SENSITIVITY / (2.0 * self.epsilon * self.l2))
 
     def flow_config(self) -> FlowConfig:
         # Data-independent initial scale: the regulariser-only density (the target's shape
         # when the data term is flat), unless given.
-        init = self.init_scale if self.init_scale is not None else (self.prior_std() or 1.0)
+        init = self.init_scale if self.init_scale is not None else self.prior_std()
         return FlowConfig(
             kind=self.flow,
             layers=self.layers,
@@ -150,7 +184,11 @@ def squared_error_utility(
 
 @dataclass(frozen=True)
 class ExpMTarget:
-    """log p̃(θ) = (ε / 2s)·u(θ; D): the exponential mechanism's unnormalised log-density."""
+    """log p̃(θ) = (ε/s)·u(θ; D): the exponential mechanism's unnormalised log-density,
+    calibrated for add/remove neighbours with a monotone utility (module docstring).
+
+    ε in nats; λ = ``l2`` > 0 (else the density does not normalise); s = ``sensitivity``.
+    """
 
     model: BatchedModel
     x: Tensor
@@ -163,6 +201,13 @@ class ExpMTarget:
     # hidden states (see benchmarks/results/grud_memory.md).
     chunk_rows: int = 8192
     max_pairs: int | None = None
+
+    def __post_init__(self) -> None:
+        if not (self.epsilon > 0 and math.isfinite(self.epsilon)):
+            raise ValueError("epsilon must be a positive finite number")
+        _check_l2(self.l2)
+        if not (self.sensitivity > 0 and math.isfinite(self.sensitivity)):
+            raise ValueError("sensitivity must be a positive finite number")
 
     @property
     def dim(self) -> int:
@@ -178,7 +223,8 @@ class ExpMTarget:
 
     @property
     def scale(self) -> float:
-        return self.epsilon / (2.0 * self.sensitivity)
+        """ε/s: the monotone calibration (no factor 1/2; valid under add/remove only)."""
+        return self.epsilon / self.sensitivity
 
     def _pair_budget(self) -> int:
         if self.max_pairs is not None:
@@ -204,7 +250,7 @@ class ExpMTarget:
     def minibatch_log_density(
         self, theta: Tensor, *, batch_size: int, generator: torch.Generator
     ) -> Tensor:
-        """(ε/2s)·û(θ) with û the n/b-scaled sum over b rows drawn uniformly without
+        """(ε/s)·û(θ) with û the n/b-scaled sum over b rows drawn uniformly without
         replacement from ``generator``; the same rows for all N parameter vectors."""
         b = min(batch_size, self.n)
         if b == self.n:
@@ -215,6 +261,14 @@ class ExpMTarget:
             self.model, theta, self.x[idx], self.y[idx], l2=self.l2, data_scale=self.n / b
         )
         return self.scale * u
+
+
+def _check_l2(l2: float) -> None:
+    if not (l2 > 0 and math.isfinite(l2)):
+        raise ValueError(
+            "l2 must be a positive finite number: with l2 = 0 the ExpM density over "
+            "unbounded parameters does not normalise"
+        )
 
 
 def make_sampler(params: ExpmNfParams) -> Sampler:

@@ -94,10 +94,11 @@ def put_nominal(name: str, body: NominalUpdate, _: AdminDep, engine: EngineDep) 
 def refund(job_id: str, body: RefundRequest, admin: AdminDep, engine: EngineDep) -> JobPublic:
     """Refund a failed job's charge, with a reason (a new ledger entry).
 
-    A job that failed before reading any private row released nothing, so its refund keeps
-    the composition guarantee. A job that had read private rows needs `override: true`:
-    its failure was itself an output, so refunding it is an admin decision outside the
-    ledger's guarantee, and the entry says so. Released jobs cannot be refunded.
+    A job that failed before reading any private row never started as far as the privacy
+    filter is concerned, so its charge returns to the dataset's and the analyst's budgets.
+    A job that had read private rows keeps its charge: its failure was itself an output.
+    With `override: true` the refund is recorded for it, as information only (zero amount,
+    no budget returned, the guarantee unchanged). Released jobs cannot be refunded.
     """
     with transaction(engine) as s:
         visible_job_or_404(s, admin, job_id)
@@ -111,8 +112,8 @@ def refund(job_id: str, body: RefundRequest, admin: AdminDep, engine: EngineDep)
             raise ProblemError(
                 409,
                 "conflict",
-                "this job read private rows before it failed; refunding it lies outside the "
-                "ledger's DP guarantee and needs override: true",
+                "this job read private rows before it failed, so its charge stays; with "
+                "override: true the refund is recorded as information only (no budget back)",
             )
         try:
             refund_job(s, job=job, reason=body.reason, override=job.data_touched)

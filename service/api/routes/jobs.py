@@ -15,6 +15,7 @@ from service.api.errors import ProblemError
 from service.api.lookups import dataset_or_404, visible_job_or_404
 from service.db import transaction
 from service.jobs import enqueue, job_public
+from service.ledger.accounting import dataset_guarantee
 from service.ledger.admission import (
     BudgetExceeded,
     Evaluation,
@@ -31,7 +32,8 @@ from service.ledger.admission import (
     nominal_refusal,
 )
 from service.ledger.tables import Analyst, AnalystCap, Dataset, Job, JobStatus, Release
-from service.plans import PlanError, build_plan
+from service.plans import PlanError, plan_for_dataset
+from service.privacy.amounts import from_micro
 from service.releases import release_paths
 from service.schemas import DatasetPublic, JobPublic, JobRequest, PrivacyPlan, QuoteResponse
 
@@ -53,9 +55,12 @@ def _dataset_view(s: Session, ds: Dataset, analyst_id: int) -> DatasetPublic:
     return DatasetPublic(
         name=ds.name,
         n_rows=ds.n_rows,
+        count_epsilon=None
+        if ds.count_epsilon_micro is None
+        else from_micro(ds.count_epsilon_micro),
         public_schema=ds.public_schema,
         allow_nominal=ds.allow_nominal,
-        budget=dataset_filter(ds).view(),
+        budget=dataset_filter(ds).view(guarantee=dataset_guarantee(s, ds.id)),
         analyst_budget=cap_filter(cap).view() if cap else None,
     )
 
@@ -79,9 +84,9 @@ def get_dataset(name: str, caller: CallerDep, engine: EngineDep) -> DatasetPubli
 def _plan_for(engine: EngineDep, body: JobRequest) -> PrivacyPlan:
     with transaction(engine) as s:
         ds = dataset_or_404(s, body.dataset)
-        n_rows, kind = ds.n_rows, str(ds.public_schema.get("kind", "tabular"))
+        n_rows, public_schema = ds.n_rows, ds.public_schema
     try:
-        return build_plan(body, n_rows=n_rows, dataset_kind=kind)
+        return plan_for_dataset(body, n_rows=n_rows, public_schema=public_schema)
     except PlanError as exc:
         raise ProblemError(422, "invalid-plan", str(exc)) from exc
 
@@ -111,12 +116,15 @@ def quote(body: JobRequest, caller: CallerDep, engine: EngineDep) -> QuoteRespon
         ev = evaluate(dataset_filter(ds), cap_filter(cap) if cap else None, charge_for(plan))
         # Admission checks the nominal policy first, then the filters: so does the quote.
         reason = nominal_refusal(ds, plan) or ev.reason
+        now = dataset_guarantee(s, ds.id)
+        # Once this job runs, a nominal plan makes the dataset's guarantee nominal too.
+        after = "nominal" if plan.guarantee == "nominal" else now
         return QuoteResponse(
             admitted=reason is None,
             reason=reason,
             plan=plan,
-            dataset_before=ev.dataset_before.view(),
-            dataset_after=ev.dataset_after.view() if ev.dataset_after else None,
+            dataset_before=ev.dataset_before.view(guarantee=now),
+            dataset_after=ev.dataset_after.view(guarantee=after) if ev.dataset_after else None,
             analyst_before=ev.analyst_before.view() if ev.analyst_before else None,
             analyst_after=ev.analyst_after.view() if ev.analyst_after else None,
         )

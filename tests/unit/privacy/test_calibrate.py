@@ -9,15 +9,20 @@ from functools import cache
 import pytest
 
 from service.privacy.calibrate import (
+    PLD_VALUE_DISCRETIZATION,
+    PLD_VALUE_DISCRETIZATION_MIN,
     Accountant,
+    _dpsgd_pld_epsilon,
     _smallest_sufficient_sigma,
     calibrate_noise_multiplier,
     epsilon_for,
     pld_epsilon,
+    pld_value_discretization,
 )
 from service.privacy.events import (
     ComposedEvent,
     ExponentialMechanismEvent,
+    PmfSlackEvent,
     PoissonSubsampledGaussianEvent,
     PureDpEvent,
     SelfComposedEvent,
@@ -27,15 +32,18 @@ Q, STEPS, EPS, DELTA, TOL = 256 / 30000, 3 * 117, 1.0, 1e-5, 1e-3
 
 
 @cache
-def _sigma(accountant: Accountant) -> float:
+def _sigma(accountant: Accountant, epsilon: float = EPS) -> float:
     return calibrate_noise_multiplier(
-        sampling_rate=Q, steps=STEPS, epsilon=EPS, delta=DELTA, accountant=accountant
+        sampling_rate=Q, steps=STEPS, epsilon=epsilon, delta=DELTA, accountant=accountant
     )
 
 
 def _eps(sigma: float, accountant: Accountant) -> float:
     event = PoissonSubsampledGaussianEvent(sampling_rate=Q, noise_multiplier=sigma, steps=STEPS)
-    return epsilon_for(event=event, delta=DELTA, accountant=accountant)
+    vdi = pld_value_discretization(epsilon=EPS, steps=STEPS)  # what calibration used
+    return epsilon_for(
+        event=event, delta=DELTA, accountant=accountant, value_discretization_interval=vdi
+    )
 
 
 @pytest.mark.parametrize("accountant", ["rdp", "pld"])
@@ -53,6 +61,36 @@ def test_pld_is_tighter_than_rdp() -> None:
     # values measured when this was written (dp_accounting 0.6.0)
     assert sigma_rdp == pytest.approx(1.1442, rel=2e-3)
     assert sigma_pld == pytest.approx(0.9859, rel=2e-3)
+
+
+@pytest.mark.parametrize("eps", [0.01, 0.1, 1.0, 10.0])
+def test_pld_calibration_is_never_noisier_than_rdp(eps: float) -> None:
+    # Audit defect 10b: a fixed PLD interval of 1e-3 gave σ = 143.6 at ε = 0.01, 3.2×
+    # the RDP calibration's 44.98. PLD is the tighter accountant for one job; with the
+    # interval scaled to ε/(16√steps) its σ is below the RDP σ at every ε measured.
+    assert _sigma("pld", eps) <= _sigma("rdp", eps) * 1.01
+
+
+def test_pld_discretisation_adds_little_noise_at_small_epsilon() -> None:
+    # At ε = 0.01 the calibrated σ is within 1 % of what a 3× finer grid
+    # (h = 1e-5) would allow: σ/1.01 already fails the target there.
+    eps = 0.01
+    sigma = _sigma("pld", eps)
+    finer = _dpsgd_pld_epsilon(
+        sampling_rate=Q, noise_multiplier=sigma / 1.01, steps=STEPS, delta=DELTA, vdi=1e-5
+    )
+    assert finer > eps
+
+
+def test_pld_value_discretization_rule() -> None:
+    assert pld_value_discretization(epsilon=0.01, steps=351) == pytest.approx(
+        0.01 / (16 * math.sqrt(351))
+    )
+    assert pld_value_discretization(epsilon=1.0, steps=351) == PLD_VALUE_DISCRETIZATION
+    assert pld_value_discretization(epsilon=1e-6, steps=10**6) == PLD_VALUE_DISCRETIZATION_MIN
+    for bad in ({"epsilon": 0.0, "steps": 1}, {"epsilon": 1.0, "steps": 0}):
+        with pytest.raises(ValueError):
+            pld_value_discretization(**bad)  # type: ignore[arg-type]
 
 
 def test_unreachable_target_raises() -> None:
@@ -131,3 +169,16 @@ def test_pld_epsilon_information_only() -> None:
     assert pld_epsilon(events=[], delta=1e-5) == 0.0
     with pytest.raises(ValueError):
         pld_epsilon(events=["x"], delta=1e-5)  # type: ignore[list-item]
+
+
+def test_pld_epsilon_accounts_for_the_pmf_slack() -> None:
+    # A DP-SGD charge carries a PmfSlackEvent (the sampler's pointwise e^{±τ} gap). It has
+    # no PLD of its own: (ε', δ') of the exact mechanism becomes (ε' + 2τ, e^τ δ'). Before,
+    # pld_epsilon raised TypeError on it, and with it the admin's accounting page.
+    job = PoissonSubsampledGaussianEvent(sampling_rate=0.01, noise_multiplier=1.2, steps=200)
+    tau = 1e-3
+    slack = ComposedEvent(events=(job, SelfComposedEvent(event=PmfSlackEvent(tau=tau), count=2)))
+    got = pld_epsilon(events=[slack, PmfSlackEvent(tau=tau)], delta=1e-5)
+    exact = pld_epsilon(events=[job], delta=1e-5 * math.exp(-3 * tau))
+    assert got == pytest.approx(exact + 6 * tau, rel=1e-12)
+    assert got > pld_epsilon(events=[job], delta=1e-5)

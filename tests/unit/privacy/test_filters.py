@@ -11,11 +11,14 @@ from hypothesis import strategies as st
 
 from service.privacy.amounts import MICRO_CAP, curve_to_micro_up, from_micro, to_micro_up
 from service.privacy.events import (
+    DpEvent,
     ExponentialMechanismEvent,
     PoissonSubsampledGaussianEvent,
     PureDpEvent,
 )
 from service.privacy.filters import (
+    EPSILON_TOTAL_MAX,
+    epsilon_spent,
     max_admissible_epsilon,
     max_admissible_pure_epsilon,
     pure_admits,
@@ -270,3 +273,109 @@ def test_repeated_releases_are_counted() -> None:
     expm = _releases_until_refused(ExponentialMechanismEvent(epsilon=0.5), budget)
     assert pure == 20  # no better than basic composition at this scale, never worse
     assert expm == 46  # the bounded-range bound (α ε²/8) pays off over many releases
+
+
+# ------------------------------------------------------------------ spent ε and refunds
+
+
+def _covers(spent: list[int], eps: float, delta: float) -> bool:
+    budget = rdp_budget_micro(epsilon_total=eps, delta_total=delta)
+    return any(s <= b for s, b in zip(spent, budget, strict=True))
+
+
+@settings(max_examples=100, deadline=None)
+@given(spent=vectors, delta=st.sampled_from([1e-3, 1e-5, 1e-9]))
+def test_epsilon_spent_is_the_smallest_budget_that_covers_the_spending(
+    spent: list[int], delta: float
+) -> None:
+    eps = epsilon_spent(spent_micro=spent, delta_total=delta)
+    if not any(spent):
+        assert eps == 0.0
+        return
+    assert eps == round(eps, 6) and 0.0 <= eps < EPSILON_TOTAL_MAX
+    assert _covers(spent, eps + 2e-6, delta)  # 2e-6: the budgets round down
+    if eps > 1e-5:
+        assert not _covers(spent, eps - 1e-5, delta)
+    # The old "RDP-implied ε" (full δ_total, no union bound over the grid) is never larger:
+    # it is what the spending converts to if the order had been fixed in advance.
+    old = epsilon_from_rdp(rdp=[from_micro(v) for v in spent], orders=ORDERS, delta=delta)
+    assert old <= eps + 1e-6
+
+
+def test_epsilon_spent_edge_cases() -> None:
+    assert epsilon_spent(spent_micro=[0] * N, delta_total=1e-5) == 0.0
+    saturated = [MICRO_CAP] * N
+    assert epsilon_spent(spent_micro=saturated, delta_total=1e-5) == math.inf
+    saturated[-1] = 1_000_000
+    assert epsilon_spent(spent_micro=saturated, delta_total=1e-5) < math.inf
+    for bad in ({"spent_micro": [0] * (N - 1)}, {"delta_total": 0.0}, {"spent_micro": [-1] * N}):
+        args: dict[str, object] = {"spent_micro": [0] * N, "delta_total": 1e-5, **bad}
+        with pytest.raises(ValueError):
+            epsilon_spent(**args)  # type: ignore[arg-type]
+
+
+ops = st.lists(
+    st.one_of(
+        st.tuples(st.just("submit"), request_events),
+        st.tuples(st.just("cancel"), st.integers(0, 30)),
+        st.tuples(st.just("start"), st.integers(0, 30)),
+    ),
+    max_size=40,
+)
+
+
+@settings(max_examples=80, deadline=None)
+@given(ops=ops, eps_total=st.floats(0.3, 15.0), delta_total=st.sampled_from([1e-5, 1e-8]))
+def test_refunds_of_unstarted_jobs_keep_every_start_within_the_start_time_filter(
+    ops: list[tuple[str, object]], eps_total: float, delta_total: float
+) -> None:
+    """The argument of filters.py ("Refunds: the filter's rounds are job STARTS"), run
+    on random histories: admission against S_live, real refunds of jobs that never
+    started, starts of live jobs. Every start is admitted by the start-time filter F'
+    (S_started + c ≤ B_α at some α), at ε_total and at the level ε_spent of the end."""
+    budget = rdp_budget_micro(epsilon_total=eps_total, delta_total=delta_total)
+    live: dict[int, list[int]] = {}  # admitted, not refunded, not started
+    started: list[list[int]] = []  # charges in the order the jobs started
+    s_live, s_started = [0] * N, [0] * N
+    next_id = 0
+    for op, arg in ops:
+        if op == "submit":
+            assert isinstance(arg, DpEvent)
+            charge = curve_to_micro_up(arg.rdp(ORDERS))
+            if rdp_admits(spent_micro=s_live, charge_micro=charge, budget_micro=budget):
+                live[next_id] = charge
+                s_live = [a + b for a, b in zip(s_live, charge, strict=True)]
+            next_id += 1
+        elif live:
+            job = sorted(live)[int(str(arg)) % len(live)]
+            charge = live.pop(job)
+            if op == "cancel":  # a real refund: never read a row
+                s_live = [a - b for a, b in zip(s_live, charge, strict=True)]
+            else:  # the job starts: a round of F'
+                assert rdp_admits(spent_micro=s_started, charge_micro=charge, budget_micro=budget)
+                s_started = [a + b for a, b in zip(s_started, charge, strict=True)]
+                started.append(charge)
+        # the invariant: S_live = 0 or some order within budget; started ⊆ live
+        assert not any(s_live) or any(a <= b for a, b in zip(s_live, budget, strict=True))
+        assert all(a <= b for a, b in zip(s_started, s_live, strict=True))
+    # ε_spent of the final S_live: F' at that level would have admitted every start.
+    level = epsilon_spent(spent_micro=s_live, delta_total=delta_total)
+    assert level <= eps_total + 1e-6
+    if level == 0.0:  # nothing spent: every started job had a zero charge (ε = 0)
+        assert not any(any(c) for c in started)
+    elif started:
+        at_level = rdp_budget_micro(epsilon_total=level + 2e-6, delta_total=delta_total)
+        replay = [0] * N
+        for charge in started:
+            assert rdp_admits(spent_micro=replay, charge_micro=charge, budget_micro=at_level)
+            replay = [a + b for a, b in zip(replay, charge, strict=True)]
+
+
+def test_remaining_epsilon_of_a_fresh_budget_is_explained() -> None:
+    # 9.968 on a fresh (10, 1e-5) budget: B_256 = ε_total − log(255/256)
+    # − (log(|Λ|/δ_total) − log 256)/255, and the RR curve of ε-DP is ≈ ε at α = 256.
+    budget = rdp_budget_micro(epsilon_total=10.0, delta_total=1e-5)
+    fresh = max_admissible_pure_epsilon(spent_micro=[0] * N, budget_micro=budget)
+    overhead = math.log(255 / 256) + (math.log(N / 1e-5) - math.log(256)) / 255
+    assert overhead == pytest.approx(0.0321, abs=1e-4)
+    assert fresh == pytest.approx(10.0 - overhead, abs=2e-6)

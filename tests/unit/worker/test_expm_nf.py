@@ -1,5 +1,7 @@
-"""ExpM+NF: diagnostics, a small-problem statistical test against the exact density, and
-the run_expm_nf contract (loadable releases, data-independent progress, server RNG only)."""
+"""ExpM+NF: the calibration (log-density ε·u/s, add/remove neighbours, checked in closed
+form and by exact quadrature), diagnostics, a small-problem statistical test against the
+exact density, and the run_expm_nf contract (loadable releases, data-independent progress,
+server RNG only)."""
 
 from __future__ import annotations
 
@@ -9,12 +11,17 @@ from dataclasses import FrozenInstanceError
 import numpy as np
 import pytest
 import torch
+from torch import nn
 
 from service.modelspec import GrudSpec, LogisticSpec, MlpSpec, ModelSpec
+from service.plans import build_plan
+from service.schemas import JobRequest
 from worker.flows import ElementwiseAffine, Flow, FlowConfig, grid_points, importance_diagnostics
 from worker.flows.diagnostics import grid_comparison
 from worker.mechanisms.base import TabularTrainingSet
+from worker.mechanisms.expm_job import params_from_plan
 from worker.mechanisms.expm_nf import (
+    CALIBRATION,
     EXPM_NF_GUARANTEE,
     ExpmNfParams,
     ExpMTarget,
@@ -23,8 +30,166 @@ from worker.mechanisms.expm_nf import (
     run_expm_nf,
 )
 from worker.mechanisms.samplers import FlowSampler, FlowSamplerConfig, LogDensityTarget
-from worker.models import build_batched, build_module
+from worker.models import BatchedModel, build_batched, build_module
 from worker.synthetic_icu import generate_icu
+
+# ---------------------------------------------------------------- calibration
+
+
+def _sigmoid(t: float) -> float:
+    return 1.0 / (1.0 + math.exp(-t))
+
+
+def test_log_density_is_epsilon_times_the_utility_in_closed_form() -> None:
+    # u(w, b) = −Σ (σ(w·x_i + b) − y_i)² − λ(w² + b²), written out by hand.
+    rows = [(0.5, 1.0), (-1.0, 0.0), (2.0, 0.3)]
+    eps, lam = 0.8, 0.25
+
+    def u(w: float, b: float) -> float:
+        return -sum((_sigmoid(w * x + b) - y) ** 2 for x, y in rows) - lam * (w * w + b * b)
+
+    target = ExpMTarget(
+        model=build_batched(LogisticSpec(), 1),
+        x=torch.tensor([[x] for x, _ in rows], dtype=torch.float64),
+        y=torch.tensor([y for _, y in rows], dtype=torch.float64),
+        epsilon=eps,
+        l2=lam,
+    )
+    theta = [(0.3, -0.2), (-1.5, 0.7), (4.0, 2.5)]
+    log_p = target.log_density(torch.tensor(theta, dtype=torch.float64)).tolist()
+    for (w, b), lp in zip(theta, log_p, strict=True):
+        assert lp == pytest.approx(eps * u(w, b), abs=1e-12)
+    # The monotone calibration ε·u/s, s = 1: differences are ε times the utility's, not ε/2.
+    for i, j in [(0, 1), (1, 2), (0, 2)]:
+        du = u(*theta[i]) - u(*theta[j])
+        assert log_p[i] - log_p[j] == pytest.approx(eps * du, rel=1e-12, abs=1e-12)
+    assert target.scale == eps
+
+
+def test_prior_std_is_the_std_of_the_regulariser_only_density() -> None:
+    eps, lam = 0.7, 1.3
+    params = ExpmNfParams(epsilon=eps, l2=lam)
+    sigma = params.prior_std()
+    assert sigma == pytest.approx(math.sqrt(1.0 / (2.0 * eps * lam)), rel=1e-15)
+    # With no rows the target is exp(−ελ‖θ‖²): log p̃ − log N(0, σ²I) is constant in θ.
+    target = ExpMTarget(
+        model=build_batched(LogisticSpec(), 2),
+        x=torch.zeros(0, 2, dtype=torch.float64),
+        y=torch.zeros(0, dtype=torch.float64),
+        epsilon=eps,
+        l2=lam,
+    )
+    theta = torch.randn(16, 3, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    gap = target.log_density(theta) + theta.square().sum(-1) / (2 * sigma**2)
+    torch.testing.assert_close(gap, torch.zeros_like(gap), atol=1e-12, rtol=0)
+
+
+class _Slope(nn.Module):
+    """ŷ = sigmoid(θ·x₀): a one-parameter model, so the exact mechanism fits on a grid."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.zeros(1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x[:, 0] * self.w
+
+
+_GRID = torch.linspace(-40.0, 40.0, 20_001, dtype=torch.float64).unsqueeze(1)
+_BASE_X = torch.tensor([1.9, 0.8, -0.2, 1.7, 0.6, 1.2, -1.3, -0.6], dtype=torch.float64)
+_BASE_Y = torch.tensor([0.0, 1.0, 1.0, 1.0, 1.0, 0.0, 1.0, 1.0], dtype=torch.float64)
+# Rows to add: saturating features with either label, a constant-loss row, a soft label.
+_EXTRA_ROWS = [(3.0, 0.0), (3.0, 1.0), (-3.0, 0.0), (0.0, 1.0), (1.0, 0.5), (-0.5, 1.0)]
+
+
+def _exact_log_p(
+    rows: list[tuple[float, float]], *, epsilon: float, sensitivity: float = 1.0
+) -> torch.Tensor:
+    """log p_D on _GRID for D = base rows + ``rows``, normalised by quadrature (λ = 0.5).
+
+    The tails beyond |θ| = 40 carry < exp(−ελ·40²) of the mass, and the Riemann sum of a
+    smooth, rapidly decaying integrand is accurate far beyond the 1e-9 used below."""
+    x = torch.cat([_BASE_X, torch.tensor([r[0] for r in rows], dtype=torch.float64)])
+    y = torch.cat([_BASE_Y, torch.tensor([r[1] for r in rows], dtype=torch.float64)])
+    target = ExpMTarget(
+        model=BatchedModel(_Slope()),
+        x=x.unsqueeze(1),
+        y=y,
+        epsilon=epsilon,
+        l2=0.5,
+        sensitivity=sensitivity,
+        max_pairs=10**7,
+    )
+    log_p = target.log_density(_GRID)
+    step = float(_GRID[1, 0] - _GRID[0, 0])
+    return log_p - (torch.logsumexp(log_p, 0) + math.log(step))
+
+
+@pytest.mark.parametrize("epsilon", [0.5, 2.0, 8.0])
+def test_exact_mechanism_is_epsilon_dp_and_bounded_range_under_add_remove(epsilon: float) -> None:
+    base = _exact_log_p([], epsilon=epsilon)
+    worst = 0.0
+    for row in _EXTRA_ROWS:
+        ratio = base - _exact_log_p([row], epsilon=epsilon)  # log p_D − log p_{D ∪ {row}}
+        worst = max(worst, float(ratio.abs().max()))
+        assert float(ratio.abs().max()) <= epsilon + 1e-9, row  # ε-DP
+        assert float(ratio.max() - ratio.min()) <= epsilon + 1e-9, row  # ε-bounded-range
+    # Not vacuous: some added row uses most of the budget (observed 0.71ε–0.89ε).
+    assert worst >= 0.6 * epsilon
+
+
+@pytest.mark.parametrize("epsilon", [0.5, 2.0, 8.0])
+def test_the_monotone_calibration_is_not_dp_under_replace_one(epsilon: float) -> None:
+    # D ∪ {(3, 0)} vs D ∪ {(3, 1)}: one row replaced. Its loss difference 1 − 2σ(3θ) takes
+    # both signs, so exp(ε·u) exceeds ε (observed 1.14ε–1.21ε): the add/remove relation is
+    # what makes the monotone calibration valid.
+    a, b = [(3.0, 0.0)], [(3.0, 1.0)]
+    monotone = _exact_log_p(a, epsilon=epsilon) - _exact_log_p(b, epsilon=epsilon)
+    assert float(monotone.abs().max()) > 1.1 * epsilon
+    # The replace-one calibration exp(ε·u/(2s)) (sensitivity field 2 = 2s) stays within ε.
+    halved = _exact_log_p(a, epsilon=epsilon, sensitivity=2.0) - _exact_log_p(
+        b, epsilon=epsilon, sensitivity=2.0
+    )
+    assert float(halved.abs().max()) <= epsilon + 1e-9
+
+
+def test_l2_zero_is_refused_because_the_density_would_not_normalise() -> None:
+    for l2 in (0.0, -0.5, math.inf, math.nan):
+        with pytest.raises(ValueError, match="l2"):
+            ExpmNfParams(epsilon=1.0, l2=l2)
+        with pytest.raises(ValueError, match="l2"):
+            ExpMTarget(
+                model=build_batched(LogisticSpec(), 1),
+                x=torch.zeros(2, 1),
+                y=torch.zeros(2),
+                epsilon=1.0,
+                l2=l2,
+            )
+
+
+def _expm_plan_request(**expm: object) -> JobRequest:
+    return JobRequest.model_validate(
+        {"dataset": "toy", "method": "expm_nf", "epsilon": 0.5, "samples": 2, "expm_nf": expm}
+    )
+
+
+def test_params_from_plan_follow_the_plan_and_refuse_another_mechanism() -> None:
+    plan = build_plan(_expm_plan_request(l2=0.3, steps=7), n_rows=100, n_features=1)
+    params = params_from_plan(plan)
+    assert (params.epsilon, params.samples, params.l2, params.steps) == (0.5, 2, 0.3, 7)
+    other_s = plan.model_copy(update={"mechanism": {**plan.mechanism, "sensitivity": 0.5}})
+    with pytest.raises(ValueError, match="sensitivity"):
+        params_from_plan(other_s)
+    other_c = plan.model_copy(update={"mechanism": {**plan.mechanism, "calibration": "halved"}})
+    with pytest.raises(ValueError, match="calibration"):
+        params_from_plan(other_c)
+    assert plan.mechanism["calibration"] == CALIBRATION
+    unnamed = plan.model_copy(
+        update={"mechanism": {k: v for k, v in plan.mechanism.items() if k != "calibration"}}
+    )
+    with pytest.raises(ValueError, match="calibration"):
+        params_from_plan(unnamed)
+
 
 # ---------------------------------------------------------------- diagnostics
 
@@ -129,7 +294,8 @@ def _train(
 
 
 def test_trained_flow_matches_the_exact_expm_density_on_a_grid() -> None:
-    target = _tiny_logistic_target(epsilon=4.0)
+    # Log-density 2·u (ε = 2 under the monotone calibration ε·u/s).
+    target = _tiny_logistic_target(epsilon=2.0)
     sampler, diag = _train(target, FlowConfig(kind="planar", layers=4, affine_init_scale=2.0), 600)
     assert sampler.flow is not None
     cmp = exact_grid_comparison(target, sampler.flow, BOUNDS, points_per_dim=200)
@@ -287,6 +453,7 @@ def test_targets_outside_unit_interval_are_refused() -> None:
         {"epsilon": float("nan")},
         {"epsilon": 1.0, "samples": 0},
         {"epsilon": 1.0, "l2": -1.0},
+        {"epsilon": 1.0, "l2": 0.0},
         {"epsilon": 1.0, "steps": 0},
         {"epsilon": 1.0, "flow": "realnvp"},
         {"epsilon": 1.0, "base_std": -1.0},
@@ -303,9 +470,9 @@ def test_params_are_frozen_and_the_flow_sampler_is_nominal() -> None:
         params.epsilon = 2.0  # type: ignore[misc]
     sampler = make_sampler(params)
     assert sampler.guarantee == EXPM_NF_GUARANTEE == "nominal"
-    # Data-independent initial scale: the regulariser-only density's std sqrt(1/(ελ)).
-    assert params.flow_config().affine_init_scale == pytest.approx(1.0)
-    wide = ExpmNfParams(epsilon=1e-4, l2=1.0)
+    # Data-independent initial scale: the regulariser-only density's std sqrt(1/(2ελ)).
+    assert params.flow_config().affine_init_scale == pytest.approx(math.sqrt(0.5))
+    wide = ExpmNfParams(epsilon=1e-4, l2=0.5)
     assert wide.flow_config().affine_init_scale == pytest.approx(100.0)
 
 
