@@ -96,10 +96,14 @@ def create_app(settings: Settings | None = None, *, run_sweeper: bool = True) ->
         summary="Train models on data you may never see, under a differential-privacy budget.",
         description=(
             "Analysts submit training jobs; each job's privacy plan is charged to the ledger "
-            "at admission, before any private row is read. A job cancelled while queued is "
-            "refunded. A failed job keeps its charge unless the admin refunds it: its failure "
-            "is itself an output. Releases state their guarantee: `proven` (DP-SGD) or "
-            "`nominal` (ExpM+NF: the flow only approximates the ε-DP mechanism). "
+            "at admission, before any private row is read. A job cancelled (or failed) before "
+            "it read its first private row is refunded. A job that read rows keeps its charge, "
+            "even if it failed: its failure is itself an output. Every (ε, δ) is for "
+            "add/remove-one-row neighbours; the mechanisms depend only on the private rows and "
+            "public values: the public schema, the budget, the plan and the public row count "
+            "`n_rows`, a DP noisy count released at registration and charged to the dataset's "
+            "budget. Releases state their guarantee: `proven` (DP-SGD) or `nominal` (ExpM+NF: "
+            "the flow only approximates the ε-DP mechanism). "
             "Errors are RFC 9457 `application/problem+json`."
         ),
         lifespan=lifespan,

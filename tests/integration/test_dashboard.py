@@ -38,6 +38,8 @@ def test_dashboard_requires_an_admin_and_shows_the_ledger(
     assert "tighter but" not in text and "may be tighter or looser" in text
     assert "ε spent (valid)" in text and "one further pure ε-DP request" in text
     assert "a nominal job has read its rows" not in text  # queued: nothing read yet
+    # Audit defect 2: the relation and the public row count are stated for the admin too.
+    assert "add/remove one row" in text and "DP noisy count" in text
     with transaction(engine_for(settings.resolved_database_url)) as s:
         s.execute(update(Job).where(Job.id == r.json()["id"]).values(data_touched=True))
     text = client.get("/dashboard").text

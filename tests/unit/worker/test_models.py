@@ -107,6 +107,21 @@ def test_sensitivity_is_at_most_one_on_neighbouring_datasets(kind: str) -> None:
         assert float(diff.abs().max()) <= 1.0 + 1e-5
 
 
+@pytest.mark.parametrize("kind", KINDS)
+def test_adding_a_row_lowers_the_utility_by_at_most_one(kind: str) -> None:
+    """The add/remove argument behind ExpM's monotone calibration exp(ε·u): for every θ,
+    u(D) − u(D ∪ {x}) ∈ [0, 1] (one sign, range ≤ 1), for every model."""
+    model = _model(kind)
+    for trial in range(5):
+        x, y = _data(kind, 13, seed=20 + trial)
+        g = torch.Generator().manual_seed(trial)
+        theta = torch.randn(64, model.n_params, generator=g) * (1.0 + 10.0 * trial)
+        gap = squared_error_utility(model, theta, x[:12], y[:12], l2=2.0) - (
+            squared_error_utility(model, theta, x, y, l2=2.0)
+        )
+        assert float(gap.min()) >= -1e-5 and float(gap.max()) <= 1.0 + 1e-5
+
+
 @settings(max_examples=40, deadline=None)
 @given(
     rows=st.integers(1, 20),
