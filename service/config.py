@@ -28,6 +28,14 @@ class Settings(BaseSettings):
     )
     device: Literal["auto", "cpu", "cuda"] = "auto"
     queue: str = "enclave.jobs"
+    broker_key_prefix: str = Field(
+        default="",
+        description=(
+            "Prefix of every key the Redis broker transport writes (kombu's global_keyprefix), "
+            "so deployments and test runs can share one Redis database without touching each "
+            "other's keys."
+        ),
+    )
     max_body_bytes: int = Field(default=64 * 1024, ge=1024)
     # A running job whose heartbeat is older than this is presumed lost and re-enqueued.
     heartbeat_timeout_s: float = Field(default=120.0, gt=0)

@@ -27,19 +27,24 @@ def celery_config(settings: Settings) -> dict[str, object]:
         "task_reject_on_worker_lost": True,
         "worker_prefetch_multiplier": 1,
         "broker_connection_retry_on_startup": True,
-        "broker_transport_options": transport_options(settings.resolved_broker_url),
+        "broker_transport_options": transport_options(
+            settings.resolved_broker_url, settings.broker_key_prefix
+        ),
     }
 
 
-def transport_options(broker_url: str) -> dict[str, object]:
+def transport_options(broker_url: str, key_prefix: str = "") -> dict[str, object]:
     # kombu's SQLAlchemy transport hands its options to create_engine(): give it none.
     if broker_url.startswith("sqla+"):
         return {}
-    return {"visibility_timeout": 3600}
+    options: dict[str, object] = {"visibility_timeout": 3600}
+    if key_prefix and broker_url.startswith(("redis://", "rediss://")):
+        options["global_keyprefix"] = key_prefix
+    return options
 
 
 @lru_cache(maxsize=4)
-def _client(broker_url: str, queue: str) -> Celery:
+def _client(broker_url: str, queue: str, key_prefix: str = "") -> Celery:
     app = Celery("enclave-service")
     app.conf.update(
         broker_url=broker_url,
@@ -48,13 +53,13 @@ def _client(broker_url: str, queue: str) -> Celery:
         task_default_queue=queue,
         broker_connection_retry=False,
         broker_connection_max_retries=1,
-        broker_transport_options=transport_options(broker_url),
+        broker_transport_options=transport_options(broker_url, key_prefix),
     )
     return app
 
 
 def send_run_job(settings: Settings, job_id: str) -> None:
     """Send one message; raises if the broker is unreachable (the sweeper retries)."""
-    _client(settings.resolved_broker_url, settings.queue).send_task(
+    _client(settings.resolved_broker_url, settings.queue, settings.broker_key_prefix).send_task(
         RUN_JOB_TASK, args=[job_id], queue=settings.queue, retry=False
     )

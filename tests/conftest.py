@@ -21,6 +21,9 @@ from service.migrate import upgrade
 
 PG_URL = os.environ.get("ENCLAVE_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 REDIS_URL = os.environ.get("ENCLAVE_TEST_REDIS_URL", "redis://127.0.0.1:6379")
+# The Redis database number tests may use; each test works under its own key prefix or
+# queue name in it and removes only its own keys (never FLUSHDB).
+REDIS_TEST_DB = int(os.environ.get("ENCLAVE_TEST_REDIS_DB", "15"))
 REPO = Path(__file__).resolve().parents[1]
 ADULT = REPO / "examples" / "adult"
 

@@ -29,7 +29,7 @@ from service.db import engine_for, transaction
 from service.ledger.audit import check_totals, verify_all
 from service.ledger.tables import Job, LedgerEntry, Release
 from service.releases import encode_for, load_release, predict_proba
-from tests.conftest import REDIS_URL, auth, bootstrap
+from tests.conftest import REDIS_TEST_DB, REDIS_URL, auth, bootstrap
 
 pytestmark = pytest.mark.slow
 
@@ -70,6 +70,7 @@ def _stack(
             "ENCLAVE_HOME": str(settings.home),
             "ENCLAVE_DATABASE_URL": settings.resolved_database_url,
             "ENCLAVE_BROKER_URL": broker_url,
+            "ENCLAVE_BROKER_KEY_PREFIX": os.environ.get("ENCLAVE_BROKER_KEY_PREFIX", ""),
             "ENCLAVE_DEVICE": "cpu",
             "ENCLAVE_HEARTBEAT_TIMEOUT_S": str(heartbeat),
             "ENCLAVE_SWEEP_INTERVAL_S": "1",
@@ -86,12 +87,17 @@ def _stack(
 
 
 @pytest.fixture
-def redis_broker() -> Iterator[str]:
-    """A Redis database of its own for this test's Celery broker, emptied before and after."""
-    url = f"{REDIS_URL}/{1 + uuid.uuid4().int % 14}"
-    redis.Redis.from_url(url).flushdb()
+def redis_broker(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """This test's Celery broker on the configured test Redis database, under a key prefix
+    of its own (ENCLAVE_BROKER_KEY_PREFIX, kombu's global_keyprefix): afterwards it deletes
+    only its own keys; it never flushes a database another process may be using."""
+    url = f"{REDIS_URL}/{REDIS_TEST_DB}"
+    prefix = f"enclave-test-{uuid.uuid4().hex}:"
+    monkeypatch.setenv("ENCLAVE_BROKER_KEY_PREFIX", prefix)
     yield url
-    redis.Redis.from_url(url).flushdb()
+    client = redis.Redis.from_url(url)
+    for key in client.scan_iter(match=f"{prefix}*"):
+        client.delete(key)
 
 
 def _wait(c: httpx.Client, job_id: str, until: set[str], timeout: float = 240) -> dict:

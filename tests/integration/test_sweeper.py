@@ -14,7 +14,7 @@ from sqlalchemy import select
 from service.db import engine_for, transaction
 from service.jobs import jobs_to_resend, sweep
 from service.ledger.tables import Job
-from tests.conftest import REDIS_URL, auth
+from tests.conftest import REDIS_TEST_DB, REDIS_URL, auth
 
 
 @pytest.mark.parametrize("db_url", ["postgres"], indirect=True)
@@ -34,14 +34,20 @@ def test_job_accepted_while_broker_down_is_sent_later(
     assert jobs_to_resend(engine, down) == [job.id]
 
     queue = f"enclave.test.{uuid.uuid4().hex}"
-    broker = f"{REDIS_URL}/15"
-    up = settings.model_copy(update={"broker_url": broker, "queue": queue})
+    prefix = f"enclave-test-{uuid.uuid4().hex}:"
+    broker = f"{REDIS_URL}/{REDIS_TEST_DB}"
+    up = settings.model_copy(
+        update={"broker_url": broker, "queue": queue, "broker_key_prefix": prefix}
+    )
     r_ = redis.Redis.from_url(broker)
     try:
         assert sweep(engine, up) == 1
-        assert r_.llen(queue) == 1  # the message is in the Redis queue
+        assert r_.llen(prefix + queue) == 1  # the message is in the Redis queue
         with transaction(engine) as s:
             assert s.get_one(Job, job.id).enqueued_at is not None
         assert jobs_to_resend(engine, up) == []
     finally:
-        r_.delete(queue)
+        # Only this test's keys (kombu wrote every one of them under the prefix).
+        for key in r_.scan_iter(match=f"{prefix}*"):
+            r_.delete(key)
+        assert not list(r_.scan_iter(match=f"*{queue}*"))
