@@ -48,6 +48,8 @@ from worker.noise import rounded_gaussian, secure_rng
 
 # Rows per vmap chunk: bounds the (rows × parameters) per-example gradient buffer.
 _CHUNK_ELEMENTS = 1 << 24
+# Noise coordinates drawn per call of the sampler (amortises its per-call overhead).
+_NOISE_BLOCK_ELEMENTS = 1 << 20
 _UNIFORM_BITS = 53
 
 
@@ -63,10 +65,22 @@ class DpsgdParams:
     learning_rate: float
     grid_bits: int
     parameters: int
+    steps_per_epoch: int
+    # σ for each epoch (a decaying schedule); empty: noise_multiplier throughout.
+    noise_multipliers: tuple[float, ...] = ()
+
+    def sigma_at(self, step: int) -> float:
+        """σ of step ``step`` (1-based), as the plan's event accounts it."""
+        if not self.noise_multipliers:
+            return self.noise_multiplier
+        epoch = min((step - 1) // self.steps_per_epoch, len(self.noise_multipliers) - 1)
+        return self.noise_multipliers[epoch]
 
     @classmethod
     def from_plan(cls, mechanism: dict[str, Any]) -> DpsgdParams:
         return cls(
+            steps_per_epoch=int(mechanism["steps_per_epoch"]),
+            noise_multipliers=tuple(float(v) for v in mechanism.get("noise_multipliers", ())),
             noise_multiplier=float(mechanism["noise_multiplier"]),
             sampling_rate=float(mechanism["sampling_rate"]),
             steps=int(mechanism["steps"]),
@@ -80,6 +94,27 @@ class DpsgdParams:
 
 class PlanMismatch(RuntimeError):
     """The run would not be the mechanism the ledger charged."""
+
+
+class NoiseStream:
+    """Integer noise for one step at a time, drawn in blocks of many steps (the noise does not
+    depend on the data, so drawing it early changes nothing but the per-call overhead)."""
+
+    def __init__(self, *, rng: np.random.Generator, size: int) -> None:
+        self.rng, self.size = rng, size
+        self.block = max(1, _NOISE_BLOCK_ELEMENTS // max(size, 1))
+        self._scale: float | None = None
+        self._buffer = np.empty((0, size), dtype=np.int64)
+        self._next = 0
+
+    def draw(self, *, scale: float) -> np.ndarray:
+        if scale != self._scale or self._next >= len(self._buffer):
+            flat = rounded_gaussian(self.rng, scale=scale, size=self.block * self.size)
+            self._buffer = flat.reshape(self.block, self.size)
+            self._scale, self._next = scale, 0
+        out = self._buffer[self._next]
+        self._next += 1
+        return out
 
 
 class PoissonSampler:
@@ -102,10 +137,10 @@ class PoissonSampler:
         return np.flatnonzero(coins < self.threshold)
 
 
-def _flat_per_example_grads(
+def _vmap_per_example_grads(
     module: torch.nn.Module, x: torch.Tensor, y: torch.Tensor
 ) -> torch.Tensor:
-    """(rows, parameters) float64: gradients of each row's BCE loss, in parameter order."""
+    """(rows, parameters): gradients of each row's BCE loss by torch.func (any model)."""
     params = {k: v.detach() for k, v in module.named_parameters()}
 
     def loss_one(p: dict[str, torch.Tensor], xi: torch.Tensor, yi: torch.Tensor) -> torch.Tensor:
@@ -115,7 +150,54 @@ def _flat_per_example_grads(
         )
 
     grads = vmap(grad(loss_one), in_dims=(None, 0, 0))(params, x, y)
-    return torch.cat([grads[k].reshape(x.shape[0], -1) for k in params], dim=1).double()
+    return torch.cat([grads[k].reshape(x.shape[0], -1) for k in params], dim=1)
+
+
+def _linear_layers(module: torch.nn.Module) -> list[torch.nn.Linear] | None:
+    """The module's Linear layers, if they hold every parameter in parameters() order."""
+    layers = [m for m in module.modules() if isinstance(m, torch.nn.Linear)]
+    owned = [p for m in layers for p in (m.weight, m.bias) if p is not None]
+    mine = list(module.parameters())
+    if len(owned) != len(mine) or any(a is not b for a, b in zip(owned, mine, strict=True)):
+        return None
+    return layers
+
+
+def _linear_per_example_grads(
+    module: torch.nn.Module, layers: list[torch.nn.Linear], x: torch.Tensor, y: torch.Tensor
+) -> torch.Tensor:
+    """(rows, parameters): exact per-example gradients of a model whose parameters all sit
+    in Linear layers (logistic regression, the MLPs): one forward, one backward of the summed
+    loss to each layer's output, then grad_W[i] = δ_i ⊗ a_i and grad_b[i] = δ_i (the hook
+    method of Goodfellow 2015 / Opacus, without per-row autograd)."""
+    seen: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    def keep(_m: torch.nn.Module, inputs: tuple[torch.Tensor, ...], out: torch.Tensor) -> None:
+        seen.append((inputs[0].detach(), out))
+
+    handles = [layer.register_forward_hook(keep) for layer in layers]
+    try:
+        logit = module(x)
+    finally:
+        for h in handles:
+            h.remove()
+    loss = torch.nn.functional.binary_cross_entropy_with_logits(logit, y, reduction="sum")
+    deltas = torch.autograd.grad(loss, [out for _, out in seen])
+    parts: list[torch.Tensor] = []
+    for layer, (a, _), d in zip(layers, seen, deltas, strict=True):
+        parts.append(torch.einsum("bo,bi->boi", d, a).reshape(x.shape[0], -1))
+        if layer.bias is not None:
+            parts.append(d)
+    return torch.cat(parts, dim=1)
+
+
+def per_example_grads(module: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """(rows, parameters) float64 per-example gradients, in parameters() order: the Linear
+    fast path where it applies, torch.func otherwise (both exact; tested equal)."""
+    layers = _linear_layers(module)
+    if layers is not None:
+        return _linear_per_example_grads(module, layers, x, y).double()
+    return _vmap_per_example_grads(module, x, y).double()
 
 
 def clipped_integer_sum(
@@ -140,7 +222,7 @@ def clipped_integer_sum(
     bound = 1 << (2 * grid_bits)
     chunk = max(1, _CHUNK_ELEMENTS // max(parameters, 1))
     for start in range(0, x.shape[0], chunk):
-        g = _flat_per_example_grads(module, x[start : start + chunk], y[start : start + chunk])
+        g = per_example_grads(module, x[start : start + chunk], y[start : start + chunk])
         if g.shape[1] != parameters:
             raise PlanMismatch("the model's parameter count differs from the plan's")
         unit = g / max_grad_norm
@@ -168,7 +250,7 @@ def _train_one(
     shapes = [p.shape for _, p in module.named_parameters()]
     rng = secure_rng()
     sampler = PoissonSampler(sampling_rate=params.sampling_rate, rng=rng)
-    noise_scale = params.noise_multiplier * 2.0**params.grid_bits
+    noise = NoiseStream(rng=rng, size=params.parameters)
     # Integer units → gradient units, then the average over the *expected* batch.
     unit = params.max_grad_norm * 2.0**-params.grid_bits / params.expected_batch_size
     for step in range(1, params.steps + 1):
@@ -181,10 +263,9 @@ def _train_one(
             max_grad_norm=params.max_grad_norm,
             parameters=params.parameters,
         )
-        noise = torch.as_tensor(
-            rounded_gaussian(rng, scale=noise_scale, size=params.parameters), device=device
-        )
-        noisy = (summed + noise).double() * unit
+        scale = params.sigma_at(step) * 2.0**params.grid_bits
+        step_noise = torch.as_tensor(noise.draw(scale=scale), device=device)
+        noisy = (summed + step_noise).double() * unit
         with torch.no_grad():
             offset = 0
             for p, shape in zip(module.parameters(), shapes, strict=True):
