@@ -6,7 +6,7 @@ with the plan's q, σ, C and T, under add/remove-one neighbours. The run below i
 that mechanism, post-processed:
 
 1. **Sample** (:class:`PoissonSampler`): every loaded row is included independently with
-   probability q' = ⌊q·2^53⌋/2^53 ≤ q (a 53-bit integer compared with an integer
+   probability q' = ⌊q·2^32⌋/2^32 ≤ q (a 32-bit integer compared with an integer
    threshold; a smaller rate is never worse for privacy, by joint convexity of
    exp((α−1)D_α)), for exactly T steps. Empty batches take their noise step. Nothing
    here looks at how many rows were loaded except to draw one coin per row.
@@ -50,7 +50,7 @@ from worker.noise import rounded_gaussian, secure_rng
 _CHUNK_ELEMENTS = 1 << 24
 # Noise coordinates drawn per call of the sampler (amortises its per-call overhead).
 _NOISE_BLOCK_ELEMENTS = 1 << 20
-_UNIFORM_BITS = 53
+_UNIFORM_BITS = 32
 
 
 @dataclass(frozen=True)
@@ -73,8 +73,16 @@ class DpsgdParams:
         """σ of step ``step`` (1-based), as the plan's event accounts it."""
         if not self.noise_multipliers:
             return self.noise_multiplier
-        epoch = min((step - 1) // self.steps_per_epoch, len(self.noise_multipliers) - 1)
-        return self.noise_multipliers[epoch]
+        return self.noise_multipliers[self._epoch(step)]
+
+    def _epoch(self, step: int) -> int:
+        return min((step - 1) // self.steps_per_epoch, len(self.noise_multipliers) - 1)
+
+    def steps_with_same_sigma(self, step: int) -> int:
+        """How many steps from ``step`` on (itself included) use σ_at(step)."""
+        if not self.noise_multipliers or self._epoch(step) == len(self.noise_multipliers) - 1:
+            return self.steps - step + 1
+        return (self._epoch(step) + 1) * self.steps_per_epoch - step + 1
 
     @classmethod
     def from_plan(cls, mechanism: dict[str, Any]) -> DpsgdParams:
@@ -100,30 +108,36 @@ class NoiseStream:
     """Integer noise for one step at a time, drawn in blocks of many steps (the noise does not
     depend on the data, so drawing it early changes nothing but the per-call overhead)."""
 
-    def __init__(self, *, rng: np.random.Generator, size: int) -> None:
-        self.rng, self.size = rng, size
+    def __init__(self, *, rng: np.random.Generator, size: int, steps: int) -> None:
+        self.rng, self.size, self.left = rng, size, steps
         self.block = max(1, _NOISE_BLOCK_ELEMENTS // max(size, 1))
         self._scale: float | None = None
         self._buffer = np.empty((0, size), dtype=np.int64)
         self._next = 0
 
-    def draw(self, *, scale: float) -> np.ndarray:
+    def draw(self, *, scale: float, same_scale_ahead: int) -> np.ndarray:
+        """Noise for one step; ``same_scale_ahead`` (≥ 1) steps, this one included, share
+        ``scale``, so a refill never draws noise no step will use."""
         if scale != self._scale or self._next >= len(self._buffer):
-            flat = rounded_gaussian(self.rng, scale=scale, size=self.block * self.size)
-            self._buffer = flat.reshape(self.block, self.size)
+            rows = max(1, min(self.block, same_scale_ahead, self.left))
+            flat = rounded_gaussian(self.rng, scale=scale, size=rows * self.size)
+            self._buffer = flat.reshape(rows, self.size)
             self._scale, self._next = scale, 0
         out = self._buffer[self._next]
         self._next += 1
+        self.left -= 1
         return out
 
 
 class PoissonSampler:
-    """Independent inclusion of each row with probability ⌊q·2^53⌋/2^53 ≤ q, per step."""
+    """Independent inclusion of each row with probability ⌊q·2^32⌋/2^32 ≤ q, per step
+    (or exactly 1 when q = 1): each row's coin is a uniform 32-bit integer compared with
+    an integer threshold, so no floating point enters the draw."""
 
     def __init__(self, *, sampling_rate: float, rng: np.random.Generator) -> None:
         if not 0.0 < sampling_rate <= 1.0:
             raise ValueError(f"sampling_rate must be in (0, 1], got {sampling_rate!r}")
-        # q·2^53 is exact in binary floating point (a power-of-two scaling).
+        # q·2^32 is exact in binary floating point (a power-of-two scaling).
         self.threshold = math.floor(sampling_rate * 2.0**_UNIFORM_BITS)
         self.rng = rng
 
@@ -133,7 +147,9 @@ class PoissonSampler:
         return self.threshold / 2.0**_UNIFORM_BITS
 
     def indices(self, n: int) -> np.ndarray:
-        coins = self.rng.integers(0, 1 << _UNIFORM_BITS, size=n, dtype=np.int64)
+        if self.threshold >= 1 << _UNIFORM_BITS:
+            return np.arange(n)
+        coins = self.rng.integers(0, 1 << _UNIFORM_BITS, size=n, dtype=np.uint32)
         return np.flatnonzero(coins < self.threshold)
 
 
@@ -250,7 +266,7 @@ def _train_one(
     shapes = [p.shape for _, p in module.named_parameters()]
     rng = secure_rng()
     sampler = PoissonSampler(sampling_rate=params.sampling_rate, rng=rng)
-    noise = NoiseStream(rng=rng, size=params.parameters)
+    noise = NoiseStream(rng=rng, size=params.parameters, steps=params.steps)
     # Integer units → gradient units, then the average over the *expected* batch.
     unit = params.max_grad_norm * 2.0**-params.grid_bits / params.expected_batch_size
     for step in range(1, params.steps + 1):
@@ -264,7 +280,8 @@ def _train_one(
             parameters=params.parameters,
         )
         scale = params.sigma_at(step) * 2.0**params.grid_bits
-        step_noise = torch.as_tensor(noise.draw(scale=scale), device=device)
+        ahead = params.steps_with_same_sigma(step)
+        step_noise = torch.as_tensor(noise.draw(scale=scale, same_scale_ahead=ahead), device=device)
         noisy = (summed + step_noise).double() * unit
         with torch.no_grad():
             offset = 0
