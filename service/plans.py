@@ -17,11 +17,18 @@ from service.privacy.events import (
     ComposedEvent,
     DpEvent,
     ExponentialMechanismEvent,
+    PmfSlackEvent,
     PoissonSubsampledGaussianEvent,
     SelfComposedEvent,
 )
 from service.privacy.orders import ORDERS
 from service.privacy.sampling import GRID_BITS, noise_slack
+from service.privacy.schedules import (
+    calibrate_sigma0,
+    decaying_event,
+    epoch_noise_multipliers,
+    tcdp_estimate,
+)
 from service.schemas import DpsgdOptions, ExpmNfOptions, Guarantee, JobRequest, PrivacyPlan
 
 
@@ -42,7 +49,7 @@ class DpsgdSchedule:
     Each row is included in a step independently with probability
     q = batch_size / n_public (so ``batch_size`` is the *expected* batch), for
     T = epochs · ⌈n_public / batch_size⌉ steps. The worker's own Poisson sampler runs
-    exactly this q (rounded down to a multiple of 2^−53) and exactly T steps, for any
+    exactly this q (rounded down to a multiple of 2^−32) and exactly T steps, for any
     batch size, so no admitted plan can fail for a schedule mismatch.
     """
 
@@ -79,6 +86,20 @@ def _dpsgd_plan(
     # One noise coordinate per parameter per step; the floating-point gap of the
     # integer-noise sampler is charged, not ignored (service/privacy/sampling.py).
     slack = noise_slack(draws=parameters * schedule.steps)
+    public = {
+        "public_n_rows": n_rows,
+        "expected_batch_size": float(options.batch_size),  # = q·n̂ by construction
+        "sampling_rate": schedule.sampling_rate,
+        "steps_per_epoch": schedule.steps_per_epoch,
+        "steps": schedule.steps,
+        "parameters": parameters,
+        "grid_bits": GRID_BITS,
+        "noise": "rounded Gaussian on the grid C·2^-grid_bits, exact integer sum",
+    }
+    if options.noise_schedule == "exponential":
+        return _decaying_dpsgd_plan(
+            request, options=options, schedule=schedule, slack=slack, public=public
+        )
     # Calibrate the Gaussian part so that it plus the slack stays within (ε, δ):
     # RDP: the slack adds τ(2α−1)/(α−1) ≤ 12τ at every calibration order (α ≥ 1.1);
     # PLD: pointwise e^{±τ} closeness turns (ε', δ') into (ε' + 2τ, δ'·e^{τ}).
@@ -96,18 +117,71 @@ def _dpsgd_plan(
         sampling_rate=schedule.sampling_rate, noise_multiplier=sigma, steps=schedule.steps
     )
     mechanism = {
-        **options.model_dump(),
-        "public_n_rows": n_rows,
-        "expected_batch_size": float(options.batch_size),  # = q·n̂ by construction
-        "sampling_rate": schedule.sampling_rate,
-        "steps_per_epoch": schedule.steps_per_epoch,
-        "steps": schedule.steps,
+        # The schedule keys are left out of a constant plan so that it stays identical,
+        # key for key, to the plans stored before schedules existed (the worker compares).
+        **options.model_dump(exclude={"noise_schedule", "noise_decay"}),
+        **public,
         "noise_multiplier": sigma,
-        "parameters": parameters,
-        "grid_bits": GRID_BITS,
-        "noise": "rounded Gaussian on the grid C·2^-grid_bits, exact integer sum",
     }
     return ComposedEvent(events=(gaussian, slack)), mechanism, options.accountant
+
+
+def _decaying_dpsgd_plan(
+    request: JobRequest,
+    *,
+    options: DpsgdOptions,
+    schedule: DpsgdSchedule,
+    slack: PmfSlackEvent,
+    public: dict[str, Any],
+) -> tuple[DpEvent, dict[str, Any], str]:
+    """DP-SGD with σ_e = σ₀·R^{e/2} in epoch e (service/privacy/schedules.py).
+
+    σ₀ is calibrated on the step-by-step composition of the whole heterogeneous history
+    plus the sampler's slack, by the request's accountant; the event (and so the charge)
+    is that history's RDP curve. ``tcdp_estimate_epsilon`` is the closed-form tCDP
+    estimate (Zhang et al. 2021) for display only: never calibrated on, never charged,
+    even where it is lower. The worker runs step k (1-based) with
+    ``noise_multipliers[(k − 1) // steps_per_epoch]``.
+    """
+    decay = options.noise_decay
+    if decay is None:  # the schema's validator forbids it; kept for a direct caller
+        raise PlanError("noise_schedule 'exponential' needs noise_decay")
+    q, spe, epochs = schedule.sampling_rate, schedule.steps_per_epoch, options.epochs
+    try:
+        sigma0 = calibrate_sigma0(
+            sampling_rate=q,
+            decay=decay,
+            steps_per_epoch=spe,
+            epochs=epochs,
+            epsilon=request.epsilon,
+            delta=request.delta,
+            accountant=options.accountant,
+            slack=slack,
+        )
+    except ValueError as exc:
+        raise PlanError(f"cannot calibrate DP-SGD noise: {exc}") from exc
+    estimate = tcdp_estimate(
+        sampling_rate=q,
+        sigma0=sigma0,
+        decay=decay,
+        steps_per_epoch=spe,
+        epochs=epochs,
+        delta=request.delta,
+    )
+    mechanism = {
+        **options.model_dump(),
+        **public,
+        "noise_multiplier": sigma0,
+        "noise_multipliers": list(
+            epoch_noise_multipliers(sigma0=sigma0, decay=decay, epochs=epochs)
+        ),
+        "tcdp_estimate_epsilon": estimate.epsilon if math.isfinite(estimate.epsilon) else None,
+        "tcdp_estimate_conditions_hold": estimate.conditions_hold,
+    }
+    history = decaying_event(
+        sampling_rate=q, sigma0=sigma0, decay=decay, steps_per_epoch=spe, epochs=epochs
+    )
+    return ComposedEvent(events=(history, slack)), mechanism, options.accountant
 
 
 def _expm_plan(request: JobRequest) -> tuple[DpEvent, dict[str, Any], str]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from service.modelspec import LogisticSpec, ModelSpec
 
@@ -32,6 +32,15 @@ class DpsgdOptions(_In):
     batch), for T = epochs·⌈n̂/batch_size⌉ steps; the noise multiplier is calibrated so the
     whole run is (ε, δ)-DP under add/remove-one neighbours with the chosen accountant.
     Every batch size up to n̂ runs exactly as planned.
+
+    Noise schedule. ``"constant"`` (default): one σ for all T steps. ``"exponential"``:
+    decaying noise after Zhang, Ding, Wu, Wong, Nguyen & Pan 2021 (σ_t² = σ₀²·Rᵗ), with
+    the time index t = the **epoch**: σ_e = σ₀·R^{e/2} for e = 0 … epochs − 1, constant
+    within an epoch, R = ``noise_decay`` in (0, 1) (noise decreases over training). The
+    plan calibrates σ₀ on the step-by-step composition of that history and charges its
+    RDP curve; per epoch rather than per step because every distinct σ costs one curve in
+    the accounting (see service/privacy/schedules.py for the measurements). A per-step
+    decay r is R = r^{steps per epoch}.
     """
 
     epochs: int = Field(default=3, ge=1, le=100)
@@ -39,6 +48,24 @@ class DpsgdOptions(_In):
     max_grad_norm: float = Field(default=1.0, gt=0, le=1e3)
     learning_rate: float = Field(default=1.0, gt=0, le=1e3)
     accountant: Literal["rdp", "pld"] = "rdp"
+    noise_schedule: Literal["constant", "exponential"] = Field(
+        default="constant",
+        description="constant σ, or σ_e² = σ₀²·R^e per epoch e (needs noise_decay).",
+    )
+    noise_decay: float | None = Field(
+        default=None,
+        gt=0,
+        lt=1,
+        description="R in (0, 1), per epoch: required iff noise_schedule is 'exponential'.",
+    )
+
+    @model_validator(mode="after")
+    def _decay_iff_exponential(self) -> DpsgdOptions:
+        if self.noise_schedule == "exponential" and self.noise_decay is None:
+            raise ValueError("noise_schedule 'exponential' needs noise_decay R in (0, 1)")
+        if self.noise_schedule == "constant" and self.noise_decay is not None:
+            raise ValueError("noise_decay is only meaningful with noise_schedule 'exponential'")
+        return self
 
 
 class ExpmNfOptions(_In):
@@ -181,6 +208,17 @@ class QuoteResponse(BaseModel):
     admitted: bool
     reason: str | None = None
     plan: PrivacyPlan
+    charged_epsilon: float | None = Field(
+        default=None,
+        description=(
+            "What the ledger will charge, in ε terms: the plan's RDP curve (the charge the "
+            "filters add up) converted to ε at the plan's δ on the ledger's grid of orders "
+            "(Canonne, Kamath & Steinke conversion). It can exceed plan.epsilon, the stated "
+            "guarantee, when the plan was calibrated with the tighter PLD accountant, which "
+            "the ledger cannot use across adaptively chosen jobs. Null for pure plans "
+            "(δ = 0), whose charge is plan.epsilon itself."
+        ),
+    )
     dataset_before: BudgetView
     dataset_after: BudgetView | None
     analyst_before: BudgetView | None

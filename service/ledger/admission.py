@@ -412,8 +412,19 @@ def new_dataset(
     return ds
 
 
+# Request fields added after requests were first hashed, with their defaults: a field at its
+# default is left out of the digest, so an Idempotency-Key retry of a request sent before the
+# field existed still matches its first job.
+_LATER_DPSGD_DEFAULTS = {"noise_schedule": "constant", "noise_decay": None}
+
+
 def request_digest(request: JobRequest) -> str:
-    body = json.dumps(request.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+    data = request.model_dump(mode="json")
+    if isinstance(data.get("dpsgd"), dict):
+        for key, default in _LATER_DPSGD_DEFAULTS.items():
+            if data["dpsgd"].get(key, default) == default:
+                data["dpsgd"].pop(key, None)
+    body = json.dumps(data, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(body.encode()).hexdigest()
 
 

@@ -92,6 +92,24 @@ def test_quote_agrees_with_admission_and_charges_nothing(
     assert after == q["dataset_after"]
 
 
+def test_quote_shows_stated_and_charged_epsilon(client: Any, keys: Any) -> None:
+    """The analyst sees, before submitting, both the stated ε and what the ledger charges:
+    with the PLD accountant the charged (RDP) ε is larger than the stated one."""
+    pld = {**DPSGD, "dpsgd": {**DPSGD["dpsgd"], "accountant": "pld"}}
+    q = client.post("/v1/quote", json=pld, headers=auth(keys.alice)).json()
+    assert q["plan"]["epsilon"] == DPSGD["epsilon"]
+    assert q["charged_epsilon"] > q["plan"]["epsilon"]
+    rdp = client.post("/v1/quote", json=DPSGD, headers=auth(keys.alice)).json()
+    # RDP-calibrated: the charge converts back to about the stated ε (the ledger's grid of
+    # orders is coarser than calibration's, and calibration aims a hair below ε).
+    assert 0.95 <= rdp["charged_epsilon"] / rdp["plan"]["epsilon"] <= 1.1
+    expm = {"dataset": "toy", "method": "expm_nf", "epsilon": 0.5, "delta": 0}
+    assert (
+        client.post("/v1/quote", json=expm, headers=auth(keys.alice)).json()["charged_epsilon"]
+        is None
+    )
+
+
 @pytest.mark.parametrize(
     ("body", "status", "slug"),
     [

@@ -113,3 +113,23 @@ def test_ensemble_of_k_models(client: Any, keys: Any, settings: Any) -> None:
             "linear.bias",
         }
     )
+
+
+def test_decaying_noise_schedule_job_runs_and_states_its_schedule(
+    client: Any, keys: Any, settings: Any
+) -> None:
+    body = {
+        **BODY,
+        "dpsgd": {
+            **BODY["dpsgd"],
+            "epochs": 2,
+            "noise_schedule": "exponential",
+            "noise_decay": 0.8,
+        },
+    }
+    job_id = _submit(client, keys, body)
+    assert execute_job(job_id, settings) == Outcome.released
+    card = client.get(f"/v1/jobs/{job_id}/release", headers=auth(keys.alice)).json()
+    sigmas = card["mechanism"]["noise_multipliers"]
+    assert len(sigmas) == 2 and sigmas[1] < sigmas[0]
+    assert card["privacy"]["guarantee"] == "proven"

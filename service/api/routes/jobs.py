@@ -34,6 +34,7 @@ from service.ledger.admission import (
 from service.ledger.tables import Analyst, AnalystCap, Dataset, Job, JobStatus, Release
 from service.plans import PlanError, plan_for_dataset
 from service.privacy.amounts import from_micro
+from service.privacy.rdp import epsilon_from_rdp
 from service.releases import release_paths
 from service.schemas import DatasetPublic, JobPublic, JobRequest, PrivacyPlan, QuoteResponse
 
@@ -123,6 +124,11 @@ def quote(body: JobRequest, caller: CallerDep, engine: EngineDep) -> QuoteRespon
             admitted=reason is None,
             reason=reason,
             plan=plan,
+            charged_epsilon=(
+                epsilon_from_rdp(rdp=plan.rdp_curve, orders=plan.rdp_orders, delta=plan.delta)
+                if plan.delta > 0
+                else None
+            ),
             dataset_before=ev.dataset_before.view(guarantee=now),
             dataset_after=ev.dataset_after.view(guarantee=after) if ev.dataset_after else None,
             analyst_before=ev.analyst_before.view() if ev.analyst_before else None,
