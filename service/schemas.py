@@ -43,8 +43,21 @@ class DpsgdOptions(_In):
     decay r is R = r^{steps per epoch}.
     """
 
-    epochs: int = Field(default=3, ge=1, le=100)
-    batch_size: int = Field(default=256, ge=1, le=1_000_000)
+    epochs: int | None = Field(
+        default=None,
+        ge=1,
+        le=100,
+        description=(
+            "Passes over the data. Default: from the public row count n̂, enough epochs for "
+            "about 300 steps, at least 3 (service.plans.resolve_dpsgd_options)."
+        ),
+    )
+    batch_size: int | None = Field(
+        default=None,
+        ge=1,
+        le=1_000_000,
+        description="Expected batch size. Default: n̂/20 clamped to [16, 256].",
+    )
     max_grad_norm: float = Field(default=1.0, gt=0, le=1e3)
     learning_rate: float = Field(default=1.0, gt=0, le=1e3)
     accountant: Literal["rdp", "pld"] = "rdp"

@@ -204,3 +204,20 @@ def test_request_digest_is_unchanged_by_fields_added_at_their_default() -> None:
         update={"dpsgd": DpsgdOptions(epochs=2, noise_schedule="exponential", noise_decay=0.9)}
     )
     assert request_digest(decaying) != old
+
+
+def test_defaults_come_from_the_public_row_count() -> None:
+    """Issue 12: fixed defaults gave a 750-row dataset 9 steps. Derived: batch n̂/20 in
+    [16, 256], epochs for about 300 steps (≥ 3); Adult keeps 256 × 3 (T = 354)."""
+    from service.plans import resolve_dpsgd_options
+
+    def resolved(n: int, **kw: int) -> tuple[int | None, int | None]:
+        o = resolve_dpsgd_options(DpsgdOptions(**kw), n_rows=n)
+        return o.batch_size, o.epochs
+
+    assert resolved(30162) == (256, 3)
+    assert resolved(750) == (37, 15)
+    assert resolved(100) == (16, 43)
+    assert resolved(10) == (10, 100)  # never a batch above n̂; epochs capped at 100
+    assert resolved(750, batch_size=100, epochs=2) == (100, 2)  # what the analyst sent wins
+    assert resolved(750, batch_size=100) == (100, 38)
