@@ -240,6 +240,10 @@ def build_plan(
     """
     if n_rows < 1:
         raise PlanError("the dataset has no rows")
+    if request.samples * request.delta >= 1:
+        raise PlanError(
+            f"samples × delta = {request.samples * request.delta:g}: the job's δ must be below 1"
+        )
     if (request.model.kind == "grud") != (dataset_kind == "timeseries"):
         raise PlanError(
             f"model {request.model.kind!r} does not fit a {dataset_kind} dataset "

@@ -3,14 +3,31 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 from service.modelspec import LogisticSpec, ModelSpec
 
 Method = Literal["dpsgd", "expm_nf"]
 Guarantee = Literal["proven", "nominal"]
+
+
+EPSILON_FLOOR = 1e-6
+"""Smallest ε (nats) a request, budget or cap may name: the ledger's unit (amounts are
+integer micro-nats; a smaller ε would round to a free charge or an empty budget)."""
+DELTA_FLOOR = 1e-20
+"""Smallest non-zero δ: below it δ means nothing in practice, and the ledger's exact
+decimal strings (≤ 40 characters) stay within their column on every database."""
+
+
+def _check_delta(value: float) -> float:
+    if value != 0 and not DELTA_FLOOR <= value < 1:
+        raise ValueError(f"δ must be 0 or in [{DELTA_FLOOR:g}, 1), got {value!r}")
+    return value
+
+
+Delta = Annotated[float, Field(ge=0, lt=1), AfterValidator(_check_delta)]
 
 
 class _In(BaseModel):
@@ -112,8 +129,14 @@ class JobRequest(_In):
     dataset: str = Field(min_length=1, max_length=64)
     model: ModelSpec = Field(default_factory=LogisticSpec)
     method: Method
-    epsilon: float = Field(gt=0, le=100, description="Requested ε (nats) for one release.")
-    delta: float = Field(default=0.0, ge=0, lt=1, description="Requested δ for one release.")
+    epsilon: float = Field(
+        ge=EPSILON_FLOOR,
+        le=100,
+        description="Requested ε (nats) for one release; at least 1e-6, the ledger's unit.",
+    )
+    delta: Delta = Field(
+        default=0.0, description="Requested δ for one release: 0 or in [1e-20, 1)."
+    )
     samples: int = Field(
         default=1, ge=1, le=100, description="Released models; the plan is charged once per model."
     )
@@ -270,13 +293,13 @@ class AnalystCreated(BaseModel):
 
 
 class BudgetUpdate(_In):
-    epsilon_total: float = Field(gt=0, le=1e4)
-    delta_total: float = Field(ge=0, lt=1)
+    epsilon_total: float = Field(ge=EPSILON_FLOOR, le=1e4)
+    delta_total: Delta
 
 
 class CapUpdate(_In):
-    epsilon: float = Field(gt=0, le=1e4)
-    delta: float = Field(ge=0, lt=1)
+    epsilon: float = Field(ge=EPSILON_FLOOR, le=1e4)
+    delta: Delta
 
 
 class NominalUpdate(_In):

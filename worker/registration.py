@@ -13,7 +13,9 @@ from service.dataschema import TabularSchema, ValidationReport
 from service.db import transaction
 from service.ledger.admission import count_refusal, new_dataset
 from service.ledger.tables import Dataset
+from service.privacy.filters import EPSILON_TOTAL_MAX
 from service.privacy.sampling import default_count_epsilon
+from service.schemas import DELTA_FLOOR, EPSILON_FLOOR
 from worker.data import prepare_csv, store_rows
 from worker.noise import discrete_laplace, secure_rng
 
@@ -58,6 +60,15 @@ def register_dataset(
     the noisy count, so the accounting's add/remove-one relation holds with nothing
     about the row count published exactly. The admin is told how many rows were rejected
     or clipped (inside the enclave only)."""
+    if not (EPSILON_FLOOR <= epsilon_total <= EPSILON_TOTAL_MAX):
+        raise RegistrationError(
+            f"ε_total must be in [{EPSILON_FLOOR:g}, {EPSILON_TOTAL_MAX:g}] nats, "
+            f"got {epsilon_total!r}"
+        )
+    if delta_total != 0 and not (DELTA_FLOOR <= delta_total < 1):
+        raise RegistrationError(
+            f"δ_total must be 0 or in [{DELTA_FLOOR:g}, 1), got {delta_total!r}"
+        )
     eps_count = default_count_epsilon(epsilon_total) if count_epsilon is None else count_epsilon
     if not (math.isfinite(eps_count) and eps_count > 0):
         raise RegistrationError(f"the row count's ε must be > 0, got {eps_count!r}")

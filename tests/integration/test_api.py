@@ -125,7 +125,10 @@ def test_quote_shows_stated_and_charged_epsilon(client: Any, keys: Any) -> None:
         ({**DPSGD, "dpsgd": {"seed": 1}}, 422, "validation-error"),
         ({**DPSGD, "delta": 0}, 422, "invalid-plan"),
         ({**DPSGD, "dpsgd": {"batch_size": 100000}}, 422, "invalid-plan"),
-        ({**DPSGD, "epsilon": 1e-9}, 422, "invalid-plan"),
+        ({**DPSGD, "epsilon": 1e-9}, 422, "validation-error"),  # below the ledger's unit
+        ({**DPSGD, "epsilon": 1e-5}, 422, "invalid-plan"),  # DP-SGD cannot reach it
+        ({**DPSGD, "delta": 1e-39}, 422, "validation-error"),  # was a 500 on PostgreSQL
+        ({**DPSGD, "delta": 0.4, "samples": 3}, 422, "invalid-plan"),  # job δ = 1.2
         ({k: v for k, v in DPSGD.items() if k != "epsilon"}, 422, "validation-error"),
     ],
 )

@@ -32,6 +32,15 @@ def test_admin_workflow(settings: Any, tmp_path: Path) -> None:
     assert "rejected for b: 1" in r.output and "clipped in a: 1" in r.output
     again = runner.invoke(app, register)
     assert again.exit_code == 2 and "already registered" in again.output
+    assert "public row count:" in r.output and "DP noisy count" in r.output
+    # A budget too small for the ledger, or for its own noisy count: one line, exit 2.
+    # (The budget is checked before the name, so "toy" reaches these checks.)
+    for eps, count, why in (("1e-7", None, "ε_total"), ("1", "2", "noisy row count")):
+        args = [*register[:3], "--csv", str(csv), "--schema", str(schema)]
+        args += ["--epsilon", eps, "--delta", "1e-6"]
+        args += [] if count is None else ["--count-epsilon", count]
+        bad = runner.invoke(app, args)
+        assert bad.exit_code == 2 and "refused" in bad.output and why in bad.output, bad.output
     r = runner.invoke(app, ["analysts", "create", "alice"])
     assert r.exit_code == 0 and r.output.strip().splitlines()[-1].startswith("enc_")
     assert runner.invoke(app, ["analysts", "cap", "alice", "toy", "1", "1e-6"]).exit_code == 0

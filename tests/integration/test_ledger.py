@@ -125,6 +125,15 @@ def test_budget_raise_and_lowering(client: Any, keys: Any) -> None:
         headers=admin,
     )
     assert r.status_code == 200 and r.json()["epsilon_total"] == 50.0
+    # Budgets and caps below the ledger's unit (they rounded to 0 micro-nats and answered
+    # 500) and δ below 1e-20 (a 500 on PostgreSQL) are 422s now.
+    for path, body in (
+        ("/v1/admin/datasets/toy/budget", {"epsilon_total": 1e-7, "delta_total": 1e-5}),
+        ("/v1/admin/datasets/toy/budget", {"epsilon_total": 50.0, "delta_total": 1e-39}),
+        ("/v1/admin/datasets/toy/caps/alice", {"epsilon": 1e-7, "delta": 1e-6}),
+    ):
+        r = client.put(path, json=body, headers=admin)
+        assert r.status_code == 422, (path, body, r.text)
     # A dataset that has charged an approximate-DP job cannot become pure.
     assert (
         client.put(
