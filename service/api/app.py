@@ -43,25 +43,40 @@ class BodyLimit:
         if declared is not None and (not declared.isdigit() or int(declared) > self.limit):
             await too_big(scope, receive, send)
             return
+        # Read the whole body first (it is at most `limit` bytes), so a streamed body over
+        # the limit is a 413 before the app sees it: raising from inside the app's read
+        # would be turned into a 400 by the framework's body parsing.
+        chunks: list[bytes] = []
         seen = 0
-
-        async def limited() -> Message:
-            nonlocal seen
+        while True:
             message = await receive()
-            if message["type"] == "http.request":
-                seen += len(message.get("body", b""))
-                if seen > self.limit:
-                    raise _TooLarge
-            return message
+            if message["type"] != "http.request":
+                await self.app(scope, _replay([message]), send)
+                return
+            chunk = message.get("body", b"")
+            seen += len(chunk)
+            if seen > self.limit:
+                await too_big(scope, receive, send)
+                return
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        body = {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+        await self.app(scope, _replay([body], then=receive), send)
 
-        try:
-            await self.app(scope, limited, send)
-        except _TooLarge:
-            await too_big(scope, receive, send)
 
+def _replay(messages: list[Message], then: Receive | None = None) -> Receive:
+    """A receive() that hands out `messages`, then defers to `then` (disconnects)."""
+    pending = list(messages)
 
-class _TooLarge(Exception):
-    pass
+    async def receive() -> Message:
+        if pending:
+            return pending.pop(0)
+        if then is not None:
+            return await then()
+        return {"type": "http.disconnect"}
+
+    return receive
 
 
 def _sweeper(settings: Settings, stop: threading.Event) -> None:

@@ -8,6 +8,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from sqlalchemy.exc import DBAPIError, OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 PROBLEM_JSON = "application/problem+json"
@@ -41,6 +42,11 @@ PROBLEMS: dict[str, tuple[str, str]] = {
         "This Idempotency-Key was used before with a different request body.",
     ),
     "conflict": ("Conflict", "The resource is not in a state that allows this."),
+    "bad-request": ("Bad request", "The request could not be read."),
+    "service-unavailable": (
+        "Service unavailable",
+        "The ledger database cannot be reached right now. Nothing was charged; retry later.",
+    ),
     "release-not-ready": ("Release not ready", "The job has not released a model (yet)."),
 }
 
@@ -53,7 +59,13 @@ class ProblemError(Exception):
 
 
 def problem_response(
-    status: int, slug: str, detail: str, instance: str | None = None, **extra: Any
+    status: int,
+    slug: str,
+    detail: str,
+    instance: str | None = None,
+    *,
+    headers: dict[str, str] | None = None,
+    **extra: Any,
 ) -> JSONResponse:
     body: dict[str, Any] = {
         "type": f"/problems/{slug}",
@@ -64,11 +76,14 @@ def problem_response(
     if instance:
         body["instance"] = instance
     body.update(extra)
-    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
-    return JSONResponse(body, status_code=status, media_type=PROBLEM_JSON, headers=headers)
+    out = dict(headers or {})
+    if status == 401:
+        out["WWW-Authenticate"] = "Bearer"
+    return JSONResponse(body, status_code=status, media_type=PROBLEM_JSON, headers=out or None)
 
 
 _STATUS_SLUG = {
+    400: "bad-request",
     401: "unauthorized",
     403: "forbidden",
     404: "not-found",
@@ -109,14 +124,41 @@ def install_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        slug = _STATUS_SLUG.get(exc.status_code, "conflict")
-        return problem_response(exc.status_code, slug, str(exc.detail), request.url.path)
+        slug = _STATUS_SLUG.get(exc.status_code, "bad-request" if exc.status_code < 500 else "")
+        if not slug:
+            return _internal_response()
+        # Keep the exception's headers (a 405's Allow, for one).
+        return problem_response(
+            exc.status_code,
+            slug,
+            str(exc.detail),
+            request.url.path,
+            headers=dict(exc.headers or {}),
+        )
+
+    @app.exception_handler(DBAPIError)
+    async def _database(request: Request, exc: DBAPIError) -> JSONResponse:
+        # A lost connection or an unreachable server is an outage, not a bug: 503 and
+        # Retry-After. Other database errors stay 500s (they are bugs).
+        if exc.connection_invalidated or isinstance(exc, OperationalError):
+            return problem_response(
+                503,
+                "service-unavailable",
+                "the ledger database is unavailable; nothing was charged",
+                request.url.path,
+                headers={"Retry-After": "5"},
+            )
+        return _internal_response()
 
     @app.exception_handler(Exception)
     async def _internal(request: Request, exc: Exception) -> JSONResponse:
-        # A 5xx is a bug. Say nothing about it (it could carry enclave detail).
-        return JSONResponse(
-            {"type": "about:blank", "title": "Internal Server Error", "status": 500},
-            status_code=500,
-            media_type=PROBLEM_JSON,
-        )
+        return _internal_response()
+
+
+def _internal_response() -> JSONResponse:
+    # A 5xx is a bug. Say nothing about it (it could carry enclave detail).
+    return JSONResponse(
+        {"type": "about:blank", "title": "Internal Server Error", "status": 500},
+        status_code=500,
+        media_type=PROBLEM_JSON,
+    )

@@ -169,7 +169,32 @@ def test_malformed_json_oversized_body_and_wrong_key(client: Any, keys: Any, set
         "forbidden",
     )
     _is_problem(client.get("/v1/nothing-here", headers=auth(keys.alice)), 404, "not-found")
+    # Issue 11: a streamed (chunked, undeclared) body over the limit was a 400; TRACE was a
+    # 405 without Allow; a form body on a JSON route was typed /problems/conflict.
+    chunks = (big[i : i + 8192].encode() for i in range(0, len(big), 8192))
+    _is_problem(client.post("/v1/jobs", content=chunks, headers=h), 413, "payload-too-large")
+    r = client.request("TRACE", "/v1/jobs", headers=auth(keys.alice))
+    _is_problem(r, 405, "method-not-allowed")
+    assert "POST" in r.headers["allow"]
+    form = {**auth(keys.alice), "content-type": "application/x-www-form-urlencoded"}
+    r = client.post("/v1/jobs", content="a=1", headers=form)
+    assert r.status_code in (400, 422) and r.json()["type"] != "/problems/conflict"
     assert _charged(settings) == 0
+
+
+@pytest.mark.parametrize("db_url", ["postgres"], indirect=True)
+def test_ledger_outage_is_503_with_retry_after(client: Any, keys: Any) -> None:
+    """Issue 11: an unreachable ledger database answered 500 about:blank."""
+    from sqlalchemy.engine import make_url
+
+    from service.db import engine_for
+
+    app = client.app  # type: ignore[attr-defined]
+    url = make_url(str(app.state.engine.url)).set(port=1)  # nothing listens there
+    app.state.engine = engine_for(url.render_as_string(hide_password=False))
+    r = client.get("/v1/datasets", headers=auth(keys.alice))
+    body = _is_problem(r, 503, "service-unavailable")
+    assert r.headers["retry-after"] == "5" and "nothing was charged" in body["detail"]
 
 
 def test_budget_exceeded_is_409_with_remaining(client: Any, keys: Any, settings: Any) -> None:
