@@ -41,6 +41,12 @@ class Settings(BaseSettings):
     heartbeat_timeout_s: float = Field(default=120.0, gt=0)
     sweep_interval_s: float = Field(default=15.0, gt=0)
     max_attempts: int = Field(default=3, ge=1)
+    # Rate limits per API process (service/api/limits.py): a token bucket per key on every
+    # authenticated call, and caps on concurrent quotes/submissions per key and in total.
+    rate_limit_per_s: float = Field(default=20.0, gt=0)
+    rate_limit_burst: int = Field(default=100, ge=1)
+    planning_per_key: int = Field(default=2, ge=1)
+    planning_global: int = Field(default=4, ge=1)
 
     @property
     def resolved_database_url(self) -> str:

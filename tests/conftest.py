@@ -65,6 +65,10 @@ def settings(tmp_path: Path, db_url: str, monkeypatch: pytest.MonkeyPatch) -> It
     monkeypatch.setenv("ENCLAVE_DATABASE_URL", db_url)
     monkeypatch.setenv("ENCLAVE_BROKER_URL", f"sqla+sqlite:///{tmp_path / 'broker.sqlite'}")
     monkeypatch.setenv("ENCLAVE_DEVICE", "cpu")
+    # Tests race many requests on purpose; the limits have tests of their own.
+    monkeypatch.setenv("ENCLAVE_RATE_LIMIT_BURST", "100000")
+    monkeypatch.setenv("ENCLAVE_PLANNING_PER_KEY", "1000")
+    monkeypatch.setenv("ENCLAVE_PLANNING_GLOBAL", "1000")
     get_settings.cache_clear()
     s = get_settings()
     s.home.mkdir(parents=True, exist_ok=True)

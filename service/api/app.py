@@ -11,6 +11,7 @@ from typing import Any
 from fastapi import FastAPI
 
 from service.api.errors import install_handlers, problem_response
+from service.api.limits import Limiter
 from service.api.routes import admin, health, jobs
 from service.config import Settings, get_settings
 from service.dashboard import routes as dashboard
@@ -124,6 +125,7 @@ def create_app(settings: Settings | None = None, *, run_sweeper: bool = True) ->
         lifespan=lifespan,
     )
     app.state.settings = settings
+    app.state.limiter = Limiter.from_settings(settings)
     app.state.engine = engine_for(settings.resolved_database_url)
     install_handlers(app)
     app.include_router(health.router)

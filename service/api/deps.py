@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Annotated
 
@@ -10,6 +11,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy import Engine, select
 
 from service.api.errors import ProblemError
+from service.api.limits import Limiter
 from service.auth import hash_api_key
 from service.config import Settings
 from service.db import transaction
@@ -37,8 +39,16 @@ class Caller:
     role: Role
 
 
+def get_limiter_dep(request: Request) -> Limiter:
+    return request.app.state.limiter  # type: ignore[no-any-return]
+
+
+LimiterDep = Annotated[Limiter, Depends(get_limiter_dep)]
+
+
 def current_caller(
     engine: EngineDep,
+    limiter: LimiterDep,
     creds: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
 ) -> Caller:
     if creds is None or creds.scheme.lower() != "bearer" or not creds.credentials:
@@ -49,10 +59,21 @@ def current_caller(
         ).one_or_none()
         if analyst is None:
             raise ProblemError(401, "unauthorized", "invalid API key")
-        return Caller(analyst.id, analyst.name, Role(analyst.role))
+        caller = Caller(analyst.id, analyst.name, Role(analyst.role))
+    limiter.take(caller.id)
+    return caller
 
 
 CallerDep = Annotated[Caller, Depends(current_caller)]
+
+
+def planning_slot(caller: CallerDep, limiter: LimiterDep) -> Iterator[None]:
+    """Held while a quote or submission computes its plan (the expensive part)."""
+    with limiter.planning(caller.id):
+        yield
+
+
+PlanningDep = Annotated[None, Depends(planning_slot)]
 
 
 def require_admin(caller: CallerDep) -> Caller:

@@ -43,6 +43,11 @@ PROBLEMS: dict[str, tuple[str, str]] = {
     ),
     "conflict": ("Conflict", "The resource is not in a state that allows this."),
     "bad-request": ("Bad request", "The request could not be read."),
+    "rate-limited": (
+        "Too many requests",
+        "This API key (or the service as a whole) is over its rate or concurrency limit. "
+        "Nothing was charged; retry after the Retry-After header's seconds.",
+    ),
     "service-unavailable": (
         "Service unavailable",
         "The ledger database cannot be reached right now. Nothing was charged; retry later.",
@@ -52,10 +57,19 @@ PROBLEMS: dict[str, tuple[str, str]] = {
 
 
 class ProblemError(Exception):
-    def __init__(self, status: int, slug: str, detail: str, **extra: Any) -> None:
+    def __init__(
+        self,
+        status: int,
+        slug: str,
+        detail: str,
+        *,
+        headers: dict[str, str] | None = None,
+        **extra: Any,
+    ) -> None:
         super().__init__(detail)
         assert slug in PROBLEMS, slug
         self.status, self.slug, self.detail, self.extra = status, slug, detail, extra
+        self.headers = headers or {}
 
 
 def problem_response(
@@ -90,6 +104,7 @@ _STATUS_SLUG = {
     405: "method-not-allowed",
     409: "conflict",
     413: "payload-too-large",
+    429: "rate-limited",
 }
 
 
@@ -105,7 +120,9 @@ def _clean_errors(errors: list[Any]) -> list[dict[str, Any]]:
 def install_handlers(app: FastAPI) -> None:
     @app.exception_handler(ProblemError)
     async def _problem(request: Request, exc: ProblemError) -> JSONResponse:
-        return problem_response(exc.status, exc.slug, exc.detail, request.url.path, **exc.extra)
+        return problem_response(
+            exc.status, exc.slug, exc.detail, request.url.path, headers=exc.headers, **exc.extra
+        )
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:

@@ -270,3 +270,60 @@ def test_admin_creates_analyst_key_once(client: Any, keys: Any) -> None:
 def test_openapi_document_is_served(client: Any) -> None:
     doc = client.get("/openapi.json").json()
     assert "/v1/jobs" in doc["paths"] and "/v1/quote" in doc["paths"]
+
+
+def test_rate_limits_answer_429_with_retry_after(settings: Any, keys: Any) -> None:
+    """Issue 11 (free CPU): per-key token bucket and per-key / global caps on concurrent
+    planning, each a 429 problem with Retry-After, and nothing charged."""
+    import threading
+
+    from fastapi.testclient import TestClient
+
+    from service.api.app import create_app
+
+    tight = settings.model_copy(
+        update={"rate_limit_burst": 3, "rate_limit_per_s": 0.5, "planning_per_key": 1}
+    )
+    with TestClient(create_app(tight, run_sweeper=False), raise_server_exceptions=False) as c:
+        codes = [c.get("/v1/datasets", headers=auth(keys.alice)).status_code for _ in range(4)]
+        assert codes == [200, 200, 200, 429]
+        r = c.get("/v1/datasets", headers=auth(keys.alice))
+        _is_problem(r, 429, "rate-limited")
+        assert int(r.headers["retry-after"]) >= 1
+        assert c.get("/v1/datasets", headers=auth(keys.bob)).status_code == 200  # per key
+    limiter = create_app(tight, run_sweeper=False).state.limiter
+    started, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with limiter.planning(7):
+            started.set()
+            release.wait(5)
+
+    t = threading.Thread(target=hold)
+    t.start()
+    started.wait(5)
+    try:
+        with pytest.raises(Exception) as exc, limiter.planning(7):
+            pass
+        assert getattr(exc.value, "status", None) == 429
+        with limiter.planning(8):  # another key still plans
+            pass
+    finally:
+        release.set()
+        t.join()
+    with limiter.planning(7):  # the slot came back
+        pass
+    assert _charged(settings) == 0
+
+
+def test_global_planning_cap() -> None:
+    from service.api.errors import ProblemError
+    from service.api.limits import Limiter
+
+    limiter = Limiter(rate_per_s=1.0, burst=1, planning_per_key=5, planning_global=1)
+    with limiter.planning(1):
+        with pytest.raises(ProblemError) as exc, limiter.planning(2):
+            pass
+        assert exc.value.status == 429 and exc.value.headers["Retry-After"] == "2"
+    with limiter.planning(2):
+        pass

@@ -10,7 +10,7 @@ from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from service.api.deps import CallerDep, EngineDep, SettingsDep
+from service.api.deps import CallerDep, EngineDep, PlanningDep, SettingsDep
 from service.api.errors import ProblemError
 from service.api.lookups import dataset_or_404, visible_job_or_404
 from service.db import transaction
@@ -105,7 +105,9 @@ def _budget_problem(ev: Evaluation) -> ProblemError:
 
 
 @router.post("/quote", response_model=QuoteResponse)
-def quote(body: JobRequest, caller: CallerDep, engine: EngineDep) -> QuoteResponse:
+def quote(
+    body: JobRequest, caller: CallerDep, engine: EngineDep, _slot: PlanningDep
+) -> QuoteResponse:
     """The cost of a prospective request and the budgets after it. Charges nothing.
 
     Uses the same evaluation as admission, on the ledger's current state.
@@ -148,6 +150,7 @@ def create_job(
     engine: EngineDep,
     settings: SettingsDep,
     response: Response,
+    _slot: PlanningDep,
     idempotency_key: IdempotencyKey = None,
 ) -> JobPublic:
     """Submit a training job. Its plan is charged to the ledger at admission, before any
