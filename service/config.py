@@ -40,6 +40,10 @@ class Settings(BaseSettings):
     # A running job whose heartbeat is older than this is presumed lost and re-enqueued.
     heartbeat_timeout_s: float = Field(default=120.0, gt=0)
     sweep_interval_s: float = Field(default=15.0, gt=0)
+    # A queued job whose message was sent this long ago and that no worker has started is
+    # sent again (a lost message: Redis without persistence, or consumed while the ledger
+    # was down). Duplicates are harmless: the worker's claim runs a job once.
+    requeue_after_s: float = Field(default=45.0, gt=0)
     max_attempts: int = Field(default=3, ge=1)
     # Rate limits per API process (service/api/limits.py): a token bucket per key on every
     # authenticated call, and caps on concurrent quotes/submissions per key and in total.

@@ -55,8 +55,8 @@ def jobs_to_resend(engine: Engine, settings: Settings, now: datetime | None = No
         for job in rows:
             if job.status == JobStatus.queued:
                 enq = as_utc(job.enqueued_at)
-                # Never sent, or sent long ago and still not picked up (lost message).
-                if enq is None or enq < now - timedelta(seconds=10 * settings.heartbeat_timeout_s):
+                # Never sent, or sent a while ago and still not picked up (lost message).
+                if enq is None or enq < now - timedelta(seconds=settings.requeue_after_s):
                     out.append(job.id)
             else:
                 beat = as_utc(job.heartbeat_at) or as_utc(job.started_at)

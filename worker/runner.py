@@ -20,6 +20,7 @@ from __future__ import annotations
 import enum
 import logging
 import threading
+import time
 import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
@@ -27,6 +28,7 @@ from typing import Any
 
 import torch
 from sqlalchemy import Engine, update
+from sqlalchemy.exc import DBAPIError, OperationalError
 
 from service.config import Settings, get_settings
 from service.db import engine_for, transaction
@@ -53,6 +55,20 @@ class Outcome(enum.StrEnum):
     skipped = "skipped"
     failed = "failed"
     superseded = "superseded"
+    # An infrastructure error (the ledger database unreachable): the job is left running,
+    # not failed, and the sweeper sends it again once its heartbeat is stale.
+    deferred = "deferred"
+
+
+def _transient(exc: BaseException) -> bool:
+    """Errors of the infrastructure, not of the mechanism: they must not fail a job."""
+    return isinstance(exc, OperationalError) or (
+        isinstance(exc, DBAPIError) and bool(exc.connection_invalidated)
+    )
+
+
+# Waits between tries of the release transaction (the training is done; ~2 min in all).
+RELEASE_RETRY_DELAYS_S = (0.5, 1.0, 2.0, 4.0, 8.0, 15.0, 30.0, 60.0)
 
 
 class Superseded(Exception):
@@ -223,7 +239,12 @@ def execute_job(job_id: str, settings: Settings | None = None) -> Outcome:
             output = run_mechanism(
                 plan=plan, spec=request.model, data=data, device=device, progress=hb.progress
             )
-            hb.beat()
+            try:
+                hb.beat()  # the last progress; the release below checks ownership anyway
+            except DBAPIError as exc:
+                if not _transient(exc):
+                    raise
+                log.warning("job %s: final heartbeat failed (ledger unreachable)", job_id)
         payload = weights_bytes(output.releases)
         digest = sha256_bytes(payload)
         card = model_card(
@@ -243,11 +264,33 @@ def execute_job(job_id: str, settings: Settings | None = None) -> Outcome:
     except Superseded:
         log.warning("job %s: superseded by another run; discarding this one", job_id)
         return Outcome.superseded
-    except Exception:
+    except Exception as exc:
+        if _transient(exc):
+            log.warning("job %s: ledger unreachable; left for the sweeper to resend", job_id)
+            return Outcome.deferred
         log.exception("job %s failed", job_id)
         _finish_failed(engine, job_id, token, GENERIC_FAILURE)
         return Outcome.failed
-    return _release(engine, job_id, token, digest, card)
+    return _release_with_retries(engine, job_id, token, digest, card)
+
+
+def _release_with_retries(
+    engine: Engine, job_id: str, token: str, digest: str, card: dict[str, Any]
+) -> Outcome:
+    """The release transaction, retried while the ledger is unreachable (the model is
+    already written under the run token; releasing it is idempotent by compare-and-set)."""
+    for delay in (*RELEASE_RETRY_DELAYS_S, None):
+        try:
+            return _release(engine, job_id, token, digest, card)
+        except DBAPIError as exc:
+            if not _transient(exc):
+                raise
+            if delay is None:
+                log.error("job %s: ledger unreachable at release; left for the sweeper", job_id)
+                return Outcome.deferred
+            log.warning("job %s: ledger unreachable at release; retrying in %gs", job_id, delay)
+            time.sleep(delay)
+    raise AssertionError("unreachable")  # pragma: no cover
 
 
 def _release(engine: Engine, job_id: str, token: str, digest: str, card: dict[str, Any]) -> Outcome:
