@@ -143,13 +143,16 @@ def calibrate_sigma0(
 
     * ``"rdp"``: its RDP curve on CALIBRATION_ORDERS (slack leaf included exactly,
       τ(2α−1)/(α−1) per order) and the CKS conversion;
-    * ``"pld"``: dp_accounting's pessimistic PLD of the heterogeneous composition (one
-      PLD per epoch, self-composed steps_per_epoch times, then composed), at the
-      discretisation calibrate.py uses, pld_value_discretization(ε, T) with
-      T = steps_per_epoch·epochs; the slack enters as (ε' + 2τ, δ·e^{τ}).
+    * ``"pld"``: calibrate.py's pessimistic PLD of the heterogeneous composition (its own
+      connect-the-dots FFT PLD for Gaussian histories, one per epoch, self-composed
+      steps_per_epoch times, then composed; RDP where it declines), at the discretisation
+      calibrate.py uses, pld_value_discretization(ε, T) with T = steps_per_epoch·epochs;
+      the slack enters as (ε' + 2τ, δ·e^{τ}).
 
-    Measured cost of a whole exponential plan (build_plan, 2-core dev container, fresh
-    process, n̂ = 30162, batch 256, δ = 1e-5, R = 0.9; constant plan in brackets):
+    Measured cost of a whole exponential plan with the *earlier* calibrate.py (dp_accounting
+    PLD, per-order RDP; build_plan, 2-core dev container, fresh process, n̂ = 30162,
+    batch 256, δ = 1e-5, R = 0.9; constant plan in brackets) — the fast paths added since
+    make these much shorter; benchmarks/calibration.py measures the constant case:
 
         ε     epochs  T      rdp             pld
         1     3       354    0.75 s (0.21)   2.4 s (1.5)

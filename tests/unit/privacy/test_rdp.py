@@ -20,6 +20,7 @@ from service.privacy.rdp import (
     gaussian_rdp,
     randomized_response_rdp,
     subsampled_gaussian_rdp,
+    subsampled_gaussian_rdp_integer_orders,
 )
 
 # Opacus 1.6.0 RDPAccountant.DEFAULT_ALPHAS
@@ -94,6 +95,48 @@ def _rdp_by_quadrature(q: float, sigma: float, alpha: float, *, reverse: bool = 
     points = sorted({0.0, 0.5, 1.0, alpha, min(max(z0, lo), hi)})
     val, _ = integrate.quad(integrand, lo, hi, points=points, limit=500, epsabs=0, epsrel=1e-13)
     return math.log(val) / (alpha - 1)
+
+
+CALIBRATION_INTEGERS = [int(a) for a in CALIBRATION_ORDERS if float(a).is_integer()]
+
+
+@pytest.mark.parametrize(
+    ("q", "sigma"),
+    [(0.04, 1.5), (256 / 30162, 0.5), (256 / 30162, 45.0), (0.5, 0.7), (1e-4, 0.6), (0.9, 2.0)],
+)
+def test_vectorised_integer_orders_are_the_same_sum_rounded_up(q: float, sigma: float) -> None:
+    """The calibration's one-pass integer-order sum (rdp.py) against the per-order sum the
+    ledger charges and against dp_accounting: equal up to its explicit rounding slack,
+    and never below either (it is what calibration may rely on as an upper bound)."""
+    fast = subsampled_gaussian_rdp_integer_orders(
+        sampling_rate=q, noise_multiplier=sigma, orders=CALIBRATION_INTEGERS
+    )
+    orders = [float(a) for a in CALIBRATION_INTEGERS]
+    per_order = subsampled_gaussian_rdp(sampling_rate=q, noise_multiplier=sigma, orders=orders)
+    ref = _dp_accounting_rdp(q, sigma, 1, orders)
+    assert np.all(fast >= per_order)
+    assert np.all(fast >= ref * (1 - 1e-12))
+    # the slack is absolute on log A_α: relative to D_α it is ≲ 1e-5 where D_α ≈ 1e-9
+    np.testing.assert_allclose(fast, per_order, rtol=1e-5, atol=1e-15)
+    big = per_order > 1e-3
+    np.testing.assert_allclose(fast[big], per_order[big], rtol=1e-9)
+
+
+def test_vectorised_integer_orders_validate_and_are_exact_without_subsampling() -> None:
+    np.testing.assert_allclose(
+        subsampled_gaussian_rdp_integer_orders(
+            sampling_rate=1.0, noise_multiplier=0.8, orders=[2, 5, 64]
+        ),
+        np.array([2, 5, 64]) / (2 * 0.8**2),
+        rtol=1e-15,
+    )
+    for bad in ([2.5], [1], [], [0]):
+        with pytest.raises(ValueError):
+            subsampled_gaussian_rdp_integer_orders(
+                sampling_rate=0.1,
+                noise_multiplier=1.0,
+                orders=bad,  # type: ignore[arg-type]
+            )
 
 
 @pytest.mark.parametrize(
