@@ -13,7 +13,7 @@ from service.api.lookups import analyst_or_404, dataset_or_404, visible_job_or_4
 from service.auth import hash_api_key, new_api_key
 from service.db import transaction
 from service.jobs import job_public
-from service.ledger.accounting import accounting_summary
+from service.ledger.accounting import accounting_summary, ledger_entry_public
 from service.ledger.admission import (
     InvalidLedgerOperation,
     cap_filter,
@@ -25,7 +25,6 @@ from service.ledger.admission import (
 )
 from service.ledger.audit import check_totals, verify_all
 from service.ledger.tables import Analyst, Dataset, Job, JobStatus, LedgerEntry, Role
-from service.privacy.amounts import from_micro
 from service.schemas import (
     AnalystCreate,
     AnalystCreated,
@@ -155,23 +154,7 @@ def ledger(
         )
         if dataset is not None:
             stmt = stmt.where(Dataset.id == dataset_or_404(s, dataset).id)
-        return [
-            LedgerEntryPublic(
-                id=e.id,
-                dataset=name,
-                analyst_id=e.analyst_id,
-                job_id=e.job_id,
-                kind=str(e.kind.value if hasattr(e.kind, "value") else e.kind),
-                event=e.event,
-                epsilon=from_micro(e.epsilon_micro),
-                delta=e.delta,
-                reason=e.reason,
-                created_at=e.created_at,
-                prev_hash=e.prev_hash,
-                hash=e.hash,
-            )
-            for e, name in s.execute(stmt).all()
-        ]
+        return [ledger_entry_public(e, name) for e, name in s.execute(stmt).all()]
 
 
 @router.get("/ledger/verify")
