@@ -16,8 +16,9 @@ import typer
 from rich.console import Console
 from rich.table import Table
 from sqlalchemy import select
+from sqlalchemy.orm import Session
 
-from service.auth import hash_api_key, new_api_key
+from service.auth import expiry, hash_api_key, new_api_key, revoke_key, rotate_key
 from service.config import get_settings
 from service.dataschema import load_schema_yaml
 from service.db import engine_for, transaction
@@ -160,22 +161,60 @@ def datasets_list() -> None:
     console.print(table)
 
 
+ExpiresDays = Annotated[
+    float | None, typer.Option(min=0.001, help="Optional lifetime of the key, in days.")
+]
+
+
 @analysts_app.command("create")
 def analysts_create(
     name: str,
     role: Annotated[Role, typer.Option(help="analyst or admin")] = Role.analyst,
+    expires_days: ExpiresDays = None,
 ) -> None:
     """Create an analyst and print their API key (shown once)."""
-    key = analysts_create_key(name, role)
+    key = analysts_create_key(name, role, expires_days=expires_days)
     console.print(f"created {Role(role).value} {name}")
     typer.echo(key)
 
 
-def analysts_create_key(name: str, role: Role | str) -> str:
+def analysts_create_key(name: str, role: Role | str, *, expires_days: float | None = None) -> str:
     key = new_api_key()
     with transaction(_engine()) as s:
-        s.add(Analyst(name=name, key_hash=hash_api_key(key), role=Role(role)))
+        s.add(
+            Analyst(
+                name=name,
+                key_hash=hash_api_key(key),
+                role=Role(role),
+                key_expires_at=expiry(expires_days),
+            )
+        )
     return key
+
+
+def _analyst_named(s: Session, name: str) -> Analyst:
+    a = s.scalars(select(Analyst).where(Analyst.name == name)).one_or_none()
+    if a is None:
+        console.print(f"[red]refused:[/red] no analyst named {name!r}")
+        raise typer.Exit(2)
+    return a
+
+
+@analysts_app.command("rotate")
+def analysts_rotate(name: str, expires_days: ExpiresDays = None) -> None:
+    """Give an analyst a new API key (printed once); the old key stops working at once."""
+    with transaction(_engine()) as s:
+        key = rotate_key(_analyst_named(s, name), expires_in_days=expires_days)
+    console.print(f"rotated the key of {name}; the old key no longer works")
+    typer.echo(key)
+
+
+@analysts_app.command("revoke")
+def analysts_revoke(name: str) -> None:
+    """Revoke an analyst's API key at once (API and dashboard); `rotate` issues a new one."""
+    with transaction(_engine()) as s:
+        revoke_key(_analyst_named(s, name))
+    console.print(f"revoked the key of {name}")
 
 
 @analysts_app.command("cap")

@@ -283,6 +283,15 @@ class JobPublic(BaseModel):
 class AnalystCreate(_In):
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
     role: Literal["analyst", "admin"] = "analyst"
+    expires_in_days: float | None = Field(
+        default=None, gt=0, le=3650, description="Optional lifetime of the key, in days."
+    )
+
+
+class KeyRotate(_In):
+    expires_in_days: float | None = Field(
+        default=None, gt=0, le=3650, description="Optional lifetime of the new key, in days."
+    )
 
 
 class AnalystCreated(BaseModel):
@@ -290,6 +299,7 @@ class AnalystCreated(BaseModel):
     name: str
     role: str
     api_key: str = Field(description="Shown once; only its hash is stored.")
+    expires_at: datetime | None = None
 
 
 class BudgetUpdate(_In):

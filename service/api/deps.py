@@ -8,14 +8,14 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from sqlalchemy import Engine, select
+from sqlalchemy import Engine
 
 from service.api.errors import ProblemError
 from service.api.limits import Limiter
-from service.auth import hash_api_key
+from service.auth import analyst_for_key
 from service.config import Settings
 from service.db import transaction
-from service.ledger.tables import Analyst, Role
+from service.ledger.tables import Role
 
 _bearer = HTTPBearer(auto_error=False, description="An API key issued by the admin.")
 
@@ -54,11 +54,9 @@ def current_caller(
     if creds is None or creds.scheme.lower() != "bearer" or not creds.credentials:
         raise ProblemError(401, "unauthorized", "missing API key")
     with transaction(engine) as s:
-        analyst = s.scalars(
-            select(Analyst).where(Analyst.key_hash == hash_api_key(creds.credentials))
-        ).one_or_none()
+        analyst = analyst_for_key(s, creds.credentials)
         if analyst is None:
-            raise ProblemError(401, "unauthorized", "invalid API key")
+            raise ProblemError(401, "unauthorized", "invalid, revoked or expired API key")
         caller = Caller(analyst.id, analyst.name, Role(analyst.role))
     limiter.take(caller.id)
     return caller

@@ -16,7 +16,7 @@ from fastapi.templating import Jinja2Templates
 from sqlalchemy import select
 
 from service.api.deps import EngineDep
-from service.auth import hash_api_key
+from service.auth import analyst_for_key
 from service.db import transaction
 from service.jobs import job_public
 from service.ledger.accounting import accounting_summary, latest_ledger_entries
@@ -33,7 +33,7 @@ def _admin(engine: EngineDep, key: str | None) -> Analyst | None:
     if not key:
         return None
     with transaction(engine) as s:
-        a = s.scalars(select(Analyst).where(Analyst.key_hash == hash_api_key(key))).one_or_none()
+        a = analyst_for_key(s, key)
         return a if a is not None and a.role == Role.admin else None
 
 

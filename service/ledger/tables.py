@@ -91,6 +91,10 @@ class Analyst(Base):
     key_hash: Mapped[str] = mapped_column(String(64), unique=True)
     role: Mapped[Role] = mapped_column(_enum(Role))
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    # Key lifecycle (migration 0003): a revoked key, or one past its expiry, authenticates
+    # nobody; rotation replaces key_hash (the old key stops working at once).
+    key_expires_at: Mapped[datetime | None] = mapped_column(nullable=True)
+    key_revoked_at: Mapped[datetime | None] = mapped_column(nullable=True)
 
 
 class AnalystCap(Base):

@@ -10,7 +10,7 @@ from sqlalchemy import select
 from service.api.deps import AdminDep, EngineDep
 from service.api.errors import ProblemError
 from service.api.lookups import analyst_or_404, dataset_or_404, visible_job_or_404
-from service.auth import hash_api_key, new_api_key
+from service.auth import expiry, hash_api_key, new_api_key, revoke_key, rotate_key
 from service.db import transaction
 from service.jobs import job_public
 from service.ledger.accounting import accounting_summary, ledger_entry_public
@@ -32,6 +32,7 @@ from service.schemas import (
     BudgetView,
     CapUpdate,
     JobPublic,
+    KeyRotate,
     LedgerEntryPublic,
     NominalUpdate,
     RefundRequest,
@@ -47,10 +48,38 @@ def create_analyst(body: AnalystCreate, _: AdminDep, engine: EngineDep) -> Analy
     with transaction(engine) as s:
         if s.scalars(select(Analyst).where(Analyst.name == body.name)).first():
             raise ProblemError(409, "conflict", f"an analyst named {body.name!r} exists")
-        a = Analyst(name=body.name, key_hash=hash_api_key(key), role=Role(body.role))
+        a = Analyst(
+            name=body.name,
+            key_hash=hash_api_key(key),
+            role=Role(body.role),
+            key_expires_at=expiry(body.expires_in_days),
+        )
         s.add(a)
         s.flush()
-        return AnalystCreated(id=a.id, name=a.name, role=a.role.value, api_key=key)
+        return AnalystCreated(
+            id=a.id, name=a.name, role=a.role.value, api_key=key, expires_at=a.key_expires_at
+        )
+
+
+@router.post("/analysts/{name}/key", response_model=AnalystCreated)
+def rotate_analyst_key(
+    name: str, body: KeyRotate, _: AdminDep, engine: EngineDep
+) -> AnalystCreated:
+    """Rotate an analyst's API key: the new key is returned once, the old one stops working
+    at once (API and dashboard). Also re-enables a revoked analyst."""
+    with transaction(engine) as s:
+        a = analyst_or_404(s, name)
+        key = rotate_key(a, expires_in_days=body.expires_in_days)
+        return AnalystCreated(
+            id=a.id, name=a.name, role=a.role.value, api_key=key, expires_at=a.key_expires_at
+        )
+
+
+@router.delete("/analysts/{name}/key", status_code=204)
+def revoke_analyst_key(name: str, _: AdminDep, engine: EngineDep) -> None:
+    """Revoke an analyst's API key, effective at once (API and dashboard)."""
+    with transaction(engine) as s:
+        revoke_key(analyst_or_404(s, name))
 
 
 @router.put("/datasets/{name}/budget", response_model=BudgetView)
