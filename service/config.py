@@ -45,6 +45,10 @@ class Settings(BaseSettings):
     # was down). Duplicates are harmless: the worker's claim runs a job once.
     requeue_after_s: float = Field(default=45.0, gt=0)
     max_attempts: int = Field(default=3, ge=1)
+    # Hard wall-clock limit of one run of a job in the worker (Celery's task_time_limit): a
+    # run past it is killed; its job is re-sent (a new attempt) until max_attempts, then
+    # failed. The soft limit, a little earlier, ends the run with a failure in-process.
+    job_time_limit_s: float = Field(default=3600.0, gt=0)
     # Rate limits per API process (service/api/limits.py): a token bucket per key on every
     # authenticated call, and caps on concurrent quotes/submissions per key and in total.
     rate_limit_per_s: float = Field(default=20.0, gt=0)

@@ -26,6 +26,8 @@ def celery_config(settings: Settings) -> dict[str, object]:
         "task_acks_late": True,
         "task_reject_on_worker_lost": True,
         "worker_prefetch_multiplier": 1,
+        "task_time_limit": settings.job_time_limit_s,
+        "task_soft_time_limit": max(1.0, 0.95 * settings.job_time_limit_s),
         "broker_connection_retry_on_startup": True,
         "broker_transport_options": transport_options(
             settings.resolved_broker_url, settings.broker_key_prefix

@@ -212,3 +212,17 @@ def test_a_lost_message_is_resent_after_requeue_after_s(
     later = datetime.now(UTC) + timedelta(seconds=settings.requeue_after_s + 1)
     assert jobs_to_resend(engine, settings, now=later) == [job_id]
     assert settings.requeue_after_s <= 60
+
+
+def test_worker_runs_under_a_hard_time_limit(settings: Any, monkeypatch: Any) -> None:
+    """Issue 11: the worker has a hard time limit per job run (and a soft one just before),
+    from ENCLAVE_JOB_TIME_LIMIT_S. (Checked on the worker's Celery configuration; a run
+    past it is killed by Celery, which this test does not exercise end to end.)"""
+    from service.config import get_settings
+    from worker.celery_app import make_celery
+
+    monkeypatch.setenv("ENCLAVE_JOB_TIME_LIMIT_S", "120")
+    get_settings.cache_clear()
+    worker_app = make_celery()
+    assert worker_app.conf.task_time_limit == 120
+    assert 0 < worker_app.conf.task_soft_time_limit < 120
