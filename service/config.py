@@ -49,6 +49,9 @@ class Settings(BaseSettings):
     # run past it is killed; its job is re-sent (a new attempt) until max_attempts, then
     # failed. The soft limit, a little earlier, ends the run with a failure in-process.
     job_time_limit_s: float = Field(default=3600.0, gt=0)
+    # Memory a worker may use for one job; plans estimated above it are refused at quote
+    # time (service/resources.py), before anything is charged.
+    worker_memory_bytes: int = Field(default=16 * 2**30, ge=2**20)
     # Rate limits per API process (service/api/limits.py): a token bucket per key on every
     # authenticated call, and caps on concurrent quotes/submissions per key and in total.
     rate_limit_per_s: float = Field(default=20.0, gt=0)

@@ -327,3 +327,25 @@ def test_global_planning_cap() -> None:
         assert exc.value.status == 429 and exc.value.headers["Retry-After"] == "2"
     with limiter.planning(2):
         pass
+
+
+def test_plans_the_worker_cannot_hold_are_refused_at_quote_time(
+    client: Any, keys: Any, settings: Any
+) -> None:
+    """Issue 11: an expm_nf MLP [256, 256, 256] with Sylvester layers was admitted and then
+    ran out of memory after touching data. Now its estimate (service/resources.py) is
+    compared with ENCLAVE_WORKER_MEMORY_BYTES at quote and submission time."""
+    big = {
+        "dataset": "toy",
+        "method": "expm_nf",
+        "epsilon": 1.0,
+        "model": {"kind": "mlp", "hidden": [256, 256, 256]},
+        "expm_nf": {"flow": "sylvester"},
+    }
+    for path in ("/v1/quote", "/v1/jobs"):
+        r = client.post(path, json=big, headers=auth(keys.alice))
+        body = _is_problem(r, 422, "invalid-plan")
+        assert "GiB" in body["detail"]
+    small = {**big, "model": {"kind": "logistic"}, "expm_nf": {"flow": "planar"}}
+    assert client.post("/v1/quote", json=small, headers=auth(keys.alice)).json()["admitted"]
+    assert _charged(settings) == 0

@@ -13,6 +13,8 @@ from sqlalchemy.orm import Session
 from service.api.deps import CallerDep, EngineDep, PlanningDep, SettingsDep
 from service.api.errors import ProblemError
 from service.api.lookups import dataset_or_404, visible_job_or_404
+from service.config import Settings
+from service.dataschema import parse_schema
 from service.db import transaction
 from service.jobs import enqueue, job_public
 from service.ledger.accounting import dataset_guarantee
@@ -36,6 +38,7 @@ from service.plans import PlanError, plan_for_dataset
 from service.privacy.amounts import from_micro
 from service.privacy.rdp import epsilon_from_rdp
 from service.releases import release_paths
+from service.resources import expm_memory_bytes
 from service.schemas import DatasetPublic, JobPublic, JobRequest, PrivacyPlan, QuoteResponse
 
 router = APIRouter(prefix="/v1", tags=["analyst"])
@@ -82,14 +85,25 @@ def get_dataset(name: str, caller: CallerDep, engine: EngineDep) -> DatasetPubli
         return _dataset_view(s, dataset_or_404(s, name), caller.id)
 
 
-def _plan_for(engine: EngineDep, body: JobRequest) -> PrivacyPlan:
+def _plan_for(engine: EngineDep, settings: Settings, body: JobRequest) -> PrivacyPlan:
     with transaction(engine) as s:
         ds = dataset_or_404(s, body.dataset)
         n_rows, public_schema = ds.n_rows, ds.public_schema
     try:
-        return plan_for_dataset(body, n_rows=n_rows, public_schema=public_schema)
+        plan = plan_for_dataset(body, n_rows=n_rows, public_schema=public_schema)
     except PlanError as exc:
         raise ProblemError(422, "invalid-plan", str(exc)) from exc
+    if plan.method == "expm_nf" and public_schema.get("kind", "tabular") == "tabular":
+        need = expm_memory_bytes(plan, n_features=parse_schema(public_schema).n_features)
+        if need is not None and need > settings.worker_memory_bytes:
+            raise ProblemError(
+                422,
+                "invalid-plan",
+                f"this plan needs about {need / 2**30:.3g} GiB in the worker (estimate), "
+                f"more than the {settings.worker_memory_bytes / 2**30:.3g} GiB it may use: "
+                "use the planar flow, fewer layers, a smaller model or fewer samples per step",
+            )
+    return plan
 
 
 def _budget_problem(ev: Evaluation) -> ProblemError:
@@ -106,13 +120,17 @@ def _budget_problem(ev: Evaluation) -> ProblemError:
 
 @router.post("/quote", response_model=QuoteResponse)
 def quote(
-    body: JobRequest, caller: CallerDep, engine: EngineDep, _slot: PlanningDep
+    body: JobRequest,
+    caller: CallerDep,
+    engine: EngineDep,
+    settings: SettingsDep,
+    _slot: PlanningDep,
 ) -> QuoteResponse:
     """The cost of a prospective request and the budgets after it. Charges nothing.
 
     Uses the same evaluation as admission, on the ledger's current state.
     """
-    plan = _plan_for(engine, body)
+    plan = _plan_for(engine, settings, body)
     with transaction(engine) as s:
         ds = dataset_or_404(s, body.dataset)
         cap = s.get(AnalystCap, (caller.id, ds.id))
@@ -156,7 +174,7 @@ def create_job(
     """Submit a training job. Its plan is charged to the ledger at admission, before any
     private row is read. A job cancelled while queued is refunded; a failed job keeps its
     charge unless the admin refunds it (its failure is itself an output)."""
-    plan = _plan_for(engine, body)
+    plan = _plan_for(engine, settings, body)
     try:
         with transaction(engine) as s:
             analyst = s.get_one(Analyst, caller.id)
