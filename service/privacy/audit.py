@@ -45,7 +45,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 from scipy import stats
@@ -262,6 +262,25 @@ def _hits(values: np.ndarray, threshold: float, orientation: Orientation) -> int
     )
 
 
+def _bound_of_test(
+    s0: np.ndarray,
+    s1: np.ndarray,
+    threshold: float,
+    orientation: Orientation,
+    **kw: Any,
+) -> EpsilonLowerBound:
+    """ε_lb of the test "statistic {orientation} threshold" on the two worlds' runs."""
+    return epsilon_lower_bound(
+        hits_world0=_hits(s0, threshold, orientation),
+        runs_world0=s0.size,
+        hits_world1=_hits(s1, threshold, orientation),
+        runs_world1=s1.size,
+        threshold=threshold,
+        orientation=orientation,
+        **kw,
+    )
+
+
 def threshold_bound(
     *,
     stats_world0: Sequence[float] | np.ndarray,
@@ -274,16 +293,8 @@ def threshold_bound(
     """ε_lb of one threshold fixed before the runs (no correction)."""
     s0 = _as_statistics("stats_world0", stats_world0)
     s1 = _as_statistics("stats_world1", stats_world1)
-    return epsilon_lower_bound(
-        hits_world0=_hits(s0, threshold, orientation),
-        runs_world0=s0.size,
-        hits_world1=_hits(s1, threshold, orientation),
-        runs_world1=s1.size,
-        delta=delta,
-        confidence=confidence,
-        threshold=threshold,
-        orientation=orientation,
-        rule="fixed",
+    return _bound_of_test(
+        s0, s1, threshold, orientation, delta=delta, confidence=confidence, rule="fixed"
     )
 
 
@@ -317,16 +328,14 @@ def scan_bound(
     best: EpsilonLowerBound | None = None
     for o in ors:
         for t in ts:
-            r = epsilon_lower_bound(
-                hits_world0=_hits(s0, t, o),
-                runs_world0=s0.size,
-                hits_world1=_hits(s1, t, o),
-                runs_world1=s1.size,
+            r = _bound_of_test(
+                s0,
+                s1,
+                t,
+                o,
                 delta=delta,
                 confidence=confidence,
                 comparisons=m,
-                threshold=t,
-                orientation=o,
                 rule="bonferroni_scan",
             )
             if best is None or r.epsilon > best.epsilon:
@@ -393,17 +402,7 @@ def split_bound(
     d = _check_delta(delta)
     t, o = _best_split_threshold(s0[:k0], s1[:k1], delta=d, confidence=conf)
     e0, e1 = s0[k0:], s1[k1:]
-    r = epsilon_lower_bound(
-        hits_world0=_hits(e0, t, o),
-        runs_world0=e0.size,
-        hits_world1=_hits(e1, t, o),
-        runs_world1=e1.size,
-        delta=d,
-        confidence=conf,
-        threshold=t,
-        orientation=o,
-        rule="split",
-    )
+    r = _bound_of_test(e0, e1, t, o, delta=d, confidence=conf, rule="split")
     return replace(r, selection_runs_world0=k0, selection_runs_world1=k1)
 
 
