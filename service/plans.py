@@ -10,9 +10,9 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from service.dataschema import parse_schema
+from service.dataschema import CategoricalColumn, TabularSchema, parse_schema
 from service.modelspec import parameter_count
-from service.privacy.calibrate import calibrate_noise_multiplier
+from service.privacy.calibrate import Accountant, calibrate_noise_multiplier
 from service.privacy.events import (
     ComposedEvent,
     DpEvent,
@@ -29,7 +29,14 @@ from service.privacy.schedules import (
     epoch_noise_multipliers,
     tcdp_estimate,
 )
-from service.schemas import DpsgdOptions, ExpmNfOptions, Guarantee, JobRequest, PrivacyPlan
+from service.schemas import (
+    DpsgdOptions,
+    ExpmNfOptions,
+    ExpmOptions,
+    Guarantee,
+    JobRequest,
+    PrivacyPlan,
+)
 
 
 class PlanError(ValueError):
@@ -101,6 +108,33 @@ def dpsgd_schedule(*, n_rows: int, options: DpsgdOptions) -> DpsgdSchedule:
     )
 
 
+def _calibrate_with_slack(
+    request: JobRequest,
+    *,
+    sampling_rate: float,
+    steps: int,
+    slack: PmfSlackEvent,
+    accountant: Accountant,
+    what: str,
+) -> float:
+    """σ of a (subsampled) Gaussian history that, with the integer-noise sampler's slack,
+    stays within the request's (ε, δ) (raises :class:`PlanError`).
+
+    RDP: the slack adds τ(2α−1)/(α−1) ≤ 12τ at every calibration order (α ≥ 1.1);
+    PLD: pointwise e^{±τ} closeness turns (ε', δ') into (ε' + 2τ, δ'·e^{τ}).
+    """
+    try:
+        return calibrate_noise_multiplier(
+            sampling_rate=sampling_rate,
+            steps=steps,
+            epsilon=request.epsilon - 12.0 * slack.tau,
+            delta=request.delta * math.exp(-slack.tau),
+            accountant=accountant,
+        )
+    except ValueError as exc:
+        raise PlanError(f"cannot calibrate {what} noise: {exc}") from exc
+
+
 def _dpsgd_plan(
     request: JobRequest, *, n_rows: int, n_features: int
 ) -> tuple[DpEvent, dict[str, Any], str]:
@@ -129,19 +163,14 @@ def _dpsgd_plan(
         return _decaying_dpsgd_plan(
             request, options=options, schedule=schedule, slack=slack, public=public
         )
-    # Calibrate the Gaussian part so that it plus the slack stays within (ε, δ):
-    # RDP: the slack adds τ(2α−1)/(α−1) ≤ 12τ at every calibration order (α ≥ 1.1);
-    # PLD: pointwise e^{±τ} closeness turns (ε', δ') into (ε' + 2τ, δ'·e^{τ}).
-    try:
-        sigma = calibrate_noise_multiplier(
-            sampling_rate=schedule.sampling_rate,
-            steps=schedule.steps,
-            epsilon=request.epsilon - 12.0 * slack.tau,
-            delta=request.delta * math.exp(-slack.tau),
-            accountant=options.accountant,
-        )
-    except ValueError as exc:
-        raise PlanError(f"cannot calibrate DP-SGD noise: {exc}") from exc
+    sigma = _calibrate_with_slack(
+        request,
+        sampling_rate=schedule.sampling_rate,
+        steps=schedule.steps,
+        slack=slack,
+        accountant=options.accountant,
+        what="DP-SGD",
+    )
     gaussian = PoissonSubsampledGaussianEvent(
         sampling_rate=schedule.sampling_rate, noise_multiplier=sigma, steps=schedule.steps
     )
@@ -230,13 +259,114 @@ def _expm_plan(request: JobRequest) -> tuple[DpEvent, dict[str, Any], str]:
     return ExponentialMechanismEvent(epsilon=request.epsilon), mechanism, "pure-composition"
 
 
+# Fixed-point grid of the Langevin sampler's exact gradient sum (worker/mechanisms/langevin.py):
+# residuals p − y ∈ [−1, 1] and features x ∈ [0, 1] are truncated onto 2^-a and 2^-c with
+# a + c ≤ 32, so a row's integer gradient r·x has entries ≤ 2^32 and every partial sum of
+# ≤ 2^20 rows is an integer below 2^53, exact in float64. The grid is coarsened when the
+# noise is large, so the integer noise's scale σ·2^(a+c)·√B stays ≤ 2^40 (the sampler's
+# range, worker/noise.py); its resolution is then still far below the noise.
+LANGEVIN_MAX_GRID_BITS = 32
+LANGEVIN_MAX_NOISE_SCALE = 2.0**40
+
+
+def langevin_grid_bits(*, noise_multiplier: float, norm_sq_bound: int) -> tuple[int, int]:
+    """(a, c): residual and feature bits of the Langevin grid for this σ and B."""
+    room = math.floor(
+        math.log2(LANGEVIN_MAX_NOISE_SCALE / (noise_multiplier * math.sqrt(norm_sq_bound)))
+    )
+    total = min(LANGEVIN_MAX_GRID_BITS, room)
+    if total < 2:
+        raise PlanError(
+            f"the Langevin noise (σ = {noise_multiplier:.3g}) is too large for the sampler's "
+            "grid: use fewer steps or a larger ε"
+        )
+    return (total + 1) // 2, total // 2
+
+
+def row_norm_sq_bound(schema: TabularSchema) -> int:
+    """B with ‖(x, 1)‖² ≤ B for every encoded row x of this schema, from the schema alone:
+    each numeric column contributes at most 1 (scaled to [0, 1]), each categorical column
+    exactly one 1 (one-hot over declared levels), and the bias 1."""
+    numeric = sum(1 for c in schema.columns if not isinstance(c, CategoricalColumn))
+    categorical = len(schema.columns) - numeric
+    return numeric + categorical + 1
+
+
+def _expm_langevin_plan(
+    request: JobRequest, *, n_rows: int, n_features: int, norm_sq_bound: int
+) -> tuple[DpEvent, dict[str, Any], str]:
+    """The regularised ExpM for logistic regression, sampled by unadjusted Langevin steps
+    whose privacy is proven by composition (see :class:`ExpmOptions` and
+    worker/mechanisms/langevin.py).
+
+    Step t releases (to the next step only) G_t + N_t, the exact sum over the rows of the
+    fixed-point per-row gradients of the logistic loss (entries r·x on the grid) plus
+    integer noise round(σ·Δ·Z): add/remove-one changes G_t by one row's vector, whose ℓ2
+    norm is at most Δ = 2^(a+c)·√B (|r| ≤ 1, ‖(x, 1)‖² ≤ B from the public schema, checked
+    exactly in the worker). So each step is the Gaussian mechanism with noise multiplier σ
+    post-processed, the T steps are their adaptive composition (the full-batch, q = 1 case
+    of the subsampled Gaussian event), and the last iterate is a post-processing of the
+    whole history: (ε, δ)-DP by the accountant, whatever the chain's mixing.
+    """
+    options = request.expm or ExpmOptions()
+    if request.model.kind != "logistic":
+        raise PlanError(
+            "the proven ExpM sampler (expm, sampler 'langevin') is for logistic regression: "
+            "its sensitivity bound needs the convex, Lipschitz logistic loss"
+        )
+    if request.delta <= 0:
+        raise PlanError(
+            "expm with the 'langevin' sampler is (ε, δ)-DP by Gaussian composition: send delta > 0"
+        )
+    parameters = n_features + 1
+    slack = noise_slack(draws=parameters * options.steps)
+    accountant: Accountant = "pld"  # exact for q = 1 up to its proven discretisation
+    sigma = _calibrate_with_slack(
+        request,
+        sampling_rate=1.0,
+        steps=options.steps,
+        slack=slack,
+        accountant=accountant,
+        what="Langevin",
+    )
+    gaussian = PoissonSubsampledGaussianEvent(
+        sampling_rate=1.0, noise_multiplier=sigma, steps=options.steps
+    )
+    # ULA θ' = θ − η·k·∇F + √(2η)·ξ with η·k = lr/n̂ and noise σ·√B on the gradient sum:
+    # √(2η) = (lr/n̂)·σ·√B, so k = 2n̂ / (lr·σ²·B) (descriptive: the proof does not use it).
+    inverse_temperature = 2.0 * n_rows / (options.learning_rate * sigma**2 * norm_sq_bound)
+    residual_bits, feature_bits = langevin_grid_bits(
+        noise_multiplier=sigma, norm_sq_bound=norm_sq_bound
+    )
+    mechanism = {
+        **options.model_dump(),
+        "public_n_rows": n_rows,
+        "parameters": parameters,
+        "row_norm_sq_bound": norm_sq_bound,
+        "residual_bits": residual_bits,
+        "feature_bits": feature_bits,
+        "noise_multiplier": sigma,
+        "inverse_temperature": inverse_temperature,
+        "target": "π(θ) ∝ exp(−k·(Σ logistic loss + l2·‖θ‖²/2)), k = inverse_temperature",
+        "proof": "Gaussian mechanism composed over the T full-batch steps that ran (q = 1)",
+        "noise": "rounded Gaussian on the fixed-point grid, exact integer sum",
+    }
+    return ComposedEvent(events=(gaussian, slack)), mechanism, accountant
+
+
 def build_plan(
-    request: JobRequest, *, n_rows: int, n_features: int, dataset_kind: str = "tabular"
+    request: JobRequest,
+    *,
+    n_rows: int,
+    n_features: int,
+    dataset_kind: str = "tabular",
+    norm_sq_bound: int | None = None,
 ) -> PrivacyPlan:
     """Turn a validated request into its privacy plan (raises :class:`PlanError`).
 
     Public inputs only: ``n_rows`` is the dataset's public (DP noisy) row count,
-    ``n_features`` the encoded width its public schema implies, ``dataset_kind`` its kind.
+    ``n_features`` the encoded width its public schema implies, ``dataset_kind`` its kind,
+    ``norm_sq_bound`` its bound on ‖(x, 1)‖² (:func:`row_norm_sq_bound`; tabular only).
     """
     if n_rows < 1:
         raise PlanError("the dataset has no rows")
@@ -249,17 +379,27 @@ def build_plan(
             f"model {request.model.kind!r} does not fit a {dataset_kind} dataset "
             "(GRU-D is for time-series datasets, the others for tabular ones)"
         )
+    given = {
+        name
+        for name in ("dpsgd", "expm_nf", "expm")
+        if getattr(request, name) is not None and name != request.method
+    }
+    if given:
+        raise PlanError(f"{', '.join(sorted(given))} options given for method {request.method}")
     guarantee: Guarantee
     if request.method == "dpsgd":
-        if request.expm_nf is not None:
-            raise PlanError("expm_nf options given for method dpsgd")
         if request.model.kind == "grud":
             raise PlanError("dpsgd does not support the grud model yet")
         one, mechanism, accountant = _dpsgd_plan(request, n_rows=n_rows, n_features=n_features)
         guarantee = "proven"
+    elif request.method == "expm":
+        if norm_sq_bound is None:
+            raise PlanError("expm needs a tabular dataset (its sensitivity bound is the schema's)")
+        one, mechanism, accountant = _expm_langevin_plan(
+            request, n_rows=n_rows, n_features=n_features, norm_sq_bound=norm_sq_bound
+        )
+        guarantee = "proven"
     else:
-        if request.dpsgd is not None:
-            raise PlanError("dpsgd options given for method expm_nf")
         one, mechanism, accountant = _expm_plan(request)
         guarantee = "nominal"
     k = request.samples
@@ -290,5 +430,13 @@ def plan_for_dataset(
     row count and its public schema (kind, encoded width). The API (quote, admission) and
     the worker (re-derivation before it reads data) both call this."""
     kind = str(public_schema.get("kind", "tabular"))
-    n_features = parse_schema(public_schema).n_features if kind == "tabular" else 0
-    return build_plan(request, n_rows=n_rows, n_features=n_features, dataset_kind=kind)
+    if kind != "tabular":
+        return build_plan(request, n_rows=n_rows, n_features=0, dataset_kind=kind)
+    schema = parse_schema(public_schema)
+    return build_plan(
+        request,
+        n_rows=n_rows,
+        n_features=schema.n_features,
+        dataset_kind=kind,
+        norm_sq_bound=row_norm_sq_bound(schema),
+    )

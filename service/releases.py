@@ -49,11 +49,10 @@ def public_values(*, n_rows: int, count_epsilon: float | None, method: str) -> d
             f"{n_rows}: a DP noisy count (two-sided geometric noise, ε = {count_epsilon:g}) "
             "released at registration and charged to the dataset's budget"
         )
-    uses = (
-        "q = batch_size / row count and the expected batch q·row count"
-        if method == "dpsgd"
-        else "nothing (the exponential mechanism does not use it)"
-    )
+    uses = {
+        "dpsgd": "q = batch_size / row count and the expected batch q·row count",
+        "expm": "the Langevin step: the noisy gradient sum is scaled by learning_rate / row count",
+    }.get(method, "nothing (the exponential mechanism does not use it)")
     return {
         "public_schema": "declared by the admin: columns, bounds, levels, target encoding",
         "row_count": count,

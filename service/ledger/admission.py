@@ -416,10 +416,14 @@ def new_dataset(
 # default is left out of the digest, so an Idempotency-Key retry of a request sent before the
 # field existed still matches its first job.
 _LATER_DPSGD_DEFAULTS = {"noise_schedule": "constant", "noise_decay": None}
+_LATER_TOP_LEVEL_FIELDS = ("expm",)  # options of methods added later, left out when None
 
 
 def request_digest(request: JobRequest) -> str:
     data = request.model_dump(mode="json")
+    for key in _LATER_TOP_LEVEL_FIELDS:
+        if data.get(key) is None:
+            data.pop(key, None)
     if isinstance(data.get("dpsgd"), dict):
         for key, default in _LATER_DPSGD_DEFAULTS.items():
             if data["dpsgd"].get(key, default) == default:

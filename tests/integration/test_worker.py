@@ -226,3 +226,40 @@ def test_worker_runs_under_a_hard_time_limit(settings: Any, monkeypatch: Any) ->
     worker_app = make_celery()
     assert worker_app.conf.task_time_limit == 120
     assert 0 < worker_app.conf.task_soft_time_limit < 120
+
+
+def test_proven_expm_langevin_job_runs_and_states_its_guarantee(
+    client: Any, keys: Any, settings: Any
+) -> None:
+    """The regularised ExpM through the API and the worker: quoted and charged as the
+    full-batch Gaussian composition, released with a proven label."""
+    body = {
+        "dataset": "toy",
+        "method": "expm",
+        "epsilon": 1.0,
+        "delta": 1e-5,
+        "expm": {"steps": 40},
+    }
+    quote = client.post("/v1/quote", json=body, headers=auth(keys.alice))
+    assert quote.status_code == 200, quote.text
+    assert quote.json()["plan"]["guarantee"] == "proven"
+    job_id = _submit(client, keys, body)
+    assert execute_job(job_id, settings) == Outcome.released
+    job = client.get(f"/v1/jobs/{job_id}", headers=auth(keys.alice)).json()
+    assert job["status"] == "released" and job["progress_step"] == 40
+    card = client.get(f"/v1/jobs/{job_id}/release", headers=auth(keys.alice)).json()
+    assert card["privacy"]["guarantee"] == "proven"
+    assert card["privacy"]["event"]["events"][0]["sampling_rate"] == 1.0
+    assert card["mechanism"]["method"] == "expm" and card["mechanism"]["sampler"] == "langevin"
+    weights = client.get(f"/v1/jobs/{job_id}/release/weights", headers=auth(keys.alice))
+    assert weights.status_code == 200 and len(weights.content) > 0
+
+
+def test_expm_refuses_what_its_proof_does_not_cover(client: Any, keys: Any) -> None:
+    for body, words in (
+        ({**BODY, "method": "expm", "dpsgd": None, "model": {"kind": "mlp"}}, "logistic"),
+        ({**BODY, "method": "expm", "dpsgd": None, "delta": 0}, "delta > 0"),
+        ({**BODY, "method": "expm"}, "dpsgd options given for method expm"),
+    ):
+        r = client.post("/v1/quote", json=body, headers=auth(keys.alice))
+        assert r.status_code == 422 and words in r.json()["detail"], r.text

@@ -196,6 +196,7 @@ def test_request_digest_is_unchanged_by_fields_added_at_their_default() -> None:
     )
     before = r.model_dump(mode="json")
     del before["dpsgd"]["noise_schedule"], before["dpsgd"]["noise_decay"]
+    del before["expm"]  # the method's options did not exist either
     old = hashlib.sha256(
         json.dumps(before, sort_keys=True, separators=(",", ":")).encode()
     ).hexdigest()

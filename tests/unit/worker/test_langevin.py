@@ -1,0 +1,207 @@
+"""The proven ExpM sampler (method ``expm``, sampler ``langevin``): its charge against closed
+forms, the exact integer gradient sum and its sensitivity, and the chain's target."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+from scipy import optimize, stats
+
+from service.ledger.admission import request_digest
+from service.plans import PlanError, build_plan, langevin_grid_bits, row_norm_sq_bound
+from service.privacy.orders import ORDERS
+from service.privacy.sampling import noise_slack
+from service.schemas import ExpmOptions, JobRequest
+from worker.mechanisms.base import TabularTrainingSet
+from worker.mechanisms.dpsgd import PlanMismatch
+from worker.mechanisms.langevin import (
+    LangevinParams,
+    gradient_sum,
+    quantised_features,
+    run_expm_langevin,
+)
+from worker.noise import secure_rng
+
+
+def _request(**kw: object) -> JobRequest:
+    body = {"dataset": "d", "method": "expm", "epsilon": 1.0, "delta": 1e-5, **kw}
+    return JobRequest.model_validate(body)
+
+
+def _plan(request: JobRequest, *, n_rows: int = 1000, n_features: int = 6, bound: int = 7):
+    return build_plan(request, n_rows=n_rows, n_features=n_features, norm_sq_bound=bound)
+
+
+def _gaussian_delta(epsilon: float, mu: float) -> float:
+    """Exact δ(ε) of μ-GDP (Balle & Wang 2018; Dong, Roth & Su 2022, Cor. 2.13)."""
+    return float(
+        stats.norm.cdf(-epsilon / mu + mu / 2)
+        - math.exp(epsilon) * stats.norm.cdf(-epsilon / mu - mu / 2)
+    )
+
+
+@pytest.mark.parametrize(("epsilon", "steps"), [(0.1, 50), (1.0, 300), (10.0, 300)])
+def test_charge_is_the_full_batch_gaussian_composition(epsilon: float, steps: int) -> None:
+    plan = _plan(_request(epsilon=epsilon, expm={"steps": steps}))
+    sigma = plan.mechanism["noise_multiplier"]
+    slack = noise_slack(draws=7 * steps)
+    # RDP of T Gaussian mechanisms with noise multiplier σ: α·T/(2σ²) (Mironov 2017), plus
+    # the integer sampler's slack.
+    expected = [a * steps / (2 * sigma**2) for a in ORDERS]
+    slack_curve = slack.rdp(ORDERS)
+    for got, want, extra in zip(plan.rdp_curve, expected, slack_curve, strict=True):
+        assert got == pytest.approx(want + extra, rel=1e-9)
+    # The stated (ε, δ) holds for the exact Gaussian composition, μ = √T/σ, and the
+    # calibration is tight: 1% less noise breaks it.
+    mu = math.sqrt(steps) / sigma
+    assert _gaussian_delta(epsilon, mu) <= 1e-5
+    assert _gaussian_delta(epsilon, mu / 0.99) > 1e-5 * 0.999
+    assert plan.guarantee == "proven" and plan.epsilon == epsilon and plan.delta == 1e-5
+    k = plan.mechanism["inverse_temperature"]
+    assert k == pytest.approx(2 * 1000 / (ExpmOptions().learning_rate * sigma**2 * 7))
+
+
+def test_samples_are_charged_once_each() -> None:
+    one = _plan(_request(expm={"steps": 20}))
+    three = _plan(_request(expm={"steps": 20}, samples=3))
+    assert three.rdp_curve == pytest.approx([3 * v for v in one.rdp_curve], rel=1e-12)
+    assert three.epsilon == 3 * one.epsilon
+
+
+def test_plan_refusals() -> None:
+    with pytest.raises(PlanError, match="logistic"):
+        _plan(_request(model={"kind": "mlp"}))
+    with pytest.raises(PlanError, match="delta > 0"):
+        _plan(_request(delta=0))
+    with pytest.raises(PlanError, match="tabular"):
+        build_plan(_request(), n_rows=100, n_features=6)
+    with pytest.raises(PlanError, match="too large"):
+        langevin_grid_bits(noise_multiplier=2.0**39, norm_sq_bound=14)
+
+
+def test_grid_keeps_the_noise_scale_in_the_samplers_range() -> None:
+    for sigma in (0.5, 60.0, 5e3, 1e6):
+        a, c = langevin_grid_bits(noise_multiplier=sigma, norm_sq_bound=14)
+        assert a + c <= 32 and sigma * 2.0 ** (a + c) * math.sqrt(14) <= 2.0**40
+
+
+def test_row_norm_bound_of_the_adult_schema() -> None:
+    from pathlib import Path
+
+    from service.dataschema import load_schema_yaml
+
+    root = Path(__file__).resolve().parents[3]
+    schema = load_schema_yaml((root / "examples/adult/schema.yaml").read_text())
+    assert row_norm_sq_bound(schema) == 14  # 6 numeric + 7 categorical + bias (issue 13: G = √14)
+
+
+def _params(**kw: object) -> LangevinParams:
+    base = {
+        "steps": 5,
+        "learning_rate": 1.0,
+        "l2": 1.0,
+        "public_n_rows": 50,
+        "parameters": 4,
+        "row_norm_sq_bound": 4,
+        "residual_bits": 16,
+        "feature_bits": 16,
+        "noise_multiplier": 1.0,
+        **kw,
+    }
+    return LangevinParams(**base)  # type: ignore[arg-type]
+
+
+def test_gradient_sum_is_exact_and_each_row_within_the_sensitivity() -> None:
+    g = torch.Generator().manual_seed(3)
+    x = torch.rand(257, 3, generator=g)
+    y = (torch.rand(257, generator=g) < 0.4).float()
+    theta = torch.randn(4, generator=g, dtype=torch.float64) * 2**16
+    params = _params()
+    x_int = quantised_features(x, feature_bits=16, norm_sq_bound=4)
+    got = gradient_sum(x_int, y, theta, feature_bits=16, residual_bits=16)
+    # Reference in Python integers, row by row.
+    xi = x_int.numpy().astype(np.int64)
+    logits = (x_int @ theta) * 2.0**-16
+    r = torch.trunc((torch.sigmoid(logits) - y.double()) * 2.0**16).numpy().astype(np.int64)
+    rows = [[int(r[i]) * int(v) for v in xi[i]] for i in range(len(xi))]
+    want = [sum(col) for col in zip(*rows, strict=True)]
+    assert got.tolist() == want
+    assert max(math.sqrt(sum(v * v for v in row)) for row in rows) <= params.sensitivity
+
+
+def test_rows_beyond_the_schema_bound_are_refused() -> None:
+    with pytest.raises(PlanMismatch, match="norm bound"):
+        quantised_features(torch.ones(2, 4), feature_bits=16, norm_sq_bound=4)
+    with pytest.raises(PlanMismatch, match=r"\[0, 1\]"):
+        quantised_features(torch.full((2, 3), 1.5), feature_bits=16, norm_sq_bound=4)
+
+
+def test_the_plan_and_the_worker_agree_on_the_mechanism_keys() -> None:
+    plan = _plan(_request(expm={"steps": 7}))
+    params = LangevinParams.from_plan(plan.mechanism)
+    assert params.steps == 7 and params.parameters == 7 and params.row_norm_sq_bound == 7
+    with pytest.raises(PlanMismatch, match="sampler"):
+        LangevinParams.from_plan({**plan.mechanism, "sampler": "mala"})
+
+
+def test_chain_with_little_noise_reaches_the_regularised_optimum() -> None:
+    """At ε = 50 the target is sharp (k ≫ 1) and θ_T lands near argmin Σℓ + l2‖θ‖²/2."""
+    g = torch.Generator().manual_seed(11)
+    n, d = 4000, 3
+    x = torch.rand(n, d, generator=g)
+    w_true = torch.tensor([3.0, -2.0, 1.0])
+    y = (torch.rand(n, generator=g) < torch.sigmoid(x @ w_true - 0.5)).float()
+    plan = build_plan(
+        _request(epsilon=50.0, expm={"steps": 500, "learning_rate": 2.0, "l2": 1.0}),
+        n_rows=n,
+        n_features=d,
+        norm_sq_bound=d + 1,
+    )
+    assert plan.mechanism["inverse_temperature"] > 50
+    out = run_expm_langevin(
+        spec=_request().model,
+        mechanism=plan.mechanism,
+        samples=1,
+        data=TabularTrainingSet(x=x, y=y),
+        device=torch.device("cpu"),
+        progress=lambda step, total: None,
+    )
+    theta = torch.cat([out.releases[0]["linear.weight"][0], out.releases[0]["linear.bias"]])
+    xa = np.hstack([x.double().numpy(), np.ones((n, 1))])
+    yn = y.double().numpy()
+
+    def objective(t: np.ndarray) -> float:
+        z = xa @ t
+        return float(np.sum(np.logaddexp(0, z) - yn * z) + 0.5 * t @ t)
+
+    best = optimize.minimize(objective, np.zeros(d + 1), method="BFGS").x
+    # Measured ≈ 0.008 of ‖θ*‖ over four runs.
+    assert np.linalg.norm(theta.double().numpy() - best) < 0.05 * np.linalg.norm(best)
+
+
+def test_noise_stream_draws_are_fresh_per_run() -> None:
+    """Two runs on the same data never release the same model (server-side randomness)."""
+    plan = _plan(_request(expm={"steps": 3}), n_rows=10, n_features=2, bound=3)
+    data = TabularTrainingSet(x=torch.rand(10, 2), y=torch.ones(10))
+    kw = {"spec": _request().model, "mechanism": plan.mechanism, "samples": 1, "data": data}
+    a = run_expm_langevin(**kw, device=torch.device("cpu"), progress=lambda s, t: None)  # type: ignore[arg-type]
+    b = run_expm_langevin(**kw, device=torch.device("cpu"), progress=lambda s, t: None)  # type: ignore[arg-type]
+    assert not torch.equal(a.releases[0]["linear.weight"], b.releases[0]["linear.weight"])
+    assert secure_rng() is not secure_rng()
+
+
+def test_request_digest_of_requests_without_expm_is_unchanged() -> None:
+    """Idempotency digests stored before the method existed still match."""
+    request = JobRequest.model_validate(
+        {"dataset": "d", "method": "dpsgd", "epsilon": 1.0, "delta": 1e-5}
+    )
+    data = request.model_dump(mode="json")
+    data.pop("expm")
+    data["dpsgd"] = None
+    body = json.dumps(data, sort_keys=True, separators=(",", ":"))
+    assert request_digest(request) == hashlib.sha256(body.encode()).hexdigest()

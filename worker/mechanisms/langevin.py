@@ -1,0 +1,197 @@
+"""The regularised exponential mechanism for logistic regression, sampled by unadjusted
+Langevin steps whose privacy is proven for the run that executes (method ``expm``,
+sampler ``"langevin"``; the plan is service/plans.py:_expm_langevin_plan).
+
+Target (Gopi, Lee & Liu 2022): π(θ) ∝ exp(−k·(Σᵢ ℓᵢ(θ) + μ‖θ‖²/2)), ℓᵢ the logistic loss
+of row i. The unadjusted Langevin algorithm (ULA) from θ₀ = 0 runs, for t = 1 … T,
+
+    θ ← θ − (lr/n̂)·(G(θ) + N + μ·θ),
+
+where G(θ) = Σᵢ (σ(θ·xᵢ) − yᵢ)·(xᵢ, 1) is the gradient sum of the logistic losses and N
+Gaussian noise; with η·k = lr/n̂ and the noise's std σ·√B on G this is ULA at inverse
+temperature k = 2n̂/(lr·σ²·B) (the plan reports it).
+
+Why the release is (ε, δ)-DP for the T steps that ran — not only in the limit, and
+whether or not the chain mixed:
+
+1. **Exact integer sum** (:func:`gradient_sum`): features are truncated once onto the grid
+   2^-c (x_int ∈ [0, 2^c], bias 2^c) and every row's residual r = σ(θ·x) − y ∈ [−1, 1] onto
+   2^-a each step (|r_int| ≤ 2^a). Row i contributes the integer vector r_int·x_int, of ℓ2
+   norm ≤ 2^(a+c)·√B, where ‖(x, 1)‖² ≤ B is the public schema's bound; the worker checks
+   ‖x_int‖² ≤ B·2^(2c) exactly in integers before any step. The sum over rows is exact
+   (float64 partial sums of integers below 2^53, then int64). Adding or removing one row
+   changes the sum by one such vector: ℓ2 sensitivity Δ = 2^(a+c)·√B.
+2. **Integer noise** round(σ·Δ·Z) per coordinate (:func:`worker.noise.rounded_gaussian`)
+   added exactly: S + round(sZ) = round(S + sZ), a post-processing of the Gaussian
+   mechanism with noise multiplier σ, with no floating-point channel (Mironov 2012); the
+   sampler's pmf gap is charged in the plan (PmfSlackEvent).
+3. Step t's input is θ_{t−1}, a function of earlier noisy sums only, so the T steps are an
+   adaptive composition of T Gaussian mechanisms: the full-batch (q = 1) case of the
+   subsampled Gaussian event the plan charges. The release θ_T is a post-processing.
+
+The random number of rows changes nothing above: the mechanism never divides by the
+loaded row count, only by the public n̂.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from service.modelspec import ModelSpec
+from worker.mechanisms.base import MechanismOutput, ProgressFn, TabularTrainingSet
+from worker.mechanisms.dpsgd import NoiseStream, PlanMismatch
+from worker.models import build_module
+from worker.noise import secure_rng
+
+# Rows per float64 partial sum: ≤ 2^20 rows of entries ≤ 2^32 stay below 2^53 (exact).
+_CHUNK_ROWS = 1 << 20
+
+
+@dataclass(frozen=True)
+class LangevinParams:
+    """The plan's public values that the run may depend on (and nothing else)."""
+
+    steps: int
+    learning_rate: float
+    l2: float
+    public_n_rows: int
+    parameters: int
+    row_norm_sq_bound: int
+    residual_bits: int
+    feature_bits: int
+    noise_multiplier: float
+
+    @classmethod
+    def from_plan(cls, mechanism: dict[str, Any]) -> LangevinParams:
+        if mechanism.get("sampler") != "langevin":
+            raise PlanMismatch(f"unknown ExpM sampler {mechanism.get('sampler')!r}")
+        params = cls(
+            steps=int(mechanism["steps"]),
+            learning_rate=float(mechanism["learning_rate"]),
+            l2=float(mechanism["l2"]),
+            public_n_rows=int(mechanism["public_n_rows"]),
+            parameters=int(mechanism["parameters"]),
+            row_norm_sq_bound=int(mechanism["row_norm_sq_bound"]),
+            residual_bits=int(mechanism["residual_bits"]),
+            feature_bits=int(mechanism["feature_bits"]),
+            noise_multiplier=float(mechanism["noise_multiplier"]),
+        )
+        if params.residual_bits + params.feature_bits > 32:
+            raise PlanMismatch("the Langevin grid is wider than its exact-sum bound")
+        return params
+
+    @property
+    def sensitivity(self) -> float:
+        """Δ: the ℓ2 bound of one row's integer gradient, in grid units."""
+        return 2.0 ** (self.residual_bits + self.feature_bits) * math.sqrt(self.row_norm_sq_bound)
+
+
+def quantised_features(x: torch.Tensor, *, feature_bits: int, norm_sq_bound: int) -> torch.Tensor:
+    """(n, d + 1) float64 holding the integers trunc(x·2^c) and the bias column 2^c.
+
+    Raises :class:`PlanMismatch` unless every row's ‖x_int‖² ≤ B·2^(2c), checked exactly
+    in int64 (the sensitivity the plan was charged for).
+    """
+    scale = 2.0**feature_bits
+    if x.shape[0] and (float(x.min()) < 0.0 or float(x.max()) > 1.0):
+        raise PlanMismatch("encoded features outside [0, 1]")
+    ints = torch.trunc(x.double() * scale).to(torch.int64)
+    ints = torch.cat([ints, torch.full((x.shape[0], 1), 1 << feature_bits, device=x.device)], 1)
+    if bool(((ints * ints).sum(dim=1) > norm_sq_bound << (2 * feature_bits)).any()):
+        raise PlanMismatch("an encoded row exceeds the schema's norm bound")
+    return ints.double()
+
+
+def gradient_sum(
+    x_int: torch.Tensor,
+    y: torch.Tensor,
+    theta: torch.Tensor,
+    *,
+    feature_bits: int,
+    residual_bits: int,
+) -> torch.Tensor:
+    """Σᵢ trunc(2^a·(σ(θ·xᵢ) − yᵢ))·x_int,i exactly, as int64 (shape (d + 1,))."""
+    total = torch.zeros(x_int.shape[1], dtype=torch.int64, device=x_int.device)
+    for start in range(0, x_int.shape[0], _CHUNK_ROWS):
+        xs = x_int[start : start + _CHUNK_ROWS]
+        logits = (xs @ theta) * 2.0**-feature_bits
+        residual = torch.sigmoid(logits) - y[start : start + _CHUNK_ROWS].double()
+        r_int = torch.trunc(residual * 2.0**residual_bits)
+        # Integers below 2^53 throughout: the float64 matmul is exact in any order.
+        total += (r_int @ xs).round().to(torch.int64)
+    return total
+
+
+def sample_langevin(
+    *,
+    params: LangevinParams,
+    data: TabularTrainingSet,
+    device: torch.device,
+    progress: ProgressFn,
+    done: int = 0,
+    total: int | None = None,
+) -> torch.Tensor:
+    """One release: θ_T (d + 1,) float64 on the CPU, weights then bias."""
+    total = params.steps if total is None else total
+    x_int = quantised_features(
+        data.x.to(device), feature_bits=params.feature_bits, norm_sq_bound=params.row_norm_sq_bound
+    )
+    if x_int.shape[1] != params.parameters:
+        raise PlanMismatch("the model's parameter count differs from the plan's")
+    y = data.y.to(device)
+    noise = NoiseStream(rng=secure_rng(), size=params.parameters, steps=params.steps)
+    scale = params.noise_multiplier * params.sensitivity
+    unit = 2.0 ** -(params.residual_bits + params.feature_bits)
+    step_size = params.learning_rate / params.public_n_rows
+    theta = torch.zeros(params.parameters, dtype=torch.float64, device=device)
+    for step in range(1, params.steps + 1):
+        summed = gradient_sum(
+            x_int,
+            y,
+            theta,
+            feature_bits=params.feature_bits,
+            residual_bits=params.residual_bits,
+        )
+        step_noise = noise.draw(scale=scale, same_scale_ahead=params.steps - step + 1)
+        noisy = (summed + torch.as_tensor(step_noise, device=device)).double() * unit
+        theta = theta - step_size * (noisy + params.l2 * theta)
+        progress(done + step, total)
+    return theta.cpu()
+
+
+def run_expm_langevin(
+    *,
+    spec: ModelSpec,
+    mechanism: dict[str, Any],
+    samples: int,
+    data: TabularTrainingSet,
+    device: torch.device,
+    progress: ProgressFn,
+) -> MechanismOutput:
+    """`samples` independent chains (each charged by the plan), as logistic state dicts."""
+    params = LangevinParams.from_plan(mechanism)
+    module = build_module(spec, int(data.x.shape[1]))
+    names = [k for k, _ in module.named_parameters()]
+    if names != ["linear.weight", "linear.bias"]:
+        raise PlanMismatch("the Langevin sampler is for logistic regression only")
+    releases = []
+    for i in range(samples):
+        theta = sample_langevin(
+            params=params,
+            data=data,
+            device=device,
+            progress=progress,
+            done=i * params.steps,
+            total=samples * params.steps,
+        )
+        releases.append(
+            {
+                "linear.weight": theta[:-1].reshape(1, -1).float().clone(),
+                "linear.bias": theta[-1:].float().clone(),
+            }
+        )
+    return MechanismOutput(releases=releases)
