@@ -142,7 +142,15 @@ class ExpmOptions(_In):
     """
 
     sampler: Literal["langevin"] = "langevin"
-    steps: int = Field(default=300, ge=1, le=20_000, description="Langevin steps T.")
+    steps: int | None = Field(
+        default=None,
+        ge=1,
+        le=20_000,
+        description=(
+            "Langevin steps T. Default from the request's ε: 300 for ε ≥ 1, else 100 "
+            "(service.plans.resolve_expm_options)."
+        ),
+    )
     learning_rate: float = Field(
         default=2.0,
         gt=0,

@@ -205,3 +205,9 @@ def test_request_digest_of_requests_without_expm_is_unchanged() -> None:
     data["dpsgd"] = None
     body = json.dumps(data, sort_keys=True, separators=(",", ":"))
     assert request_digest(request) == hashlib.sha256(body.encode()).hexdigest()
+
+
+def test_default_steps_follow_the_requested_epsilon() -> None:
+    assert _plan(_request(epsilon=1.0)).mechanism["steps"] == 300
+    assert _plan(_request(epsilon=0.1)).mechanism["steps"] == 100
+    assert _plan(_request(epsilon=0.1, expm={"steps": 7})).mechanism["steps"] == 7

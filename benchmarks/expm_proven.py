@@ -1,0 +1,192 @@
+"""The proven ExpM sampler against DP-SGD and non-private training on Adult, in one run.
+
+Test AUC (public holdout adult.test) against ε ∈ {1e-3, 1e-2, 0.1, 1, 10} at δ = 1e-5 for:
+
+* ``expm`` (proven): method ``expm``, sampler ``langevin``: the regularised exponential
+  mechanism for logistic regression, sampled by full-batch Langevin steps whose privacy is
+  the Gaussian composition of the steps that ran (worker/mechanisms/langevin.py), with the
+  plan the service builds for the request (defaults unless ``--steps``/``--lr`` given).
+* ``dpsgd`` (proven): the product's DP-SGD with its defaults (batch 256, 3 epochs, T = 354).
+* ``nonprivate``: L-BFGS logistic regression on the same encoding (scikit-learn, C = 1e4).
+
+Wall time per release on this machine's CPU (``--threads`` torch threads), the median over
+the repeats. The flow (``expm_nf``, nominal) is not rerun here: its figures are in
+expm_adult.md (12 s per release; AUC 0.891 at ε = 1, ESS fraction 0.004: nominal only).
+
+    .venv/bin/python benchmarks/expm_proven.py [--repeats 5] [--threads 2] [--steps T --lr L]
+
+Results: benchmarks/results/expm_proven.{md,json,png}. The default steps and learning rate
+were chosen by looking at this data (as the issue's μ was): a tuning on private data that
+is not accounted for; on a real dataset they are public choices made before seeing it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import shlex
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from expm_adult import load_adult  # noqa: E402
+
+from service.dataschema import load_schema_yaml  # noqa: E402
+from service.plans import PlanError, build_plan, row_norm_sq_bound  # noqa: E402
+from service.schemas import JobRequest  # noqa: E402
+from worker.mechanisms.base import TabularTrainingSet  # noqa: E402
+from worker.mechanisms.dpsgd import run_dpsgd  # noqa: E402
+from worker.mechanisms.langevin import run_expm_langevin  # noqa: E402
+
+EPSILONS = (1e-3, 1e-2, 0.1, 1.0, 10.0)
+DELTA = 1e-5
+
+
+def auc(weights: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor) -> float:
+    from sklearn.metrics import roc_auc_score
+
+    scores = x.double() @ weights["linear.weight"].double().reshape(-1)
+    return float(roc_auc_score(y.numpy(), scores.numpy()))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=None)
+    ap.add_argument("--lr", type=float, default=None)
+    ap.add_argument("--no-write", action="store_true")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    command = "python benchmarks/expm_proven.py " + shlex.join(sys.argv[1:])
+    data = load_adult()
+    schema = load_schema_yaml((ROOT / "examples/adult/schema.yaml").read_text())
+    n, d = data.x_train.shape
+    bound = row_norm_sq_bound(schema)
+    train = TabularTrainingSet(data.x_train.float(), data.y_train.float())
+    expm_options: dict[str, float | int] = {}
+    if args.steps is not None:
+        expm_options["steps"] = args.steps
+    if args.lr is not None:
+        expm_options["learning_rate"] = args.lr
+
+    from sklearn.linear_model import LogisticRegression
+
+    start = time.perf_counter()
+    clf = LogisticRegression(C=1e4, max_iter=2000).fit(data.x_train.numpy(), data.y_train.numpy())
+    nonprivate_s = time.perf_counter() - start
+    nonprivate_auc = auc({"linear.weight": torch.from_numpy(clf.coef_)}, data.x_test, data.y_test)
+
+    rows = []
+    for eps in EPSILONS:
+        for method in ("expm", "dpsgd"):
+            body: dict[str, object] = {
+                "dataset": "adult",
+                "method": method,
+                "epsilon": eps,
+                "delta": DELTA,
+            }
+            if method == "expm":
+                body["expm"] = expm_options
+            else:
+                body["dpsgd"] = {"batch_size": 256, "epochs": 3}
+            request = JobRequest.model_validate(body)
+            try:
+                plan = build_plan(request, n_rows=n, n_features=d, norm_sq_bound=bound)
+            except PlanError as exc:  # the service answers 422: nothing to run
+                print(f"ε={eps:g} {method:6s} refused: {exc}", flush=True)
+                rows.append({"epsilon": eps, "method": method, "refused": str(exc)})
+                continue
+            run = run_expm_langevin if method == "expm" else run_dpsgd
+            aucs, secs = [], []
+            for _ in range(args.repeats):
+                t0 = time.perf_counter()
+                out = run(
+                    spec=request.model,
+                    mechanism=plan.mechanism,
+                    samples=1,
+                    data=train,
+                    device=torch.device("cpu"),
+                    progress=lambda a, b: None,
+                )
+                secs.append(time.perf_counter() - t0)
+                aucs.append(auc(out.releases[0], data.x_test, data.y_test))
+            row = {
+                "epsilon": eps,
+                "method": method,
+                "guarantee": plan.guarantee,
+                "steps": plan.mechanism["steps"],
+                "noise_multiplier": plan.mechanism["noise_multiplier"],
+                "auc_median": statistics.median(aucs),
+                "auc_min": min(aucs),
+                "auc_max": max(aucs),
+                "seconds_median": statistics.median(secs),
+            }
+            rows.append(row)
+            print(
+                f"ε={eps:g} {method:6s} T={row['steps']} σ={row['noise_multiplier']:.4g} "
+                f"AUC median {row['auc_median']:.4f} [{row['auc_min']:.4f}, {row['auc_max']:.4f}] "
+                f"{row['seconds_median']:.2f} s/release",
+                flush=True,
+            )
+    print(f"non-private AUC {nonprivate_auc:.4f} ({nonprivate_s:.2f} s)")
+    if args.no_write:
+        return
+    out_dir = ROOT / "benchmarks/results"
+    meta = {
+        "command": command,
+        "machine": f"{platform.processor() or platform.machine()}, torch threads {args.threads}",
+        "repeats": args.repeats,
+        "nonprivate_auc": nonprivate_auc,
+        "rows": rows,
+    }
+    (out_dir / "expm_proven.json").write_text(json.dumps(meta, indent=2) + "\n")
+    lines = [
+        "# Proven ExpM (Langevin) vs DP-SGD vs non-private, Adult logistic regression",
+        "",
+        f"Command: `{command}` ({meta['machine']}; {args.repeats} releases per cell; "
+        f"δ = {DELTA:g}; test AUC on adult.test).",
+        "",
+        "| ε | method | guarantee | T | σ | AUC median | AUC min–max | s / release |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        if "refused" in r:
+            lines.append(f"| {r['epsilon']:g} | {r['method']} | refused (422): {r['refused']} |")
+            continue
+        lines.append(
+            f"| {r['epsilon']:g} | {r['method']} | {r['guarantee']} | {r['steps']} | "
+            f"{r['noise_multiplier']:.4g} | {r['auc_median']:.4f} | "
+            f"{r['auc_min']:.4f}–{r['auc_max']:.4f} | {r['seconds_median']:.2f} |"
+        )
+    lines += ["", f"Non-private logistic regression: AUC {nonprivate_auc:.4f}.", ""]
+    (out_dir / "expm_proven.md").write_text("\n".join(lines))
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for method, label in (("expm", "ExpM, Langevin (proven)"), ("dpsgd", "DP-SGD (proven)")):
+        pts = [r for r in rows if r["method"] == method and "refused" not in r]
+        ax.plot([r["epsilon"] for r in pts], [r["auc_median"] for r in pts], "o-", label=label)
+    ax.axhline(nonprivate_auc, color="grey", ls="--", label="non-private")
+    ax.set_xscale("log")
+    ax.set_xlabel("ε (δ = 1e-5)")
+    ax.set_ylabel("test AUC (median)")
+    ax.set_title("Adult, logistic regression")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out_dir / "expm_proven.png", dpi=120)
+
+
+if __name__ == "__main__":
+    main()
