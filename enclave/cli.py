@@ -70,7 +70,7 @@ def _schema_from(path: Path) -> TabularSchema:
     """The public schema in ``path``, or one line and exit 2 (never a traceback)."""
     try:
         return load_schema_yaml(path.read_text())
-    except SchemaError as exc:
+    except (SchemaError, UnicodeError) as exc:
         console.print(f"[red]schema error:[/red] {escape(f'{path.name}: {exc}')}", soft_wrap=True)
         raise typer.Exit(2) from exc
 

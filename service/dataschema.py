@@ -136,6 +136,8 @@ class TabularSchema(_Strict):
             "skipinitialspace": True,
             "dtype": str,
         }
+        if len(self.csv.separator) > 1 and self.csv.separator != r"\s+":
+            kwargs["engine"] = "python"  # a regular expression (pandas would warn, then do so)
         if self.csv.comment:
             kwargs["comment"] = self.csv.comment
         if self.csv.names:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import warnings
 from collections.abc import Hashable
 from dataclasses import dataclass
 from pathlib import Path
@@ -153,7 +154,8 @@ def encode_rows(
 
     ``labelled`` None encodes the target when ``raw`` has the target column and leaves
     ``y`` None otherwise; True requires it; False ignores it. A feature column missing
-    from ``raw`` is a :class:`ValueError` naming it (nothing could be encoded).
+    from ``raw`` is a :class:`ValueError` naming it (nothing could be encoded); rows of
+    which none passes (e.g. read with the wrong separator) warn with a hint.
     """
     target = schema.target.column
     if labelled is None:
@@ -169,6 +171,12 @@ def encode_rows(
         raise ValueError(
             f"the rows have no column(s) {list(checked.report.missing_columns)}; "
             f"read them with the schema's csv options (read_csv_kwargs){hint}"
+        )
+    if checked.report.rows_in and not checked.report.rows_kept:
+        warnings.warn(
+            f"no row passed validation ({checked.report.hint}); see EncodedRows.dropped",
+            UserWarning,
+            stacklevel=2,
         )
     return EncodedRows(
         x=encode_features(schema, checked.frame),

@@ -41,7 +41,7 @@ def prepare_csv(schema: TabularSchema, csv_path: Path) -> Prepared:
     run reports exactly what registration would keep."""
     try:
         raw = pd.read_csv(csv_path, **schema.read_csv_kwargs())
-    except (pd.errors.ParserError, UnicodeDecodeError, OSError, EOFError, ValueError) as exc:
+    except (pd.errors.ParserError, UnicodeError, OSError, EOFError, ValueError, ImportError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise CsvReadError(
             f"cannot read {csv_path.name} with the schema's csv options: {first}"

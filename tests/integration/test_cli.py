@@ -150,3 +150,17 @@ def test_register_space_separated_file_and_warn_when_no_method_is_admitted(
                 "--epsilon", "1", *extra]  # fmt: skip
         r = runner.invoke(app, args)
         assert r.exit_code == 0 and "warning:" not in r.output, r.output
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_an_unreadable_file_is_one_line(settings: Any, tmp_path: Path) -> None:
+    schema = _write_schema(tmp_path / "schema.yaml")
+    fake = tmp_path / "rows.csv.gz"
+    fake.write_text("a,b,c,label\n1,0.5,x,yes\n")  # not gzip, despite its name
+    r = runner.invoke(app, ["datasets", "check", "--csv", str(fake), "--schema", str(schema)])
+    assert r.exit_code == 2 and isinstance(r.exception, SystemExit), r.output
+    lines = r.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("refused: cannot read rows.csv.gz"), lines
+    plain = _write_schema(tmp_path / "plain.yaml", csv={"header": True, "compression": "none"})
+    r = runner.invoke(app, ["datasets", "check", "--csv", str(fake), "--schema", str(plain)])
+    assert r.exit_code == 0 and "1 rows kept of 1" in r.output, r.output

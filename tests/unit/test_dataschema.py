@@ -220,3 +220,16 @@ def test_score_csv_predicts_and_gives_the_auc(tmp_path: Path) -> None:
     (release / "model.safetensors").write_bytes(b"x" * 10)
     with pytest.raises(ValueError, match="sha256"):
         open_release(release)
+
+
+def test_regex_separator_and_a_warning_when_no_public_row_passes(tmp_path: Path) -> None:
+    (tmp_path / "ws.txt").write_text("a   b c label\n1  0.5   x yes\n2 0.1 y no\n")
+    assert prepare_csv(_schema(separator=r"\s+"), tmp_path / "ws.txt").report.rows_kept == 2
+    (tmp_path / "pipes.txt").write_text("a||b||c||label\n1||0.5||x||yes\n")
+    assert prepare_csv(_schema(separator=r"\|\|"), tmp_path / "pipes.txt").report.rows_kept == 1
+    # Header-less rows read with the wrong separator: every row dropped, and a warning.
+    names = _schema(header=False, names=["a", "b", "c", "label"])
+    spaced = pd.read_csv(tmp_path / "ws.txt", **names.read_csv_kwargs())
+    with pytest.warns(UserWarning, match="no row passed validation"):
+        rows = encode_rows(_schema(), spaced)
+    assert len(rows.kept_index) == 0 and len(rows.dropped) == 3
