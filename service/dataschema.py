@@ -215,15 +215,6 @@ class ValidationReport:
     def rows_rejected(self) -> int:
         return self.rows_in - self.rows_kept
 
-    @property
-    def rejected_by_column(self) -> dict[str, int]:
-        """Rows rejected because of each column (a row can count for several)."""
-        return {col: sum(by.values()) for col, by in self.rejected.items()}
-
-    @property
-    def clipped_by_column(self) -> dict[str, int]:
-        return {col: sum(by.values()) for col, by in self.clipped.items()}
-
     def lines(self) -> list[str]:
         """The report in words, one line per fact (registration and `datasets check`)."""
 
