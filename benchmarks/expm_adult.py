@@ -78,8 +78,7 @@ def load_adult() -> Adult:
 
     def part(name: str) -> tuple[torch.Tensor, torch.Tensor]:
         raw = pd.read_csv(ROOT / "examples/adult" / name, **schema.read_csv_kwargs())
-        frame, _ = validate_frame(schema, raw)
-        table = encode(schema, frame)
+        table = encode(schema, validate_frame(schema, raw).frame)
         return torch.from_numpy(table.x), torch.from_numpy(table.y)
 
     xtr, ytr = part("adult.data.gz")

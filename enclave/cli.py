@@ -14,13 +14,14 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from service.auth import expiry, hash_api_key, new_api_key, revoke_key, rotate_key
 from service.config import get_settings
-from service.dataschema import load_schema_yaml
+from service.dataschema import SchemaError, TabularSchema, ValidationReport, load_schema_yaml
 from service.db import engine_for, transaction
 from service.ledger.admission import (
     InvalidLedgerOperation,
@@ -65,11 +66,52 @@ def db_upgrade(revision: str = "head") -> None:
     console.print(f"ledger database at revision {revision}")
 
 
+def _schema_from(path: Path) -> TabularSchema:
+    """The public schema in ``path``, or one line and exit 2 (never a traceback)."""
+    try:
+        return load_schema_yaml(path.read_text())
+    except (SchemaError, UnicodeError) as exc:
+        console.print(f"[red]schema error:[/red] {escape(f'{path.name}: {exc}')}", soft_wrap=True)
+        raise typer.Exit(2) from exc
+
+
+def _print_report(report: ValidationReport) -> None:
+    """The validation report of private rows: printed to the admin's terminal inside the
+    enclave only (exact counts are not public). Registration and `check` both use it."""
+    for line in report.lines():
+        console.print(line, markup=False, highlight=False, soft_wrap=True)
+
+
+CsvOption = Annotated[Path, typer.Option(exists=True, dir_okay=False, help="The private rows.")]
+SchemaOption = Annotated[
+    Path, typer.Option(exists=True, dir_okay=False, help="Public schema YAML (docs/schema.md).")
+]
+
+
+@datasets_app.command("check")
+def datasets_check(csv: CsvOption, schema: SchemaOption) -> None:
+    """Dry run: parse the schema, read the CSV with its csv options and report rejected and
+    clipped rows per column and reason. Registers nothing and never opens the ledger."""
+    from worker.data import CsvReadError, prepare_csv
+
+    parsed = _schema_from(schema)
+    try:
+        report = prepare_csv(parsed, csv).report
+    except CsvReadError as exc:
+        console.print(f"[red]refused:[/red] {escape(str(exc))}", soft_wrap=True)
+        raise typer.Exit(2) from exc
+    console.print(f"schema {parsed.name!r}: {parsed.n_features} encoded features")
+    _print_report(report)
+    console.print("(exact counts: shown here, inside the enclave, only; nothing was registered)")
+    if report.rows_kept == 0:
+        raise typer.Exit(1)
+
+
 @datasets_app.command("register")
 def datasets_register(
     name: Annotated[str, typer.Argument(help="Must equal the schema's name.")],
-    csv: Annotated[Path, typer.Option(exists=True, dir_okay=False, help="The private rows.")],
-    schema: Annotated[Path, typer.Option(exists=True, dir_okay=False, help="Public schema YAML.")],
+    csv: CsvOption,
+    schema: SchemaOption,
     epsilon: Annotated[float, typer.Option(min=0.0, help="ε_total in nats.")],
     delta: Annotated[float, typer.Option(min=0.0, max=0.999, help="δ_total (0: pure-DP only).")],
     allow_nominal: Annotated[bool, typer.Option(help="Allow methods with a nominal ε.")] = False,
@@ -88,7 +130,7 @@ def datasets_register(
     release a DP noisy row count (the only row count anyone outside the enclave sees)."""
     from worker.registration import RegistrationError, register_dataset
 
-    parsed = load_schema_yaml(schema.read_text())
+    parsed = _schema_from(schema)
     if parsed.name != name:
         raise typer.BadParameter(f"the schema is named {parsed.name!r}, not {name!r}")
     try:
@@ -103,21 +145,18 @@ def datasets_register(
             count_epsilon=count_epsilon,
         )
     except RegistrationError as exc:
-        console.print(f"[red]refused:[/red] {exc}")
+        if exc.report is not None:
+            _print_report(exc.report)
+        console.print(f"[red]refused:[/red] {escape(str(exc))}", soft_wrap=True)
         raise typer.Exit(2) from exc
-    r = reg.report
-    console.print(
-        f"registered {name}: {r.rows_kept} rows kept of {r.rows_in} ({r.rows_rejected} rejected)"
-        " (exact counts: shown here, inside the enclave, only)"
-    )
+    console.print(f"registered {name} (exact counts: shown here, inside the enclave, only)")
+    _print_report(reg.report)
     console.print(
         f"public row count: {reg.noisy_n_rows} (DP noisy count, ε = {reg.count_epsilon:g}, "
         "charged to the dataset's budget; plans use only this)"
     )
-    for col, n in r.rejected_by_column.items():
-        console.print(f"  rejected for {col}: {n}")
-    for col, n in r.clipped_by_column.items():
-        console.print(f"  clipped in {col}: {n}")
+    if reg.warning:
+        console.print(f"[yellow]warning:[/yellow] {escape(reg.warning)}", soft_wrap=True)
 
 
 @datasets_app.command("budget")

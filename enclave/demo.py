@@ -15,12 +15,11 @@ import time
 from pathlib import Path
 
 import httpx
-import pandas as pd
 from rich.console import Console
-from sklearn.metrics import roc_auc_score
 
+from enclave.analyst import score_csv
 from enclave.processes import child_env, free_port, start_api, start_worker, stop, wait_ready
-from service.releases import encode_for, load_release, predict_proba
+from service.releases import load_release
 
 REPO = Path(__file__).resolve().parents[1]
 ADULT = REPO / "examples" / "adult"
@@ -128,10 +127,11 @@ def run_demo(*, epsilon: float, epochs: int, keep: bool, console: Console) -> No
         )
         console.print(f"  {p['statement']}")
 
-        holdout = pd.read_csv(ADULT / "adult.test.gz", **release.schema.read_csv_kwargs())
-        x, y = encode_for(release, holdout)
-        auc = roc_auc_score(y, predict_proba(release, x))
-        console.print(f"[bold]AUC on the public holdout ({len(y)} rows): {auc:.4f}[/bold]")
+        scored = score_csv(release, ADULT / "adult.test.gz")
+        console.print(
+            f"[bold]AUC on the public holdout ({len(scored.kept_index)} rows): "
+            f"{scored.auc:.4f}[/bold]"
+        )
 
         console.rule("[bold]3. Admin: the ledger")
         console.print(ledger_table(admin.get("/v1/admin/ledger").raise_for_status().json()))

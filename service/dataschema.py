@@ -19,7 +19,7 @@ from typing import Annotated, Any, Literal
 import numpy as np
 import pandas as pd
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 OnInvalid = Literal["reject", "clip"]
 
@@ -62,13 +62,26 @@ class CategoricalColumn(_Strict):
 Column = Annotated[NumericColumn | CategoricalColumn, Field(discriminator="type")]
 
 
+Compression = Literal["infer", "none", "gzip", "bz2", "zip", "xz", "zstd"]
+
+
 class CsvOptions(_Strict):
+    """How the dataset's files are written (docs/schema.md, "CSV options")."""
+
+    separator: str = Field(default=",", min_length=1)
     header: bool = True
     skip_rows: int = Field(default=0, ge=0)
     comment: str | None = None
     missing: list[str] = Field(default_factory=list)
     strip_suffix: str | None = None
     names: list[str] | None = None
+    compression: Compression = "infer"
+
+    @model_validator(mode="after")
+    def _names(self) -> CsvOptions:
+        if self.names is not None and len(set(self.names)) != len(self.names):
+            raise ValueError("csv.names: duplicate names")
+        return self
 
 
 class Target(_Strict):
@@ -114,6 +127,8 @@ class TabularSchema(_Strict):
     def read_csv_kwargs(self) -> dict[str, Any]:
         """Keyword arguments for :func:`pandas.read_csv` that read this schema's files."""
         kwargs: dict[str, Any] = {
+            "sep": self.csv.separator,
+            "compression": None if self.csv.compression == "none" else self.csv.compression,
             "header": 0 if self.csv.header else None,
             "skiprows": self.csv.skip_rows,
             "na_values": self.csv.missing,
@@ -121,6 +136,8 @@ class TabularSchema(_Strict):
             "skipinitialspace": True,
             "dtype": str,
         }
+        if len(self.csv.separator) > 1 and self.csv.separator != r"\s+":
+            kwargs["engine"] = "python"  # a regular expression (pandas would warn, then do so)
         if self.csv.comment:
             kwargs["comment"] = self.csv.comment
         if self.csv.names:
@@ -128,29 +145,92 @@ class TabularSchema(_Strict):
         return kwargs
 
 
+class SchemaError(ValueError):
+    """A schema that cannot be used, said in one line (no traceback for the admin)."""
+
+
+def _where(loc: tuple[int | str, ...], data: Any) -> str:
+    """`columns[2] (age).min` for a pydantic error location; the union's tag is dropped."""
+    out = ""
+    node = data
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+            node = node[part] if isinstance(node, list) and part < len(node) else None
+            if isinstance(node, dict) and isinstance(node.get("name"), str):
+                out += f" ({node['name']})"
+        elif isinstance(node, dict) and part not in node and part in ("numeric", "categorical"):
+            continue  # the discriminator's tag, not a key of the document
+        else:
+            out += f".{part}" if out else str(part)
+            node = node.get(part) if isinstance(node, dict) else None
+    return out or "the schema"
+
+
+def _one_line(exc: ValidationError, data: Any) -> str:
+    errors = exc.errors()
+    first = errors[0]
+    msg = str(first["msg"]).removeprefix("Value error, ")
+    given = first.get("input")
+    if isinstance(given, str | int | float | bool) or given is None:
+        msg += f" (got {given!r})"
+    more = f" (and {len(errors) - 1} more error(s))" if len(errors) > 1 else ""
+    return f"{_where(tuple(first['loc']), data)}: {msg}{more}"
+
+
 def parse_schema(data: dict[str, Any]) -> TabularSchema:
     return TabularSchema.model_validate(data)
 
 
 def load_schema_yaml(text: str) -> TabularSchema:
-    data = yaml.safe_load(text)
+    """Parse a schema document; every problem is a :class:`SchemaError` with one line."""
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or type(exc).__name__
+        raise SchemaError(f"the schema is not valid YAML{where}: {problem}") from None
     if not isinstance(data, dict):
-        raise ValueError("a schema must be a YAML mapping")
-    return parse_schema(data)
+        raise SchemaError("a schema must be a YAML mapping (name, csv, target, columns)")
+    try:
+        return parse_schema(data)
+    except ValidationError as exc:
+        raise SchemaError(_one_line(exc, data)) from None
 
 
 @dataclass(frozen=True)
 class ValidationReport:
-    """What row validation did. Only the admin inside the enclave sees it."""
+    """What row validation did, as counts per column and reason. Only the admin inside
+    the enclave sees the report of private rows (exact counts are not public)."""
 
     rows_in: int
     rows_kept: int
-    rejected_by_column: dict[str, int] = field(default_factory=dict)
-    clipped_by_column: dict[str, int] = field(default_factory=dict)
+    rejected: dict[str, dict[str, int]] = field(default_factory=dict)
+    clipped: dict[str, dict[str, int]] = field(default_factory=dict)
+    missing_columns: tuple[str, ...] = ()
+    hint: str | None = None
 
     @property
     def rows_rejected(self) -> int:
         return self.rows_in - self.rows_kept
+
+    def lines(self) -> list[str]:
+        """The report in words, one line per fact (registration and `datasets check`)."""
+
+        def why(by: dict[str, int]) -> str:
+            return ", ".join(f"{reason}: {n}" for reason, n in by.items())
+
+        out = [f"{self.rows_kept} rows kept of {self.rows_in} ({self.rows_rejected} rejected)"]
+        if self.missing_columns:
+            out.append(f"missing column(s): {', '.join(self.missing_columns)}")
+        for col, by in self.rejected.items():
+            out.append(f"  rejected for {col}: {sum(by.values())} ({why(by)})")
+        for col, by in self.clipped.items():
+            out.append(f"  clipped in {col}: {sum(by.values())} ({why(by)})")
+        if self.hint:
+            out.append(f"hint: {self.hint}")
+        return out
 
 
 @dataclass(frozen=True)
@@ -162,6 +242,26 @@ class EncodedTable:
     feature_names: list[str]
 
 
+@dataclass(frozen=True)
+class Validated:
+    """Rows checked against the schema. ``frame`` holds the kept rows (renumbered from 0),
+    ``kept`` their 0-based positions in the input; ``problems`` maps a column to the
+    reason for each input row ("" where its value was fine)."""
+
+    frame: pd.DataFrame
+    kept: np.ndarray
+    report: ValidationReport
+    problems: dict[str, np.ndarray]
+
+    def dropped(self) -> dict[int, str]:
+        """Why each rejected input row (0-based position) was dropped, in words."""
+        out: dict[int, list[str]] = {}
+        for col, reasons in self.problems.items():
+            for pos in np.flatnonzero(reasons != ""):
+                out.setdefault(int(pos), []).append(f"{col}: {reasons[pos]}")
+        return {pos: "; ".join(why) for pos, why in sorted(out.items())}
+
+
 def _clean_text(series: pd.Series, suffix: str | None) -> pd.Series:
     s = series.astype("string").str.strip()
     if suffix:
@@ -169,67 +269,112 @@ def _clean_text(series: pd.Series, suffix: str | None) -> pd.Series:
     return s
 
 
-def validate_frame(
-    schema: TabularSchema, raw: pd.DataFrame
-) -> tuple[pd.DataFrame, ValidationReport]:
-    """Apply each column's declared rule; return the kept rows and a report.
+_SEPARATORS = {",": "comma", ";": "semicolon", "\t": "tab", "|": "pipe", " ": "space"}
 
-    Numeric values that are missing, NaN or infinite are rejected (there is no public value
-    to impute); finite values outside [min, max] are clipped or rejected per `on_invalid`.
-    Categorical values outside the declared levels, and targets outside the declared
-    positive/negative values, are rejected.
+
+def _separator_hint(schema: TabularSchema, raw: pd.DataFrame) -> str:
+    """Why nothing parsed, guessed from the shape of what was read (admin-only)."""
+    sample = [str(c) for c in raw.columns[:1]]
+    if raw.shape[1]:
+        sample += [str(v) for v in raw.iloc[:20, 0].dropna()]
+    # A separator that the first column's values (mostly) contain is a good guess.
+    counts = {
+        sep: sum(sep in value for value in sample)
+        for sep in _SEPARATORS
+        if sep != schema.csv.separator
+    }
+    best = max(counts, key=lambda sep: counts[sep]) if counts else None
+    if best is not None and 2 * counts[best] >= len(sample):
+        return (
+            f"the first column looks {_SEPARATORS[best]}-separated: set "
+            f"csv.separator: {best!r} in the schema (now {schema.csv.separator!r})"
+        )
+    return "no row passed: check csv.separator, csv.header and csv.names against the file"
+
+
+def validate_frame(schema: TabularSchema, raw: pd.DataFrame, *, labelled: bool = True) -> Validated:
+    """Apply each column's declared rule to every row and say why each rejected row was.
+
+    Numeric values that are missing, unparsable, NaN or infinite are rejected (there is no
+    public value to impute); finite values outside [min, max] are clipped or rejected per
+    `on_invalid`. Categorical values outside the declared levels, and targets outside the
+    declared positive/negative values, are rejected. A column absent from ``raw`` rejects
+    every row. ``labelled=False`` checks the features only (the target is not needed).
     """
-    needed = [c.name for c in schema.columns] + [schema.target.column]
-    missing_cols = [n for n in needed if n not in raw.columns]
-    if missing_cols:
-        raise ValueError(f"the data has no column(s) {missing_cols}")
     n = len(raw)
-    keep = np.ones(n, dtype=bool)
-    rejected: dict[str, int] = {}
-    clipped: dict[str, int] = {}
+    needed = [c.name for c in schema.columns] + ([schema.target.column] if labelled else [])
+    missing_cols = tuple(name for name in needed if name not in raw.columns)
+    problems: dict[str, np.ndarray] = {}
+    clipped: dict[str, dict[str, int]] = {}
     out: dict[str, Any] = {}
+
+    def reasons_for(name: str, pairs: list[tuple[np.ndarray, str]]) -> None:
+        reasons = np.full(n, "", dtype=object)
+        for mask, reason in reversed(pairs):  # the first matching reason wins
+            reasons[mask] = reason
+        problems[name] = reasons
+
+    for name in missing_cols:
+        reasons_for(name, [(np.ones(n, dtype=bool), "missing column")])
     for col in schema.columns:
+        if col.name in missing_cols:
+            continue
+        text = _clean_text(raw[col.name], None)
+        absent = (text.isna() | (text == "")).to_numpy(dtype=bool)
         if isinstance(col, NumericColumn):
-            values = pd.to_numeric(_clean_text(raw[col.name], None), errors="coerce")
-            arr = values.to_numpy(dtype=float, na_value=math.nan)
-            bad = ~np.isfinite(arr)
-            outside = np.isfinite(arr) & ((arr < col.min) | (arr > col.max))
+            arr = pd.to_numeric(text, errors="coerce").to_numpy(dtype=float, na_value=math.nan)
+            nan_text = text.str.lower().str.lstrip("+-").isin(["nan"]).fillna(False)
+            nonfinite = ~absent & (np.isinf(arr) | nan_text.to_numpy(dtype=bool))
+            unparsed = ~absent & ~nonfinite & np.isnan(arr)
+            with np.errstate(invalid="ignore"):
+                low, high = np.isfinite(arr) & (arr < col.min), np.isfinite(arr) & (arr > col.max)
+            pairs = [(absent, "missing value"), (unparsed, "not a number")]
+            pairs.append((nonfinite, "NaN or infinite"))
             if col.on_invalid == "clip":
-                clipped[col.name] = int(outside.sum())
+                by = {"below min": int(low.sum()), "above max": int(high.sum())}
+                if any(by.values()):
+                    clipped[col.name] = {k: v for k, v in by.items() if v}
                 arr = np.clip(arr, col.min, col.max)
             else:
-                bad = bad | outside
-            rejected[col.name] = int(bad.sum())
-            keep &= ~bad
+                pairs += [(low, "below min"), (high, "above max")]
+            reasons_for(col.name, pairs)
             out[col.name] = arr
         else:
-            text = _clean_text(raw[col.name], None)
-            ok = text.isin(col.levels).fillna(False).to_numpy(dtype=bool)
-            rejected[col.name] = int((~ok).sum())
-            keep &= ok
+            unknown = ~absent & ~text.isin(col.levels).fillna(False).to_numpy(dtype=bool)
+            reasons_for(col.name, [(absent, "missing value"), (unknown, "unknown level")])
             out[col.name] = text.to_numpy(dtype=object)
-    target = _clean_text(raw[schema.target.column], schema.csv.strip_suffix)
-    allowed = schema.target.positive + schema.target.negative
-    ok = target.isin(allowed).fillna(False).to_numpy(dtype=bool)
-    rejected[schema.target.column] = int((~ok).sum())
-    keep &= ok
-    out[schema.target.column] = target.to_numpy(dtype=object)
-    frame = pd.DataFrame(out).loc[keep].reset_index(drop=True)
+    if labelled and schema.target.column not in missing_cols:
+        target = _clean_text(raw[schema.target.column], schema.csv.strip_suffix)
+        absent = (target.isna() | (target == "")).to_numpy(dtype=bool)
+        allowed = schema.target.positive + schema.target.negative
+        unknown = ~absent & ~target.isin(allowed).fillna(False).to_numpy(dtype=bool)
+        pairs = [(absent, "missing value"), (unknown, "unknown target value")]
+        reasons_for(schema.target.column, pairs)
+        out[schema.target.column] = target.to_numpy(dtype=object)
+    keep = np.ones(n, dtype=bool)
+    rejected: dict[str, dict[str, int]] = {}
+    for name, reasons in problems.items():
+        keep &= reasons == ""
+        values, counts = np.unique(reasons[reasons != ""], return_counts=True)
+        if len(values):
+            rejected[name] = {str(v): int(c) for v, c in zip(values, counts, strict=True)}
+    kept = np.flatnonzero(keep)
+    frame = pd.DataFrame(out).iloc[kept].reset_index(drop=True) if out else pd.DataFrame()
     report = ValidationReport(
         rows_in=n,
-        rows_kept=int(keep.sum()),
-        rejected_by_column={k: v for k, v in rejected.items() if v},
-        clipped_by_column={k: v for k, v in clipped.items() if v},
+        rows_kept=len(kept),
+        rejected=rejected,
+        clipped=clipped,
+        missing_columns=missing_cols,
+        hint=_separator_hint(schema, raw) if n and not len(kept) else None,
     )
-    return frame, report
+    return Validated(frame=frame, kept=kept, report=report, problems=problems)
 
 
-def encode(schema: TabularSchema, frame: pd.DataFrame) -> EncodedTable:
-    """Encode validated rows: numeric → [0, 1] by the declared bounds, categorical → one-hot.
-
-    `frame` must come from :func:`validate_frame`; values are clipped again so the [0, 1]
-    guarantee (which the sensitivity analyses rely on) holds for any input.
-    """
+def encode_features(schema: TabularSchema, frame: pd.DataFrame) -> np.ndarray:
+    """Encode validated rows' features: numeric → [0, 1] by the declared bounds,
+    categorical → one-hot. Values are clipped again so the [0, 1] guarantee (which the
+    sensitivity analyses rely on) holds for any input. float32, shape (n, n_features)."""
     blocks: list[np.ndarray] = []
     for col in schema.columns:
         if isinstance(col, NumericColumn):
@@ -245,6 +390,18 @@ def encode(schema: TabularSchema, frame: pd.DataFrame) -> EncodedTable:
             valid = codes >= 0
             onehot[np.nonzero(valid)[0], codes[valid]] = 1.0
             blocks.append(onehot)
-    x = np.concatenate(blocks, axis=1).astype(np.float32) if blocks else np.zeros((len(frame), 0))
-    y = frame[schema.target.column].isin(schema.target.positive).to_numpy(dtype=np.float32)
-    return EncodedTable(x=x, y=y, feature_names=schema.feature_names)
+    return np.concatenate(blocks, axis=1).astype(np.float32)
+
+
+def encode_target(schema: TabularSchema, frame: pd.DataFrame) -> np.ndarray:
+    """1 for the declared positive values, 0 otherwise (validated rows), float32."""
+    return frame[schema.target.column].isin(schema.target.positive).to_numpy(dtype=np.float32)
+
+
+def encode(schema: TabularSchema, frame: pd.DataFrame) -> EncodedTable:
+    """Encode validated, labelled rows (`frame` from :func:`validate_frame`)."""
+    return EncodedTable(
+        x=encode_features(schema, frame),
+        y=encode_target(schema, frame),
+        feature_names=schema.feature_names,
+    )

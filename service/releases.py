@@ -8,14 +8,24 @@ from __future__ import annotations
 
 import hashlib
 import json
+import warnings
+from collections.abc import Hashable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pandas as pd
 from safetensors.numpy import load as load_safetensors
 
-from service.dataschema import TabularSchema, encode, parse_schema, validate_frame
+from service.dataschema import (
+    TabularSchema,
+    ValidationReport,
+    encode_features,
+    encode_target,
+    parse_schema,
+    validate_frame,
+)
 
 NOMINAL_STATEMENT = (
     "NOMINAL guarantee: this model was sampled through a normalizing flow trained to "
@@ -119,11 +129,69 @@ def predict_proba(release: LoadedRelease, x: np.ndarray, sample: int = 0) -> np.
     raise ValueError(f"predict_proba supports logistic and mlp releases, not {kind!r}")
 
 
-def encode_for(release: LoadedRelease, raw: Any) -> tuple[np.ndarray, np.ndarray]:
-    """Preprocess a public raw frame exactly as the enclave did (public schema only)."""
-    frame, _ = validate_frame(release.schema, raw)
-    table = encode(release.schema, frame)
-    return table.x, table.y
+@dataclass(frozen=True)
+class EncodedRows:
+    """Public rows encoded by a public schema, with what was dropped and why.
+
+    ``x`` (float32, rows × features) and ``y`` (float32 in {0, 1}; None for unlabelled
+    rows) hold the kept rows in input order; ``kept_index`` holds their labels in the
+    input frame's index; ``dropped`` maps every other row's label to the reason(s), e.g.
+    ``"age: above max; workclass: unknown level"``.
+    """
+
+    x: np.ndarray
+    y: np.ndarray | None
+    kept_index: pd.Index
+    dropped: dict[Hashable, str]
+    report: ValidationReport
+
+
+def encode_rows(
+    schema: TabularSchema, raw: pd.DataFrame, *, labelled: bool | None = None
+) -> EncodedRows:
+    """Preprocess public rows exactly as the enclave does (public schema only).
+
+    ``labelled`` None encodes the target when ``raw`` has the target column and leaves
+    ``y`` None otherwise; True requires it; False ignores it. A feature column missing
+    from ``raw`` is a :class:`ValueError` naming it (nothing could be encoded); rows of
+    which none passes (e.g. read with the wrong separator) warn with a hint.
+    """
+    target = schema.target.column
+    if labelled is None:
+        labelled = target in raw.columns
+    elif labelled and target not in raw.columns:
+        raise ValueError(
+            f"the rows have no target column {target!r}; pass labelled=False to encode "
+            "unlabelled rows"
+        )
+    checked = validate_frame(schema, raw, labelled=labelled)
+    if checked.report.missing_columns:
+        hint = f" ({checked.report.hint})" if checked.report.hint else ""
+        raise ValueError(
+            f"the rows have no column(s) {list(checked.report.missing_columns)}; "
+            f"read them with the schema's csv options (read_csv_kwargs){hint}"
+        )
+    if checked.report.rows_in and not checked.report.rows_kept:
+        warnings.warn(
+            f"no row passed validation ({checked.report.hint}); see EncodedRows.dropped",
+            UserWarning,
+            stacklevel=2,
+        )
+    return EncodedRows(
+        x=encode_features(schema, checked.frame),
+        y=encode_target(schema, checked.frame) if labelled else None,
+        kept_index=raw.index[checked.kept],
+        dropped={raw.index[pos]: why for pos, why in checked.dropped().items()},
+        report=checked.report,
+    )
+
+
+def encode_for(release: LoadedRelease, raw: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """Labelled rows → (x, y) for a release (see :func:`encode_rows` for the dropped rows
+    and their reasons, and for unlabelled rows)."""
+    rows = encode_rows(release.schema, raw, labelled=True)
+    assert rows.y is not None
+    return rows.x, rows.y
 
 
 def card_json(card: dict[str, Any]) -> str:

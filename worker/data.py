@@ -25,6 +25,10 @@ def dataset_dir(data_dir: Path, name: str) -> Path:
     return data_dir / name
 
 
+class CsvReadError(ValueError):
+    """The file cannot be read with the schema's CSV options (one line for the admin)."""
+
+
 @dataclass(frozen=True)
 class Prepared:
     frame: pd.DataFrame
@@ -32,10 +36,18 @@ class Prepared:
 
 
 def prepare_csv(schema: TabularSchema, csv_path: Path) -> Prepared:
-    """Read a raw CSV as the schema describes it and apply the declared validation rules."""
-    raw = pd.read_csv(csv_path, **schema.read_csv_kwargs())
-    frame, report = validate_frame(schema, raw)
-    return Prepared(frame, report)
+    """Read a raw CSV as the schema's `csv` options describe it and apply the declared
+    validation rules. Registration and `enclave datasets check` both call this, so the dry
+    run reports exactly what registration would keep."""
+    try:
+        raw = pd.read_csv(csv_path, **schema.read_csv_kwargs())
+    except (pd.errors.ParserError, UnicodeError, OSError, EOFError, ValueError, ImportError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise CsvReadError(
+            f"cannot read {csv_path.name} with the schema's csv options: {first}"
+        ) from None
+    validated = validate_frame(schema, raw)
+    return Prepared(validated.frame, validated.report)
 
 
 def store_rows(data_dir: Path, schema: TabularSchema, frame: pd.DataFrame) -> Path:
@@ -72,8 +84,7 @@ def load_training_set(
             keep_default_na=False,
             na_values=[""],
         )
-    frame, _ = validate_frame(schema, raw)
-    table = encode(schema, frame)
+    table = encode(schema, validate_frame(schema, raw).frame)
     x = torch.as_tensor(table.x, dtype=torch.float32, device=device)
     y = torch.as_tensor(table.y, dtype=torch.float32, device=device)
     if not (math.isfinite(float(x.sum())) and x.min() >= 0 and x.max() <= 1):

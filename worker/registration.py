@@ -12,16 +12,21 @@ from service.config import Settings
 from service.dataschema import TabularSchema, ValidationReport
 from service.db import transaction
 from service.ledger.admission import count_refusal, new_dataset
+from service.ledger.policy import no_method_warning
 from service.ledger.tables import Dataset
 from service.privacy.filters import EPSILON_TOTAL_MAX
 from service.privacy.sampling import default_count_epsilon
 from service.schemas import DELTA_FLOOR, EPSILON_FLOOR
-from worker.data import prepare_csv, store_rows
+from worker.data import CsvReadError, prepare_csv, store_rows
 from worker.noise import discrete_laplace, secure_rng
 
 
 class RegistrationError(ValueError):
-    pass
+    """Registration refused; ``report`` is the validation report when the rows were read."""
+
+    def __init__(self, message: str, report: ValidationReport | None = None) -> None:
+        super().__init__(message)
+        self.report = report
 
 
 @dataclass(frozen=True)
@@ -34,6 +39,7 @@ class Registered:
     count_epsilon: float
     report: ValidationReport
     path: Path
+    warning: str | None = None  # e.g. no method can be admitted (policy.no_method_warning)
 
 
 def noisy_count(n: int, *, epsilon: float) -> int:
@@ -59,7 +65,7 @@ def register_dataset(
     that budget (``count_epsilon``, default :func:`default_count_epsilon`). Plans use only
     the noisy count, so the accounting's add/remove-one relation holds with nothing
     about the row count published exactly. The admin is told how many rows were rejected
-    or clipped (inside the enclave only)."""
+    or clipped (inside the enclave only), and warned when no method can be admitted."""
     if not (EPSILON_FLOOR <= epsilon_total <= EPSILON_TOTAL_MAX):
         raise RegistrationError(
             f"ε_total must be in [{EPSILON_FLOOR:g}, {EPSILON_TOTAL_MAX:g}] nats, "
@@ -80,13 +86,16 @@ def register_dataset(
     with transaction(engine) as s:
         if s.scalars(select(Dataset).where(Dataset.name == schema.name)).first():
             raise RegistrationError(f"a dataset named {schema.name!r} is already registered")
-    prepared = prepare_csv(schema, csv_path)
+    try:
+        prepared = prepare_csv(schema, csv_path)
+    except CsvReadError as exc:
+        raise RegistrationError(str(exc)) from None
     if prepared.report.rows_kept == 0:
-        raise RegistrationError("no row passed validation")
+        raise RegistrationError("no row passed validation", prepared.report)
     path = store_rows(settings.resolved_data_dir, schema, prepared.frame)
     released = noisy_count(prepared.report.rows_kept, epsilon=eps_count)
     with transaction(engine) as s:
-        new_dataset(
+        ds = new_dataset(
             s,
             name=schema.name,
             public_schema=schema.model_dump(mode="json"),
@@ -96,4 +105,5 @@ def register_dataset(
             delta_total=delta_total,
             allow_nominal=allow_nominal,
         )
-    return Registered(schema.name, released, eps_count, prepared.report, path)
+        warning = no_method_warning(ds)
+    return Registered(schema.name, released, eps_count, prepared.report, path, warning)

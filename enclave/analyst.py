@@ -1,0 +1,68 @@
+"""Analyst-side helpers that read files: a release downloaded from the API and a public
+CSV, scored in one call.
+
+The service package never reads a CSV (tests/unit/test_boundary.py), so the file reading
+lives here; the encoding and the prediction are :mod:`service.releases` (numpy only).
+Everything here runs on the analyst's machine, on public data.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Hashable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from sklearn.metrics import roc_auc_score
+
+from service.dataschema import TabularSchema, ValidationReport
+from service.releases import LoadedRelease, encode_rows, load_release, predict_proba
+
+CARD_FILE = "card.json"
+WEIGHTS_FILE = "model.safetensors"
+
+
+def read_public_csv(schema: TabularSchema, path: str | Path) -> pd.DataFrame:
+    """Read a CSV with the schema's csv options (separator, header, names, NA tokens,
+    compression), as the enclave read the private rows."""
+    return pd.read_csv(path, **schema.read_csv_kwargs())
+
+
+def open_release(path: str | Path) -> LoadedRelease:
+    """A release saved as ``card.json`` + ``model.safetensors`` (the two downloads of
+    ``GET /v1/jobs/{id}/release/card`` and ``…/weights``): ``path`` is their folder or
+    either file. The weights are checked against the card's SHA-256."""
+    p = Path(path)
+    folder = p if p.is_dir() else p.parent
+    card = json.loads((folder / CARD_FILE).read_text())
+    return load_release((folder / WEIGHTS_FILE).read_bytes(), card)
+
+
+@dataclass(frozen=True)
+class Scored:
+    """Predictions for the kept rows of a CSV. ``probabilities`` (P(y = 1)) and ``y``
+    follow ``kept_index`` (labels of the CSV's rows, 0-based); ``dropped`` says why every
+    other row was dropped. ``auc`` is None without labels or with one class only."""
+
+    probabilities: np.ndarray
+    kept_index: pd.Index
+    dropped: dict[Hashable, str]
+    y: np.ndarray | None
+    auc: float | None
+    report: ValidationReport
+
+
+def score_csv(
+    release: LoadedRelease | str | Path, csv_path: str | Path, *, sample: int = 0
+) -> Scored:
+    """Score a public CSV with a release: read it by the release's public schema, encode
+    it (with the target when the file has it), predict, and give the AUC when labelled."""
+    loaded = release if isinstance(release, LoadedRelease) else open_release(release)
+    rows = encode_rows(loaded.schema, read_public_csv(loaded.schema, csv_path))
+    proba = predict_proba(loaded, rows.x, sample=sample)
+    auc = None
+    if rows.y is not None and len(np.unique(rows.y)) == 2:
+        auc = float(roc_auc_score(rows.y, proba))
+    return Scored(proba, rows.kept_index, rows.dropped, rows.y, auc, rows.report)
