@@ -40,3 +40,19 @@ def expm_memory_bytes(plan: PrivacyPlan, *, n_features: int) -> int | None:
     widths = n_features + (sum(spec.hidden) if isinstance(spec, MlpSpec) else 0) + 1
     evaluation = 3 * samples * (layers + 2) * d + 3 * samples * batch * widths
     return _FLOAT * (flow + evaluation)
+
+
+# Worst-case rate of the Langevin sampler's work, in (row × parameter) elements per second:
+# measured ≈ 2.3e9 on Adult (30,162 rows × 105 parameters × 300 steps in 0.41 s, 2 CPU
+# threads, benchmarks/results/expm_proven.md); 2e8 leaves a 10× margin for slower or
+# busier machines.
+LANGEVIN_ELEMENTS_PER_S = 2e8
+
+
+def expm_langevin_seconds(plan: PrivacyPlan) -> float:
+    """Estimated worker time of an ``expm`` (Langevin) plan: each of the T steps of each
+    released chain touches every (row, parameter) element a few times (two matrix-vector
+    products and the fixed-point quantisation), at :data:`LANGEVIN_ELEMENTS_PER_S`."""
+    m = plan.mechanism
+    elements = int(m["public_n_rows"]) * int(m["parameters"]) * int(m["steps"]) * plan.samples
+    return elements / LANGEVIN_ELEMENTS_PER_S

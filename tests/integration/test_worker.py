@@ -263,3 +263,25 @@ def test_expm_refuses_what_its_proof_does_not_cover(client: Any, keys: Any) -> N
     ):
         r = client.post("/v1/quote", json=body, headers=auth(keys.alice))
         assert r.status_code == 422 and words in r.json()["detail"], r.text
+
+
+def test_expm_plans_beyond_the_job_time_limit_are_refused_before_any_charge(
+    client: Any, keys: Any, settings: Any, monkeypatch: Any
+) -> None:
+    """Issue 13: a request the proven sampler cannot serve within the work limit is a 4xx
+    saying why, at quote time and at submission, and nothing is charged."""
+    monkeypatch.setattr(settings, "job_time_limit_s", 0.01)
+    body = {
+        "dataset": "toy",
+        "method": "expm",
+        "epsilon": 1.0,
+        "delta": 1e-5,
+        "expm": {"steps": 20000},
+    }
+    before = client.get("/v1/datasets", headers=auth(keys.alice)).json()
+    for path in ("/v1/quote", "/v1/jobs"):
+        r = client.post(path, json=body, headers=auth(keys.alice))
+        assert r.status_code == 422 and "worker time" in r.json()["detail"], r.text
+    assert client.get("/v1/datasets", headers=auth(keys.alice)).json() == before
+    small = {**body, "expm": {"steps": 10}}
+    assert client.post("/v1/quote", json=small, headers=auth(keys.alice)).status_code == 200

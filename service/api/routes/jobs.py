@@ -38,7 +38,7 @@ from service.plans import PlanError, plan_for_dataset
 from service.privacy.amounts import from_micro
 from service.privacy.rdp import epsilon_from_rdp
 from service.releases import release_paths
-from service.resources import expm_memory_bytes
+from service.resources import expm_langevin_seconds, expm_memory_bytes
 from service.schemas import DatasetPublic, JobPublic, JobRequest, PrivacyPlan, QuoteResponse
 
 router = APIRouter(prefix="/v1", tags=["analyst"])
@@ -102,6 +102,15 @@ def _plan_for(engine: EngineDep, settings: Settings, body: JobRequest) -> Privac
                 f"this plan needs about {need / 2**30:.3g} GiB in the worker (estimate), "
                 f"more than the {settings.worker_memory_bytes / 2**30:.3g} GiB it may use: "
                 "use the planar flow, fewer layers, a smaller model or fewer samples per step",
+            )
+    if plan.method == "expm" and plan.mechanism.get("sampler") == "langevin":
+        seconds = expm_langevin_seconds(plan)
+        if seconds > settings.job_time_limit_s:
+            raise ProblemError(
+                422,
+                "invalid-plan",
+                f"this plan needs about {seconds:.3g} s of worker time (estimate), more than "
+                f"the {settings.job_time_limit_s:g} s a job may run: use fewer steps or samples",
             )
     return plan
 
