@@ -1,0 +1,156 @@
+"""Admin operations as plain functions over a session: shared by the admin API routes
+(service/api/routes/admin.py) and the dashboard's forms, which only translate their errors
+(:class:`NotFound` → 404, :class:`InvalidLedgerOperation` → 409 for the API; a message on
+the page for the dashboard). The caller owns the transaction.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from service.auth import expiry, hash_api_key, new_api_key, revoke_key, rotate_key
+from service.jobs import job_public
+from service.ledger.accounting import ledger_entry_public
+from service.ledger.admission import (
+    InvalidLedgerOperation,
+    LedgerError,
+    cap_filter,
+    dataset_filter,
+    lock_job,
+    refund_job,
+    set_analyst_cap,
+    set_dataset_budget,
+)
+from service.ledger.tables import Analyst, Dataset, Job, JobStatus, LedgerEntry, Role
+from service.schemas import (
+    AnalystCreate,
+    AnalystCreated,
+    BudgetUpdate,
+    BudgetView,
+    CapUpdate,
+    JobPublic,
+    KeyRotate,
+    LedgerEntryPublic,
+    RefundRequest,
+)
+
+
+class NotFound(LedgerError):
+    """No dataset, analyst or job of that name."""
+
+
+def dataset_named(s: Session, name: str) -> Dataset:
+    ds = s.scalars(select(Dataset).where(Dataset.name == name)).one_or_none()
+    if ds is None:
+        raise NotFound(f"no dataset named {name!r}")
+    return ds
+
+
+def analyst_named(s: Session, name: str) -> Analyst:
+    a = s.scalars(select(Analyst).where(Analyst.name == name)).one_or_none()
+    if a is None:
+        raise NotFound(f"no analyst named {name!r}")
+    return a
+
+
+def _created(a: Analyst, key: str) -> AnalystCreated:
+    return AnalystCreated(
+        id=a.id, name=a.name, role=a.role.value, api_key=key, expires_at=a.key_expires_at
+    )
+
+
+def create_analyst(s: Session, body: AnalystCreate) -> AnalystCreated:
+    """A new analyst (or admin); the key is in the result, once."""
+    if s.scalars(select(Analyst).where(Analyst.name == body.name)).first():
+        raise InvalidLedgerOperation(f"an analyst named {body.name!r} exists")
+    key = new_api_key()
+    a = Analyst(
+        name=body.name,
+        key_hash=hash_api_key(key),
+        role=Role(body.role),
+        key_expires_at=expiry(body.expires_in_days),
+    )
+    s.add(a)
+    s.flush()
+    return _created(a, key)
+
+
+def rotate_analyst_key(s: Session, name: str, body: KeyRotate) -> AnalystCreated:
+    """A new key for the analyst (returned once); the old one stops working at once."""
+    a = analyst_named(s, name)
+    return _created(a, rotate_key(a, expires_in_days=body.expires_in_days))
+
+
+def revoke_analyst_key(s: Session, name: str) -> None:
+    revoke_key(analyst_named(s, name))
+
+
+def update_budget(s: Session, name: str, body: BudgetUpdate) -> BudgetView:
+    ds = set_dataset_budget(
+        s,
+        dataset=dataset_named(s, name),
+        epsilon_total=body.epsilon_total,
+        delta_total=body.delta_total,
+    )
+    return dataset_filter(ds).view()
+
+
+def update_cap(s: Session, dataset: str, analyst: str, body: CapUpdate) -> BudgetView:
+    ds = dataset_named(s, dataset)
+    a = analyst_named(s, analyst)
+    cap = set_analyst_cap(s, analyst=a, dataset=ds, epsilon=body.epsilon, delta=body.delta)
+    return cap_filter(cap).view()
+
+
+def set_nominal(s: Session, name: str, *, allow_nominal: bool) -> Dataset:
+    ds = dataset_named(s, name)
+    ds.allow_nominal = allow_nominal
+    return ds
+
+
+def refund_failed_job(s: Session, job_id: str, body: RefundRequest) -> JobPublic:
+    """Refund a failed job's charge with a reason; see the API route's description."""
+    job = lock_job(s, job_id) if len(job_id) <= 36 else None
+    if job is None:
+        raise NotFound(f"no job {job_id!r}")
+    if job.status != JobStatus.failed:
+        raise InvalidLedgerOperation(f"only failed jobs can be refunded (this one is {job.status})")
+    if job.data_touched and not body.override:
+        raise InvalidLedgerOperation(
+            "this job read private rows before it failed, so its charge stays; with "
+            "override: true the refund is recorded as information only (no budget back)"
+        )
+    refund_job(s, job=job, reason=body.reason, override=job.data_touched)
+    return job_public(job, s.get_one(Dataset, job.dataset_id).name)
+
+
+def jobs_newest_first(s: Session, *, limit: int, offset: int = 0) -> list[JobPublic]:
+    rows = s.execute(
+        select(Job, Dataset.name)
+        .join(Dataset, Dataset.id == Job.dataset_id)
+        .order_by(Job.created_at.desc(), Job.id)
+        .limit(limit)
+        .offset(offset)
+    ).all()
+    return [job_public(j, n) for j, n in rows]
+
+
+def count_jobs(s: Session) -> int:
+    return int(s.scalar(select(func.count()).select_from(Job)) or 0)
+
+
+def ledger_in_order(
+    s: Session, *, dataset: str | None = None, after_id: int = 0, limit: int
+) -> list[LedgerEntryPublic]:
+    """Ledger entries in append order after ``after_id`` (of one dataset, if named)."""
+    stmt = (
+        select(LedgerEntry, Dataset.name)
+        .join(Dataset, Dataset.id == LedgerEntry.dataset_id)
+        .where(LedgerEntry.id > after_id)
+        .order_by(LedgerEntry.id)
+        .limit(limit)
+    )
+    if dataset is not None:
+        stmt = stmt.where(Dataset.id == dataset_named(s, dataset).id)
+    return [ledger_entry_public(e, name) for e, name in s.execute(stmt).all()]
