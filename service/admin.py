@@ -6,6 +6,8 @@ the page for the dashboard). The caller owns the transaction.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
@@ -125,15 +127,24 @@ def refund_failed_job(s: Session, job_id: str, body: RefundRequest) -> JobPublic
     return job_public(job, s.get_one(Dataset, job.dataset_id).name)
 
 
-def jobs_newest_first(s: Session, *, limit: int, offset: int = 0) -> list[JobPublic]:
+@dataclass(frozen=True)
+class JobRow:
+    """A job as the admin sees it: with the analyst who submitted it."""
+
+    job: JobPublic
+    analyst: str
+
+
+def jobs_newest_first(s: Session, *, limit: int, offset: int = 0) -> list[JobRow]:
     rows = s.execute(
-        select(Job, Dataset.name)
+        select(Job, Dataset.name, Analyst.name)
         .join(Dataset, Dataset.id == Job.dataset_id)
+        .join(Analyst, Analyst.id == Job.analyst_id)
         .order_by(Job.created_at.desc(), Job.id)
         .limit(limit)
         .offset(offset)
     ).all()
-    return [job_public(j, n) for j, n in rows]
+    return [JobRow(job_public(j, ds), analyst) for j, ds, analyst in rows]
 
 
 def count_jobs(s: Session) -> int:
@@ -154,3 +165,19 @@ def ledger_in_order(
     if dataset is not None:
         stmt = stmt.where(Dataset.id == dataset_named(s, dataset).id)
     return [ledger_entry_public(e, name) for e, name in s.execute(stmt).all()]
+
+
+def ledger_newest_first(s: Session, *, limit: int, offset: int = 0) -> list[LedgerEntryPublic]:
+    """A page of the ledger entries of all datasets, newest first."""
+    rows = s.execute(
+        select(LedgerEntry, Dataset.name)
+        .join(Dataset, Dataset.id == LedgerEntry.dataset_id)
+        .order_by(LedgerEntry.id.desc())
+        .limit(limit)
+        .offset(offset)
+    ).all()
+    return [ledger_entry_public(e, name) for e, name in rows]
+
+
+def count_ledger_entries(s: Session) -> int:
+    return int(s.scalar(select(func.count()).select_from(LedgerEntry)) or 0)

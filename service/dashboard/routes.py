@@ -17,6 +17,7 @@ from fastapi.responses import HTMLResponse, PlainTextResponse, RedirectResponse,
 from fastapi.templating import Jinja2Templates
 from sqlalchemy import select
 
+from service import admin as ops
 from service.api.deps import EngineDep, SettingsDep
 from service.dashboard.security import DashboardHeaders
 from service.dashboard.sessions import (
@@ -26,14 +27,25 @@ from service.dashboard.sessions import (
     open_session,
     session_for_token,
 )
+from service.dashboard.views import (
+    guarantee_label,
+    page_number,
+    paging,
+    signed_delta,
+    timestamp,
+)
 from service.db import transaction
-from service.jobs import job_public
-from service.ledger.accounting import accounting_summary, latest_ledger_entries
+from service.ledger.accounting import accounting_summary
 from service.ledger.audit import check_totals, verify_all
-from service.ledger.tables import Dataset, Job
+from service.ledger.tables import Dataset
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 templates = Jinja2Templates(directory=str(TEMPLATES))
+templates.env.globals.update(
+    guarantee_label=guarantee_label,
+    signed_delta=signed_delta,
+    timestamp=timestamp,
+)
 router = APIRouter(prefix="/dashboard", include_in_schema=False)
 COOKIE = "enclave_session"
 COOKIE_PATH = "/dashboard"
@@ -156,32 +168,58 @@ def logout(
     return resp
 
 
+def bad_page(request: Request, admin: AdminSession, back: str) -> Response:
+    return render(
+        request,
+        "error.html",
+        admin,
+        status_code=400,
+        title="No such page",
+        message="The page number must be a whole number from 1 up.",
+        back=back,
+    )
+
+
 @router.get("", response_class=HTMLResponse)
 def index(request: Request, engine: EngineDep, admin: AdminPage) -> Response:
     with transaction(engine) as s:
         datasets = list(s.scalars(select(Dataset).order_by(Dataset.name)))
         accounting = [accounting_summary(s, ds) for ds in datasets]
-        jobs = [
-            job_public(j, n)
-            for j, n in s.execute(
-                select(Job, Dataset.name)
-                .join(Dataset, Dataset.id == Job.dataset_id)
-                .order_by(Job.created_at.desc())
-                .limit(50)
-            ).all()
-        ]
         verified = all(r.ok for r in verify_all(s)) and not check_totals(s)
         rows = {ds.name: ds.n_rows for ds in datasets}
         nominal = {ds.name: ds.allow_nominal for ds in datasets}
-        entries = latest_ledger_entries(s, limit=50)
     return render(
         request,
         "index.html",
         admin,
         accounting=accounting,
-        jobs=jobs,
-        entries=entries,
         verified=verified,
         rows=rows,
         nominal=nominal,
     )
+
+
+@router.get("/jobs", response_class=HTMLResponse)
+def jobs(
+    request: Request, engine: EngineDep, admin: AdminPage, page: str | None = None
+) -> Response:
+    number = page_number(page)
+    if number is None:
+        return bad_page(request, admin, "/dashboard/jobs")
+    with transaction(engine) as s:
+        paged = paging(number, ops.count_jobs(s))
+        rows = ops.jobs_newest_first(s, limit=paged.size, offset=paged.offset)
+    return render(request, "jobs.html", admin, rows=rows, paging=paged)
+
+
+@router.get("/ledger", response_class=HTMLResponse)
+def ledger(
+    request: Request, engine: EngineDep, admin: AdminPage, page: str | None = None
+) -> Response:
+    number = page_number(page)
+    if number is None:
+        return bad_page(request, admin, "/dashboard/ledger")
+    with transaction(engine) as s:
+        paged = paging(number, ops.count_ledger_entries(s))
+        entries = ops.ledger_newest_first(s, limit=paged.size, offset=paged.offset)
+    return render(request, "ledger.html", admin, entries=entries, paging=paged)

@@ -157,14 +157,3 @@ def ledger_entry_public(entry: LedgerEntry, dataset_name: str) -> LedgerEntryPub
         prev_hash=entry.prev_hash,
         hash=entry.hash,
     )
-
-
-def latest_ledger_entries(session: Session, *, limit: int) -> list[LedgerEntryPublic]:
-    """The ``limit`` newest ledger entries of all datasets, newest first."""
-    rows = session.execute(
-        select(LedgerEntry, Dataset.name)
-        .join(Dataset, Dataset.id == LedgerEntry.dataset_id)
-        .order_by(LedgerEntry.id.desc())
-        .limit(limit)
-    ).all()
-    return [ledger_entry_public(e, name) for e, name in rows]

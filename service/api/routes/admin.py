@@ -111,7 +111,7 @@ def all_jobs(
     _: AdminDep, engine: EngineDep, limit: Annotated[int, Query(ge=1, le=1000)] = 100
 ) -> list[JobPublic]:
     with transaction(engine) as s:
-        return ops.jobs_newest_first(s, limit=limit)
+        return [row.job for row in ops.jobs_newest_first(s, limit=limit)]
 
 
 @router.get("/ledger", response_model=list[LedgerEntryPublic])
