@@ -6,13 +6,14 @@ the page for the dashboard). The caller owns the transaction.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from datetime import datetime
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from service.auth import expiry, hash_api_key, new_api_key, revoke_key, rotate_key
-from service.jobs import job_public
+from service.auth import expiry, hash_api_key, key_is_live, new_api_key, revoke_key, rotate_key
+from service.jobs import as_utc, job_public
 from service.ledger.accounting import ledger_entry_public
 from service.ledger.admission import (
     InvalidLedgerOperation,
@@ -24,7 +25,17 @@ from service.ledger.admission import (
     set_analyst_cap,
     set_dataset_budget,
 )
-from service.ledger.tables import Analyst, Dataset, Job, JobStatus, LedgerEntry, Role
+from service.ledger.tables import (
+    Analyst,
+    AnalystCap,
+    Dataset,
+    EntryKind,
+    Job,
+    JobStatus,
+    LedgerEntry,
+    Role,
+)
+from service.privacy.amounts import from_micro
 from service.schemas import (
     AnalystCreate,
     AnalystCreated,
@@ -181,3 +192,64 @@ def ledger_newest_first(s: Session, *, limit: int, offset: int = 0) -> list[Ledg
 
 def count_ledger_entries(s: Session) -> int:
     return int(s.scalar(select(func.count()).select_from(LedgerEntry)) or 0)
+
+
+@dataclass(frozen=True)
+class AnalystSpending:
+    """One analyst on one dataset: Σε of their charges in force (nats, refunds deducted)
+    and their cap, if the admin set one (its filter view says what it admits)."""
+
+    dataset: str
+    epsilon_sum: float
+    cap: BudgetView | None
+
+
+@dataclass(frozen=True)
+class AnalystRow:
+    name: str
+    role: str
+    key_state: str
+    key_expires_at: datetime | None
+    created_at: datetime | None
+    spending: list[AnalystSpending] = field(default_factory=list)
+
+
+def analysts_overview(s: Session) -> list[AnalystRow]:
+    """Every analyst with their key's state, spending and caps per dataset."""
+    names = dict(s.execute(select(Dataset.id, Dataset.name)).tuples().all())
+    sums = {
+        (a, d): eps
+        for a, d, eps in s.execute(
+            select(
+                LedgerEntry.analyst_id, LedgerEntry.dataset_id, func.sum(LedgerEntry.epsilon_micro)
+            )
+            .where(LedgerEntry.kind.in_([EntryKind.charge, EntryKind.refund]))
+            .group_by(LedgerEntry.analyst_id, LedgerEntry.dataset_id)
+        ).tuples()
+    }
+    caps = {(c.analyst_id, c.dataset_id): c for c in s.scalars(select(AnalystCap))}
+    out = []
+    for a in s.scalars(select(Analyst).order_by(Analyst.name)):
+        keys = sorted({d for (x, d) in sums if x == a.id} | {d for (x, d) in caps if x == a.id})
+        spending = [
+            AnalystSpending(
+                dataset=names[d],
+                epsilon_sum=from_micro(int(sums.get((a.id, d)) or 0)),
+                cap=cap_filter(caps[(a.id, d)]).view() if (a.id, d) in caps else None,
+            )
+            for d in keys
+        ]
+        state = (
+            "live" if key_is_live(a) else ("revoked" if a.key_revoked_at is not None else "expired")
+        )
+        out.append(
+            AnalystRow(
+                name=a.name,
+                role=Role(a.role).value,
+                key_state=state,
+                key_expires_at=as_utc(a.key_expires_at),
+                created_at=as_utc(a.created_at),
+                spending=sorted(spending, key=lambda x: x.dataset),
+            )
+        )
+    return out

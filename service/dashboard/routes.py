@@ -11,14 +11,17 @@ from __future__ import annotations
 
 from pathlib import Path
 from typing import Annotated, Any
+from urllib.parse import quote
 
 from fastapi import APIRouter, Cookie, Depends, FastAPI, Form, Request
 from fastapi.responses import HTMLResponse, PlainTextResponse, RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
+from pydantic import ValidationError
 from sqlalchemy import select
 
 from service import admin as ops
 from service.api.deps import EngineDep, SettingsDep
+from service.dashboard.chart import build_chart
 from service.dashboard.security import DashboardHeaders
 from service.dashboard.sessions import (
     AdminSession,
@@ -35,9 +38,18 @@ from service.dashboard.views import (
     timestamp,
 )
 from service.db import transaction
-from service.ledger.accounting import accounting_summary
+from service.ledger.accounting import accounting_summary, spending_over_time
+from service.ledger.admission import InvalidLedgerOperation
 from service.ledger.audit import check_totals, verify_all
 from service.ledger.tables import Dataset
+from service.schemas import (
+    AnalystCreate,
+    BudgetUpdate,
+    CapUpdate,
+    KeyRotate,
+    NominalUpdate,
+    RefundRequest,
+)
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 templates = Jinja2Templates(directory=str(TEMPLATES))
@@ -201,7 +213,11 @@ def index(request: Request, engine: EngineDep, admin: AdminPage) -> Response:
 
 @router.get("/jobs", response_class=HTMLResponse)
 def jobs(
-    request: Request, engine: EngineDep, admin: AdminPage, page: str | None = None
+    request: Request,
+    engine: EngineDep,
+    admin: AdminPage,
+    page: str | None = None,
+    done: str | None = None,
 ) -> Response:
     number = page_number(page)
     if number is None:
@@ -209,7 +225,7 @@ def jobs(
     with transaction(engine) as s:
         paged = paging(number, ops.count_jobs(s))
         rows = ops.jobs_newest_first(s, limit=paged.size, offset=paged.offset)
-    return render(request, "jobs.html", admin, rows=rows, paging=paged)
+    return render(request, "jobs.html", admin, rows=rows, paging=paged, done=done_message(done))
 
 
 @router.get("/ledger", response_class=HTMLResponse)
@@ -223,3 +239,209 @@ def ledger(
         paged = paging(number, ops.count_ledger_entries(s))
         entries = ops.ledger_newest_first(s, limit=paged.size, offset=paged.offset)
     return render(request, "ledger.html", admin, entries=entries, paging=paged)
+
+
+# ------------------------------------------------------------------ pages with forms
+
+DONE = {
+    "budget": "Budget saved.",
+    "nominal": "Nominal policy saved.",
+    "cap": "Cap saved.",
+    "revoked": "Key revoked: it authenticates nobody from now on.",
+    "refund": "Refund recorded in the ledger.",
+}
+
+
+def done_message(done: str | None) -> str | None:
+    return DONE.get(done or "")
+
+
+def refused(request: Request, admin: AdminSession, exc: Exception, back: str) -> Response:
+    """A refused form: what was wrong, nothing changed, a 4xx page."""
+    if isinstance(exc, ValidationError):
+        detail = "; ".join(
+            f"{'.'.join(str(x) for x in e['loc']) or 'form'}: {e['msg']}" for e in exc.errors()
+        )
+        status, title = 422, "Invalid form"
+    elif isinstance(exc, ops.NotFound):
+        detail, status, title = str(exc), 404, "Not found"
+    else:
+        detail, status, title = str(exc), 409, "Refused"
+    return render(
+        request,
+        "error.html",
+        admin,
+        status_code=status,
+        title=title,
+        message=f"Nothing was changed: {detail}",
+        back=back,
+    )
+
+
+FORM_ERRORS = (ValidationError, ops.NotFound, InvalidLedgerOperation)
+
+
+def blank_is_none(value: str | None) -> str | None:
+    return None if value is None or not value.strip() else value.strip()
+
+
+@router.get("/datasets/{name}", response_class=HTMLResponse)
+def dataset_page(
+    request: Request, name: str, engine: EngineDep, admin: AdminPage, done: str | None = None
+) -> Response:
+    with transaction(engine) as s:
+        try:
+            ds = ops.dataset_named(s, name)
+        except ops.NotFound as exc:
+            return refused(request, admin, exc, "/dashboard")
+        summary = accounting_summary(s, ds)
+        points = spending_over_time(s, ds)
+        overview = ops.analysts_overview(s)
+        caps = [(row.name, sp) for row in overview for sp in row.spending if sp.dataset == name]
+        n_rows, allow_nominal = ds.n_rows, ds.allow_nominal
+    return render(
+        request,
+        "dataset.html",
+        admin,
+        a=summary,
+        n_rows=n_rows,
+        allow_nominal=allow_nominal,
+        chart=build_chart(points, epsilon_total=summary.epsilon_total),
+        points=points,
+        analysts=[row.name for row in overview],
+        caps=caps,
+        done=done_message(done),
+    )
+
+
+@router.post("/datasets/{name}/budget")
+def budget_form(
+    request: Request,
+    name: str,
+    engine: EngineDep,
+    admin: AdminForm,
+    epsilon_total: Annotated[str, Form()] = "",
+    delta_total: Annotated[str, Form()] = "",
+) -> Response:
+    back = f"/dashboard/datasets/{quote(name)}"
+    try:
+        body = BudgetUpdate.model_validate(
+            {"epsilon_total": epsilon_total, "delta_total": delta_total}
+        )
+        with transaction(engine) as s:
+            ops.update_budget(s, name, body)
+    except FORM_ERRORS as exc:
+        return refused(request, admin, exc, back)
+    return RedirectResponse(f"{back}?done=budget", status_code=303)
+
+
+@router.post("/datasets/{name}/nominal")
+def nominal_form(
+    request: Request,
+    name: str,
+    engine: EngineDep,
+    admin: AdminForm,
+    allow_nominal: Annotated[str, Form()] = "",
+) -> Response:
+    back = f"/dashboard/datasets/{quote(name)}"
+    try:
+        body = NominalUpdate.model_validate({"allow_nominal": allow_nominal})
+        with transaction(engine) as s:
+            ops.set_nominal(s, name, allow_nominal=body.allow_nominal)
+    except FORM_ERRORS as exc:
+        return refused(request, admin, exc, back)
+    return RedirectResponse(f"{back}?done=nominal", status_code=303)
+
+
+@router.post("/datasets/{name}/caps")
+def cap_form(
+    request: Request,
+    name: str,
+    engine: EngineDep,
+    admin: AdminForm,
+    analyst: Annotated[str, Form()] = "",
+    epsilon: Annotated[str, Form()] = "",
+    delta: Annotated[str, Form()] = "",
+) -> Response:
+    back = f"/dashboard/datasets/{quote(name)}"
+    try:
+        body = CapUpdate.model_validate({"epsilon": epsilon, "delta": delta})
+        with transaction(engine) as s:
+            ops.update_cap(s, name, analyst, body)
+    except FORM_ERRORS as exc:
+        return refused(request, admin, exc, back)
+    return RedirectResponse(f"{back}?done=cap", status_code=303)
+
+
+@router.get("/analysts", response_class=HTMLResponse)
+def analysts_page(
+    request: Request, engine: EngineDep, admin: AdminPage, done: str | None = None
+) -> Response:
+    with transaction(engine) as s:
+        rows = ops.analysts_overview(s)
+    return render(request, "analysts.html", admin, rows=rows, done=done_message(done))
+
+
+@router.post("/analysts")
+def create_analyst_form(
+    request: Request,
+    engine: EngineDep,
+    admin: AdminForm,
+    name: Annotated[str, Form()] = "",
+    role: Annotated[str, Form()] = "analyst",
+    expires_in_days: Annotated[str | None, Form()] = None,
+) -> Response:
+    try:
+        body = AnalystCreate.model_validate(
+            {"name": name, "role": role, "expires_in_days": blank_is_none(expires_in_days)}
+        )
+        with transaction(engine) as s:
+            created = ops.create_analyst(s, body)
+    except FORM_ERRORS as exc:
+        return refused(request, admin, exc, "/dashboard/analysts")
+    return render(request, "key.html", admin, created=created, action="created")
+
+
+@router.post("/analysts/{name}/rotate")
+def rotate_key_form(
+    request: Request,
+    name: str,
+    engine: EngineDep,
+    admin: AdminForm,
+    expires_in_days: Annotated[str | None, Form()] = None,
+) -> Response:
+    try:
+        body = KeyRotate.model_validate({"expires_in_days": blank_is_none(expires_in_days)})
+        with transaction(engine) as s:
+            created = ops.rotate_analyst_key(s, name, body)
+    except FORM_ERRORS as exc:
+        return refused(request, admin, exc, "/dashboard/analysts")
+    return render(request, "key.html", admin, created=created, action="rotated")
+
+
+@router.post("/analysts/{name}/revoke")
+def revoke_key_form(request: Request, name: str, engine: EngineDep, admin: AdminForm) -> Response:
+    try:
+        with transaction(engine) as s:
+            ops.revoke_analyst_key(s, name)
+    except FORM_ERRORS as exc:
+        return refused(request, admin, exc, "/dashboard/analysts")
+    return RedirectResponse("/dashboard/analysts?done=revoked", status_code=303)
+
+
+@router.post("/jobs/{job_id}/refund")
+def refund_form(
+    request: Request,
+    job_id: str,
+    engine: EngineDep,
+    admin: AdminForm,
+    reason: Annotated[str, Form()] = "",
+    override: Annotated[str | None, Form()] = None,
+) -> Response:
+    try:
+        body = RefundRequest.model_validate({"reason": reason, "override": override == "true"})
+        with transaction(engine) as s:
+            ops.refund_failed_job(s, job_id, body)
+    except FORM_ERRORS as exc:
+        return refused(request, admin, exc, "/dashboard/jobs")
+    return RedirectResponse("/dashboard/jobs?done=refund", status_code=303)
