@@ -197,7 +197,8 @@ def index(request: Request, engine: EngineDep, admin: AdminPage) -> Response:
     with transaction(engine) as s:
         datasets = list(s.scalars(select(Dataset).order_by(Dataset.name)))
         accounting = [accounting_summary(s, ds) for ds in datasets]
-        verified = all(r.ok for r in verify_all(s)) and not check_totals(s)
+        chains = verify_all(s)
+        mismatches = check_totals(s)
         rows = {ds.name: ds.n_rows for ds in datasets}
         nominal = {ds.name: ds.allow_nominal for ds in datasets}
     return render(
@@ -205,7 +206,9 @@ def index(request: Request, engine: EngineDep, admin: AdminPage) -> Response:
         "index.html",
         admin,
         accounting=accounting,
-        verified=verified,
+        verified=all(c.ok for c in chains) and not mismatches,
+        chains=chains,
+        mismatches=mismatches,
         rows=rows,
         nominal=nominal,
     )

@@ -7,11 +7,11 @@ import re
 from typing import Any
 
 import pytest
-from sqlalchemy import update
+from sqlalchemy import select, update
 
 from service import admin as ops
 from service.db import engine_for, transaction
-from service.ledger.tables import Job, JobStatus
+from service.ledger.tables import Job, JobStatus, LedgerEntry
 from service.schemas import BudgetUpdate
 from tests.conftest import auth
 
@@ -139,3 +139,21 @@ def test_the_ledger_pages_through_every_entry(client: Any, keys: Any, settings: 
         assert r.status_code == 400 and "whole number" in r.text, bad
         assert r.headers["content-type"].startswith("text/html")
     assert client.get("/dashboard/jobs?page=x").status_code == 400
+
+
+def test_the_overview_shows_the_verification_details(client: Any, keys: Any, settings: Any) -> None:
+    assert client.post("/v1/jobs", json=DPSGD, headers=auth(keys.alice)).status_code == 202
+    sign_in(client, keys.admin)
+    page = client.get("/dashboard").text
+    assert "<strong>verified</strong>" in page and "intact" in page
+    assert "Every running total matches its entries." in page
+    with transaction(engine_for(settings.resolved_database_url)) as s:
+        first = s.scalars(select(LedgerEntry).order_by(LedgerEntry.id)).first()
+        assert first is not None
+        s.execute(update(LedgerEntry).where(LedgerEntry.id == first.id).values(reason="edited"))
+    page = client.get("/dashboard").text
+    assert "MISMATCH" in page and "digest mismatch" in page
+    assert re.search(
+        rf"<td>toy</td><td>\d+</td>\s*<td class=\"error\">digest mismatch</td><td>{first.id}</td>",
+        page,
+    )
