@@ -144,6 +144,7 @@ class JobRow:
 
     job: JobPublic
     analyst: str
+    refunded: bool = False
 
 
 def jobs_newest_first(s: Session, *, limit: int, offset: int = 0) -> list[JobRow]:
@@ -155,7 +156,15 @@ def jobs_newest_first(s: Session, *, limit: int, offset: int = 0) -> list[JobRow
         .limit(limit)
         .offset(offset)
     ).all()
-    return [JobRow(job_public(j, ds), analyst) for j, ds, analyst in rows]
+    refunded = set(
+        s.scalars(
+            select(LedgerEntry.job_id).where(
+                LedgerEntry.kind == EntryKind.refund,
+                LedgerEntry.job_id.in_([j.id for j, _, _ in rows]),
+            )
+        )
+    )
+    return [JobRow(job_public(j, ds), a, j.id in refunded) for j, ds, a in rows]
 
 
 def count_jobs(s: Session) -> int:

@@ -166,6 +166,11 @@ def test_refund_form_refunds_a_failed_job(client: Any, keys: Any, settings: Any)
     assert refund.kind == EntryKind.refund and refund.reason == "worker lost"
     assert refund.epsilon_micro < 0 and refund.job_id == job
     assert accounting(client, keys)["naive_epsilon_sum"] < spent
+    jobs_page = client.get("/dashboard/jobs").text
+    assert (
+        "refunded (see the ledger)" in jobs_page
+        and f"/dashboard/jobs/{job}/refund" not in jobs_page
+    )
     again = post(client, f"/dashboard/jobs/{job}/refund", {"csrf": csrf, "reason": "again"})
     assert again.status_code == 409 and "already refunded" in again.text
     assert post(client, "/dashboard/jobs/nope/refund",
