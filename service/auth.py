@@ -38,12 +38,15 @@ def analyst_for_key(session: Session, key: str, *, now: datetime | None = None) 
     analyst = session.scalars(
         select(Analyst).where(Analyst.key_hash == hash_api_key(key))
     ).one_or_none()
-    if analyst is None or analyst.key_revoked_at is not None:
-        return None
+    return analyst if analyst is not None and key_is_live(analyst, now=now) else None
+
+
+def key_is_live(analyst: Analyst, *, now: datetime | None = None) -> bool:
+    """Whether the analyst's current key is neither revoked nor past its expiry."""
+    if analyst.key_revoked_at is not None:
+        return False
     expires = _aware(analyst.key_expires_at)
-    if expires is not None and expires <= (now or datetime.now(UTC)):
-        return None
-    return analyst
+    return expires is None or expires > (now or datetime.now(UTC))
 
 
 def rotate_key(analyst: Analyst, *, expires_in_days: float | None = None) -> str:

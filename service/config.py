@@ -58,6 +58,8 @@ class Settings(BaseSettings):
     rate_limit_burst: int = Field(default=100, ge=1)
     planning_per_key: int = Field(default=2, ge=1)
     planning_global: int = Field(default=4, ge=1)
+    # Lifetime of an admin's dashboard session (service/dashboard/sessions.py), from sign-in.
+    dashboard_session_ttl_s: float = Field(default=8 * 3600.0, gt=0, le=30 * 86400.0)
 
     @property
     def resolved_database_url(self) -> str:

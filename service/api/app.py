@@ -131,6 +131,6 @@ def create_app(settings: Settings | None = None, *, run_sweeper: bool = True) ->
     app.include_router(health.router)
     app.include_router(jobs.router)
     app.include_router(admin.router)
-    app.include_router(dashboard.router)
+    dashboard.install(app)
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)  # type: ignore[arg-type]
     return app

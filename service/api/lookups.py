@@ -2,26 +2,19 @@
 
 from __future__ import annotations
 
-from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from service.admin import NotFound, dataset_named
 from service.api.deps import Caller
 from service.api.errors import ProblemError
-from service.ledger.tables import Analyst, Dataset, Job, Role
+from service.ledger.tables import Dataset, Job, Role
 
 
 def dataset_or_404(s: Session, name: str) -> Dataset:
-    ds = s.scalars(select(Dataset).where(Dataset.name == name)).one_or_none()
-    if ds is None:
-        raise ProblemError(404, "not-found", f"no dataset named {name!r}")
-    return ds
-
-
-def analyst_or_404(s: Session, name: str) -> Analyst:
-    a = s.scalars(select(Analyst).where(Analyst.name == name)).one_or_none()
-    if a is None:
-        raise ProblemError(404, "not-found", f"no analyst named {name!r}")
-    return a
+    try:
+        return dataset_named(s, name)
+    except NotFound as exc:
+        raise ProblemError(404, "not-found", str(exc)) from exc
 
 
 def visible_job_or_404(s: Session, caller: Caller, job_id: str) -> Job:

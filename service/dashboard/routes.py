@@ -1,40 +1,136 @@
 """The admin dashboard: budgets, what each composition rule says, jobs and the ledger.
 
-Sign-in exchanges an admin API key for an HttpOnly, SameSite=Strict cookie holding it.
-Every figure comes from the same query functions as the API (service.ledger.accounting);
-what each one means, and which are valid, is said on the page next to it.
+Server-rendered pages without JavaScript. Sign-in exchanges an admin API key for a
+server-side session (:mod:`service.dashboard.sessions`); the cookie holds only the session
+token. Every POST form carries the session's CSRF token. Every figure comes from the same
+query functions as the API (service.ledger.accounting); what each one means, and which are
+valid, is said on the page next to it.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
+from urllib.parse import quote
 
-from fastapi import APIRouter, Cookie, Form, Request
+from fastapi import APIRouter, Cookie, Depends, FastAPI, Form, Request
 from fastapi.responses import HTMLResponse, PlainTextResponse, RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
+from pydantic import ValidationError
 from sqlalchemy import select
 
-from service.api.deps import EngineDep
-from service.auth import analyst_for_key
+from service import admin as ops
+from service.api.deps import EngineDep, SettingsDep
+from service.dashboard.chart import build_chart
+from service.dashboard.security import DashboardHeaders
+from service.dashboard.sessions import (
+    AdminSession,
+    close_session,
+    csrf_ok,
+    open_session,
+    session_for_token,
+)
+from service.dashboard.views import (
+    guarantee_label,
+    page_number,
+    paging,
+    signed_delta,
+    timestamp,
+)
 from service.db import transaction
-from service.jobs import job_public
-from service.ledger.accounting import accounting_summary, latest_ledger_entries
+from service.ledger.accounting import accounting_summary, spending_over_time
+from service.ledger.admission import InvalidLedgerOperation
 from service.ledger.audit import check_totals, verify_all
-from service.ledger.tables import Analyst, Dataset, Job, Role
+from service.ledger.tables import Dataset
+from service.schemas import (
+    AnalystCreate,
+    BudgetUpdate,
+    CapUpdate,
+    KeyRotate,
+    NominalUpdate,
+    RefundRequest,
+)
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 templates = Jinja2Templates(directory=str(TEMPLATES))
+templates.env.globals.update(
+    guarantee_label=guarantee_label,
+    signed_delta=signed_delta,
+    timestamp=timestamp,
+)
 router = APIRouter(prefix="/dashboard", include_in_schema=False)
-COOKIE = "enclave_admin"
+COOKIE = "enclave_session"
+COOKIE_PATH = "/dashboard"
 
 
-def _admin(engine: EngineDep, key: str | None) -> Analyst | None:
-    if not key:
-        return None
+class SignInRequired(Exception):
+    """No live session: the page answers with a redirect to the sign-in form."""
+
+
+class CsrfRefused(Exception):
+    """A POST without the session's CSRF token: 403, nothing done."""
+
+
+def current_admin(
+    engine: EngineDep, enclave_session: Annotated[str | None, Cookie()] = None
+) -> AdminSession:
     with transaction(engine) as s:
-        a = analyst_for_key(s, key)
-        return a if a is not None and a.role == Role.admin else None
+        admin = session_for_token(s, enclave_session)
+    if admin is None:
+        raise SignInRequired
+    return admin
+
+
+AdminPage = Annotated[AdminSession, Depends(current_admin)]
+
+
+def checked_form(admin: AdminPage, csrf: Annotated[str | None, Form()] = None) -> AdminSession:
+    """The session of a POST form whose CSRF token matches it (else 403)."""
+    if not csrf_ok(admin, csrf):
+        raise CsrfRefused
+    return admin
+
+
+AdminForm = Annotated[AdminSession, Depends(checked_form)]
+
+
+def render(
+    request: Request,
+    template: str,
+    admin: AdminSession | None,
+    status_code: int = 200,
+    **context: Any,
+) -> Response:
+    return templates.TemplateResponse(
+        request,
+        template,
+        {"admin": admin, **context},
+        status_code=status_code,
+    )
+
+
+def install(app: FastAPI) -> None:
+    """Wire the dashboard into the API app: routes, sign-in redirects, CSRF refusals and
+    the security headers."""
+    app.include_router(router)
+
+    @app.exception_handler(SignInRequired)
+    async def _sign_in(request: Request, exc: SignInRequired) -> Response:
+        return RedirectResponse("/dashboard/login", status_code=303)
+
+    @app.exception_handler(CsrfRefused)
+    async def _csrf(request: Request, exc: CsrfRefused) -> Response:
+        return render(
+            request,
+            "error.html",
+            None,
+            status_code=403,
+            title="Form refused",
+            message="The form's security token is missing or out of date. Nothing was "
+            "changed; reload the page and try again.",
+        )
+
+    app.add_middleware(DashboardHeaders)  # type: ignore[arg-type]
 
 
 @router.get("/style.css")
@@ -42,61 +138,313 @@ def style() -> PlainTextResponse:
     return PlainTextResponse((TEMPLATES / "style.css").read_text(), media_type="text/css")
 
 
-@router.get("", response_class=HTMLResponse)
-def index(
-    request: Request, engine: EngineDep, enclave_admin: Annotated[str | None, Cookie()] = None
-) -> Response:
-    admin = _admin(engine, enclave_admin)
-    if admin is None:
-        return templates.TemplateResponse(request, "login.html", {"error": None})
-    with transaction(engine) as s:
-        datasets = list(s.scalars(select(Dataset).order_by(Dataset.name)))
-        accounting = [accounting_summary(s, ds) for ds in datasets]
-        jobs = [
-            job_public(j, n)
-            for j, n in s.execute(
-                select(Job, Dataset.name)
-                .join(Dataset, Dataset.id == Job.dataset_id)
-                .order_by(Job.created_at.desc())
-                .limit(50)
-            ).all()
-        ]
-        verified = all(r.ok for r in verify_all(s)) and not check_totals(s)
-        rows = {ds.name: ds.n_rows for ds in datasets}
-        nominal = {ds.name: ds.allow_nominal for ds in datasets}
-        entries = latest_ledger_entries(s, limit=50)
-    return templates.TemplateResponse(
-        request,
-        "index.html",
-        {
-            "admin": admin.name,
-            "accounting": accounting,
-            "jobs": jobs,
-            "entries": entries,
-            "verified": verified,
-            "rows": rows,
-            "nominal": nominal,
-        },
-    )
+@router.get("/login", response_class=HTMLResponse)
+def login_form(request: Request) -> Response:
+    return render(request, "login.html", None, error=None)
 
 
 @router.post("/login")
 def login(
-    request: Request, engine: EngineDep, api_key: Annotated[str, Form(max_length=200)]
+    request: Request,
+    engine: EngineDep,
+    settings: SettingsDep,
+    api_key: Annotated[str, Form()] = "",
 ) -> Response:
-    if _admin(engine, api_key) is None:
-        return templates.TemplateResponse(
-            request, "login.html", {"error": "not an admin key"}, status_code=401
-        )
+    with transaction(engine) as s:
+        token = open_session(s, api_key, ttl_s=settings.dashboard_session_ttl_s)
+    if token is None:
+        return render(request, "login.html", None, status_code=401, error="not an admin key")
     resp = RedirectResponse("/dashboard", status_code=303)
     resp.set_cookie(
-        COOKIE, api_key, httponly=True, samesite="strict", secure=request.url.scheme == "https"
+        COOKIE,
+        token,
+        max_age=int(settings.dashboard_session_ttl_s),
+        path=COOKIE_PATH,
+        httponly=True,
+        samesite="strict",
+        secure=request.url.scheme == "https",
     )
     return resp
 
 
 @router.post("/logout")
-def logout() -> Response:
-    resp = RedirectResponse("/dashboard", status_code=303)
-    resp.delete_cookie(COOKIE)
+def logout(
+    engine: EngineDep,
+    _: AdminForm,
+    enclave_session: Annotated[str | None, Cookie()] = None,
+) -> Response:
+    with transaction(engine) as s:
+        close_session(s, enclave_session)
+    resp = RedirectResponse("/dashboard/login", status_code=303)
+    resp.delete_cookie(COOKIE, path=COOKIE_PATH)
     return resp
+
+
+def bad_page(request: Request, admin: AdminSession, back: str) -> Response:
+    return render(
+        request,
+        "error.html",
+        admin,
+        status_code=400,
+        title="No such page",
+        message="The page number must be a whole number from 1 up.",
+        back=back,
+    )
+
+
+@router.get("", response_class=HTMLResponse)
+def index(request: Request, engine: EngineDep, admin: AdminPage) -> Response:
+    with transaction(engine) as s:
+        datasets = list(s.scalars(select(Dataset).order_by(Dataset.name)))
+        accounting = [accounting_summary(s, ds) for ds in datasets]
+        chains = verify_all(s)
+        mismatches = check_totals(s)
+        rows = {ds.name: ds.n_rows for ds in datasets}
+        nominal = {ds.name: ds.allow_nominal for ds in datasets}
+    return render(
+        request,
+        "index.html",
+        admin,
+        accounting=accounting,
+        verified=all(c.ok for c in chains) and not mismatches,
+        chains=chains,
+        mismatches=mismatches,
+        rows=rows,
+        nominal=nominal,
+    )
+
+
+@router.get("/jobs", response_class=HTMLResponse)
+def jobs(
+    request: Request,
+    engine: EngineDep,
+    admin: AdminPage,
+    page: str | None = None,
+    done: str | None = None,
+) -> Response:
+    number = page_number(page)
+    if number is None:
+        return bad_page(request, admin, "/dashboard/jobs")
+    with transaction(engine) as s:
+        paged = paging(number, ops.count_jobs(s))
+        rows = ops.jobs_newest_first(s, limit=paged.size, offset=paged.offset)
+    return render(request, "jobs.html", admin, rows=rows, paging=paged, done=done_message(done))
+
+
+@router.get("/ledger", response_class=HTMLResponse)
+def ledger(
+    request: Request, engine: EngineDep, admin: AdminPage, page: str | None = None
+) -> Response:
+    number = page_number(page)
+    if number is None:
+        return bad_page(request, admin, "/dashboard/ledger")
+    with transaction(engine) as s:
+        paged = paging(number, ops.count_ledger_entries(s))
+        entries = ops.ledger_newest_first(s, limit=paged.size, offset=paged.offset)
+    return render(request, "ledger.html", admin, entries=entries, paging=paged)
+
+
+# ------------------------------------------------------------------ pages with forms
+
+DONE = {
+    "budget": "Budget saved.",
+    "nominal": "Nominal policy saved.",
+    "cap": "Cap saved.",
+    "revoked": "Key revoked: it authenticates nobody from now on.",
+    "refund": "Refund recorded in the ledger.",
+}
+
+
+def done_message(done: str | None) -> str | None:
+    return DONE.get(done or "")
+
+
+def refused(request: Request, admin: AdminSession, exc: Exception, back: str) -> Response:
+    """A refused form: what was wrong, nothing changed, a 4xx page."""
+    if isinstance(exc, ValidationError):
+        detail = "; ".join(
+            f"{'.'.join(str(x) for x in e['loc']) or 'form'}: {e['msg']}" for e in exc.errors()
+        )
+        status, title = 422, "Invalid form"
+    elif isinstance(exc, ops.NotFound):
+        detail, status, title = str(exc), 404, "Not found"
+    else:
+        detail, status, title = str(exc), 409, "Refused"
+    return render(
+        request,
+        "error.html",
+        admin,
+        status_code=status,
+        title=title,
+        message=f"Nothing was changed: {detail}",
+        back=back,
+    )
+
+
+FORM_ERRORS = (ValidationError, ops.NotFound, InvalidLedgerOperation)
+
+
+def blank_is_none(value: str | None) -> str | None:
+    return None if value is None or not value.strip() else value.strip()
+
+
+@router.get("/datasets/{name}", response_class=HTMLResponse)
+def dataset_page(
+    request: Request, name: str, engine: EngineDep, admin: AdminPage, done: str | None = None
+) -> Response:
+    with transaction(engine) as s:
+        try:
+            ds = ops.dataset_named(s, name)
+        except ops.NotFound as exc:
+            return refused(request, admin, exc, "/dashboard")
+        summary = accounting_summary(s, ds)
+        points = spending_over_time(s, ds)
+        overview = ops.analysts_overview(s)
+        caps = [(row.name, sp) for row in overview for sp in row.spending if sp.dataset == name]
+        n_rows, allow_nominal = ds.n_rows, ds.allow_nominal
+    return render(
+        request,
+        "dataset.html",
+        admin,
+        a=summary,
+        n_rows=n_rows,
+        allow_nominal=allow_nominal,
+        chart=build_chart(points, epsilon_total=summary.epsilon_total),
+        points=points,
+        analysts=[row.name for row in overview],
+        caps=caps,
+        done=done_message(done),
+    )
+
+
+@router.post("/datasets/{name}/budget")
+def budget_form(
+    request: Request,
+    name: str,
+    engine: EngineDep,
+    admin: AdminForm,
+    epsilon_total: Annotated[str, Form()] = "",
+    delta_total: Annotated[str, Form()] = "",
+) -> Response:
+    back = f"/dashboard/datasets/{quote(name)}"
+    try:
+        body = BudgetUpdate.model_validate(
+            {"epsilon_total": epsilon_total, "delta_total": delta_total}
+        )
+        with transaction(engine) as s:
+            ops.update_budget(s, name, body)
+    except FORM_ERRORS as exc:
+        return refused(request, admin, exc, back)
+    return RedirectResponse(f"{back}?done=budget", status_code=303)
+
+
+@router.post("/datasets/{name}/nominal")
+def nominal_form(
+    request: Request,
+    name: str,
+    engine: EngineDep,
+    admin: AdminForm,
+    allow_nominal: Annotated[str, Form()] = "",
+) -> Response:
+    back = f"/dashboard/datasets/{quote(name)}"
+    try:
+        body = NominalUpdate.model_validate({"allow_nominal": allow_nominal})
+        with transaction(engine) as s:
+            ops.set_nominal(s, name, allow_nominal=body.allow_nominal)
+    except FORM_ERRORS as exc:
+        return refused(request, admin, exc, back)
+    return RedirectResponse(f"{back}?done=nominal", status_code=303)
+
+
+@router.post("/datasets/{name}/caps")
+def cap_form(
+    request: Request,
+    name: str,
+    engine: EngineDep,
+    admin: AdminForm,
+    analyst: Annotated[str, Form()] = "",
+    epsilon: Annotated[str, Form()] = "",
+    delta: Annotated[str, Form()] = "",
+) -> Response:
+    back = f"/dashboard/datasets/{quote(name)}"
+    try:
+        body = CapUpdate.model_validate({"epsilon": epsilon, "delta": delta})
+        with transaction(engine) as s:
+            ops.update_cap(s, name, analyst, body)
+    except FORM_ERRORS as exc:
+        return refused(request, admin, exc, back)
+    return RedirectResponse(f"{back}?done=cap", status_code=303)
+
+
+@router.get("/analysts", response_class=HTMLResponse)
+def analysts_page(
+    request: Request, engine: EngineDep, admin: AdminPage, done: str | None = None
+) -> Response:
+    with transaction(engine) as s:
+        rows = ops.analysts_overview(s)
+    return render(request, "analysts.html", admin, rows=rows, done=done_message(done))
+
+
+@router.post("/analysts")
+def create_analyst_form(
+    request: Request,
+    engine: EngineDep,
+    admin: AdminForm,
+    name: Annotated[str, Form()] = "",
+    role: Annotated[str, Form()] = "analyst",
+    expires_in_days: Annotated[str | None, Form()] = None,
+) -> Response:
+    try:
+        body = AnalystCreate.model_validate(
+            {"name": name, "role": role, "expires_in_days": blank_is_none(expires_in_days)}
+        )
+        with transaction(engine) as s:
+            created = ops.create_analyst(s, body)
+    except FORM_ERRORS as exc:
+        return refused(request, admin, exc, "/dashboard/analysts")
+    return render(request, "key.html", admin, created=created, action="created")
+
+
+@router.post("/analysts/{name}/rotate")
+def rotate_key_form(
+    request: Request,
+    name: str,
+    engine: EngineDep,
+    admin: AdminForm,
+    expires_in_days: Annotated[str | None, Form()] = None,
+) -> Response:
+    try:
+        body = KeyRotate.model_validate({"expires_in_days": blank_is_none(expires_in_days)})
+        with transaction(engine) as s:
+            created = ops.rotate_analyst_key(s, name, body)
+    except FORM_ERRORS as exc:
+        return refused(request, admin, exc, "/dashboard/analysts")
+    return render(request, "key.html", admin, created=created, action="rotated")
+
+
+@router.post("/analysts/{name}/revoke")
+def revoke_key_form(request: Request, name: str, engine: EngineDep, admin: AdminForm) -> Response:
+    try:
+        with transaction(engine) as s:
+            ops.revoke_analyst_key(s, name)
+    except FORM_ERRORS as exc:
+        return refused(request, admin, exc, "/dashboard/analysts")
+    return RedirectResponse("/dashboard/analysts?done=revoked", status_code=303)
+
+
+@router.post("/jobs/{job_id}/refund")
+def refund_form(
+    request: Request,
+    job_id: str,
+    engine: EngineDep,
+    admin: AdminForm,
+    reason: Annotated[str, Form()] = "",
+    override: Annotated[str | None, Form()] = None,
+) -> Response:
+    try:
+        body = RefundRequest.model_validate({"reason": reason, "override": override == "true"})
+        with transaction(engine) as s:
+            ops.refund_failed_job(s, job_id, body)
+    except FORM_ERRORS as exc:
+        return refused(request, admin, exc, "/dashboard/jobs")
+    return RedirectResponse("/dashboard/jobs?done=refund", status_code=303)

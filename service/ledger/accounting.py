@@ -10,6 +10,8 @@ only.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
+from datetime import datetime
 from decimal import Decimal
 
 from pydantic import BaseModel, Field
@@ -159,12 +161,48 @@ def ledger_entry_public(entry: LedgerEntry, dataset_name: str) -> LedgerEntryPub
     )
 
 
-def latest_ledger_entries(session: Session, *, limit: int) -> list[LedgerEntryPublic]:
-    """The ``limit`` newest ledger entries of all datasets, newest first."""
-    rows = session.execute(
-        select(LedgerEntry, Dataset.name)
-        .join(Dataset, Dataset.id == LedgerEntry.dataset_id)
-        .order_by(LedgerEntry.id.desc())
-        .limit(limit)
-    ).all()
-    return [ledger_entry_public(e, name) for e, name in rows]
+@dataclass(frozen=True)
+class SpendingPoint:
+    """The dataset's valid ε spent (nats, as ``epsilon_spent`` above) just after one ledger
+    entry: a charge, a refund or a release (which costs nothing: it marks when a charged
+    job's output left the enclave)."""
+
+    entry_id: int
+    at: datetime
+    kind: EntryKind
+    job_id: str | None
+    epsilon_spent: float
+
+
+def spending_over_time(session: Session, dataset: Dataset) -> list[SpendingPoint]:
+    """The dataset's ε spent after each charge, refund and release, in ledger order.
+
+    The running totals are re-added from the entries (as ``enclave ledger check`` does), so
+    the last point equals the figure the filter holds now; each point is evaluated by the
+    same rule as admission (:meth:`Filter.epsilon_spent`) against the current δ_total.
+    """
+    rows = session.scalars(
+        select(LedgerEntry)
+        .where(
+            LedgerEntry.dataset_id == dataset.id,
+            LedgerEntry.kind.in_([EntryKind.charge, EntryKind.refund, EntryKind.release]),
+        )
+        .order_by(LedgerEntry.id)
+    )
+    base = dataset_filter(dataset)
+    eps, rdp = 0, [0] * len(dataset.spent_rdp_micro)
+    points = []
+    for e in rows:
+        eps += e.epsilon_micro
+        rdp = [a + b for a, b in zip(rdp, e.rdp_micro or [0] * len(rdp), strict=True)]
+        running = replace(base, spent_epsilon_micro=eps, spent_rdp_micro=tuple(rdp))
+        points.append(
+            SpendingPoint(
+                entry_id=e.id,
+                at=datetime.fromisoformat(e.created_at),
+                kind=EntryKind(e.kind),
+                job_id=e.job_id,
+                epsilon_spent=running.epsilon_spent(),
+            )
+        )
+    return points

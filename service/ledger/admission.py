@@ -171,23 +171,26 @@ class Filter:
             return from_micro(max(0, self.epsilon_total_micro - self.spent_epsilon_micro))
         return _remaining_rdp(self.spent_rdp_micro, tuple(self.budget_rdp_micro()))
 
+    def epsilon_spent(self) -> float:
+        """The valid ε spent (nats): Σε under the pure rule, else the smallest budget ε at
+        δ_total whose RDP filter would have admitted the spending (filters.epsilon_spent)."""
+        if self.rule == "pure":
+            return from_micro(self.spent_epsilon_micro)
+        return epsilon_spent(
+            spent_micro=self.spent_rdp_micro, delta_total=float(Decimal(self.delta_total))
+        )
+
     def view(self, *, guarantee: Literal["proven", "nominal"] | None = None) -> BudgetView:
         """The filter as the API shows it. ``guarantee`` is the dataset's label, which
         needs the jobs table (service.ledger.accounting.dataset_guarantee); callers that
         have not computed it leave it None."""
-        delta = float(Decimal(self.delta_total))
-        spent = (
-            from_micro(self.spent_epsilon_micro)
-            if self.rule == "pure"
-            else epsilon_spent(spent_micro=self.spent_rdp_micro, delta_total=delta)
-        )
         return BudgetView(
             scope=self.scope,
             rule=self.rule,
             epsilon_total=from_micro(self.epsilon_total_micro),
-            delta_total=delta,
+            delta_total=float(Decimal(self.delta_total)),
             spent_epsilon_sum=from_micro(self.spent_epsilon_micro),
-            epsilon_spent=spent,
+            epsilon_spent=self.epsilon_spent(),
             remaining_epsilon=self.remaining_epsilon(),
             guarantee=guarantee,
         )

@@ -162,3 +162,23 @@ class Release(Base):
     weights_sha256: Mapped[str] = mapped_column(String(64))
     card: Mapped[dict[str, Any]]
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class DashboardSession(Base):
+    """A signed-in admin's dashboard session (migration 0004).
+
+    The cookie holds a random token; only its SHA-256 hash is stored. ``key_hash`` is the
+    admin's key hash at sign-in: rotating the key changes the analyst's hash, so the
+    session stops matching at once; revocation and key expiry end it through the same
+    check as API calls (:func:`service.auth.key_is_live`).
+    """
+
+    __tablename__ = "dashboard_sessions"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    token_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    analyst_id: Mapped[int] = mapped_column(ForeignKey("analysts.id"), index=True)
+    key_hash: Mapped[str] = mapped_column(String(64))
+    csrf_token: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    expires_at: Mapped[datetime]

@@ -1,30 +1,24 @@
-"""Admin endpoints: analysts, budgets, caps, refunds and the ledger."""
+"""Admin endpoints: analysts, budgets, caps, refunds and the ledger.
+
+Each handler translates HTTP only; the operations are the plain functions of
+:mod:`service.admin`, which the dashboard's forms call too.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query
-from sqlalchemy import select
 
+from service import admin as ops
 from service.api.deps import AdminDep, EngineDep
 from service.api.errors import ProblemError
-from service.api.lookups import analyst_or_404, dataset_or_404, visible_job_or_404
-from service.auth import expiry, hash_api_key, new_api_key, revoke_key, rotate_key
 from service.db import transaction
-from service.jobs import job_public
-from service.ledger.accounting import accounting_summary, ledger_entry_public
-from service.ledger.admission import (
-    InvalidLedgerOperation,
-    cap_filter,
-    dataset_filter,
-    lock_job,
-    refund_job,
-    set_analyst_cap,
-    set_dataset_budget,
-)
+from service.ledger.accounting import accounting_summary
+from service.ledger.admission import InvalidLedgerOperation
 from service.ledger.audit import check_totals, verify_all
-from service.ledger.tables import Analyst, Dataset, Job, JobStatus, LedgerEntry, Role
 from service.schemas import (
     AnalystCreate,
     AnalystCreated,
@@ -41,24 +35,22 @@ from service.schemas import (
 router = APIRouter(prefix="/v1/admin", tags=["admin"])
 
 
+@contextmanager
+def problems() -> Iterator[None]:
+    """The admin operations' refusals as problems: unknown names 404, refusals 409."""
+    try:
+        yield
+    except ops.NotFound as exc:
+        raise ProblemError(404, "not-found", str(exc)) from exc
+    except InvalidLedgerOperation as exc:
+        raise ProblemError(409, "conflict", str(exc)) from exc
+
+
 @router.post("/analysts", response_model=AnalystCreated, status_code=201)
 def create_analyst(body: AnalystCreate, _: AdminDep, engine: EngineDep) -> AnalystCreated:
     """Create an analyst (or another admin). The API key is returned once."""
-    key = new_api_key()
-    with transaction(engine) as s:
-        if s.scalars(select(Analyst).where(Analyst.name == body.name)).first():
-            raise ProblemError(409, "conflict", f"an analyst named {body.name!r} exists")
-        a = Analyst(
-            name=body.name,
-            key_hash=hash_api_key(key),
-            role=Role(body.role),
-            key_expires_at=expiry(body.expires_in_days),
-        )
-        s.add(a)
-        s.flush()
-        return AnalystCreated(
-            id=a.id, name=a.name, role=a.role.value, api_key=key, expires_at=a.key_expires_at
-        )
+    with problems(), transaction(engine) as s:
+        return ops.create_analyst(s, body)
 
 
 @router.post("/analysts/{name}/key", response_model=AnalystCreated)
@@ -67,59 +59,41 @@ def rotate_analyst_key(
 ) -> AnalystCreated:
     """Rotate an analyst's API key: the new key is returned once, the old one stops working
     at once (API and dashboard). Also re-enables a revoked analyst."""
-    with transaction(engine) as s:
-        a = analyst_or_404(s, name)
-        key = rotate_key(a, expires_in_days=body.expires_in_days)
-        return AnalystCreated(
-            id=a.id, name=a.name, role=a.role.value, api_key=key, expires_at=a.key_expires_at
-        )
+    with problems(), transaction(engine) as s:
+        return ops.rotate_analyst_key(s, name, body)
 
 
 @router.delete("/analysts/{name}/key", status_code=204)
 def revoke_analyst_key(name: str, _: AdminDep, engine: EngineDep) -> None:
     """Revoke an analyst's API key, effective at once (API and dashboard)."""
-    with transaction(engine) as s:
-        revoke_key(analyst_or_404(s, name))
+    with problems(), transaction(engine) as s:
+        ops.revoke_analyst_key(s, name)
 
 
 @router.put("/datasets/{name}/budget", response_model=BudgetView)
 def put_budget(name: str, body: BudgetUpdate, _: AdminDep, engine: EngineDep) -> BudgetView:
     """Set or raise a dataset's (ε_total, δ_total). Lowering below what is spent is refused."""
-    with transaction(engine) as s:
-        ds = dataset_or_404(s, name)
-        try:
-            ds = set_dataset_budget(
-                s, dataset=ds, epsilon_total=body.epsilon_total, delta_total=body.delta_total
-            )
-        except InvalidLedgerOperation as exc:
-            raise ProblemError(409, "conflict", str(exc)) from exc
-        return dataset_filter(ds).view()
+    with problems(), transaction(engine) as s:
+        return ops.update_budget(s, name, body)
 
 
 @router.put("/datasets/{name}/caps/{analyst}", response_model=BudgetView)
 def put_cap(name: str, analyst: str, body: CapUpdate, _: AdminDep, engine: EngineDep) -> BudgetView:
     """Set an analyst's cap on a dataset. Lowering below what they spent is refused."""
-    with transaction(engine) as s:
-        ds = dataset_or_404(s, name)
-        a = analyst_or_404(s, analyst)
-        try:
-            cap = set_analyst_cap(s, analyst=a, dataset=ds, epsilon=body.epsilon, delta=body.delta)
-        except InvalidLedgerOperation as exc:
-            raise ProblemError(409, "conflict", str(exc)) from exc
-        return cap_filter(cap).view()
+    with problems(), transaction(engine) as s:
+        return ops.update_cap(s, name, analyst, body)
 
 
 @router.put("/datasets/{name}/nominal")
 def put_nominal(name: str, body: NominalUpdate, _: AdminDep, engine: EngineDep) -> dict[str, Any]:
     """Allow or forbid methods whose guarantee is nominal (e.g. expm_nf) on this dataset."""
-    with transaction(engine) as s:
-        ds = dataset_or_404(s, name)
-        ds.allow_nominal = body.allow_nominal
+    with problems(), transaction(engine) as s:
+        ds = ops.set_nominal(s, name, allow_nominal=body.allow_nominal)
         return {"dataset": ds.name, "allow_nominal": ds.allow_nominal}
 
 
 @router.post("/jobs/{job_id}/refund", response_model=JobPublic)
-def refund(job_id: str, body: RefundRequest, admin: AdminDep, engine: EngineDep) -> JobPublic:
+def refund(job_id: str, body: RefundRequest, _: AdminDep, engine: EngineDep) -> JobPublic:
     """Refund a failed job's charge, with a reason (a new ledger entry).
 
     A job that failed before reading any private row never started as far as the privacy
@@ -128,26 +102,8 @@ def refund(job_id: str, body: RefundRequest, admin: AdminDep, engine: EngineDep)
     With `override: true` the refund is recorded for it, as information only (zero amount,
     no budget returned, the guarantee unchanged). Released jobs cannot be refunded.
     """
-    with transaction(engine) as s:
-        visible_job_or_404(s, admin, job_id)
-        job = lock_job(s, job_id)
-        assert job is not None
-        if job.status != JobStatus.failed:
-            raise ProblemError(
-                409, "conflict", f"only failed jobs can be refunded (this one is {job.status})"
-            )
-        if job.data_touched and not body.override:
-            raise ProblemError(
-                409,
-                "conflict",
-                "this job read private rows before it failed, so its charge stays; with "
-                "override: true the refund is recorded as information only (no budget back)",
-            )
-        try:
-            refund_job(s, job=job, reason=body.reason, override=job.data_touched)
-        except InvalidLedgerOperation as exc:
-            raise ProblemError(409, "conflict", str(exc)) from exc
-        return job_public(job, s.get_one(Dataset, job.dataset_id).name)
+    with problems(), transaction(engine) as s:
+        return ops.refund_failed_job(s, job_id, body)
 
 
 @router.get("/jobs", response_model=list[JobPublic])
@@ -155,13 +111,7 @@ def all_jobs(
     _: AdminDep, engine: EngineDep, limit: Annotated[int, Query(ge=1, le=1000)] = 100
 ) -> list[JobPublic]:
     with transaction(engine) as s:
-        rows = s.execute(
-            select(Job, Dataset.name)
-            .join(Dataset, Dataset.id == Job.dataset_id)
-            .order_by(Job.created_at.desc())
-            .limit(limit)
-        ).all()
-        return [job_public(j, n) for j, n in rows]
+        return [row.job for row in ops.jobs_newest_first(s, limit=limit)]
 
 
 @router.get("/ledger", response_model=list[LedgerEntryPublic])
@@ -173,17 +123,8 @@ def ledger(
     limit: Annotated[int, Query(ge=1, le=1000)] = 200,
 ) -> list[LedgerEntryPublic]:
     """Ledger entries in order (append-only; each carries the previous entry's hash)."""
-    with transaction(engine) as s:
-        stmt = (
-            select(LedgerEntry, Dataset.name)
-            .join(Dataset, Dataset.id == LedgerEntry.dataset_id)
-            .where(LedgerEntry.id > after_id)
-            .order_by(LedgerEntry.id)
-            .limit(limit)
-        )
-        if dataset is not None:
-            stmt = stmt.where(Dataset.id == dataset_or_404(s, dataset).id)
-        return [ledger_entry_public(e, name) for e, name in s.execute(stmt).all()]
+    with problems(), transaction(engine) as s:
+        return ops.ledger_in_order(s, dataset=dataset, after_id=after_id, limit=limit)
 
 
 @router.get("/ledger/verify")
@@ -206,5 +147,5 @@ def accounting(name: str, _: AdminDep, engine: EngineDep) -> dict[str, Any]:
     Only the admission rule (pure sum or RDP filter) decides; the PLD figure is shown as
     information because PLD composition is not proven valid under adaptive choice.
     """
-    with transaction(engine) as s:
-        return accounting_summary(s, dataset_or_404(s, name)).model_dump()
+    with problems(), transaction(engine) as s:
+        return accounting_summary(s, ops.dataset_named(s, name)).model_dump()

@@ -1,0 +1,264 @@
+"""Admin operations as plain functions over a session: shared by the admin API routes
+(service/api/routes/admin.py) and the dashboard's forms, which only translate their errors
+(:class:`NotFound` → 404, :class:`InvalidLedgerOperation` → 409 for the API; a message on
+the page for the dashboard). The caller owns the transaction.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from service.auth import expiry, hash_api_key, key_is_live, new_api_key, revoke_key, rotate_key
+from service.jobs import as_utc, job_public
+from service.ledger.accounting import ledger_entry_public
+from service.ledger.admission import (
+    InvalidLedgerOperation,
+    LedgerError,
+    cap_filter,
+    dataset_filter,
+    lock_job,
+    refund_job,
+    set_analyst_cap,
+    set_dataset_budget,
+)
+from service.ledger.tables import (
+    Analyst,
+    AnalystCap,
+    Dataset,
+    EntryKind,
+    Job,
+    JobStatus,
+    LedgerEntry,
+    Role,
+)
+from service.privacy.amounts import from_micro
+from service.schemas import (
+    AnalystCreate,
+    AnalystCreated,
+    BudgetUpdate,
+    BudgetView,
+    CapUpdate,
+    JobPublic,
+    KeyRotate,
+    LedgerEntryPublic,
+    RefundRequest,
+)
+
+
+class NotFound(LedgerError):
+    """No dataset, analyst or job of that name."""
+
+
+def dataset_named(s: Session, name: str) -> Dataset:
+    ds = s.scalars(select(Dataset).where(Dataset.name == name)).one_or_none()
+    if ds is None:
+        raise NotFound(f"no dataset named {name!r}")
+    return ds
+
+
+def analyst_named(s: Session, name: str) -> Analyst:
+    a = s.scalars(select(Analyst).where(Analyst.name == name)).one_or_none()
+    if a is None:
+        raise NotFound(f"no analyst named {name!r}")
+    return a
+
+
+def _created(a: Analyst, key: str) -> AnalystCreated:
+    return AnalystCreated(
+        id=a.id, name=a.name, role=a.role.value, api_key=key, expires_at=a.key_expires_at
+    )
+
+
+def create_analyst(s: Session, body: AnalystCreate) -> AnalystCreated:
+    """A new analyst (or admin); the key is in the result, once."""
+    if s.scalars(select(Analyst).where(Analyst.name == body.name)).first():
+        raise InvalidLedgerOperation(f"an analyst named {body.name!r} exists")
+    key = new_api_key()
+    a = Analyst(
+        name=body.name,
+        key_hash=hash_api_key(key),
+        role=Role(body.role),
+        key_expires_at=expiry(body.expires_in_days),
+    )
+    s.add(a)
+    s.flush()
+    return _created(a, key)
+
+
+def rotate_analyst_key(s: Session, name: str, body: KeyRotate) -> AnalystCreated:
+    """A new key for the analyst (returned once); the old one stops working at once."""
+    a = analyst_named(s, name)
+    return _created(a, rotate_key(a, expires_in_days=body.expires_in_days))
+
+
+def revoke_analyst_key(s: Session, name: str) -> None:
+    revoke_key(analyst_named(s, name))
+
+
+def update_budget(s: Session, name: str, body: BudgetUpdate) -> BudgetView:
+    ds = set_dataset_budget(
+        s,
+        dataset=dataset_named(s, name),
+        epsilon_total=body.epsilon_total,
+        delta_total=body.delta_total,
+    )
+    return dataset_filter(ds).view()
+
+
+def update_cap(s: Session, dataset: str, analyst: str, body: CapUpdate) -> BudgetView:
+    ds = dataset_named(s, dataset)
+    a = analyst_named(s, analyst)
+    cap = set_analyst_cap(s, analyst=a, dataset=ds, epsilon=body.epsilon, delta=body.delta)
+    return cap_filter(cap).view()
+
+
+def set_nominal(s: Session, name: str, *, allow_nominal: bool) -> Dataset:
+    ds = dataset_named(s, name)
+    ds.allow_nominal = allow_nominal
+    return ds
+
+
+def refund_failed_job(s: Session, job_id: str, body: RefundRequest) -> JobPublic:
+    """Refund a failed job's charge with a reason; see the API route's description."""
+    job = lock_job(s, job_id) if len(job_id) <= 36 else None
+    if job is None:
+        raise NotFound(f"no job {job_id!r}")
+    if job.status != JobStatus.failed:
+        raise InvalidLedgerOperation(f"only failed jobs can be refunded (this one is {job.status})")
+    if job.data_touched and not body.override:
+        raise InvalidLedgerOperation(
+            "this job read private rows before it failed, so its charge stays; with "
+            "override: true the refund is recorded as information only (no budget back)"
+        )
+    refund_job(s, job=job, reason=body.reason, override=job.data_touched)
+    return job_public(job, s.get_one(Dataset, job.dataset_id).name)
+
+
+@dataclass(frozen=True)
+class JobRow:
+    """A job as the admin sees it: with the analyst who submitted it."""
+
+    job: JobPublic
+    analyst: str
+    refunded: bool = False
+
+
+def jobs_newest_first(s: Session, *, limit: int, offset: int = 0) -> list[JobRow]:
+    rows = s.execute(
+        select(Job, Dataset.name, Analyst.name)
+        .join(Dataset, Dataset.id == Job.dataset_id)
+        .join(Analyst, Analyst.id == Job.analyst_id)
+        .order_by(Job.created_at.desc(), Job.id)
+        .limit(limit)
+        .offset(offset)
+    ).all()
+    refunded = set(
+        s.scalars(
+            select(LedgerEntry.job_id).where(
+                LedgerEntry.kind == EntryKind.refund,
+                LedgerEntry.job_id.in_([j.id for j, _, _ in rows]),
+            )
+        )
+    )
+    return [JobRow(job_public(j, ds), a, j.id in refunded) for j, ds, a in rows]
+
+
+def count_jobs(s: Session) -> int:
+    return int(s.scalar(select(func.count()).select_from(Job)) or 0)
+
+
+def ledger_in_order(
+    s: Session, *, dataset: str | None = None, after_id: int = 0, limit: int
+) -> list[LedgerEntryPublic]:
+    """Ledger entries in append order after ``after_id`` (of one dataset, if named)."""
+    stmt = (
+        select(LedgerEntry, Dataset.name)
+        .join(Dataset, Dataset.id == LedgerEntry.dataset_id)
+        .where(LedgerEntry.id > after_id)
+        .order_by(LedgerEntry.id)
+        .limit(limit)
+    )
+    if dataset is not None:
+        stmt = stmt.where(Dataset.id == dataset_named(s, dataset).id)
+    return [ledger_entry_public(e, name) for e, name in s.execute(stmt).all()]
+
+
+def ledger_newest_first(s: Session, *, limit: int, offset: int = 0) -> list[LedgerEntryPublic]:
+    """A page of the ledger entries of all datasets, newest first."""
+    rows = s.execute(
+        select(LedgerEntry, Dataset.name)
+        .join(Dataset, Dataset.id == LedgerEntry.dataset_id)
+        .order_by(LedgerEntry.id.desc())
+        .limit(limit)
+        .offset(offset)
+    ).all()
+    return [ledger_entry_public(e, name) for e, name in rows]
+
+
+def count_ledger_entries(s: Session) -> int:
+    return int(s.scalar(select(func.count()).select_from(LedgerEntry)) or 0)
+
+
+@dataclass(frozen=True)
+class AnalystSpending:
+    """One analyst on one dataset: Σε of their charges in force (nats, refunds deducted)
+    and their cap, if the admin set one (its filter view says what it admits)."""
+
+    dataset: str
+    epsilon_sum: float
+    cap: BudgetView | None
+
+
+@dataclass(frozen=True)
+class AnalystRow:
+    name: str
+    role: str
+    key_state: str
+    key_expires_at: datetime | None
+    created_at: datetime | None
+    spending: list[AnalystSpending] = field(default_factory=list)
+
+
+def analysts_overview(s: Session) -> list[AnalystRow]:
+    """Every analyst with their key's state, spending and caps per dataset."""
+    names = dict(s.execute(select(Dataset.id, Dataset.name)).tuples().all())
+    sums = {
+        (a, d): eps
+        for a, d, eps in s.execute(
+            select(
+                LedgerEntry.analyst_id, LedgerEntry.dataset_id, func.sum(LedgerEntry.epsilon_micro)
+            )
+            .where(LedgerEntry.kind.in_([EntryKind.charge, EntryKind.refund]))
+            .group_by(LedgerEntry.analyst_id, LedgerEntry.dataset_id)
+        ).tuples()
+    }
+    caps = {(c.analyst_id, c.dataset_id): c for c in s.scalars(select(AnalystCap))}
+    out = []
+    for a in s.scalars(select(Analyst).order_by(Analyst.name)):
+        keys = sorted({d for (x, d) in sums if x == a.id} | {d for (x, d) in caps if x == a.id})
+        spending = [
+            AnalystSpending(
+                dataset=names[d],
+                epsilon_sum=from_micro(int(sums.get((a.id, d)) or 0)),
+                cap=cap_filter(caps[(a.id, d)]).view() if (a.id, d) in caps else None,
+            )
+            for d in keys
+        ]
+        state = (
+            "live" if key_is_live(a) else ("revoked" if a.key_revoked_at is not None else "expired")
+        )
+        out.append(
+            AnalystRow(
+                name=a.name,
+                role=Role(a.role).value,
+                key_state=state,
+                key_expires_at=as_utc(a.key_expires_at),
+                created_at=as_utc(a.created_at),
+                spending=sorted(spending, key=lambda x: x.dataset),
+            )
+        )
+    return out
