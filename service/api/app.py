@@ -10,6 +10,7 @@ from typing import Any
 
 from fastapi import FastAPI
 
+from service.api.docs import install_docs
 from service.api.errors import install_handlers, problem_response
 from service.api.limits import Limiter
 from service.api.openapi import install_openapi
@@ -126,12 +127,15 @@ def create_app(settings: Settings | None = None, *, run_sweeper: bool = True) ->
             "`type` URI per kind of error, described at `/problems/{slug}`."
         ),
         lifespan=lifespan,
+        docs_url=None,
+        redoc_url=None,
     )
     app.state.settings = settings
     app.state.limiter = Limiter.from_settings(settings)
     app.state.engine = engine_for(settings.resolved_database_url)
     install_handlers(app)
     install_openapi(app, servers=[{"url": "/", "description": "This service."}])
+    install_docs(app)
     app.include_router(health.router)
     app.include_router(jobs.router)
     app.include_router(admin.router)
