@@ -2,21 +2,28 @@
 
 `enclave` is the composition root: it may import both the service and the worker. The
 service itself never imports the worker (checked by import-linter in the tests).
+
+A user error (an unknown or duplicate name, a value out of range, a refused ledger
+operation, a number that is not one) is one line on stderr and exit status 1, never a
+traceback; values are checked by the same models as the HTTP API (service.schemas).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import signal
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, NoReturn, TypeVar
 
 import typer
+from pydantic import ValidationError
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from service.auth import expiry, hash_api_key, new_api_key, revoke_key, rotate_key
@@ -33,10 +40,14 @@ from service.ledger.audit import check_totals, verify_all
 from service.ledger.tables import Analyst, Dataset, LedgerEntry, Role
 from service.migrate import upgrade
 from service.privacy.amounts import from_micro
+from service.schemas import AnalystCreate, BudgetUpdate, CapUpdate, KeyRotate
+from service.version import __version__
 
 app = typer.Typer(
     help="Private-data enclave: train models under a differential-privacy budget.",
     no_args_is_help=True,
+    # A crash must not print local variables: they can hold API keys.
+    pretty_exceptions_show_locals=False,
 )
 db_app = typer.Typer(help="The ledger database.", no_args_is_help=True)
 datasets_app = typer.Typer(help="Datasets (inside the enclave).", no_args_is_help=True)
@@ -50,6 +61,55 @@ app.add_typer(ledger_app, name="ledger")
 console = Console()
 
 
+def fail(message: str) -> NoReturn:
+    """Report a user error as one line on stderr and exit with status 1."""
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(1)
+
+
+def _number(text: str) -> float:
+    """A command-line number; anything else (or NaN, ±inf) is a user error."""
+    try:
+        value = float(text)
+    except ValueError:
+        fail(f"not a number: {text!r}")
+    if not math.isfinite(value):
+        fail(f"not a finite number: {text!r}")
+    return value
+
+
+Model = TypeVar("Model", AnalystCreate, BudgetUpdate, CapUpdate, KeyRotate)
+
+
+def _checked(model: type[Model], **values: object) -> Model:
+    """Validate command-line values with the API's request model (the same ranges)."""
+    try:
+        return model.model_validate(values)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        fail(f"{where}: {first['msg']} (got {first.get('input')!r})")
+
+
+Number = Annotated[float, typer.Argument(parser=_number, metavar="NUMBER")]
+
+
+def _version(show: bool) -> None:
+    if show:
+        typer.echo(f"enclave {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def main(
+    version: Annotated[
+        bool,
+        typer.Option("--version", callback=_version, is_eager=True, help="Print the version."),
+    ] = False,
+) -> None:
+    pass
+
+
 def _engine():  # type: ignore[no-untyped-def]
     return engine_for(get_settings().resolved_database_url)
 
@@ -61,18 +121,22 @@ def _home() -> None:
 @db_app.command("upgrade")
 def db_upgrade(revision: str = "head") -> None:
     """Apply the Alembic migrations (the only way the schema changes)."""
+    from alembic.util import CommandError
+
     _home()
-    upgrade(get_settings().resolved_database_url, revision)
+    try:
+        upgrade(get_settings().resolved_database_url, revision)
+    except CommandError as exc:
+        fail(f"cannot upgrade to {revision!r}: {exc}")
     console.print(f"ledger database at revision {revision}")
 
 
 def _schema_from(path: Path) -> TabularSchema:
-    """The public schema in ``path``, or one line and exit 2 (never a traceback)."""
+    """The public schema in ``path``, or one line and exit 1 (never a traceback)."""
     try:
         return load_schema_yaml(path.read_text())
     except (SchemaError, UnicodeError) as exc:
-        console.print(f"[red]schema error:[/red] {escape(f'{path.name}: {exc}')}", soft_wrap=True)
-        raise typer.Exit(2) from exc
+        fail(f"invalid schema: {path.name}: {exc}")
 
 
 def _print_report(report: ValidationReport) -> None:
@@ -98,8 +162,7 @@ def datasets_check(csv: CsvOption, schema: SchemaOption) -> None:
     try:
         report = prepare_csv(parsed, csv).report
     except CsvReadError as exc:
-        console.print(f"[red]refused:[/red] {escape(str(exc))}", soft_wrap=True)
-        raise typer.Exit(2) from exc
+        fail(f"refused: {exc}")
     console.print(f"schema {parsed.name!r}: {parsed.n_features} encoded features")
     _print_report(report)
     console.print("(exact counts: shown here, inside the enclave, only; nothing was registered)")
@@ -112,13 +175,13 @@ def datasets_register(
     name: Annotated[str, typer.Argument(help="Must equal the schema's name.")],
     csv: CsvOption,
     schema: SchemaOption,
-    epsilon: Annotated[float, typer.Option(min=0.0, help="ε_total in nats.")],
-    delta: Annotated[float, typer.Option(min=0.0, max=0.999, help="δ_total (0: pure-DP only).")],
+    epsilon: Annotated[float, typer.Option(parser=_number, help="ε_total in nats.")],
+    delta: Annotated[float, typer.Option(parser=_number, help="δ_total (0: pure-DP only).")],
     allow_nominal: Annotated[bool, typer.Option(help="Allow methods with a nominal ε.")] = False,
     count_epsilon: Annotated[
         float | None,
         typer.Option(
-            min=0.0,
+            parser=_number,
             help=(
                 "ε (nats) of the DP noisy row count released at registration and charged to "
                 "the budget; default: 1% of ε_total, at most 0.1."
@@ -132,7 +195,7 @@ def datasets_register(
 
     parsed = _schema_from(schema)
     if parsed.name != name:
-        raise typer.BadParameter(f"the schema is named {parsed.name!r}, not {name!r}")
+        fail(f"the schema is named {parsed.name!r}, not {name!r}")
     try:
         reg = register_dataset(
             _engine(),
@@ -147,8 +210,7 @@ def datasets_register(
     except RegistrationError as exc:
         if exc.report is not None:
             _print_report(exc.report)
-        console.print(f"[red]refused:[/red] {escape(str(exc))}", soft_wrap=True)
-        raise typer.Exit(2) from exc
+        fail(f"refused: {exc}")
     console.print(f"registered {name} (exact counts: shown here, inside the enclave, only)")
     _print_report(reg.report)
     console.print(
@@ -160,15 +222,17 @@ def datasets_register(
 
 
 @datasets_app.command("budget")
-def datasets_budget(name: str, epsilon: float, delta: float) -> None:
+def datasets_budget(name: str, epsilon: Number, delta: Number) -> None:
     """Set or raise a dataset's budget (lowering below what is spent is refused)."""
+    budget = _checked(BudgetUpdate, epsilon_total=epsilon, delta_total=delta)
     with transaction(_engine()) as s:
-        ds = s.scalars(select(Dataset).where(Dataset.name == name)).one()
+        ds = _dataset_named(s, name)
         try:
-            set_dataset_budget(s, dataset=ds, epsilon_total=epsilon, delta_total=delta)
+            set_dataset_budget(
+                s, dataset=ds, epsilon_total=budget.epsilon_total, delta_total=budget.delta_total
+            )
         except InvalidLedgerOperation as exc:
-            console.print(f"[red]refused:[/red] {exc}")
-            raise typer.Exit(2) from exc
+            fail(f"refused: {exc}")
         console.print(dataset_filter(ds).view().model_dump())
 
 
@@ -201,7 +265,7 @@ def datasets_list() -> None:
 
 
 ExpiresDays = Annotated[
-    float | None, typer.Option(min=0.001, help="Optional lifetime of the key, in days.")
+    float | None, typer.Option(parser=_number, help="Optional lifetime of the key, in days.")
 ]
 
 
@@ -218,32 +282,45 @@ def analysts_create(
 
 
 def analysts_create_key(name: str, role: Role | str, *, expires_days: float | None = None) -> str:
+    body = _checked(AnalystCreate, name=name, role=Role(role).value, expires_in_days=expires_days)
     key = new_api_key()
-    with transaction(_engine()) as s:
-        s.add(
-            Analyst(
-                name=name,
-                key_hash=hash_api_key(key),
-                role=Role(role),
-                key_expires_at=expiry(expires_days),
+    try:
+        with transaction(_engine()) as s:
+            if s.scalars(select(Analyst).where(Analyst.name == body.name)).first():
+                fail(f"an analyst named {body.name!r} exists")
+            s.add(
+                Analyst(
+                    name=body.name,
+                    key_hash=hash_api_key(key),
+                    role=Role(body.role),
+                    key_expires_at=expiry(body.expires_in_days),
+                )
             )
-        )
+    except IntegrityError:  # created concurrently, between the check and the insert
+        fail(f"an analyst named {body.name!r} exists")
     return key
 
 
 def _analyst_named(s: Session, name: str) -> Analyst:
     a = s.scalars(select(Analyst).where(Analyst.name == name)).one_or_none()
     if a is None:
-        console.print(f"[red]refused:[/red] no analyst named {name!r}")
-        raise typer.Exit(2)
+        fail(f"no analyst named {name!r}")
     return a
+
+
+def _dataset_named(s: Session, name: str) -> Dataset:
+    ds = s.scalars(select(Dataset).where(Dataset.name == name)).one_or_none()
+    if ds is None:
+        fail(f"no dataset named {name!r}")
+    return ds
 
 
 @analysts_app.command("rotate")
 def analysts_rotate(name: str, expires_days: ExpiresDays = None) -> None:
     """Give an analyst a new API key (printed once); the old key stops working at once."""
+    body = _checked(KeyRotate, expires_in_days=expires_days)
     with transaction(_engine()) as s:
-        key = rotate_key(_analyst_named(s, name), expires_in_days=expires_days)
+        key = rotate_key(_analyst_named(s, name), expires_in_days=body.expires_in_days)
     console.print(f"rotated the key of {name}; the old key no longer works")
     typer.echo(key)
 
@@ -257,16 +334,16 @@ def analysts_revoke(name: str) -> None:
 
 
 @analysts_app.command("cap")
-def analysts_cap(name: str, dataset: str, epsilon: float, delta: float) -> None:
+def analysts_cap(name: str, dataset: str, epsilon: Number, delta: Number) -> None:
     """Set an analyst's cap on a dataset (lowering below what they spent is refused)."""
+    cap = _checked(CapUpdate, epsilon=epsilon, delta=delta)
     with transaction(_engine()) as s:
-        a = s.scalars(select(Analyst).where(Analyst.name == name)).one()
-        ds = s.scalars(select(Dataset).where(Dataset.name == dataset)).one()
+        a = _analyst_named(s, name)
+        ds = _dataset_named(s, dataset)
         try:
-            set_analyst_cap(s, analyst=a, dataset=ds, epsilon=epsilon, delta=delta)
+            set_analyst_cap(s, analyst=a, dataset=ds, epsilon=cap.epsilon, delta=cap.delta)
         except InvalidLedgerOperation as exc:
-            console.print(f"[red]refused:[/red] {exc}")
-            raise typer.Exit(2) from exc
+            fail(f"refused: {exc}")
     console.print(f"cap set: {name} on {dataset}: ε={epsilon}, δ={delta}")
 
 

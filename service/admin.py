@@ -69,7 +69,7 @@ def analyst_named(s: Session, name: str) -> Analyst:
 
 def _created(a: Analyst, key: str) -> AnalystCreated:
     return AnalystCreated(
-        id=a.id, name=a.name, role=a.role.value, api_key=key, expires_at=a.key_expires_at
+        id=a.id, name=a.name, role=a.role, api_key=key, expires_at=a.key_expires_at
     )
 
 

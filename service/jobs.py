@@ -79,7 +79,7 @@ def job_public(job: Job, dataset_name: str) -> JobPublic:
     return JobPublic(
         id=job.id,
         dataset=dataset_name,
-        status=JobStatus(job.status).value,
+        status=JobStatus(job.status),
         method=plan.method,
         progress_step=job.progress_step,
         progress_total=job.progress_total,

@@ -3,13 +3,19 @@
 from __future__ import annotations
 
 from itertools import pairwise
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 
+def _kind_required(schema: dict[str, Any]) -> None:
+    # `kind` has a default, but it is the union's discriminator: a model object without it
+    # is refused, so the document says it is required (generated clients send it).
+    schema["required"] = ["kind", *(r for r in schema.get("required", []) if r != "kind")]
+
+
 class _Spec(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, json_schema_extra=_kind_required)
 
 
 class LogisticSpec(_Spec):

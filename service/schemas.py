@@ -7,6 +7,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
+from service.ledger.tables import EntryKind, JobStatus, Role
 from service.modelspec import LogisticSpec, ModelSpec
 
 Method = Literal["dpsgd", "expm_nf", "expm"]
@@ -168,6 +169,28 @@ class ExpmOptions(_In):
 class JobRequest(_In):
     """A training request. ε in nats; δ a probability (0 for pure mechanisms)."""
 
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "dataset": "adult",
+                    "method": "dpsgd",
+                    "epsilon": 1.0,
+                    "delta": 1e-6,
+                    "model": {"kind": "logistic"},
+                    "dpsgd": {"epochs": 3, "batch_size": 256},
+                },
+                {
+                    "dataset": "adult",
+                    "method": "expm_nf",
+                    "epsilon": 0.5,
+                    "delta": 0,
+                    "expm_nf": {"flow": "planar", "layers": 4},
+                },
+            ]
+        }
+    )
+
     dataset: str = Field(min_length=1, max_length=64)
     model: ModelSpec = Field(default_factory=LogisticSpec)
     method: Method
@@ -307,7 +330,12 @@ class QuoteResponse(BaseModel):
 class JobPublic(BaseModel):
     id: str
     dataset: str
-    status: str
+    status: JobStatus = Field(
+        description=(
+            "queued → running → released | failed; cancelled (by the analyst, while queued). "
+            "A failed job keeps its charge unless the admin refunds it."
+        )
+    )
     method: Method
     progress_step: int
     progress_total: int
@@ -324,6 +352,12 @@ class JobPublic(BaseModel):
 
 
 class AnalystCreate(_In):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [{"name": "alice", "role": "analyst", "expires_in_days": 90}]
+        }
+    )
+
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
     role: Literal["analyst", "admin"] = "analyst"
     expires_in_days: float | None = Field(
@@ -332,6 +366,8 @@ class AnalystCreate(_In):
 
 
 class KeyRotate(_In):
+    model_config = ConfigDict(json_schema_extra={"examples": [{"expires_in_days": 30}]})
+
     expires_in_days: float | None = Field(
         default=None, gt=0, le=3650, description="Optional lifetime of the new key, in days."
     )
@@ -340,26 +376,45 @@ class KeyRotate(_In):
 class AnalystCreated(BaseModel):
     id: int
     name: str
-    role: str
+    role: Role
     api_key: str = Field(description="Shown once; only its hash is stored.")
     expires_at: datetime | None = None
 
 
 class BudgetUpdate(_In):
+    model_config = ConfigDict(
+        json_schema_extra={"examples": [{"epsilon_total": 10.0, "delta_total": 1e-5}]}
+    )
+
     epsilon_total: float = Field(ge=EPSILON_FLOOR, le=1e4)
     delta_total: Delta
 
 
 class CapUpdate(_In):
+    model_config = ConfigDict(json_schema_extra={"examples": [{"epsilon": 2.0, "delta": 1e-6}]})
+
     epsilon: float = Field(ge=EPSILON_FLOOR, le=1e4)
     delta: Delta
 
 
 class NominalUpdate(_In):
+    model_config = ConfigDict(json_schema_extra={"examples": [{"allow_nominal": True}]})
+
     allow_nominal: bool
 
 
+class NominalPolicy(BaseModel):
+    dataset: str
+    allow_nominal: bool = Field(
+        description="Whether methods whose ε is nominal (expm_nf) may run on the dataset."
+    )
+
+
 class RefundRequest(_In):
+    model_config = ConfigDict(
+        json_schema_extra={"examples": [{"reason": "the worker ran out of memory before reading"}]}
+    )
+
     reason: str = Field(min_length=3, max_length=2000)
     override: bool = Field(
         default=False,
@@ -377,7 +432,7 @@ class LedgerEntryPublic(_Out):
     dataset: str
     analyst_id: int | None
     job_id: str | None
-    kind: str
+    kind: EntryKind
     event: dict[str, Any] | None
     epsilon: float
     delta: str
@@ -385,3 +440,130 @@ class LedgerEntryPublic(_Out):
     created_at: str
     prev_hash: str
     hash: str
+
+
+class ChainCheck(BaseModel):
+    """One dataset's hash chain, walked from its first entry."""
+
+    dataset: str
+    entries: int
+    ok: bool
+    first_bad_entry_id: int | None = None
+    problem: str | None = None
+
+
+class TotalMismatch(BaseModel):
+    """A running total (a cache) that differs from what its entries add up to."""
+
+    where: str
+    field: str
+    stored: Any
+    recomputed: Any
+
+
+class LedgerVerification(BaseModel):
+    ok: bool = Field(description="Every chain intact and every running total recomputed.")
+    chains: list[ChainCheck]
+    mismatches: list[TotalMismatch]
+
+
+class CardPreprocessing(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    description: str
+    feature_names: list[str] = Field(description="Model input columns, in order.")
+    public_schema: dict[str, Any]
+
+
+class CardPrivacy(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    epsilon: float = Field(description="ε of the whole job (all released models), nats.")
+    delta: float
+    units: str
+    accountant: str
+    guarantee: Guarantee = Field(
+        description="proven (DP-SGD) or nominal (ExpM sampled through a normalizing flow)."
+    )
+    statement: str = Field(description="What the guarantee covers, in words.")
+    neighbouring_relation: str | None = None
+    public_values: dict[str, str] | None = Field(
+        default=None, description="What the mechanism may depend on besides the private rows."
+    )
+    event: dict[str, Any] = Field(description="The DP event charged, as data.")
+
+
+class ModelCard(BaseModel):
+    """The model card of a release: the model, its preprocessing, the mechanism and the
+    privacy guarantee (proven or nominal). Fields may be added in later card versions."""
+
+    model_config = ConfigDict(extra="allow")
+
+    card_version: int
+    job_id: str
+    run_token: str
+    model: dict[str, Any]
+    samples: int
+    weights_layout: str
+    output: str
+    preprocessing: CardPreprocessing
+    mechanism: dict[str, Any]
+    privacy: CardPrivacy
+    weights_sha256: str = Field(description="SHA-256 (hex) of the weights file.")
+
+
+class ValidationIssue(BaseModel):
+    loc: list[str | int] = Field(description="Where: body, query, path or header, then keys.")
+    msg: str
+    type: str | None = None
+
+
+class RemainingBudgets(BaseModel):
+    dataset: BudgetView
+    analyst: BudgetView | None = None
+
+
+class Problem(BaseModel):
+    """RFC 9457 problem details, sent as `application/problem+json` with every error.
+
+    `type` is a stable URI reference, `/problems/{slug}` relative to the service
+    (`GET /problems/{slug}` describes it); new types may be added. `errors` comes with
+    validation errors, `remaining` with budget-exceeded.
+    """
+
+    model_config = ConfigDict(
+        extra="allow",
+        json_schema_extra={
+            "examples": [
+                {
+                    "type": "/problems/not-found",
+                    "title": "Not found",
+                    "status": 404,
+                    "detail": "no job 'abc'",
+                    "instance": "/v1/jobs/abc",
+                }
+            ]
+        },
+    )
+
+    type: str = Field(
+        description="URI reference of the problem type, e.g. /problems/validation-error.",
+        json_schema_extra={"format": "uri-reference"},
+    )
+    title: str
+    status: int = Field(ge=400, le=599)
+    detail: str | None = None
+    instance: str | None = Field(default=None, description="The request path.")
+    errors: list[ValidationIssue] | None = None
+    remaining: RemainingBudgets | None = None
+
+
+class ProblemTypeInfo(BaseModel):
+    type: str
+    status: int
+    title: str
+    description: str
+
+
+class Health(BaseModel):
+    status: Literal["ok", "ready"]

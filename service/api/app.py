@@ -10,13 +10,16 @@ from typing import Any
 
 from fastapi import FastAPI
 
+from service.api.docs import install_docs
 from service.api.errors import install_handlers, problem_response
 from service.api.limits import Limiter
+from service.api.openapi import install_openapi
 from service.api.routes import admin, health, jobs
 from service.config import Settings, get_settings
 from service.dashboard import routes as dashboard
 from service.db import engine_for
 from service.jobs import sweep
+from service.version import __version__
 
 log = logging.getLogger("enclave.api")
 
@@ -108,7 +111,7 @@ def create_app(settings: Settings | None = None, *, run_sweeper: bool = True) ->
 
     app = FastAPI(
         title="Private-data enclave",
-        version="0.1.0",
+        version=__version__,
         summary="Train models on data you may never see, under a differential-privacy budget.",
         description=(
             "Analysts submit training jobs; each job's privacy plan is charged to the ledger "
@@ -120,14 +123,19 @@ def create_app(settings: Settings | None = None, *, run_sweeper: bool = True) ->
             "`n_rows`, a DP noisy count released at registration and charged to the dataset's "
             "budget. Releases state their guarantee: `proven` (DP-SGD) or `nominal` (ExpM+NF: "
             "the flow only approximates the ε-DP mechanism). "
-            "Errors are RFC 9457 `application/problem+json`."
+            "Errors are RFC 9457 `application/problem+json` (schema `Problem`), with a stable "
+            "`type` URI per kind of error, described at `/problems/{slug}`."
         ),
         lifespan=lifespan,
+        docs_url=None,
+        redoc_url=None,
     )
     app.state.settings = settings
     app.state.limiter = Limiter.from_settings(settings)
     app.state.engine = engine_for(settings.resolved_database_url)
     install_handlers(app)
+    install_openapi(app, servers=[{"url": "/", "description": "This service."}])
+    install_docs(app)
     app.include_router(health.router)
     app.include_router(jobs.router)
     app.include_router(admin.router)

@@ -150,7 +150,7 @@ def ledger_entry_public(entry: LedgerEntry, dataset_name: str) -> LedgerEntryPub
         dataset=dataset_name,
         analyst_id=entry.analyst_id,
         job_id=entry.job_id,
-        kind=EntryKind(entry.kind).value,
+        kind=EntryKind(entry.kind),
         event=entry.event,
         epsilon=from_micro(entry.epsilon_micro),
         delta=entry.delta,

@@ -32,16 +32,16 @@ def test_admin_workflow(settings: Any, tmp_path: Path) -> None:
     assert "301 rows kept of 302 (1 rejected)" in r.output
     assert "rejected for b: 1" in r.output and "clipped in a: 1" in r.output
     again = runner.invoke(app, register)
-    assert again.exit_code == 2 and "already registered" in again.output
+    assert again.exit_code == 1 and "already registered" in again.stderr
     assert "public row count:" in r.output and "DP noisy count" in r.output
-    # A budget too small for the ledger, or for its own noisy count: one line, exit 2.
+    # A budget too small for the ledger, or for its own noisy count: one line, exit 1.
     # (The budget is checked before the name, so "toy" reaches these checks.)
     for eps, count, why in (("1e-7", None, "ε_total"), ("1", "2", "noisy row count")):
         args = [*register[:3], "--csv", str(csv), "--schema", str(schema)]
         args += ["--epsilon", eps, "--delta", "1e-6"]
         args += [] if count is None else ["--count-epsilon", count]
         bad = runner.invoke(app, args)
-        assert bad.exit_code == 2 and "refused" in bad.output and why in bad.output, bad.output
+        assert bad.exit_code == 1 and "refused" in bad.stderr and why in bad.stderr, bad.output
     r = runner.invoke(app, ["analysts", "create", "alice"])
     assert r.exit_code == 0 and r.output.strip().splitlines()[-1].startswith("enc_")
     assert runner.invoke(app, ["analysts", "cap", "alice", "toy", "1", "1e-6"]).exit_code == 0
@@ -103,14 +103,15 @@ def test_schema_errors_are_one_line_and_exit_nonzero(
     args += ["--csv", str(csv), "--schema", str(bad)]
     args += ["--epsilon", "1", "--delta", "0"] if command == "register" else []
     r = runner.invoke(app, args)
-    assert r.exit_code == 2 and isinstance(r.exception, SystemExit), r.output
+    assert r.exit_code == 1 and isinstance(r.exception, SystemExit), r.output
     assert r.output.strip() == (
-        "schema error: bad.yaml: target.positive[0]: Input should be a valid string (got 2)"
+        "error: invalid schema: bad.yaml: target.positive[0]: Input should be a valid string "
+        "(got 2)"
     )
     (tmp_path / "broken.yaml").write_text("name: toy\ncolumns: [\n")
     args[args.index(str(bad))] = str(tmp_path / "broken.yaml")
     r = runner.invoke(app, args)
-    assert r.exit_code == 2 and len(r.output.strip().splitlines()) == 1, r.output
+    assert r.exit_code == 1 and len(r.output.strip().splitlines()) == 1, r.output
     assert "not valid YAML" in r.output
 
 
@@ -126,7 +127,7 @@ def test_register_space_separated_file_and_warn_when_no_method_is_admitted(
     register = ["datasets", "register", "toy", "--csv", str(spaced)]
     refused = runner.invoke(app, [*register, "--schema", str(comma), "--epsilon", "1",
                                   "--delta", "0"])  # fmt: skip
-    assert refused.exit_code == 2 and "refused: no row passed validation" in refused.output
+    assert refused.exit_code == 1 and "error: refused: no row passed validation" in refused.stderr
     assert "missing column(s): a, b, c, label" in refused.output
     assert "csv.separator: ' '" in refused.output
     spaced_schema = _write_schema(tmp_path / "space.yaml", csv={"header": True, "separator": " "})
@@ -158,9 +159,76 @@ def test_an_unreadable_file_is_one_line(settings: Any, tmp_path: Path) -> None:
     fake = tmp_path / "rows.csv.gz"
     fake.write_text("a,b,c,label\n1,0.5,x,yes\n")  # not gzip, despite its name
     r = runner.invoke(app, ["datasets", "check", "--csv", str(fake), "--schema", str(schema)])
-    assert r.exit_code == 2 and isinstance(r.exception, SystemExit), r.output
+    assert r.exit_code == 1 and isinstance(r.exception, SystemExit), r.output
     lines = r.output.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("refused: cannot read rows.csv.gz"), lines
+    assert len(lines) == 1 and lines[0].startswith("error: refused: cannot read rows.csv.gz"), lines
     plain = _write_schema(tmp_path / "plain.yaml", csv={"header": True, "compression": "none"})
     r = runner.invoke(app, ["datasets", "check", "--csv", str(fake), "--schema", str(plain)])
     assert r.exit_code == 0 and "1 rows kept of 1" in r.output, r.output
+
+
+def _user_error(args: list[str], *expected: str) -> None:
+    """One line on stderr, exit status 1, no traceback (an uncaught exception would also
+    give exit code 1 in CliRunner, with the exception kept: hence the SystemExit check)."""
+    r = runner.invoke(app, args)
+    assert r.exit_code == 1 and isinstance(r.exception, SystemExit), (r.output, r.exception)
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), r.stderr
+    assert all(e in lines[0] for e in expected), lines[0]
+    assert "Traceback" not in r.output
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_user_errors_are_one_line_and_exit_1(settings: Any, tmp_path: Path) -> None:
+    assert runner.invoke(app, ["db", "upgrade"]).exit_code == 0
+    schema = tmp_path / "schema.yaml"
+    schema.write_text(yaml.safe_dump(SMALL_SCHEMA))
+    csv = write_toy_csv(tmp_path / "toy.csv", n=200)
+    register = ["datasets", "register", "toy", "--csv", str(csv), "--schema", str(schema)]
+    assert runner.invoke(app, [*register, "--epsilon", "3", "--delta", "1e-6"]).exit_code == 0
+    assert runner.invoke(app, ["analysts", "create", "alice"]).exit_code == 0
+    before = _ledger_rows(settings)
+
+    _user_error(["analysts", "create", "alice"], "an analyst named 'alice' exists")
+    _user_error(["analysts", "create", "not a name"], "name")
+    _user_error(["analysts", "create", "carol", "--expires-days", "-1"], "expires_in_days")
+    _user_error(["analysts", "rotate", "bob"], "no analyst named 'bob'")
+    _user_error(["analysts", "revoke", "bob"], "no analyst named 'bob'")
+    _user_error(["analysts", "cap", "bob", "toy", "1", "1e-6"], "no analyst named 'bob'")
+    _user_error(["analysts", "cap", "alice", "nope", "1", "1e-6"], "no dataset named 'nope'")
+    _user_error(["datasets", "budget", "nope", "5", "1e-6"], "no dataset named 'nope'")
+    # Bad numbers: not a number, not finite, out of the API's ranges, below what is spent.
+    _user_error(["datasets", "budget", "toy", "lots", "1e-6"], "not a number: 'lots'")
+    _user_error(["datasets", "budget", "toy", "nan", "1e-6"], "not a finite number")
+    _user_error(["datasets", "budget", "toy", "5", "2"], "delta_total")
+    _user_error(["datasets", "budget", "toy", "--", "-1", "0"], "epsilon_total")
+    _user_error(["datasets", "budget", "toy", "0.01", "1e-6"], "refused")
+    _user_error(["analysts", "cap", "alice", "toy", "inf", "0"], "not a finite number")
+    _user_error(["analysts", "cap", "alice", "toy", "1", "1.5"], "delta")
+    _user_error([*register, "--epsilon", "x", "--delta", "0"], "not a number: 'x'")
+    _user_error([*register, "--epsilon", "3", "--delta", "0"], "already registered")
+    bad_schema = tmp_path / "bad.yaml"
+    bad_schema.write_text("name: toy\ncolumns: [")
+    _user_error(["datasets", "register", "toy", "--csv", str(csv), "--schema", str(bad_schema),
+                 "--epsilon", "3", "--delta", "0"], "invalid schema")  # fmt: skip
+    _user_error(["db", "upgrade", "--revision", "nonsense"], "nonsense")
+    # None of the refused commands wrote to the ledger.
+    assert _ledger_rows(settings) == before
+
+
+def _ledger_rows(settings: Any) -> list[tuple[int, str]]:
+    from sqlalchemy import select
+
+    from service.db import engine_for, transaction
+    from service.ledger.tables import LedgerEntry
+
+    with transaction(engine_for(settings.resolved_database_url)) as s:
+        return [(e.id, e.hash) for e in s.scalars(select(LedgerEntry).order_by(LedgerEntry.id))]
+
+
+def test_version() -> None:
+    from service.version import __version__
+
+    r = runner.invoke(app, ["--version"])
+    assert r.exit_code == 0 and r.stdout.strip() == f"enclave {__version__}"
+    assert __version__ != "0+unknown"

@@ -67,4 +67,4 @@ def test_cli_rotate_and_revoke(settings: Any, keys: Any, client: Any) -> None:
     assert runner.invoke(app, ["analysts", "revoke", "bob"]).exit_code == 0
     assert client.get("/v1/datasets", headers=auth(new)).status_code == 401
     missing = runner.invoke(app, ["analysts", "revoke", "nobody"])
-    assert missing.exit_code == 2 and "no analyst" in missing.output
+    assert missing.exit_code == 1 and "no analyst" in missing.output

@@ -8,15 +8,16 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import APIRouter, Query
 
 from service import admin as ops
 from service.api.deps import AdminDep, EngineDep
 from service.api.errors import ProblemError
+from service.api.openapi import AUTHENTICATED, JSON_BODY, problem_responses
 from service.db import transaction
-from service.ledger.accounting import accounting_summary
+from service.ledger.accounting import AccountingSummary, accounting_summary
 from service.ledger.admission import InvalidLedgerOperation
 from service.ledger.audit import check_totals, verify_all
 from service.schemas import (
@@ -25,14 +26,22 @@ from service.schemas import (
     BudgetUpdate,
     BudgetView,
     CapUpdate,
+    ChainCheck,
     JobPublic,
     KeyRotate,
     LedgerEntryPublic,
+    LedgerVerification,
+    NominalPolicy,
     NominalUpdate,
     RefundRequest,
+    TotalMismatch,
 )
 
-router = APIRouter(prefix="/v1/admin", tags=["admin"])
+router = APIRouter(
+    prefix="/v1/admin",
+    tags=["admin"],
+    responses={**AUTHENTICATED, **problem_responses(403)},
+)
 
 
 @contextmanager
@@ -46,14 +55,25 @@ def problems() -> Iterator[None]:
         raise ProblemError(409, "conflict", str(exc)) from exc
 
 
-@router.post("/analysts", response_model=AnalystCreated, status_code=201)
+@router.post(
+    "/analysts",
+    response_model=AnalystCreated,
+    status_code=201,
+    operation_id="createAnalyst",
+    responses={**JSON_BODY, **problem_responses(409)},
+)
 def create_analyst(body: AnalystCreate, _: AdminDep, engine: EngineDep) -> AnalystCreated:
     """Create an analyst (or another admin). The API key is returned once."""
     with problems(), transaction(engine) as s:
         return ops.create_analyst(s, body)
 
 
-@router.post("/analysts/{name}/key", response_model=AnalystCreated)
+@router.post(
+    "/analysts/{name}/key",
+    response_model=AnalystCreated,
+    operation_id="rotateAnalystKey",
+    responses={**JSON_BODY, **problem_responses(404)},
+)
 def rotate_analyst_key(
     name: str, body: KeyRotate, _: AdminDep, engine: EngineDep
 ) -> AnalystCreated:
@@ -63,36 +83,61 @@ def rotate_analyst_key(
         return ops.rotate_analyst_key(s, name, body)
 
 
-@router.delete("/analysts/{name}/key", status_code=204)
+@router.delete(
+    "/analysts/{name}/key",
+    status_code=204,
+    operation_id="revokeAnalystKey",
+    responses=problem_responses(404, 422),
+)
 def revoke_analyst_key(name: str, _: AdminDep, engine: EngineDep) -> None:
     """Revoke an analyst's API key, effective at once (API and dashboard)."""
     with problems(), transaction(engine) as s:
         ops.revoke_analyst_key(s, name)
 
 
-@router.put("/datasets/{name}/budget", response_model=BudgetView)
+@router.put(
+    "/datasets/{name}/budget",
+    response_model=BudgetView,
+    operation_id="setDatasetBudget",
+    responses={**JSON_BODY, **problem_responses(404, 409)},
+)
 def put_budget(name: str, body: BudgetUpdate, _: AdminDep, engine: EngineDep) -> BudgetView:
     """Set or raise a dataset's (ε_total, δ_total). Lowering below what is spent is refused."""
     with problems(), transaction(engine) as s:
         return ops.update_budget(s, name, body)
 
 
-@router.put("/datasets/{name}/caps/{analyst}", response_model=BudgetView)
+@router.put(
+    "/datasets/{name}/caps/{analyst}",
+    response_model=BudgetView,
+    operation_id="setAnalystCap",
+    responses={**JSON_BODY, **problem_responses(404, 409)},
+)
 def put_cap(name: str, analyst: str, body: CapUpdate, _: AdminDep, engine: EngineDep) -> BudgetView:
     """Set an analyst's cap on a dataset. Lowering below what they spent is refused."""
     with problems(), transaction(engine) as s:
         return ops.update_cap(s, name, analyst, body)
 
 
-@router.put("/datasets/{name}/nominal")
-def put_nominal(name: str, body: NominalUpdate, _: AdminDep, engine: EngineDep) -> dict[str, Any]:
+@router.put(
+    "/datasets/{name}/nominal",
+    response_model=NominalPolicy,
+    operation_id="setNominalPolicy",
+    responses={**JSON_BODY, **problem_responses(404)},
+)
+def put_nominal(name: str, body: NominalUpdate, _: AdminDep, engine: EngineDep) -> NominalPolicy:
     """Allow or forbid methods whose guarantee is nominal (e.g. expm_nf) on this dataset."""
     with problems(), transaction(engine) as s:
         ds = ops.set_nominal(s, name, allow_nominal=body.allow_nominal)
-        return {"dataset": ds.name, "allow_nominal": ds.allow_nominal}
+        return NominalPolicy(dataset=ds.name, allow_nominal=ds.allow_nominal)
 
 
-@router.post("/jobs/{job_id}/refund", response_model=JobPublic)
+@router.post(
+    "/jobs/{job_id}/refund",
+    response_model=JobPublic,
+    operation_id="refundJob",
+    responses={**JSON_BODY, **problem_responses(404, 409)},
+)
 def refund(job_id: str, body: RefundRequest, _: AdminDep, engine: EngineDep) -> JobPublic:
     """Refund a failed job's charge, with a reason (a new ledger entry).
 
@@ -106,7 +151,12 @@ def refund(job_id: str, body: RefundRequest, _: AdminDep, engine: EngineDep) -> 
         return ops.refund_failed_job(s, job_id, body)
 
 
-@router.get("/jobs", response_model=list[JobPublic])
+@router.get(
+    "/jobs",
+    response_model=list[JobPublic],
+    operation_id="adminListJobs",
+    responses=problem_responses(422),
+)
 def all_jobs(
     _: AdminDep, engine: EngineDep, limit: Annotated[int, Query(ge=1, le=1000)] = 100
 ) -> list[JobPublic]:
@@ -114,7 +164,12 @@ def all_jobs(
         return [row.job for row in ops.jobs_newest_first(s, limit=limit)]
 
 
-@router.get("/ledger", response_model=list[LedgerEntryPublic])
+@router.get(
+    "/ledger",
+    response_model=list[LedgerEntryPublic],
+    operation_id="listLedger",
+    responses=problem_responses(404, 422),
+)
 def ledger(
     _: AdminDep,
     engine: EngineDep,
@@ -127,25 +182,30 @@ def ledger(
         return ops.ledger_in_order(s, dataset=dataset, after_id=after_id, limit=limit)
 
 
-@router.get("/ledger/verify")
-def verify(_: AdminDep, engine: EngineDep) -> dict[str, Any]:
+@router.get("/ledger/verify", response_model=LedgerVerification, operation_id="verifyLedger")
+def verify(_: AdminDep, engine: EngineDep) -> LedgerVerification:
     """Walk every hash chain and recompute every running total from the entries."""
     with transaction(engine) as s:
         chains = verify_all(s)
         mismatches = check_totals(s)
-    return {
-        "ok": all(c.ok for c in chains) and not mismatches,
-        "chains": [c.__dict__ for c in chains],
-        "mismatches": [m.__dict__ for m in mismatches],
-    }
+    return LedgerVerification(
+        ok=all(c.ok for c in chains) and not mismatches,
+        chains=[ChainCheck(**c.__dict__) for c in chains],
+        mismatches=[TotalMismatch(**m.__dict__) for m in mismatches],
+    )
 
 
-@router.get("/datasets/{name}/accounting")
-def accounting(name: str, _: AdminDep, engine: EngineDep) -> dict[str, Any]:
+@router.get(
+    "/datasets/{name}/accounting",
+    response_model=AccountingSummary,
+    operation_id="getAccounting",
+    responses=problem_responses(404, 422),
+)
+def accounting(name: str, _: AdminDep, engine: EngineDep) -> AccountingSummary:
     """What each composition rule says about the dataset's spending so far.
 
     Only the admission rule (pure sum or RDP filter) decides; the PLD figure is shown as
     information because PLD composition is not proven valid under adaptive choice.
     """
     with problems(), transaction(engine) as s:
-        return accounting_summary(s, ops.dataset_named(s, name)).model_dump()
+        return accounting_summary(s, ops.dataset_named(s, name))

@@ -13,6 +13,7 @@ from sqlalchemy.orm import Session
 from service.api.deps import CallerDep, EngineDep, PlanningDep, SettingsDep
 from service.api.errors import ProblemError
 from service.api.lookups import dataset_or_404, visible_job_or_404
+from service.api.openapi import AUTHENTICATED, JSON_BODY, problem_responses
 from service.config import Settings
 from service.dataschema import parse_schema
 from service.db import transaction
@@ -39,9 +40,16 @@ from service.privacy.amounts import from_micro
 from service.privacy.rdp import epsilon_from_rdp
 from service.releases import release_paths
 from service.resources import expm_langevin_seconds, expm_memory_bytes
-from service.schemas import DatasetPublic, JobPublic, JobRequest, PrivacyPlan, QuoteResponse
+from service.schemas import (
+    DatasetPublic,
+    JobPublic,
+    JobRequest,
+    ModelCard,
+    PrivacyPlan,
+    QuoteResponse,
+)
 
-router = APIRouter(prefix="/v1", tags=["analyst"])
+router = APIRouter(prefix="/v1", tags=["analyst"], responses=AUTHENTICATED)
 
 IdempotencyKey = Annotated[
     str | None,
@@ -69,7 +77,7 @@ def _dataset_view(s: Session, ds: Dataset, analyst_id: int) -> DatasetPublic:
     )
 
 
-@router.get("/datasets", response_model=list[DatasetPublic])
+@router.get("/datasets", response_model=list[DatasetPublic], operation_id="listDatasets")
 def list_datasets(caller: CallerDep, engine: EngineDep) -> list[DatasetPublic]:
     """Datasets with their public schema and remaining budgets (the dataset's and yours)."""
     with transaction(engine) as s:
@@ -79,7 +87,12 @@ def list_datasets(caller: CallerDep, engine: EngineDep) -> list[DatasetPublic]:
         ]
 
 
-@router.get("/datasets/{name}", response_model=DatasetPublic)
+@router.get(
+    "/datasets/{name}",
+    response_model=DatasetPublic,
+    operation_id="getDataset",
+    responses=problem_responses(404, 422),
+)
 def get_dataset(name: str, caller: CallerDep, engine: EngineDep) -> DatasetPublic:
     with transaction(engine) as s:
         return _dataset_view(s, dataset_or_404(s, name), caller.id)
@@ -127,7 +140,12 @@ def _budget_problem(ev: Evaluation) -> ProblemError:
     )
 
 
-@router.post("/quote", response_model=QuoteResponse)
+@router.post(
+    "/quote",
+    response_model=QuoteResponse,
+    operation_id="quote",
+    responses={**JSON_BODY, **problem_responses(404)},
+)
 def quote(
     body: JobRequest,
     caller: CallerDep,
@@ -169,7 +187,13 @@ def quote(
     "/jobs",
     response_model=JobPublic,
     status_code=202,
-    responses={200: {"description": "Idempotent replay: the first job with this key."}},
+    operation_id="createJob",
+    responses={
+        202: {"description": "Admitted, charged and queued."},
+        200: {"model": JobPublic, "description": "Idempotent replay: the first job with this key."},
+        **JSON_BODY,
+        **problem_responses(403, 404, 409),
+    },
 )
 def create_job(
     body: JobRequest,
@@ -213,7 +237,7 @@ def create_job(
     return view
 
 
-@router.get("/jobs", response_model=list[JobPublic])
+@router.get("/jobs", response_model=list[JobPublic], operation_id="listJobs")
 def list_jobs(caller: CallerDep, engine: EngineDep) -> list[JobPublic]:
     with transaction(engine) as s:
         rows = s.execute(
@@ -225,14 +249,24 @@ def list_jobs(caller: CallerDep, engine: EngineDep) -> list[JobPublic]:
         return [job_public(job, name) for job, name in rows]
 
 
-@router.get("/jobs/{job_id}", response_model=JobPublic)
+@router.get(
+    "/jobs/{job_id}",
+    response_model=JobPublic,
+    operation_id="getJob",
+    responses=problem_responses(404, 422),
+)
 def get_job(job_id: str, caller: CallerDep, engine: EngineDep) -> JobPublic:
     with transaction(engine) as s:
         job = visible_job_or_404(s, caller, job_id)
         return job_public(job, s.get_one(Dataset, job.dataset_id).name)
 
 
-@router.post("/jobs/{job_id}/cancel", response_model=JobPublic)
+@router.post(
+    "/jobs/{job_id}/cancel",
+    response_model=JobPublic,
+    operation_id="cancelJob",
+    responses=problem_responses(404, 409, 422),
+)
 def cancel(job_id: str, caller: CallerDep, engine: EngineDep) -> JobPublic:
     """Cancel a queued job. It is refunded: no private row was read."""
     with transaction(engine) as s:
@@ -256,18 +290,32 @@ def _release_or_409(s: Session, caller: CallerDep, job_id: str) -> Release:
     return release
 
 
-@router.get("/jobs/{job_id}/release")
-def get_release_card(job_id: str, caller: CallerDep, engine: EngineDep) -> dict:
+@router.get(
+    "/jobs/{job_id}/release",
+    response_model=ModelCard,
+    operation_id="getModelCard",
+    responses=problem_responses(404, 409, 422),
+)
+def get_release_card(job_id: str, caller: CallerDep, engine: EngineDep) -> ModelCard:
     """The model card: model, preprocessing, mechanism, (ε, δ), accountant and whether the
     guarantee is proven or nominal."""
     with transaction(engine) as s:
-        return dict(_release_or_409(s, caller, job_id).card)
+        return ModelCard.model_validate(_release_or_409(s, caller, job_id).card)
 
 
 @router.get(
     "/jobs/{job_id}/release/weights",
     response_class=FileResponse,
-    responses={200: {"content": {"application/octet-stream": {}}}},
+    operation_id="getWeights",
+    responses={
+        200: {
+            "description": "The weights file (safetensors).",
+            "content": {
+                "application/octet-stream": {"schema": {"type": "string", "format": "binary"}}
+            },
+        },
+        **problem_responses(404, 409, 422),
+    },
 )
 def get_release_weights(
     job_id: str, caller: CallerDep, engine: EngineDep, settings: SettingsDep
