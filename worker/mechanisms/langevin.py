@@ -97,7 +97,11 @@ def quantised_features(x: torch.Tensor, *, feature_bits: int, norm_sq_bound: int
     in int64 (the sensitivity the plan was charged for).
     """
     scale = 2.0**feature_bits
-    if x.shape[0] and (float(x.min()) < 0.0 or float(x.max()) > 1.0):
+    # NaN fails both comparisons, so finiteness is checked on its own (a NaN truncated to
+    # int64 is undefined and its square may overflow to a small number).
+    if x.shape[0] and (
+        not bool(torch.isfinite(x).all()) or float(x.min()) < 0.0 or float(x.max()) > 1.0
+    ):
         raise PlanMismatch("encoded features outside [0, 1]")
     ints = torch.trunc(x.double() * scale).to(torch.int64)
     ints = torch.cat([ints, torch.full((x.shape[0], 1), 1 << feature_bits, device=x.device)], 1)
@@ -143,6 +147,9 @@ def sample_langevin(
     if x_int.shape[1] != params.parameters:
         raise PlanMismatch("the model's parameter count differs from the plan's")
     y = data.y.to(device)
+    # |σ(·) − y| ≤ 1, the residual bound of the sensitivity, needs labels in [0, 1].
+    if y.shape[0] and not bool(((y >= 0) & (y <= 1)).all()):
+        raise PlanMismatch("labels outside [0, 1]")
     noise = NoiseStream(rng=secure_rng(), size=params.parameters, steps=params.steps)
     scale = params.noise_multiplier * params.sensitivity
     unit = 2.0 ** -(params.residual_bits + params.feature_bits)

@@ -139,6 +139,18 @@ def test_rows_beyond_the_schema_bound_are_refused() -> None:
         quantised_features(torch.ones(2, 4), feature_bits=16, norm_sq_bound=4)
     with pytest.raises(PlanMismatch, match=r"\[0, 1\]"):
         quantised_features(torch.full((2, 3), 1.5), feature_bits=16, norm_sq_bound=4)
+    with pytest.raises(PlanMismatch, match=r"\[0, 1\]"):
+        quantised_features(torch.full((2, 3), float("nan")), feature_bits=16, norm_sq_bound=4)
+    plan = _plan(_request(expm={"steps": 2}), n_rows=10, n_features=2, bound=3)
+    with pytest.raises(PlanMismatch, match="labels"):
+        run_expm_langevin(
+            spec=_request().model,
+            mechanism=plan.mechanism,
+            samples=1,
+            data=TabularTrainingSet(x=torch.rand(4, 2), y=torch.tensor([0.0, 1.0, 2.0, 0.0])),
+            device=torch.device("cpu"),
+            progress=lambda step, total: None,
+        )
 
 
 def test_the_plan_and_the_worker_agree_on_the_mechanism_keys() -> None:
