@@ -10,7 +10,7 @@ import json
 import signal
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Protocol
 
 import typer
 from rich.console import Console
@@ -21,7 +21,7 @@ from sqlalchemy.orm import Session
 
 from service.auth import expiry, hash_api_key, new_api_key, revoke_key, rotate_key
 from service.config import get_settings
-from service.dataschema import SchemaError, TabularSchema, ValidationReport, load_schema_yaml
+from service.dataschema import DatasetSchema, SchemaError, load_schema_yaml
 from service.db import engine_for, transaction
 from service.ledger.admission import (
     InvalidLedgerOperation,
@@ -33,6 +33,7 @@ from service.ledger.audit import check_totals, verify_all
 from service.ledger.tables import Analyst, Dataset, LedgerEntry, Role
 from service.migrate import upgrade
 from service.privacy.amounts import from_micro
+from service.timeseries import TimeSeriesSchema
 
 app = typer.Typer(
     help="Private-data enclave: train models under a differential-privacy budget.",
@@ -66,7 +67,7 @@ def db_upgrade(revision: str = "head") -> None:
     console.print(f"ledger database at revision {revision}")
 
 
-def _schema_from(path: Path) -> TabularSchema:
+def _schema_from(path: Path) -> DatasetSchema:
     """The public schema in ``path``, or one line and exit 2 (never a traceback)."""
     try:
         return load_schema_yaml(path.read_text())
@@ -75,7 +76,11 @@ def _schema_from(path: Path) -> TabularSchema:
         raise typer.Exit(2) from exc
 
 
-def _print_report(report: ValidationReport) -> None:
+class _Report(Protocol):
+    def lines(self) -> list[str]: ...
+
+
+def _print_report(report: _Report) -> None:
     """The validation report of private rows: printed to the admin's terminal inside the
     enclave only (exact counts are not public). Registration and `check` both use it."""
     for line in report.lines():
@@ -83,24 +88,39 @@ def _print_report(report: ValidationReport) -> None:
 
 
 CsvOption = Annotated[Path, typer.Option(exists=True, dir_okay=False, help="The private rows.")]
+OutcomesOption = Annotated[
+    Path | None,
+    typer.Option(
+        exists=True,
+        dir_okay=False,
+        help="Time-series datasets: the per-stay outcomes file (docs/schema.md).",
+    ),
+]
 SchemaOption = Annotated[
     Path, typer.Option(exists=True, dir_okay=False, help="Public schema YAML (docs/schema.md).")
 ]
 
 
 @datasets_app.command("check")
-def datasets_check(csv: CsvOption, schema: SchemaOption) -> None:
+def datasets_check(csv: CsvOption, schema: SchemaOption, outcomes: OutcomesOption = None) -> None:
     """Dry run: parse the schema, read the CSV with its csv options and report rejected and
     clipped rows per column and reason. Registers nothing and never opens the ledger."""
-    from worker.data import CsvReadError, prepare_csv
+    from worker.data import CsvReadError, prepare_dataset
 
     parsed = _schema_from(schema)
     try:
-        report = prepare_csv(parsed, csv).report
+        report = prepare_dataset(parsed, csv, outcomes).report
     except CsvReadError as exc:
         console.print(f"[red]refused:[/red] {escape(str(exc))}", soft_wrap=True)
         raise typer.Exit(2) from exc
-    console.print(f"schema {parsed.name!r}: {parsed.n_features} encoded features")
+    if isinstance(parsed, TimeSeriesSchema):
+        grid = parsed.grid
+        console.print(
+            f"schema {parsed.name!r}: {parsed.n_features} variables on {grid.steps} steps "
+            f"of {grid.step_hours:g} h"
+        )
+    else:
+        console.print(f"schema {parsed.name!r}: {parsed.n_features} encoded features")
     _print_report(report)
     console.print("(exact counts: shown here, inside the enclave, only; nothing was registered)")
     if report.rows_kept == 0:
@@ -125,6 +145,7 @@ def datasets_register(
             ),
         ),
     ] = None,
+    outcomes: OutcomesOption = None,
 ) -> None:
     """Register a dataset: validate its rows against the public schema, set its budget and
     release a DP noisy row count (the only row count anyone outside the enclave sees)."""
@@ -139,6 +160,7 @@ def datasets_register(
             get_settings(),
             schema=parsed,
             csv_path=csv,
+            outcomes_path=outcomes,
             epsilon_total=epsilon,
             delta_total=delta,
             allow_nominal=allow_nominal,

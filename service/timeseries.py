@@ -182,14 +182,16 @@ class TimeSeriesSchema(_Strict):
 class TimeSeriesReport:
     """The validation of both files: observations (lines of the long CSV) and stays
     (lines of the outcomes file). ``rows_kept`` is the number of stays kept, the dataset's
-    row count. Like the tabular report, it is for the admin inside the enclave only."""
+    row count, or 0 when no observation line was kept: files without a single usable
+    observation are refused (a wrong separator or column name, not a dataset). Like the
+    tabular report, it is for the admin inside the enclave only."""
 
     observations: ValidationReport
     stays: ValidationReport
 
     @property
     def rows_kept(self) -> int:
-        return self.stays.rows_kept
+        return self.stays.rows_kept if self.observations.rows_kept else 0
 
     def lines(self) -> list[str]:
         obs = self.observations.lines()

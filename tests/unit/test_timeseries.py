@@ -138,7 +138,8 @@ def test_bad_outcomes_and_missing_columns_give_a_report() -> None:
         schema, *_read(schema, "stay_id,time,variable\ns3,0,hr\n", outcomes)
     )
     report = validated.report
-    assert report.rows_kept == 1  # s3 only
+    assert report.stays.rows_kept == 1  # s3 only
+    assert report.rows_kept == 0  # no observation line is usable: refused
     assert report.stays.rejected == {
         "stay_id": {"missing value": 1, "stay listed more than once": 2},
         "died": {"unknown outcome value": 1},

@@ -1,0 +1,101 @@
+"""Time-series datasets end to end: `enclave datasets check/register` with a long-format
+CSV and an outcomes file (reports, never tracebacks), and GRU-D jobs through the API and
+the in-process worker for each method."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from enclave.cli import app
+from service.dataschema import load_schema_yaml
+from tests.unit.test_timeseries import TINY
+from worker.synthetic_icu import PUBLIC_SCHEMA
+
+REPO = Path(__file__).resolve().parents[2]
+ICU = REPO / "examples" / "icu"
+runner = CliRunner()
+
+
+def write_tiny_series(folder: Path, *, stays: int = 60, seed: int = 0) -> tuple[Path, Path, Path]:
+    """A tiny synthetic time-series dataset in TINY's schema (test data, not private):
+    the outcome follows the heart rate."""
+    rng = np.random.default_rng(seed)
+    ids = [f"s{i}" for i in range(stays)]
+    risk = rng.standard_normal(stays)
+    rows = []
+    for i, stay in enumerate(ids):
+        for hour in range(4):
+            if rng.random() < 0.6:
+                rows.append(
+                    (stay, hour + 0.5, "hr", round(90 + 25 * risk[i] + rng.normal(0, 5), 1))
+                )
+            if rng.random() < 0.3:
+                rows.append((stay, hour + 0.25, "sbp", round(120 - 10 * risk[i], 1)))
+    obs = pd.DataFrame(rows, columns=["stay_id", "time", "variable", "value"])
+    died = np.where(risk + 0.3 * rng.standard_normal(stays) > 0.3, "yes", "no")
+    paths = (folder / "obs.csv", folder / "outcomes.csv", folder / "schema.yaml")
+    obs.to_csv(paths[0], index=False)
+    pd.DataFrame({"stay_id": ids, "died": died}).to_csv(paths[1], index=False)
+    paths[2].write_text(yaml.safe_dump(TINY))
+    return paths
+
+
+def test_bundled_icu_schema_is_the_generators_public_schema() -> None:
+    schema = load_schema_yaml((ICU / "schema.yaml").read_text())
+    assert schema.kind == "timeseries"
+    assert tuple(v.name for v in schema.variables) == PUBLIC_SCHEMA.names
+    assert tuple(v.unit for v in schema.variables) == PUBLIC_SCHEMA.units
+    assert tuple(v.mean for v in schema.variables) == PUBLIC_SCHEMA.means
+    assert tuple(v.min for v in schema.variables) == PUBLIC_SCHEMA.lows
+    assert tuple(v.max for v in schema.variables) == PUBLIC_SCHEMA.highs
+    assert schema.scaled_means == pytest.approx(PUBLIC_SCHEMA.scaled_means)
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_check_and_register_report_bad_lines_and_count_stays(settings: Any, tmp_path: Path) -> None:
+    obs, outcomes, schema = write_tiny_series(tmp_path)
+    good_lines = len(pd.read_csv(obs))
+    with obs.open("a") as f:  # unknown variable, out of bounds, NaN, outside the horizon,
+        f.write("s0,1.0,weight,70\ns0,1.0,sbp,400\ns0,2.0,hr,nan\ns0,7.5,hr,80\n")
+        f.write("s1,3.0,sbp,100\ns1,3.0,sbp,101\n")  # and a duplicated time stamp
+    base = ["--csv", str(obs), "--schema", str(schema), "--outcomes", str(outcomes)]
+    r = runner.invoke(app, ["datasets", "check", *base])
+    assert r.exit_code == 0, r.output
+    assert "2 variables on 4 steps of 1 h" in r.output
+    assert "stays (outcomes file): 60 stays kept of 60" in r.output
+    assert f"{good_lines} lines kept of {good_lines + 6} (6 rejected)" in r.output
+    for fact in ("unknown variable: 1", "above max: 1", "NaN or infinite: 1",
+                 "outside the horizon: 1", "duplicated time stamp: 2"):  # fmt: skip
+        assert fact in r.output, r.output
+    no_outcomes = runner.invoke(
+        app, ["datasets", "check", "--csv", str(obs), "--schema", str(schema)]
+    )
+    assert no_outcomes.exit_code == 2 and "needs its outcomes file" in no_outcomes.output
+    missing = tmp_path / "missing.csv"
+    pd.read_csv(obs).drop(columns=["value"]).to_csv(missing, index=False)
+    r = runner.invoke(app, ["datasets", "check", *base[2:], "--csv", str(missing)])
+    assert r.exit_code == 1 and "missing column(s): value" in r.output
+    assert "Traceback" not in r.output
+
+    assert runner.invoke(app, ["db", "upgrade"]).exit_code == 0
+    register = ["datasets", "register", "tiny-icu", *base, "--epsilon", "5", "--delta", "1e-5",
+                "--allow-nominal"]  # fmt: skip
+    r = runner.invoke(app, register)
+    assert r.exit_code == 0, r.output
+    assert "60 stays kept of 60" in r.output and "public row count:" in r.output
+    assert "warning" not in r.output  # GRU-D's methods can be admitted
+    empty = tmp_path / "empty_outcomes.csv"
+    empty.write_text("stay_id,died\ns0,maybe\n")
+    bad = ["datasets", "register", "other", "--csv", str(obs), "--schema", str(schema),
+           "--outcomes", str(empty), "--epsilon", "5", "--delta", "1e-5"]  # fmt: skip
+    schema.write_text(yaml.safe_dump({**TINY, "name": "other"}))
+    r = runner.invoke(app, bad)
+    assert r.exit_code == 2 and "no row passed validation" in r.output, r.output
+    assert "unknown outcome value: 1" in r.output and "Traceback" not in r.output
