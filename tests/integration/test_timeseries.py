@@ -149,6 +149,13 @@ def test_grud_job_through_the_api_and_the_worker(
     options, guarantee = GRUD_JOBS[method]
     body = {"dataset": "tiny-icu", "method": method, "model": {"kind": "grud", "hidden": 3},
             **options}  # fmt: skip
+    # A sampler too large for the worker's memory is refused at quote time (estimate by
+    # the grid's T and GRU-D's size), before anything is charged.
+    sizes = {"n_samples_per_step": 4096, "batch_size": 100_000}
+    huge = {"dataset": "tiny-icu", "method": "expm_nf", "model": body["model"], "epsilon": 1.0,
+            "delta": 0.0, "expm_nf": sizes}  # fmt: skip
+    refused = client.post("/v1/quote", json=huge, headers=auth(keys.alice))
+    assert refused.status_code == 422 and "GiB" in refused.json()["detail"]
     # The tabular default model does not fit a time-series dataset: a 422, nothing charged.
     wrong = client.post("/v1/quote", json={**body, "model": {"kind": "logistic"}},
                         headers=auth(keys.alice))  # fmt: skip

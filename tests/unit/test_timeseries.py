@@ -165,3 +165,25 @@ def test_schema_errors_are_one_line(tmp_path: Path) -> None:
     with pytest.raises(SchemaError, match="grid"):
         load_schema_yaml(yaml.safe_dump({k: v for k, v in TINY.items() if k != "grid"}))
     assert isinstance(load_schema_yaml(yaml.safe_dump(TINY)), TimeSeriesSchema)
+
+
+def test_grud_expm_memory_estimate_is_on_the_high_side_of_the_measurement() -> None:
+    """benchmarks/results/grud_memory.md: 4.37 MiB per θ sample for 64 series × 48 h,
+    V = 8, H = 16 (forward and backward); the estimate may exceed it, not undercut it."""
+    from service.plans import build_plan
+    from service.resources import expm_memory_bytes
+    from service.schemas import JobRequest
+
+    def need(samples: int) -> int:
+        request = JobRequest(
+            dataset="icu", method="expm_nf", epsilon=1.0, delta=0.0,
+            model=GrudSpec(hidden=16),
+            expm_nf={"n_samples_per_step": samples, "batch_size": 64},
+        )  # fmt: skip
+        plan = build_plan(request, n_rows=2000, n_features=8, dataset_kind="timeseries")
+        bytes_ = expm_memory_bytes(plan, n_features=8, series_steps=48)
+        assert bytes_ is not None
+        return bytes_
+
+    per_sample = (need(64) - need(16)) / 48
+    assert 4.37 * 2**20 <= per_sample <= 3 * 4.37 * 2**20
