@@ -117,9 +117,14 @@ class LongColumns(_Strict):
 
 
 class SeriesOutcome(_Strict):
-    """The outcomes file (one line per stay, with a header): its stay-id column, its
-    outcome column, and which outcome values are positive and negative."""
+    """Where each stay's outcome is written, and which values are positive and negative.
 
+    ``source: file`` (default): an outcomes file, one line per stay with a header, with
+    the stay-id column ``stay`` and the outcome column ``column``. ``source:
+    observations``: ``column`` is a column of the observations file, and every line of a
+    stay must carry the same outcome (``stay`` is not used)."""
+
+    source: Literal["file", "observations"] = "file"
     stay: str = Field(default="stay_id", min_length=1)
     column: str = Field(default="label", min_length=1)
     positive: list[str] = Field(min_length=1)
@@ -150,6 +155,14 @@ class TimeSeriesSchema(_Strict):
         names = [v.name for v in self.variables]
         if len(set(names)) != len(names):
             raise ValueError("duplicate variable names")
+        c = self.columns
+        if self.outcome.source == "observations" and self.outcome.column in (
+            c.stay,
+            c.time,
+            c.variable,
+            c.value,
+        ):
+            raise ValueError("the outcome column must differ from the observation columns")
         return self
 
     @property
@@ -215,6 +228,18 @@ class ValidatedSeries:
     report: TimeSeriesReport
 
 
+def _outcomes_from_observations(
+    schema: TimeSeriesSchema, observations: pd.DataFrame
+) -> pd.DataFrame:
+    """One line per distinct (stay, outcome) pair of the observations file, as an outcomes
+    file would hold them: a stay with two different outcomes appears twice (and is
+    rejected as repeated)."""
+    o, stay = schema.outcome, schema.columns.stay
+    cols = {c: _clean_text(observations[c], None) for c in (stay, o.column) if c in observations}
+    pairs = pd.DataFrame(cols).drop_duplicates()
+    return pairs.rename(columns={stay: o.stay}).reset_index(drop=True)
+
+
 def _validate_outcomes(
     schema: TimeSeriesSchema, raw: pd.DataFrame
 ) -> tuple[pd.DataFrame, ValidationReport]:
@@ -228,9 +253,10 @@ def _validate_outcomes(
     if stay is not None:
         absent = (stay.isna() | (stay == "")).to_numpy(dtype=bool)
         repeated = ~absent & stay.duplicated(keep=False).to_numpy(dtype=bool)
-        problems[o.stay] = reasons_array(
-            n, [(absent, "missing value"), (repeated, "stay listed more than once")]
+        why = (
+            "stay listed more than once" if o.source == "file" else "outcome differs between lines"
         )
+        problems[o.stay] = reasons_array(n, [(absent, "missing value"), (repeated, why)])
     if label is not None:
         absent = (label.isna() | (label == "")).to_numpy(dtype=bool)
         allowed = o.positive + o.negative
@@ -254,10 +280,16 @@ def _validate_outcomes(
 
 
 def validate_series(
-    schema: TimeSeriesSchema, observations: pd.DataFrame, outcomes: pd.DataFrame
+    schema: TimeSeriesSchema, observations: pd.DataFrame, outcomes: pd.DataFrame | None
 ) -> ValidatedSeries:
     """Apply the schema's rules (module docstring) to every line of both files (read as
-    text, e.g. with :meth:`TimeSeriesSchema.read_csv_kwargs`) and count why lines went."""
+    text, e.g. with :meth:`TimeSeriesSchema.read_csv_kwargs`) and count why lines went.
+    ``outcomes`` None: the outcomes are read off the observations file (``outcome.source:
+    observations``); the stays' report then counts distinct (stay, outcome) pairs."""
+    if outcomes is None:
+        if schema.outcome.source != "observations":
+            raise ValueError("this schema's outcomes are in a file of their own")
+        outcomes = _outcomes_from_observations(schema, observations)
     kept_outcomes, stays_report = _validate_outcomes(schema, outcomes)
     c, n = schema.columns, len(observations)
     needed = (c.stay, c.time, c.variable, c.value)

@@ -81,11 +81,16 @@ class PreparedSeries:
         return self.validated.report
 
 
-def prepare_series(schema: TimeSeriesSchema, csv_path: Path, outcomes_path: Path) -> PreparedSeries:
+def prepare_series(
+    schema: TimeSeriesSchema, csv_path: Path, outcomes_path: Path | None
+) -> PreparedSeries:
     """:func:`prepare_csv` for a time-series dataset: the long-format observations file
-    and the per-stay outcomes file, read and validated by the schema."""
+    and the per-stay outcomes file (None: the outcomes are a column of the observations,
+    ``outcome.source: observations``), read and validated by the schema."""
     observations = _read_csv(csv_path, schema.read_csv_kwargs())
-    outcomes = _read_csv(outcomes_path, schema.read_outcomes_kwargs())
+    outcomes = None
+    if outcomes_path is not None:
+        outcomes = _read_csv(outcomes_path, schema.read_outcomes_kwargs())
     return PreparedSeries(validate_series(schema, observations, outcomes))
 
 
@@ -94,8 +99,14 @@ def prepare_dataset(
 ) -> Prepared | PreparedSeries:
     """The dry run and registration's first step, for either kind of schema."""
     if isinstance(schema, TimeSeriesSchema):
-        if outcomes_path is None:
+        from_file = schema.outcome.source == "file"
+        if from_file and outcomes_path is None:
             raise CsvReadError("a time-series dataset needs its outcomes file (--outcomes)")
+        if not from_file and outcomes_path is not None:
+            raise CsvReadError(
+                "this schema reads the outcomes from the observations file "
+                "(outcome.source: observations): leave out --outcomes"
+            )
         return prepare_series(schema, csv_path, outcomes_path)
     if outcomes_path is not None:
         raise CsvReadError("an outcomes file is for time-series datasets only")

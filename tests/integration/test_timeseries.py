@@ -101,6 +101,16 @@ def test_check_and_register_report_bad_lines_and_count_stays(settings: Any, tmp_
     r = runner.invoke(app, bad)
     assert r.exit_code == 2 and "no row passed validation" in r.output, r.output
     assert "unknown outcome value: 1" in r.output and "Traceback" not in r.output
+    # Outcomes written on the observation lines instead of a file of their own.
+    inline = {**TINY, "name": "inline", "outcome": {**TINY["outcome"], "source": "observations"}}
+    schema.write_text(yaml.safe_dump(inline))
+    lines = pd.read_csv(obs).merge(pd.read_csv(outcomes), on="stay_id")
+    lines.to_csv(tmp_path / "inline.csv", index=False)
+    check = ["datasets", "check", "--csv", str(tmp_path / "inline.csv"), "--schema", str(schema)]
+    r = runner.invoke(app, check)
+    assert r.exit_code == 0 and "60 stays kept of 60" in r.output, r.output
+    r = runner.invoke(app, [*check, "--outcomes", str(outcomes)])
+    assert r.exit_code == 2 and "leave out --outcomes" in r.output
 
 
 def _register_tiny(settings: Any, folder: Path) -> None:
@@ -176,6 +186,8 @@ def test_grud_job_through_the_api_and_the_worker(
     module = build_module(GrudSpec(hidden=3), 2)
     module.load_state_dict(state)  # strict: every parameter and the public means
     torch.testing.assert_close(module.x_mean, torch.tensor([0.4, 0.35]))
+    with pytest.raises(ValueError, match="time-series"):  # the numpy helpers are tabular
+        _ = load_release(weights, card).schema
     if method == "dpsgd":
         mech = card["mechanism"]
         assert mech["parameters"] == parameter_count(GrudSpec(hidden=3), 2)

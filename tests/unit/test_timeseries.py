@@ -187,3 +187,28 @@ def test_grud_expm_memory_estimate_is_on_the_high_side_of_the_measurement() -> N
 
     per_sample = (need(64) - need(16)) / 48
     assert 4.37 * 2**20 <= per_sample <= 3 * 4.37 * 2**20
+
+
+def test_outcomes_read_off_the_observations_file_must_agree_per_stay() -> None:
+    schema = _schema(outcome={**TINY["outcome"], "source": "observations"})  # type: ignore[dict-item]
+    obs = (
+        "stay_id,time,variable,value,died\n"
+        "s1,0.5,hr,100,yes\ns1,2.0,sbp,150,yes\n"
+        "s2,1.0,hr,90,no\ns2,2.0,hr,95,yes\n"  # two outcomes for one stay: rejected
+        "s3,1.0,hr,90,no\n"
+    )
+    raw = pd.read_csv(io.StringIO(obs), **schema.read_csv_kwargs())
+    validated = validate_series(schema, raw, None)
+    report = validated.report
+    assert report.rows_kept == 2
+    assert report.stays.rejected == {"stay_id": {"outcome differs between lines": 2}}
+    assert report.observations.rejected == {"stay_id": {"no valid outcome for the stay": 2}}
+    enc = encode_series(schema, validated)
+    assert enc.stay_ids == ["s1", "s3"]
+    np.testing.assert_array_equal(enc.y, [1, 0])
+    file_sourced = validate_series(
+        _schema(), *_read(_schema(), obs, "stay_id,died\ns1,yes\ns3,no\n")
+    )
+    np.testing.assert_array_equal(enc.x, encode_series(_schema(), file_sourced).x)
+    with pytest.raises(ValueError, match="file of their own"):
+        validate_series(_schema(), raw, None)
