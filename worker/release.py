@@ -79,7 +79,8 @@ _PREPROCESSING = {
         "[min, max] and scaled to [0, 1]; GRU-D's inputs are (values, masks, hours since "
         "the last observation) of shape (3, T, V), and its imputation means are the "
         "schema's public means (service/timeseries.py); the outcome is 1 for the declared "
-        "positive values."
+        "positive values. One row of the neighbouring relation is one stay (all its "
+        "observations and its outcome)."
     ),
 }
 
