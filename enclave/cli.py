@@ -87,7 +87,12 @@ def _print_report(report: _Report) -> None:
         console.print(line, markup=False, highlight=False, soft_wrap=True)
 
 
-CsvOption = Annotated[Path, typer.Option(exists=True, dir_okay=False, help="The private rows.")]
+CsvOption = Annotated[
+    Path,
+    typer.Option(
+        exists=True, help="The private rows (a folder of per-stay files for layout: wide)."
+    ),
+]
 OutcomesOption = Annotated[
     Path | None,
     typer.Option(

@@ -29,6 +29,7 @@ observed) and deltas δ, the time since the variable's last observation in hours
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
@@ -62,6 +63,7 @@ __all__ = [
     "encode_series",
     "pack_grud_inputs",
     "validate_series",
+    "wide_to_long",
 ]
 
 
@@ -144,6 +146,9 @@ class TimeSeriesSchema(_Strict):
 
     name: str = Field(pattern=r"^[a-z0-9][a-z0-9_-]{0,62}$")
     kind: Literal["timeseries"]
+    # long: one observations file, a line per observation; wide: a file per stay (named
+    # by the stay id), a line per time, a column per variable (see wide_to_long).
+    layout: Literal["long", "wide"] = "long"
     csv: CsvOptions = Field(default_factory=CsvOptions)
     columns: LongColumns = Field(default_factory=LongColumns)
     grid: TimeGrid
@@ -163,6 +168,8 @@ class TimeSeriesSchema(_Strict):
             c.value,
         ):
             raise ValueError("the outcome column must differ from the observation columns")
+        if self.layout == "wide" and self.outcome.source != "file":
+            raise ValueError("wide per-stay files need an outcomes file (outcome.source: file)")
         return self
 
     @property
@@ -379,6 +386,27 @@ def validate_series(
     )
 
 
+def wide_to_long(schema: TimeSeriesSchema, stays: Mapping[str, pd.DataFrame]) -> pd.DataFrame:
+    """Per-stay wide files (``layout: wide``; each read as text: the time column and one
+    column per variable) → the lines of the long format that :func:`validate_series`
+    checks: one per non-empty cell, with the mapping's key as the stay id. An empty cell
+    is an unobserved value, not a missing one; a column that names no variable gives
+    "unknown variable" lines, and a file without the time column "missing value" times."""
+    c = schema.columns
+    parts = []
+    for stay, frame in stays.items():
+        if c.time not in frame.columns:
+            frame = frame.assign(**{c.time: pd.NA})
+        long = frame.melt(id_vars=[c.time], var_name=c.variable, value_name=c.value)
+        text = long[c.value].astype("string").str.strip()
+        long = long[(text.notna() & (text != "")).to_numpy(dtype=bool)]
+        parts.append(long.assign(**{c.stay: stay}))
+    columns = [c.stay, c.time, c.variable, c.value]
+    if not parts:
+        return pd.DataFrame(columns=columns, dtype=object)
+    return pd.concat(parts, ignore_index=True)[columns].astype(object)
+
+
 def deltas_from_masks(masks: np.ndarray, *, step_hours: float = 1.0) -> np.ndarray:
     """Che et al. (2018) eq. 2 on a regular grid: time since each variable's last
     observation, in hours. ``masks`` has shape (n, T, V); δ₀ = 0."""
@@ -414,6 +442,8 @@ def encode_series(schema: TimeSeriesSchema, validated: ValidatedSeries) -> Encod
     n, steps, width = len(stays), grid.steps, schema.n_features
     obs = validated.observations
     stay_pos = pd.Index(stays).get_indexer(obs[c.stay].astype(str))
+    if (stay_pos < 0).any():
+        raise ValueError("observations of a stay without an outcome (validate_series first)")
     index = {v.name: i for i, v in enumerate(schema.variables)}
     var_pos = obs[c.variable].map(index).to_numpy(dtype=np.int64)
     time = obs[c.time].to_numpy(dtype=np.float64)
@@ -425,8 +455,9 @@ def encode_series(schema: TimeSeriesSchema, validated: ValidatedSeries) -> Encod
     # The latest observation in a grid step wins: sort by (cell, time), keep each cell's last.
     cell = (stay_pos * steps + step) * width + var_pos
     order = np.lexsort((time, cell))
-    last = np.r_[cell[order][1:] != cell[order][:-1], True] if len(order) else order
-    pick = order[last.astype(bool)] if len(order) else order
+    last = np.ones(len(order), dtype=bool)
+    last[:-1] = cell[order][1:] != cell[order][:-1]
+    pick = order[last]
     values = np.zeros((n, steps, width), dtype=np.float64)
     masks = np.zeros((n, steps, width), dtype=np.float32)
     values[stay_pos[pick], step[pick], var_pos[pick]] = scaled[pick]

@@ -30,6 +30,7 @@ from service.timeseries import (
     ValidatedSeries,
     encode_series,
     validate_series,
+    wide_to_long,
 )
 from worker.mechanisms.base import TabularTrainingSet
 
@@ -81,13 +82,28 @@ class PreparedSeries:
         return self.validated.report
 
 
+def _read_wide(schema: TimeSeriesSchema, folder: Path) -> dict[str, pd.DataFrame]:
+    """``layout: wide``: every file in ``folder`` (hidden ones aside) is one stay, its id
+    the file name up to the first dot (``icu-00001.csv.gz`` → ``icu-00001``)."""
+    if not folder.is_dir():
+        raise CsvReadError(f"{folder.name}: layout wide reads a folder of per-stay files")
+    files = sorted(p for p in folder.iterdir() if p.is_file() and not p.name.startswith("."))
+    stays = {p.name.split(".")[0]: p for p in files}
+    if len(stays) != len(files):
+        raise CsvReadError(f"{folder.name}: two files name the same stay")
+    return {stay: _read_csv(path, schema.read_csv_kwargs()) for stay, path in stays.items()}
+
+
 def prepare_series(
     schema: TimeSeriesSchema, csv_path: Path, outcomes_path: Path | None
 ) -> PreparedSeries:
     """:func:`prepare_csv` for a time-series dataset: the long-format observations file
     and the per-stay outcomes file (None: the outcomes are a column of the observations,
     ``outcome.source: observations``), read and validated by the schema."""
-    observations = _read_csv(csv_path, schema.read_csv_kwargs())
+    if schema.layout == "wide":
+        observations = wide_to_long(schema, _read_wide(schema, csv_path))
+    else:
+        observations = _read_csv(csv_path, schema.read_csv_kwargs())
     outcomes = None
     if outcomes_path is not None:
         outcomes = _read_csv(outcomes_path, schema.read_outcomes_kwargs())

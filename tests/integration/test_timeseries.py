@@ -113,6 +113,24 @@ def test_check_and_register_report_bad_lines_and_count_stays(settings: Any, tmp_
     assert r.exit_code == 2 and "leave out --outcomes" in r.output
 
 
+def test_check_reads_wide_per_stay_files_from_a_folder(tmp_path: Path) -> None:
+    obs, outcomes, schema = write_tiny_series(tmp_path)
+    schema.write_text(yaml.safe_dump({**TINY, "layout": "wide"}))
+    folder = tmp_path / "stays"
+    folder.mkdir()
+    lines = pd.read_csv(obs)
+    for stay, part in lines.groupby("stay_id"):
+        wide = part.pivot(index="time", columns="variable", values="value").reset_index()
+        wide.to_csv(folder / f"{stay}.csv.gz", index=False)
+    args = ["--csv", str(folder), "--schema", str(schema), "--outcomes", str(outcomes)]
+    r = runner.invoke(app, ["datasets", "check", *args])
+    assert r.exit_code == 0, r.output
+    assert "60 stays kept of 60" in r.output
+    assert f"{len(lines)} lines kept of {len(lines)} (0 rejected)" in r.output
+    r = runner.invoke(app, ["datasets", "check", *args[:1], str(obs), *args[2:]])
+    assert r.exit_code == 2 and "folder of per-stay files" in r.output
+
+
 def _register_tiny(settings: Any, folder: Path) -> None:
     from service.db import engine_for
     from worker.registration import register_dataset

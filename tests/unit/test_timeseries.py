@@ -212,3 +212,35 @@ def test_outcomes_read_off_the_observations_file_must_agree_per_stay() -> None:
     np.testing.assert_array_equal(enc.x, encode_series(_schema(), file_sourced).x)
     with pytest.raises(ValueError, match="file of their own"):
         validate_series(_schema(), raw, None)
+
+
+def test_wide_per_stay_files_encode_as_their_long_lines() -> None:
+    """layout wide: a file per stay, a line per time, a column per variable; empty cells
+    are unobserved. The hand-computed example again, written wide."""
+    from service.timeseries import wide_to_long
+
+    schema = _schema(layout="wide")
+    s1 = "time,hr,sbp\n0.5,100,\n0.9,120,\n2.0,,150\n3.5,300,\n"
+    s2 = "time,hr,sbp,weight\n1.25,,50,\n2.0,,,70\n"  # weight: no such variable
+    frames = {
+        stay: pd.read_csv(io.StringIO(text), **schema.read_csv_kwargs())
+        for stay, text in (("s1", s1), ("s2", s2))
+    }
+    lines = wide_to_long(schema, frames)
+    assert len(lines) == 6
+    outcomes = pd.read_csv(io.StringIO(OUTCOMES), **schema.read_outcomes_kwargs())
+    validated = validate_series(schema, lines, outcomes)
+    assert validated.report.observations.rejected == {"variable": {"unknown variable": 1}}
+    long = validate_series(_schema(), *_read(_schema(), OBSERVATIONS))
+    np.testing.assert_array_equal(
+        encode_series(schema, validated).x, encode_series(_schema(), long).x
+    )
+    no_time = wide_to_long(schema, {"s1": pd.DataFrame({"hr": ["80"]})})
+    report = validate_series(schema, no_time, outcomes).report.observations
+    assert report.rejected == {"time": {"missing value": 1}}
+    with pytest.raises(SchemaError, match="outcomes file"):
+        load_schema_yaml(
+            yaml.safe_dump(
+                {**TINY, "layout": "wide", "outcome": {**TINY["outcome"], "source": "observations"}}
+            )  # type: ignore[dict-item]
+        )
