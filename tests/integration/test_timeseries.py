@@ -4,6 +4,7 @@ the in-process worker for each method."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -206,6 +207,18 @@ def test_grud_job_through_the_api_and_the_worker(
     torch.testing.assert_close(module.x_mean, torch.tensor([0.4, 0.35]))
     with pytest.raises(ValueError, match="time-series"):  # the numpy helpers are tabular
         _ = load_release(weights, card).schema
+    # The analyst scores public stays with the release (a fresh sample of the same kind).
+    from enclave.analyst import score_series
+
+    public = tmp_path / "public"
+    public.mkdir()
+    (public / "card.json").write_text(json.dumps(card))
+    (public / "model.safetensors").write_bytes(weights)
+    obs, outcomes, _ = write_tiny_series(public, stays=30, seed=1)
+    scored = score_series(public, obs, outcomes)
+    assert scored.probabilities.shape == (30,) and scored.stay_ids[0] == "s0"
+    assert ((scored.probabilities > 0) & (scored.probabilities < 1)).all()
+    assert scored.auc is not None and scored.report.rows_kept == 30
     if method == "dpsgd":
         mech = card["mechanism"]
         assert mech["parameters"] == parameter_count(GrudSpec(hidden=3), 2)
