@@ -40,9 +40,7 @@ def main() -> None:
             "value": np.round(series.values[stay, hour, var].astype(np.float64), 2),
         }
     )
-    outcomes = pd.DataFrame(
-        {"stay_id": ids, "died": np.where(series.labels > 0, "yes", "no")}
-    )
+    outcomes = pd.DataFrame({"stay_id": ids, "died": np.where(series.labels > 0, "yes", "no")})
     for name, frame in (("observations", observations), ("outcomes", outcomes)):
         # mtime=0: the same bytes on every run.
         with gzip.GzipFile(HERE / f"{name}.csv.gz", "wb", mtime=0) as fh:
