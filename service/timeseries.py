@@ -274,7 +274,9 @@ def _validate_outcomes(
     kept, rejected = summarise_problems(problems, n)
     frame = pd.DataFrame(columns=[o.stay, o.column])
     if stay is not None and label is not None:
-        frame = pd.DataFrame({o.stay: stay.to_numpy(dtype=object), o.column: label})
+        frame = pd.DataFrame(
+            {o.stay: stay.to_numpy(dtype=object), o.column: label.to_numpy(dtype=object)}
+        )
         frame = frame.iloc[kept].reset_index(drop=True)
     report = ValidationReport(
         rows_in=n,
