@@ -19,6 +19,7 @@ from sklearn.metrics import roc_auc_score
 
 from service.dataschema import TabularSchema, ValidationReport
 from service.releases import LoadedRelease, encode_rows, load_release, predict_proba
+from service.timeseries import TimeSeriesReport, TimeSeriesSchema, encode_series, validate_series
 
 CARD_FILE = "card.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -66,3 +67,52 @@ def score_csv(
     if rows.y is not None and len(np.unique(rows.y)) == 2:
         auc = float(roc_auc_score(rows.y, proba))
     return Scored(proba, rows.kept_index, rows.dropped, rows.y, auc, rows.report)
+
+
+@dataclass(frozen=True)
+class ScoredSeries:
+    """GRU-D's predictions for the kept stays of public time-series files, in
+    ``stay_ids`` order, with their outcomes ``y``; ``auc`` is None with one class only."""
+
+    probabilities: np.ndarray
+    stay_ids: list[str]
+    y: np.ndarray
+    auc: float | None
+    report: TimeSeriesReport
+
+
+def score_series(
+    release: LoadedRelease | str | Path,
+    csv_path: str | Path,
+    outcomes_path: str | Path | None = None,
+    *,
+    sample: int = 0,
+) -> ScoredSeries:
+    """Score public stays with a GRU-D release: read the long-format observations (and
+    the outcomes file, unless the schema's outcomes are a column of the observations) by
+    the release's public schema, validate and encode them as the enclave does
+    (:mod:`service.timeseries`), and run the released GRU-D (needs torch)."""
+    import torch
+    from pydantic import TypeAdapter
+
+    from service.modelspec import ModelSpec
+    from worker.models import build_module
+
+    loaded = release if isinstance(release, LoadedRelease) else open_release(release)
+    schema = TimeSeriesSchema.model_validate(loaded.card["preprocessing"]["public_schema"])
+    if schema.layout != "long":
+        raise ValueError("score_series reads the long format (layout: long)")
+    observations = pd.read_csv(csv_path, **schema.read_csv_kwargs())
+    outcomes = None
+    if outcomes_path is not None:
+        outcomes = pd.read_csv(outcomes_path, **schema.read_outcomes_kwargs())
+    validated = validate_series(schema, observations, outcomes)
+    enc = encode_series(schema, validated)
+    spec: ModelSpec = TypeAdapter(ModelSpec).validate_python(loaded.card["model"])
+    module = build_module(spec, schema.n_features)
+    weights = loaded.sample_weights(sample)
+    module.load_state_dict({k: torch.as_tensor(v) for k, v in weights.items()})
+    with torch.no_grad():
+        proba = torch.sigmoid(module(torch.as_tensor(enc.x))).numpy().astype(np.float64)
+    auc = float(roc_auc_score(enc.y, proba)) if len(np.unique(enc.y)) == 2 else None
+    return ScoredSeries(proba, enc.stay_ids, enc.y, auc, validated.report)

@@ -15,7 +15,7 @@ import math
 import signal
 import time
 from pathlib import Path
-from typing import Annotated, NoReturn, TypeVar
+from typing import Annotated, NoReturn, Protocol, TypeVar
 
 import typer
 from pydantic import ValidationError
@@ -28,7 +28,7 @@ from sqlalchemy.orm import Session
 
 from service.auth import expiry, hash_api_key, new_api_key, revoke_key, rotate_key
 from service.config import get_settings
-from service.dataschema import SchemaError, TabularSchema, ValidationReport, load_schema_yaml
+from service.dataschema import DatasetSchema, SchemaError, load_schema_yaml
 from service.db import engine_for, transaction
 from service.ledger.admission import (
     InvalidLedgerOperation,
@@ -41,6 +41,7 @@ from service.ledger.tables import Analyst, Dataset, LedgerEntry, Role
 from service.migrate import upgrade
 from service.privacy.amounts import from_micro
 from service.schemas import AnalystCreate, BudgetUpdate, CapUpdate, KeyRotate
+from service.timeseries import TimeSeriesSchema
 from service.version import __version__
 
 app = typer.Typer(
@@ -131,7 +132,7 @@ def db_upgrade(revision: str = "head") -> None:
     console.print(f"ledger database at revision {revision}")
 
 
-def _schema_from(path: Path) -> TabularSchema:
+def _schema_from(path: Path) -> DatasetSchema:
     """The public schema in ``path``, or one line and exit 1 (never a traceback)."""
     try:
         return load_schema_yaml(path.read_text())
@@ -139,31 +140,55 @@ def _schema_from(path: Path) -> TabularSchema:
         fail(f"invalid schema: {path.name}: {exc}")
 
 
-def _print_report(report: ValidationReport) -> None:
+class _Report(Protocol):
+    def lines(self) -> list[str]: ...
+
+
+def _print_report(report: _Report) -> None:
     """The validation report of private rows: printed to the admin's terminal inside the
     enclave only (exact counts are not public). Registration and `check` both use it."""
     for line in report.lines():
         console.print(line, markup=False, highlight=False, soft_wrap=True)
 
 
-CsvOption = Annotated[Path, typer.Option(exists=True, dir_okay=False, help="The private rows.")]
+CsvOption = Annotated[
+    Path,
+    typer.Option(
+        exists=True, help="The private rows (a folder of per-stay files for layout: wide)."
+    ),
+]
+OutcomesOption = Annotated[
+    Path | None,
+    typer.Option(
+        exists=True,
+        dir_okay=False,
+        help="Time-series datasets: the per-stay outcomes file (docs/schema.md).",
+    ),
+]
 SchemaOption = Annotated[
     Path, typer.Option(exists=True, dir_okay=False, help="Public schema YAML (docs/schema.md).")
 ]
 
 
 @datasets_app.command("check")
-def datasets_check(csv: CsvOption, schema: SchemaOption) -> None:
+def datasets_check(csv: CsvOption, schema: SchemaOption, outcomes: OutcomesOption = None) -> None:
     """Dry run: parse the schema, read the CSV with its csv options and report rejected and
     clipped rows per column and reason. Registers nothing and never opens the ledger."""
-    from worker.data import CsvReadError, prepare_csv
+    from worker.data import CsvReadError, prepare_dataset
 
     parsed = _schema_from(schema)
     try:
-        report = prepare_csv(parsed, csv).report
+        report = prepare_dataset(parsed, csv, outcomes).report
     except CsvReadError as exc:
         fail(f"refused: {exc}")
-    console.print(f"schema {parsed.name!r}: {parsed.n_features} encoded features")
+    if isinstance(parsed, TimeSeriesSchema):
+        grid = parsed.grid
+        console.print(
+            f"schema {parsed.name!r}: {parsed.n_features} variables on {grid.steps} steps "
+            f"of {grid.step_hours:g} h"
+        )
+    else:
+        console.print(f"schema {parsed.name!r}: {parsed.n_features} encoded features")
     _print_report(report)
     console.print("(exact counts: shown here, inside the enclave, only; nothing was registered)")
     if report.rows_kept == 0:
@@ -188,6 +213,7 @@ def datasets_register(
             ),
         ),
     ] = None,
+    outcomes: OutcomesOption = None,
 ) -> None:
     """Register a dataset: validate its rows against the public schema, set its budget and
     release a DP noisy row count (the only row count anyone outside the enclave sees)."""
@@ -202,6 +228,7 @@ def datasets_register(
             get_settings(),
             schema=parsed,
             csv_path=csv,
+            outcomes_path=outcomes,
             epsilon_total=epsilon,
             delta_total=delta,
             allow_nominal=allow_nominal,

@@ -14,12 +14,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeAlias
 
 import numpy as np
 import pandas as pd
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+if TYPE_CHECKING:
+    from service.timeseries import TimeSeriesSchema
 
 OnInvalid = Literal["reject", "clip"]
 
@@ -84,6 +87,27 @@ class CsvOptions(_Strict):
         return self
 
 
+def read_csv_kwargs(csv: CsvOptions) -> dict[str, Any]:
+    """Keyword arguments for :func:`pandas.read_csv` that read files written as ``csv`` says."""
+    kwargs: dict[str, Any] = {
+        "sep": csv.separator,
+        "compression": None if csv.compression == "none" else csv.compression,
+        "header": 0 if csv.header else None,
+        "skiprows": csv.skip_rows,
+        "na_values": csv.missing,
+        "keep_default_na": False,
+        "skipinitialspace": True,
+        "dtype": str,
+    }
+    if len(csv.separator) > 1 and csv.separator != r"\s+":
+        kwargs["engine"] = "python"  # a regular expression (pandas would warn, then do so)
+    if csv.comment:
+        kwargs["comment"] = csv.comment
+    if csv.names:
+        kwargs["names"] = csv.names
+    return kwargs
+
+
 class Target(_Strict):
     column: str
     positive: list[str] = Field(min_length=1)
@@ -126,23 +150,11 @@ class TabularSchema(_Strict):
 
     def read_csv_kwargs(self) -> dict[str, Any]:
         """Keyword arguments for :func:`pandas.read_csv` that read this schema's files."""
-        kwargs: dict[str, Any] = {
-            "sep": self.csv.separator,
-            "compression": None if self.csv.compression == "none" else self.csv.compression,
-            "header": 0 if self.csv.header else None,
-            "skiprows": self.csv.skip_rows,
-            "na_values": self.csv.missing,
-            "keep_default_na": False,
-            "skipinitialspace": True,
-            "dtype": str,
-        }
-        if len(self.csv.separator) > 1 and self.csv.separator != r"\s+":
-            kwargs["engine"] = "python"  # a regular expression (pandas would warn, then do so)
-        if self.csv.comment:
-            kwargs["comment"] = self.csv.comment
-        if self.csv.names:
-            kwargs["names"] = self.csv.names
-        return kwargs
+        return read_csv_kwargs(self.csv)
+
+
+# A public schema of any kind (a string: the time-series module imports this one).
+DatasetSchema: TypeAlias = "TabularSchema | TimeSeriesSchema"
 
 
 class SchemaError(ValueError):
@@ -182,7 +194,17 @@ def parse_schema(data: dict[str, Any]) -> TabularSchema:
     return TabularSchema.model_validate(data)
 
 
-def load_schema_yaml(text: str) -> TabularSchema:
+def parse_dataset_schema(data: dict[str, Any]) -> DatasetSchema:
+    """A public schema of any kind, chosen by its ``kind`` (``tabular`` when absent)."""
+    # The sibling module builds on this one, so it is imported here, not at the top.
+    from service.timeseries import TimeSeriesSchema
+
+    if data.get("kind") == "timeseries":
+        return TimeSeriesSchema.model_validate(data)
+    return parse_schema(data)
+
+
+def load_schema_yaml(text: str) -> DatasetSchema:
     """Parse a schema document; every problem is a :class:`SchemaError` with one line."""
     try:
         data = yaml.safe_load(text)
@@ -192,9 +214,12 @@ def load_schema_yaml(text: str) -> TabularSchema:
         problem = getattr(exc, "problem", None) or type(exc).__name__
         raise SchemaError(f"the schema is not valid YAML{where}: {problem}") from None
     if not isinstance(data, dict):
-        raise SchemaError("a schema must be a YAML mapping (name, csv, target, columns)")
+        raise SchemaError(
+            "a schema must be a YAML mapping (tabular: name, csv, target, columns; "
+            "timeseries: name, kind, grid, outcome, variables)"
+        )
     try:
-        return parse_schema(data)
+        return parse_dataset_schema(data)
     except ValidationError as exc:
         raise SchemaError(_one_line(exc, data)) from None
 
@@ -272,24 +297,61 @@ def _clean_text(series: pd.Series, suffix: str | None) -> pd.Series:
 _SEPARATORS = {",": "comma", ";": "semicolon", "\t": "tab", "|": "pipe", " ": "space"}
 
 
-def _separator_hint(schema: TabularSchema, raw: pd.DataFrame) -> str:
+def separator_hint(csv: CsvOptions, raw: pd.DataFrame) -> str:
     """Why nothing parsed, guessed from the shape of what was read (admin-only)."""
     sample = [str(c) for c in raw.columns[:1]]
     if raw.shape[1]:
         sample += [str(v) for v in raw.iloc[:20, 0].dropna()]
     # A separator that the first column's values (mostly) contain is a good guess.
     counts = {
-        sep: sum(sep in value for value in sample)
-        for sep in _SEPARATORS
-        if sep != schema.csv.separator
+        sep: sum(sep in value for value in sample) for sep in _SEPARATORS if sep != csv.separator
     }
     best = max(counts, key=lambda sep: counts[sep]) if counts else None
     if best is not None and 2 * counts[best] >= len(sample):
         return (
             f"the first column looks {_SEPARATORS[best]}-separated: set "
-            f"csv.separator: {best!r} in the schema (now {schema.csv.separator!r})"
+            f"csv.separator: {best!r} in the schema (now {csv.separator!r})"
         )
     return "no row passed: check csv.separator, csv.header and csv.names against the file"
+
+
+def parse_numeric(text: pd.Series) -> tuple[np.ndarray, list[tuple[np.ndarray, str]]]:
+    """Stripped text → float64 values and the reasons a value is unusable (missing,
+    unparsable, NaN or infinite), as (mask, reason) pairs in the order they take precedence.
+    Values behind any reason are NaN or infinite in the array."""
+    absent = (text.isna() | (text == "")).to_numpy(dtype=bool)
+    arr = pd.to_numeric(text, errors="coerce").to_numpy(dtype=float, na_value=math.nan)
+    nan_text = text.str.lower().str.lstrip("+-").isin(["nan"]).fillna(False)
+    nonfinite = ~absent & (np.isinf(arr) | nan_text.to_numpy(dtype=bool))
+    unparsed = ~absent & ~nonfinite & np.isnan(arr)
+    return arr, [
+        (absent, "missing value"),
+        (unparsed, "not a number"),
+        (nonfinite, "NaN or infinite"),
+    ]
+
+
+def reasons_array(n: int, pairs: list[tuple[np.ndarray, str]]) -> np.ndarray:
+    """Each of ``n`` rows' reason ("" where none applies); the first matching pair wins."""
+    reasons = np.full(n, "", dtype=object)
+    for mask, reason in reversed(pairs):
+        reasons[mask] = reason
+    return reasons
+
+
+def summarise_problems(
+    problems: dict[str, np.ndarray], n: int
+) -> tuple[np.ndarray, dict[str, dict[str, int]]]:
+    """The positions of the rows with no problem, and the rejections counted per column
+    and reason (the report's ``rejected``)."""
+    keep = np.ones(n, dtype=bool)
+    rejected: dict[str, dict[str, int]] = {}
+    for name, reasons in problems.items():
+        keep &= reasons == ""
+        values, counts = np.unique(reasons[reasons != ""], return_counts=True)
+        if len(values):
+            rejected[name] = {str(v): int(c) for v, c in zip(values, counts, strict=True)}
+    return np.flatnonzero(keep), rejected
 
 
 def validate_frame(schema: TabularSchema, raw: pd.DataFrame, *, labelled: bool = True) -> Validated:
@@ -309,10 +371,7 @@ def validate_frame(schema: TabularSchema, raw: pd.DataFrame, *, labelled: bool =
     out: dict[str, Any] = {}
 
     def reasons_for(name: str, pairs: list[tuple[np.ndarray, str]]) -> None:
-        reasons = np.full(n, "", dtype=object)
-        for mask, reason in reversed(pairs):  # the first matching reason wins
-            reasons[mask] = reason
-        problems[name] = reasons
+        problems[name] = reasons_array(n, pairs)
 
     for name in missing_cols:
         reasons_for(name, [(np.ones(n, dtype=bool), "missing column")])
@@ -322,14 +381,9 @@ def validate_frame(schema: TabularSchema, raw: pd.DataFrame, *, labelled: bool =
         text = _clean_text(raw[col.name], None)
         absent = (text.isna() | (text == "")).to_numpy(dtype=bool)
         if isinstance(col, NumericColumn):
-            arr = pd.to_numeric(text, errors="coerce").to_numpy(dtype=float, na_value=math.nan)
-            nan_text = text.str.lower().str.lstrip("+-").isin(["nan"]).fillna(False)
-            nonfinite = ~absent & (np.isinf(arr) | nan_text.to_numpy(dtype=bool))
-            unparsed = ~absent & ~nonfinite & np.isnan(arr)
+            arr, pairs = parse_numeric(text)
             with np.errstate(invalid="ignore"):
                 low, high = np.isfinite(arr) & (arr < col.min), np.isfinite(arr) & (arr > col.max)
-            pairs = [(absent, "missing value"), (unparsed, "not a number")]
-            pairs.append((nonfinite, "NaN or infinite"))
             if col.on_invalid == "clip":
                 by = {"below min": int(low.sum()), "above max": int(high.sum())}
                 if any(by.values()):
@@ -351,14 +405,7 @@ def validate_frame(schema: TabularSchema, raw: pd.DataFrame, *, labelled: bool =
         pairs = [(absent, "missing value"), (unknown, "unknown target value")]
         reasons_for(schema.target.column, pairs)
         out[schema.target.column] = target.to_numpy(dtype=object)
-    keep = np.ones(n, dtype=bool)
-    rejected: dict[str, dict[str, int]] = {}
-    for name, reasons in problems.items():
-        keep &= reasons == ""
-        values, counts = np.unique(reasons[reasons != ""], return_counts=True)
-        if len(values):
-            rejected[name] = {str(v): int(c) for v, c in zip(values, counts, strict=True)}
-    kept = np.flatnonzero(keep)
+    kept, rejected = summarise_problems(problems, n)
     frame = pd.DataFrame(out).iloc[kept].reset_index(drop=True) if out else pd.DataFrame()
     report = ValidationReport(
         rows_in=n,
@@ -366,7 +413,7 @@ def validate_frame(schema: TabularSchema, raw: pd.DataFrame, *, labelled: bool =
         rejected=rejected,
         clipped=clipped,
         missing_columns=missing_cols,
-        hint=_separator_hint(schema, raw) if n and not len(kept) else None,
+        hint=separator_hint(schema.csv, raw) if n and not len(kept) else None,
     )
     return Validated(frame=frame, kept=kept, report=report, problems=problems)
 

@@ -47,7 +47,9 @@ def parameter_count(spec: ModelSpec, n_features: int) -> int:
     """Number of trainable parameters of the target model (public: spec and schema only).
 
     Logistic: n_features + 1. MLP: Σ (fan_in + 1)·fan_out over its layers, sigmoid head of
-    width 1. GRU-D: not counted here (no DP-SGD path yet); raises ValueError.
+    width 1. GRU-D with V = n_features variables and H hidden units (worker/models/grud.py):
+    input decay 2V (diagonal weight, bias), hidden decay V·H + H, input gates on [x̂, m]
+    2V·3H + 3H, recurrent gates 2H·H + H·H (no bias), head H + 1.
     """
     if n_features < 1:
         raise ValueError(f"n_features must be >= 1, got {n_features}")
@@ -56,4 +58,5 @@ def parameter_count(spec: ModelSpec, n_features: int) -> int:
     if isinstance(spec, MlpSpec):
         widths = [n_features, *spec.hidden, 1]
         return sum((a + 1) * b for a, b in pairwise(widths))
-    raise ValueError(f"no parameter count for model kind {spec.kind!r}")
+    v, h = n_features, spec.hidden
+    return 2 * v + (v * h + h) + (2 * v * 3 * h + 3 * h) + 3 * h * h + (h + 1)

@@ -37,6 +37,7 @@ from service.schemas import (
     JobRequest,
     PrivacyPlan,
 )
+from service.timeseries import TimeSeriesSchema
 
 
 class PlanError(ValueError):
@@ -242,8 +243,31 @@ def _decaying_dpsgd_plan(
     return ComposedEvent(events=(history, slack)), mechanism, options.accountant
 
 
+# ExpM+NF's sampler defaults per model family: (steps, θ samples per step, rows per step).
+# Tabular: tuned on Adult (benchmarks/expm_adult.py). GRU-D keeps T hidden states per
+# (θ, row) pair (≈ 55 KiB at T = 48, H = 16, benchmarks/results/grud_memory.md): 32 × 64
+# pairs a step, ≈ 0.35 s on one CPU thread for the bundled ICU sample (8 variables, 48 h);
+# the whole default job at ε = 1 took 228 s on a shared 2-core machine (one run, holdout
+# AUC 0.847, as DP-SGD's default job). Not tuned for utility.
+EXPM_NF_DEFAULTS = {"tabular": (1500, 64, 1024), "grud": (300, 32, 64)}
+
+
+def resolve_expm_nf_options(options: ExpmNfOptions, *, model_kind: str) -> ExpmNfOptions:
+    """Fill the sampler sizes the request left out, by the model's family (public)."""
+    steps, samples, batch = EXPM_NF_DEFAULTS["grud" if model_kind == "grud" else "tabular"]
+    return options.model_copy(
+        update={
+            "steps": options.steps or steps,
+            "n_samples_per_step": options.n_samples_per_step or samples,
+            "batch_size": options.batch_size or batch,
+        }
+    )
+
+
 def _expm_plan(request: JobRequest) -> tuple[DpEvent, dict[str, Any], str]:
-    options = request.expm_nf or ExpmNfOptions()
+    options = resolve_expm_nf_options(
+        request.expm_nf or ExpmNfOptions(), model_kind=request.model.kind
+    )
     if request.delta != 0:
         raise PlanError("expm_nf is a pure ε-DP mechanism: send delta = 0")
     # u = −Σ(ŷ−y)² − λ‖θ‖² with ŷ = sigmoid(·) ∈ [0,1], y ∈ [0,1]: adding or removing one
@@ -382,7 +406,8 @@ def build_plan(
     """Turn a validated request into its privacy plan (raises :class:`PlanError`).
 
     Public inputs only: ``n_rows`` is the dataset's public (DP noisy) row count,
-    ``n_features`` the encoded width its public schema implies, ``dataset_kind`` its kind,
+    ``n_features`` the encoded width its public schema implies (for a time-series
+    dataset the number of variables V, GRU-D's width), ``dataset_kind`` its kind,
     ``norm_sq_bound`` its bound on ‖(x, 1)‖² (:func:`row_norm_sq_bound`; tabular only).
     """
     if n_rows < 1:
@@ -405,8 +430,6 @@ def build_plan(
         raise PlanError(f"{', '.join(sorted(given))} options given for method {request.method}")
     guarantee: Guarantee
     if request.method == "dpsgd":
-        if request.model.kind == "grud":
-            raise PlanError("dpsgd does not support the grud model yet")
         one, mechanism, accountant = _dpsgd_plan(request, n_rows=n_rows, n_features=n_features)
         guarantee = "proven"
     elif request.method == "expm":
@@ -447,8 +470,11 @@ def plan_for_dataset(
     row count and its public schema (kind, encoded width). The API (quote, admission) and
     the worker (re-derivation before it reads data) both call this."""
     kind = str(public_schema.get("kind", "tabular"))
+    if kind == "timeseries":
+        series = TimeSeriesSchema.model_validate(public_schema)
+        return build_plan(request, n_rows=n_rows, n_features=series.n_features, dataset_kind=kind)
     if kind != "tabular":
-        return build_plan(request, n_rows=n_rows, n_features=0, dataset_kind=kind)
+        raise PlanError(f"unknown dataset kind {kind!r}")
     schema = parse_schema(public_schema)
     return build_plan(
         request,

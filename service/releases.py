@@ -64,7 +64,10 @@ def public_values(*, n_rows: int, count_epsilon: float | None, method: str) -> d
         "expm": "the Langevin step: the noisy gradient sum is scaled by learning_rate / row count",
     }.get(method, "nothing (the exponential mechanism does not use it)")
     return {
-        "public_schema": "declared by the admin: columns, bounds, levels, target encoding",
+        "public_schema": (
+            "declared by the admin: columns, bounds, levels, target encoding (time series: "
+            "variables, units, bounds, imputation means, time grid, outcome encoding)"
+        ),
         "row_count": count,
         "row_count_used_for": uses,
         "plan": "the request and every value under `mechanism` and `event`",
@@ -94,7 +97,16 @@ class LoadedRelease:
 
     @property
     def schema(self) -> TabularSchema:
-        return parse_schema(self.card["preprocessing"]["public_schema"])
+        """The tabular schema the release was trained on (the numpy helpers here are for
+        tabular releases; a GRU-D release's stays are encoded by
+        :func:`service.timeseries.encode_series` and it runs as a torch module)."""
+        public = self.card["preprocessing"]["public_schema"]
+        if public.get("kind") == "timeseries":
+            raise ValueError(
+                "a time-series (GRU-D) release: encode stays with service.timeseries "
+                "(validate_series, encode_series) and load the weights into GRU-D"
+            )
+        return parse_schema(public)
 
     def sample_weights(self, index: int = 0) -> dict[str, np.ndarray]:
         prefix = f"sample_{index}."

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from pydantic import TypeAdapter
 
-from service.modelspec import LogisticSpec, MlpSpec, ModelSpec, parameter_count
+from service.modelspec import GrudSpec, MlpSpec, ModelSpec, parameter_count
 from service.schemas import PrivacyPlan
 
 _FLOAT = 4
@@ -20,11 +20,22 @@ _WITH_GRAD_AND_ADAM = 4  # the value, its gradient, Adam's first and second mome
 _REFLECTIONS = 8  # Householder reflections per Sylvester layer (worker default)
 
 
-def expm_memory_bytes(plan: PrivacyPlan, *, n_features: int) -> int | None:
-    """Peak bytes of an expm_nf plan's flow training, or None where no estimate exists
-    (GRU-D: see worker/mechanisms/expm_nf.py's note, ≈ 55 KiB per (θ, row) pair)."""
+# GRU-D keeps its gates' activations for every (θ, row) pair and grid step: measured
+# ≈ 1.4 KiB per pair and step at H = 16, V = 8 (4.37 MiB per θ for 64 rows × 48 steps,
+# forward and backward, benchmarks/results/grud_memory.md), i.e. ≈ 360 floats; counted
+# here as 3·(12·H + 10·V) floats (816 at H = 16, V = 8), on the high side.
+def _grud_floats_per_pair_step(*, hidden: int, n_vars: int) -> int:
+    return 3 * (12 * hidden + 10 * n_vars)
+
+
+def expm_memory_bytes(
+    plan: PrivacyPlan, *, n_features: int, series_steps: int | None = None
+) -> int | None:
+    """Peak bytes of an expm_nf plan's flow training, or None where no estimate exists.
+    ``n_features`` is the model's width (V for GRU-D); ``series_steps`` the time grid's T
+    (GRU-D only)."""
     spec: ModelSpec = TypeAdapter(ModelSpec).validate_python(plan.model)
-    if not isinstance(spec, LogisticSpec | MlpSpec):
+    if isinstance(spec, GrudSpec) and series_steps is None:
         return None
     d = parameter_count(spec, n_features)
     m = plan.mechanism
@@ -37,8 +48,13 @@ def expm_memory_bytes(plan: PrivacyPlan, *, n_features: int) -> int | None:
         per_layer = _WITH_GRAD_AND_ADAM * (2 * d + 1)
     flow = layers * per_layer + _WITH_GRAD_AND_ADAM * 2 * d  # + the affine layer
     # N sampled parameter vectors through every layer, and the batched model evaluation
-    widths = n_features + (sum(spec.hidden) if isinstance(spec, MlpSpec) else 0) + 1
-    evaluation = 3 * samples * (layers + 2) * d + 3 * samples * batch * widths
+    if isinstance(spec, GrudSpec):
+        assert series_steps is not None
+        per_pair = series_steps * _grud_floats_per_pair_step(hidden=spec.hidden, n_vars=n_features)
+    else:
+        widths = n_features + (sum(spec.hidden) if isinstance(spec, MlpSpec) else 0) + 1
+        per_pair = 3 * widths
+    evaluation = 3 * samples * (layers + 2) * d + samples * batch * per_pair
     return _FLOAT * (flow + evaluation)
 
 

@@ -111,9 +111,11 @@ class ExpmNfOptions(_In):
 
     flow: Literal["planar", "sylvester"] = "planar"
     layers: int = Field(default=4, ge=1, le=64)
-    steps: int = Field(default=1500, ge=1, le=100_000)
-    n_samples_per_step: int = Field(default=64, ge=1, le=4096)
-    batch_size: int = Field(default=1024, ge=1, le=1_000_000)
+    # Left out: 1500, 64 and 1024 for tabular models, 300, 32 and 64 for GRU-D (whose
+    # evaluation keeps T hidden states per (θ, row) pair), filled in by the plan.
+    steps: int | None = Field(default=None, ge=1, le=100_000)
+    n_samples_per_step: int | None = Field(default=None, ge=1, le=4096)
+    batch_size: int | None = Field(default=None, ge=1, le=1_000_000)
     learning_rate: float = Field(default=0.02, gt=0, le=10)
     base_std: float = Field(default=1.0, gt=0, le=100)
     l2: float = Field(

@@ -11,14 +11,33 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import torch
 
-from service.dataschema import TabularSchema, ValidationReport, encode, parse_schema, validate_frame
+from service.dataschema import (
+    DatasetSchema,
+    TabularSchema,
+    ValidationReport,
+    encode,
+    parse_schema,
+    validate_frame,
+)
+from service.timeseries import (
+    TimeSeriesReport,
+    TimeSeriesSchema,
+    ValidatedSeries,
+    encode_series,
+    validate_series,
+    wide_to_long,
+)
 from worker.mechanisms.base import TabularTrainingSet
 
 ROWS_FILE = "rows.csv.gz"
+# A time-series dataset: its validated observations (long format) and outcomes.
+OBSERVATIONS_FILE = "observations.csv.gz"
+OUTCOMES_FILE = "outcomes.csv.gz"
 
 
 def dataset_dir(data_dir: Path, name: str) -> Path:
@@ -35,29 +54,110 @@ class Prepared:
     report: ValidationReport
 
 
+def _read_csv(path: Path, kwargs: dict[str, Any]) -> pd.DataFrame:
+    """A raw file as text, or :class:`CsvReadError` with one line."""
+    try:
+        return pd.read_csv(path, **kwargs)
+    except (pd.errors.ParserError, UnicodeError, OSError, EOFError, ValueError, ImportError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise CsvReadError(
+            f"cannot read {path.name} with the schema's csv options: {first}"
+        ) from None
+
+
 def prepare_csv(schema: TabularSchema, csv_path: Path) -> Prepared:
     """Read a raw CSV as the schema's `csv` options describe it and apply the declared
     validation rules. Registration and `enclave datasets check` both call this, so the dry
     run reports exactly what registration would keep."""
-    try:
-        raw = pd.read_csv(csv_path, **schema.read_csv_kwargs())
-    except (pd.errors.ParserError, UnicodeError, OSError, EOFError, ValueError, ImportError) as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise CsvReadError(
-            f"cannot read {csv_path.name} with the schema's csv options: {first}"
-        ) from None
-    validated = validate_frame(schema, raw)
+    validated = validate_frame(schema, _read_csv(csv_path, schema.read_csv_kwargs()))
     return Prepared(validated.frame, validated.report)
+
+
+@dataclass(frozen=True)
+class PreparedSeries:
+    validated: ValidatedSeries
+
+    @property
+    def report(self) -> TimeSeriesReport:
+        return self.validated.report
+
+
+def _read_wide(schema: TimeSeriesSchema, folder: Path) -> dict[str, pd.DataFrame]:
+    """``layout: wide``: every file in ``folder`` (hidden ones aside) is one stay, its id
+    the file name up to the first dot (``icu-00001.csv.gz`` → ``icu-00001``)."""
+    if not folder.is_dir():
+        raise CsvReadError(f"{folder.name}: layout wide reads a folder of per-stay files")
+    files = sorted(p for p in folder.iterdir() if p.is_file() and not p.name.startswith("."))
+    stays = {p.name.split(".")[0]: p for p in files}
+    if len(stays) != len(files):
+        raise CsvReadError(f"{folder.name}: two files name the same stay")
+    return {stay: _read_csv(path, schema.read_csv_kwargs()) for stay, path in stays.items()}
+
+
+def prepare_series(
+    schema: TimeSeriesSchema, csv_path: Path, outcomes_path: Path | None
+) -> PreparedSeries:
+    """:func:`prepare_csv` for a time-series dataset: the long-format observations file
+    and the per-stay outcomes file (None: the outcomes are a column of the observations,
+    ``outcome.source: observations``), read and validated by the schema."""
+    if schema.layout == "wide":
+        observations = wide_to_long(schema, _read_wide(schema, csv_path))
+    else:
+        observations = _read_csv(csv_path, schema.read_csv_kwargs())
+    outcomes = None
+    if outcomes_path is not None:
+        outcomes = _read_csv(outcomes_path, schema.read_outcomes_kwargs())
+    return PreparedSeries(validate_series(schema, observations, outcomes))
+
+
+def prepare_dataset(
+    schema: DatasetSchema, csv_path: Path, outcomes_path: Path | None = None
+) -> Prepared | PreparedSeries:
+    """The dry run and registration's first step, for either kind of schema."""
+    if isinstance(schema, TimeSeriesSchema):
+        from_file = schema.outcome.source == "file"
+        if from_file and outcomes_path is None:
+            raise CsvReadError("a time-series dataset needs its outcomes file (--outcomes)")
+        if not from_file and outcomes_path is not None:
+            raise CsvReadError(
+                "this schema reads the outcomes from the observations file "
+                "(outcome.source: observations): leave out --outcomes"
+            )
+        return prepare_series(schema, csv_path, outcomes_path)
+    if outcomes_path is not None:
+        raise CsvReadError("an outcomes file is for time-series datasets only")
+    return prepare_csv(schema, csv_path)
+
+
+def _write_gzip_csv(path: Path, frame: pd.DataFrame) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    frame.to_csv(tmp, index=False, compression="gzip")
+    tmp.replace(path)
+
+
+def store_prepared(
+    data_dir: Path, schema: DatasetSchema, prepared: Prepared | PreparedSeries
+) -> Path:
+    """Write the validated rows to the private volume (the dataset's folder)."""
+    if isinstance(prepared, PreparedSeries):
+        target = dataset_dir(data_dir, schema.name)
+        target.mkdir(parents=True, exist_ok=True)
+        _write_gzip_csv(target / OUTCOMES_FILE, prepared.validated.outcomes)
+        _write_gzip_csv(target / OBSERVATIONS_FILE, prepared.validated.observations)
+        return target / OBSERVATIONS_FILE
+    assert isinstance(schema, TabularSchema)
+    return store_rows(data_dir, schema, prepared.frame)
 
 
 def store_rows(data_dir: Path, schema: TabularSchema, frame: pd.DataFrame) -> Path:
     target = dataset_dir(data_dir, schema.name)
     target.mkdir(parents=True, exist_ok=True)
-    path = target / ROWS_FILE
-    tmp = target / (ROWS_FILE + ".tmp")
-    frame.to_csv(tmp, index=False, compression="gzip")
-    tmp.replace(path)
-    return path
+    _write_gzip_csv(target / ROWS_FILE, frame)
+    return target / ROWS_FILE
+
+
+def _read_stored(fh: Any) -> pd.DataFrame:
+    return pd.read_csv(fh, compression="gzip", dtype=str, keep_default_na=False, na_values=[""])
 
 
 def load_training_set(
@@ -74,19 +174,42 @@ def load_training_set(
     (no such file, no permission) leaves a job whose charge can be refunded without an
     override, and nothing is read unless the mark succeeded (it raises otherwise).
     """
+    if public_schema.get("kind") == "timeseries":
+        return _load_series(data_dir, public_schema, device, before_first_read=before_first_read)
     schema = parse_schema(public_schema)
     with (dataset_dir(data_dir, schema.name) / ROWS_FILE).open("rb") as fh:
         before_first_read()
-        raw = pd.read_csv(
-            fh,
-            compression="gzip",
-            dtype=str,
-            keep_default_na=False,
-            na_values=[""],
-        )
+        raw = _read_stored(fh)
     table = encode(schema, validate_frame(schema, raw).frame)
     x = torch.as_tensor(table.x, dtype=torch.float32, device=device)
     y = torch.as_tensor(table.y, dtype=torch.float32, device=device)
     if not (math.isfinite(float(x.sum())) and x.min() >= 0 and x.max() <= 1):
         raise ValueError("encoded features left [0, 1]")
     return TabularTrainingSet(x=x, y=y)
+
+
+def _load_series(
+    data_dir: Path,
+    public_schema: dict,
+    device: torch.device,
+    *,
+    before_first_read: Callable[[], None],
+) -> TabularTrainingSet:
+    """GRU-D's inputs (n, 3, T, V) for a registered time-series dataset, by its schema."""
+    schema = TimeSeriesSchema.model_validate(public_schema)
+    folder = dataset_dir(data_dir, schema.name)
+    with (folder / OBSERVATIONS_FILE).open("rb") as obs, (folder / OUTCOMES_FILE).open("rb") as out:
+        before_first_read()
+        validated = validate_series(schema, _read_stored(obs), _read_stored(out))
+    enc = encode_series(schema, validated)
+    x = torch.as_tensor(enc.x, dtype=torch.float32, device=device)
+    y = torch.as_tensor(enc.y, dtype=torch.float32, device=device)
+    values_masks = x[:, :2]
+    deltas = x[:, 2]
+    if not (
+        math.isfinite(float(x.sum()))
+        and (x.numel() == 0 or (values_masks.min() >= 0 and values_masks.max() <= 1))
+        and (deltas.numel() == 0 or deltas.max() <= schema.grid.horizon_hours)
+    ):
+        raise ValueError("encoded series left their ranges")
+    return TabularTrainingSet(x=x, y=y, public_means=schema.scaled_means)

@@ -9,7 +9,7 @@ from pathlib import Path
 from sqlalchemy import Engine, select
 
 from service.config import Settings
-from service.dataschema import TabularSchema, ValidationReport
+from service.dataschema import DatasetSchema, ValidationReport
 from service.db import transaction
 from service.ledger.admission import count_refusal, new_dataset
 from service.ledger.policy import no_method_warning
@@ -17,14 +17,17 @@ from service.ledger.tables import Dataset
 from service.privacy.filters import EPSILON_TOTAL_MAX
 from service.privacy.sampling import default_count_epsilon
 from service.schemas import DELTA_FLOOR, EPSILON_FLOOR
-from worker.data import CsvReadError, prepare_csv, store_rows
+from service.timeseries import TimeSeriesReport
+from worker.data import CsvReadError, prepare_dataset, store_prepared
 from worker.noise import discrete_laplace, secure_rng
 
 
 class RegistrationError(ValueError):
     """Registration refused; ``report`` is the validation report when the rows were read."""
 
-    def __init__(self, message: str, report: ValidationReport | None = None) -> None:
+    def __init__(
+        self, message: str, report: ValidationReport | TimeSeriesReport | None = None
+    ) -> None:
         super().__init__(message)
         self.report = report
 
@@ -37,7 +40,7 @@ class Registered:
     name: str
     noisy_n_rows: int
     count_epsilon: float
-    report: ValidationReport
+    report: ValidationReport | TimeSeriesReport
     path: Path
     warning: str | None = None  # e.g. no method can be admitted (policy.no_method_warning)
 
@@ -53,14 +56,17 @@ def register_dataset(
     engine: Engine,
     settings: Settings,
     *,
-    schema: TabularSchema,
+    schema: DatasetSchema,
     csv_path: Path,
+    outcomes_path: Path | None = None,
     epsilon_total: float,
     delta_total: float,
     allow_nominal: bool = False,
     count_epsilon: float | None = None,
 ) -> Registered:
-    """Validate the rows against the public schema, store them on the private volume,
+    """Validate the rows against the public schema (a time-series schema: the long-format
+    observations in ``csv_path`` and the per-stay outcomes in ``outcomes_path``; its rows
+    are the stays), store them on the private volume,
     create the dataset's budget in the ledger and release a DP noisy row count, charged to
     that budget (``count_epsilon``, default :func:`default_count_epsilon`). Plans use only
     the noisy count, so the accounting's add/remove-one relation holds with nothing
@@ -87,12 +93,12 @@ def register_dataset(
         if s.scalars(select(Dataset).where(Dataset.name == schema.name)).first():
             raise RegistrationError(f"a dataset named {schema.name!r} is already registered")
     try:
-        prepared = prepare_csv(schema, csv_path)
+        prepared = prepare_dataset(schema, csv_path, outcomes_path)
     except CsvReadError as exc:
         raise RegistrationError(str(exc)) from None
     if prepared.report.rows_kept == 0:
         raise RegistrationError("no row passed validation", prepared.report)
-    path = store_rows(settings.resolved_data_dir, schema, prepared.frame)
+    path = store_prepared(settings.resolved_data_dir, schema, prepared)
     released = noisy_count(prepared.report.rows_kept, epsilon=eps_count)
     with transaction(engine) as s:
         ds = new_dataset(

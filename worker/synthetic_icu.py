@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from service.timeseries import deltas_from_masks
 from worker.models.grud import pack_inputs_np
 
 __all__ = ["PUBLIC_SCHEMA", "IcuPublicSchema", "IcuSeries", "deltas_from_masks", "generate_icu"]
@@ -98,14 +99,6 @@ class IcuSeries:
     def packed(self) -> np.ndarray:
         """GRU-D input (n, 3, T, V): scaled values, masks, deltas (see worker.models.grud)."""
         return pack_inputs_np(self.scaled_values(), self.masks, self.deltas)
-
-
-def deltas_from_masks(masks: np.ndarray) -> np.ndarray:
-    """Che et al. (2018) eq. 2 for hourly steps: time since the last observation."""
-    deltas = np.zeros_like(masks, dtype=np.float32)
-    for t in range(1, masks.shape[1]):
-        deltas[:, t] = np.where(masks[:, t - 1] > 0, 1.0, 1.0 + deltas[:, t - 1])
-    return deltas
 
 
 def generate_icu(n: int, *, hours: int = 48, rng: np.random.Generator | None = None) -> IcuSeries:

@@ -22,6 +22,7 @@ from service.ledger.admission import (
     nominal_refusal,
 )
 from service.ledger.tables import Dataset
+from service.modelspec import GrudSpec, LogisticSpec
 from service.plans import PlanError, plan_for_dataset
 from service.schemas import EPSILON_FLOOR, JobRequest, Method
 
@@ -40,7 +41,9 @@ class _Probe:
 
 
 def _probe(ds: Dataset, method: Method, *, epsilon: float, delta: float) -> _Probe:
-    request = JobRequest(dataset=ds.name, method=method, epsilon=epsilon, delta=delta)
+    # The model that fits the dataset's kind (GRU-D for time series, else the default).
+    model = GrudSpec() if ds.public_schema.get("kind") == "timeseries" else LogisticSpec()
+    request = JobRequest(dataset=ds.name, method=method, epsilon=epsilon, delta=delta, model=model)
     try:
         plan = plan_for_dataset(request, n_rows=ds.n_rows, public_schema=ds.public_schema)
         charge = charge_for(plan)

@@ -9,7 +9,7 @@ import pytest
 import torch
 from scipy import stats
 
-from service.modelspec import LogisticSpec, MlpSpec, parameter_count
+from service.modelspec import GrudSpec, LogisticSpec, MlpSpec, parameter_count
 from service.plans import build_plan, dpsgd_schedule
 from service.privacy.sampling import GRID_BITS
 from service.schemas import DpsgdOptions, JobRequest
@@ -190,9 +190,62 @@ def test_formerly_failing_batch_sizes_plan_and_run(batch: int) -> None:
 
 
 def test_parameter_count_matches_the_modules() -> None:
-    for spec in (LogisticSpec(), MlpSpec(hidden=[16]), MlpSpec(hidden=[8, 4, 2])):
+    specs = (LogisticSpec(), MlpSpec(hidden=[16]), MlpSpec(hidden=[8, 4, 2]))
+    for spec in (*specs, GrudSpec(hidden=1), GrudSpec(hidden=16)):
         module = build_module(spec, 7)
         assert parameter_count(spec, 7) == sum(p.numel() for p in module.parameters())
+
+
+def _grud_batch(n: int, *, steps: int = 5, n_vars: int = 3, seed: int = 0) -> torch.Tensor:
+    """GRU-D inputs (n, 3, T, V) as the schema encodes them: values in [0, 1], masks,
+    deltas in hours since the last observation."""
+    from service.timeseries import deltas_from_masks, pack_grud_inputs
+
+    rng = np.random.default_rng(seed)
+    masks = (rng.random((n, steps, n_vars)) < 0.4).astype(np.float32)
+    values = rng.random((n, steps, n_vars)).astype(np.float32)
+    return torch.as_tensor(pack_grud_inputs(values, masks, deltas_from_masks(masks)))
+
+
+def test_grud_per_example_grads_equal_a_per_row_reference() -> None:
+    """torch.func's vmap over GRU-D (with its public-means buffer and decay parameters)
+    gives each row's gradient, as one autograd backward per row does."""
+    module = build_module(GrudSpec(hidden=4), 3, public_means=[0.2, 0.5, 0.9])
+    assert dpsgd._linear_layers(module) is None  # the torch.func path
+    x, y = _grud_batch(6), torch.tensor([1.0, 0, 1, 0, 0, 1])
+    fast = dpsgd.per_example_grads(module, x, y)
+    rows = []
+    for i in range(6):
+        module.zero_grad()
+        loss = torch.nn.functional.binary_cross_entropy_with_logits(
+            module(x[i : i + 1]), y[i : i + 1], reduction="sum"
+        )
+        loss.backward()
+        rows.append(torch.cat([p.grad.flatten() for p in module.parameters()]))  # type: ignore[union-attr]
+    assert fast.shape == (6, parameter_count(GrudSpec(hidden=4), 3))
+    torch.testing.assert_close(fast, torch.stack(rows).double(), atol=1e-6, rtol=1e-5)
+
+
+def test_dpsgd_builds_grud_with_the_variables_width_and_the_public_means() -> None:
+    """The model is built with V (x's last axis), not x's second axis (3 channels), and
+    carries the schema's imputation means; the release is a GRU-D state dict."""
+    means = (0.2, 0.5, 0.9)
+    data = TabularTrainingSet(_grud_batch(20), (torch.rand(20) > 0.5).float(), public_means=means)
+    spec = GrudSpec(hidden=2)
+    mech = _mech(parameters=parameter_count(spec, 3), steps=3, expected_batch_size=4.0)
+    out = run_dpsgd(
+        spec=spec,
+        mechanism=mech,
+        samples=1,
+        data=data,
+        device=torch.device("cpu"),
+        progress=lambda k, t: None,
+    )
+    release = out.releases[0]
+    module = build_module(spec, 3)  # zero means until the release is loaded
+    module.load_state_dict(release)  # strict: parameters and the means buffer
+    assert release["gamma_x_weight"].shape == (3,)
+    torch.testing.assert_close(module.x_mean, torch.tensor(means))
 
 
 @pytest.mark.parametrize("spec", [LogisticSpec(), MlpSpec(hidden=[8]), MlpSpec(hidden=[6, 5, 4])])

@@ -14,14 +14,22 @@ ProgressFn = Callable[[int, int], None]
 
 @dataclass(frozen=True)
 class TabularTrainingSet:
-    """Encoded private rows on the training device: x in [0, 1]^d, y in {0, 1}."""
+    """Encoded private rows on the training device, y in {0, 1}. Tabular: x in [0, 1]^d,
+    shape (n, d). Time series: GRU-D's inputs (n, 3, T, V) (worker/models/grud.py) and
+    ``public_means``, the schema's imputation means x̄ on the values' scale."""
 
-    x: torch.Tensor  # float32 (n, d)
+    x: torch.Tensor  # float32 (n, d) or (n, 3, T, V)
     y: torch.Tensor  # float32 (n,)
+    public_means: tuple[float, ...] | None = None
 
     @property
     def n(self) -> int:
         return int(self.x.shape[0])
+
+    @property
+    def n_features(self) -> int:
+        """The width the target model is built with: d, or V for GRU-D's inputs."""
+        return int(self.x.shape[-1])
 
 
 @dataclass

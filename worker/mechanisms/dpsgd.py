@@ -271,8 +271,9 @@ def _train_one(
     done: int,
     total: int,
 ) -> dict[str, torch.Tensor]:
-    module = build_module(spec, int(data.x.shape[1])).to(device)
-    names = [k for k, _ in module.named_parameters()]
+    # The model's width is d (tabular) or V (GRU-D's (n, 3, T, V) inputs), never the size
+    # of x's second axis; GRU-D's imputation means are the schema's public ones.
+    module = build_module(spec, data.n_features, public_means=data.public_means).to(device)
     shapes = [p.shape for _, p in module.named_parameters()]
     rng = secure_rng()
     sampler = PoissonSampler(sampling_rate=params.sampling_rate, rng=rng)
@@ -301,8 +302,8 @@ def _train_one(
                 p.sub_(params.learning_rate * step_)
                 offset += size
         progress(done + step, total)
-    state = module.state_dict()
-    return {k: state[k].detach().cpu().clone() for k in names}
+    # Parameters and buffers (GRU-D's public means), so the release loads on its own.
+    return {k: v.detach().cpu().clone() for k, v in module.state_dict().items()}
 
 
 def run_dpsgd(

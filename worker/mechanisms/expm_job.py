@@ -9,14 +9,21 @@ from __future__ import annotations
 
 import torch
 
-from service.modelspec import ModelSpec
+from service.modelspec import GrudSpec, ModelSpec
 from service.schemas import PrivacyPlan
 from worker.mechanisms.base import MechanismOutput, ProgressFn, TabularTrainingSet
 from worker.mechanisms.expm_nf import CALIBRATION, SENSITIVITY, ExpmNfParams, run_expm_nf
 from worker.rng import secure_generator
 
+# Enclave-only diagnostics of the trained flow evaluate the utility of this many draws on
+# every row; for GRU-D (T hidden states per pair) the tabular default of 1024 would cost
+# more than the training, so it gets fewer. They never reach the release.
+GRUD_DIAGNOSTIC_SAMPLES = 16
 
-def params_from_plan(plan: PrivacyPlan) -> ExpmNfParams:
+
+def params_from_plan(
+    plan: PrivacyPlan, *, grud_public_means: tuple[float, ...] | None = None
+) -> ExpmNfParams:
     m = plan.mechanism
     if float(m["sensitivity"]) != SENSITIVITY:
         raise ValueError("the plan's sensitivity is not the one this worker implements")
@@ -33,6 +40,10 @@ def params_from_plan(plan: PrivacyPlan) -> ExpmNfParams:
         batch_size=int(m["batch_size"]),
         lr=float(m["learning_rate"]),
         l2=float(m["l2"]),
+        grud_public_means=grud_public_means,
+        diagnostic_samples=(
+            GRUD_DIAGNOSTIC_SAMPLES if grud_public_means else ExpmNfParams.diagnostic_samples
+        ),
     )
 
 
@@ -46,7 +57,9 @@ def run_expm_nf_plan(
 ) -> MechanismOutput:
     return run_expm_nf(
         spec=spec,
-        params=params_from_plan(plan),
+        params=params_from_plan(
+            plan, grud_public_means=data.public_means if isinstance(spec, GrudSpec) else None
+        ),
         data=data,
         device=device,
         generator=secure_generator(device),

@@ -12,10 +12,11 @@ public schema), stored as a buffer; it is never estimated from private rows.
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+from service.timeseries import pack_grud_inputs
 
 
 def pack_inputs(values: Tensor, masks: Tensor, deltas: Tensor) -> Tensor:
@@ -24,10 +25,8 @@ def pack_inputs(values: Tensor, masks: Tensor, deltas: Tensor) -> Tensor:
     return torch.stack([values, masks, deltas], dim=1)
 
 
-def pack_inputs_np(values: np.ndarray, masks: np.ndarray, deltas: np.ndarray) -> np.ndarray:
-    """numpy twin of :func:`pack_inputs` (float32)."""
-    values = np.where(masks > 0, np.nan_to_num(values), 0.0)
-    return np.stack([values, masks, deltas], axis=1).astype(np.float32)
+# The numpy twin of :func:`pack_inputs` is the schema's encoding (float32).
+pack_inputs_np = pack_grud_inputs
 
 
 class Grud(nn.Module):

@@ -15,7 +15,7 @@ from service.api.errors import ProblemError
 from service.api.lookups import dataset_or_404, visible_job_or_404
 from service.api.openapi import AUTHENTICATED, JSON_BODY, problem_responses
 from service.config import Settings
-from service.dataschema import parse_schema
+from service.dataschema import parse_dataset_schema
 from service.db import transaction
 from service.jobs import enqueue, job_public
 from service.ledger.accounting import dataset_guarantee
@@ -48,6 +48,7 @@ from service.schemas import (
     PrivacyPlan,
     QuoteResponse,
 )
+from service.timeseries import TimeSeriesSchema
 
 router = APIRouter(prefix="/v1", tags=["analyst"], responses=AUTHENTICATED)
 
@@ -106,8 +107,13 @@ def _plan_for(engine: EngineDep, settings: Settings, body: JobRequest) -> Privac
         plan = plan_for_dataset(body, n_rows=n_rows, public_schema=public_schema)
     except PlanError as exc:
         raise ProblemError(422, "invalid-plan", str(exc)) from exc
-    if plan.method == "expm_nf" and public_schema.get("kind", "tabular") == "tabular":
-        need = expm_memory_bytes(plan, n_features=parse_schema(public_schema).n_features)
+    if plan.method == "expm_nf":
+        schema = parse_dataset_schema(public_schema)
+        need = expm_memory_bytes(
+            plan,
+            n_features=schema.n_features,
+            series_steps=schema.grid.steps if isinstance(schema, TimeSeriesSchema) else None,
+        )
         if need is not None and need > settings.worker_memory_bytes:
             raise ProblemError(
                 422,
