@@ -440,16 +440,22 @@ def worker_cmd(loglevel: str = "INFO") -> None:
 
 @app.command()
 def up(port: int = 8000) -> None:
-    """Embedded mode: migrate, then run the API and one worker until Ctrl-C."""
+    """Embedded mode: migrate, then run the API and one worker until Ctrl-C. Their logs
+    are appended to HOME/logs/api.log and HOME/logs/worker.log."""
     from enclave.processes import child_env, start_api, start_worker, stop, wait_ready
 
     db_upgrade()
-    env = child_env({})
-    api_proc = start_api(env, port)
-    worker_proc = start_worker(env)
+    home = get_settings().home
+    logs = home / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    # The children get the absolute home, so they agree with this process on every path.
+    env = child_env({"ENCLAVE_HOME": str(home)})
+    api_proc = start_api(env, port, log=logs / "api.log")
+    worker_proc = start_worker(env, log=logs / "worker.log")
     try:
         wait_ready(f"http://127.0.0.1:{port}")
         console.print(f"enclave up: API on http://127.0.0.1:{port} (docs at /docs); Ctrl-C stops")
+        console.print(f"home {home}; logs in {logs}/api.log and worker.log")
         signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
         while api_proc.poll() is None and worker_proc.poll() is None:
             time.sleep(0.5)
