@@ -545,7 +545,12 @@ def up(port: int = 8000) -> None:
     try:
         wait_ready(f"http://127.0.0.1:{port}")
         console.print(f"enclave up: API on http://127.0.0.1:{port} (docs at /docs); Ctrl-C stops")
-        console.print(f"home {home}; logs in {logs}/api.log and worker.log")
+        console.print(
+            f"home {home}; logs in {logs}/api.log and worker.log",
+            soft_wrap=True,
+            markup=False,
+            highlight=False,
+        )
         signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
         while api_proc.poll() is None and worker_proc.poll() is None:
             time.sleep(0.5)

@@ -3,6 +3,10 @@ problem, and the Prometheus metrics."""
 
 from __future__ import annotations
 
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -106,3 +110,28 @@ def test_metrics_count_requests_by_route_template(client: Any, keys: Keys) -> No
     assert 'enclave_jobs{status="queued"} 1.0' in text
     assert 'enclave_jobs{status="released"} 0.0' in text
     assert job_id not in text  # route templates only, never an id
+
+
+def test_enclave_up_writes_its_processes_logs_under_its_home(tmp_path: Path) -> None:
+    """`enclave up` with a relative ENCLAVE_HOME: the API and the worker it starts log to
+    HOME/logs/, and everything lands under that one home."""
+    env = {k: v for k, v in child_env({}).items() if not k.startswith("ENCLAVE_")}
+    env |= {"ENCLAVE_HOME": "home", "ENCLAVE_DEVICE": "cpu"}
+    port = free_port()
+    cmd = [sys.executable, "-m", "enclave.cli", "up", "--port", str(port)]
+    proc = subprocess.Popen(
+        cmd, env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+    )
+    logs = tmp_path / "home" / "logs"
+    try:
+        wait_ready(f"http://127.0.0.1:{port}")
+        deadline = time.monotonic() + 60
+        while "ready" not in (logs / "worker.log").read_text():
+            assert time.monotonic() < deadline, (logs / "worker.log").read_text()
+            time.sleep(0.5)
+        assert (logs / "api.log").is_file()
+        assert (tmp_path / "home" / "ledger.sqlite").is_file()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=60)
+    assert f"logs in {logs}" in out.decode()
