@@ -303,18 +303,25 @@ def analysts_create_key(name: str, role: Role | str, *, expires_days: float | No
     return key
 
 
+@contextmanager
+def _refusals() -> Iterator[None]:
+    """The shared admin operations' (service/admin.py) refusals as one line, exit 1."""
+    try:
+        yield
+    except ops.NotFound as exc:
+        fail(str(exc))
+    except InvalidLedgerOperation as exc:
+        fail(f"refused: {exc}")
+
+
 def _analyst_named(s: Session, name: str) -> Analyst:
-    a = s.scalars(select(Analyst).where(Analyst.name == name)).one_or_none()
-    if a is None:
-        fail(f"no analyst named {name!r}")
-    return a
+    with _refusals():
+        return ops.analyst_named(s, name)
 
 
 def _dataset_named(s: Session, name: str) -> Dataset:
-    ds = s.scalars(select(Dataset).where(Dataset.name == name)).one_or_none()
-    if ds is None:
-        fail(f"no dataset named {name!r}")
-    return ds
+    with _refusals():
+        return ops.dataset_named(s, name)
 
 
 @analysts_app.command("rotate")
@@ -347,17 +354,6 @@ def analysts_cap(name: str, dataset: str, epsilon: Number, delta: Number) -> Non
         except InvalidLedgerOperation as exc:
             fail(f"refused: {exc}")
     console.print(f"cap set: {name} on {dataset}: ε={epsilon}, δ={delta}")
-
-
-@contextmanager
-def _refusals() -> Iterator[None]:
-    """The shared admin operations' (service/admin.py) refusals as one line, exit 1."""
-    try:
-        yield
-    except ops.NotFound as exc:
-        fail(str(exc))
-    except InvalidLedgerOperation as exc:
-        fail(f"refused: {exc}")
 
 
 @analysts_app.command("list")
