@@ -14,18 +14,23 @@ import json
 import math
 import signal
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated, NoReturn, Protocol, TypeVar
+from typing import Annotated, Protocol, TypeVar
 
 import typer
 from pydantic import ValidationError
 from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
+from rich.table import Column, Table
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from enclave.errors import fail
+from enclave.jobs_cli import jobs_app
+from service import admin as ops
 from service.auth import expiry, hash_api_key, new_api_key, revoke_key, rotate_key
 from service.config import get_settings
 from service.dataschema import DatasetSchema, SchemaError, load_schema_yaml
@@ -40,7 +45,7 @@ from service.ledger.audit import check_totals, verify_all
 from service.ledger.tables import Analyst, Dataset, LedgerEntry, Role
 from service.migrate import upgrade
 from service.privacy.amounts import from_micro
-from service.schemas import AnalystCreate, BudgetUpdate, CapUpdate, KeyRotate
+from service.schemas import AnalystCreate, BudgetUpdate, CapUpdate, KeyRotate, RefundRequest
 from service.timeseries import TimeSeriesSchema
 from service.version import __version__
 
@@ -54,18 +59,15 @@ db_app = typer.Typer(help="The ledger database.", no_args_is_help=True)
 datasets_app = typer.Typer(help="Datasets (inside the enclave).", no_args_is_help=True)
 analysts_app = typer.Typer(help="Analysts and API keys.", no_args_is_help=True)
 ledger_app = typer.Typer(help="The privacy ledger.", no_args_is_help=True)
+admin_app = typer.Typer(help="Every analyst's jobs, and refunds (admin).", no_args_is_help=True)
 app.add_typer(db_app, name="db")
 app.add_typer(datasets_app, name="datasets")
 app.add_typer(analysts_app, name="analysts")
 app.add_typer(ledger_app, name="ledger")
+app.add_typer(admin_app, name="admin")
+app.add_typer(jobs_app, name="jobs")
 
 console = Console()
-
-
-def fail(message: str) -> NoReturn:
-    """Report a user error as one line on stderr and exit with status 1."""
-    typer.echo(f"error: {message}", err=True)
-    raise typer.Exit(1)
 
 
 def _number(text: str) -> float:
@@ -79,7 +81,7 @@ def _number(text: str) -> float:
     return value
 
 
-Model = TypeVar("Model", AnalystCreate, BudgetUpdate, CapUpdate, KeyRotate)
+Model = TypeVar("Model", AnalystCreate, BudgetUpdate, CapUpdate, KeyRotate, RefundRequest)
 
 
 def _checked(model: type[Model], **values: object) -> Model:
@@ -328,18 +330,25 @@ def analysts_create_key(name: str, role: Role | str, *, expires_days: float | No
     return key
 
 
+@contextmanager
+def _refusals() -> Iterator[None]:
+    """The shared admin operations' (service/admin.py) refusals as one line, exit 1."""
+    try:
+        yield
+    except ops.NotFound as exc:
+        fail(str(exc))
+    except InvalidLedgerOperation as exc:
+        fail(f"refused: {exc}")
+
+
 def _analyst_named(s: Session, name: str) -> Analyst:
-    a = s.scalars(select(Analyst).where(Analyst.name == name)).one_or_none()
-    if a is None:
-        fail(f"no analyst named {name!r}")
-    return a
+    with _refusals():
+        return ops.analyst_named(s, name)
 
 
 def _dataset_named(s: Session, name: str) -> Dataset:
-    ds = s.scalars(select(Dataset).where(Dataset.name == name)).one_or_none()
-    if ds is None:
-        fail(f"no dataset named {name!r}")
-    return ds
+    with _refusals():
+        return ops.dataset_named(s, name)
 
 
 @analysts_app.command("rotate")
@@ -372,6 +381,82 @@ def analysts_cap(name: str, dataset: str, epsilon: Number, delta: Number) -> Non
         except InvalidLedgerOperation as exc:
             fail(f"refused: {exc}")
     console.print(f"cap set: {name} on {dataset}: ε={epsilon}, δ={delta}")
+
+
+@analysts_app.command("list")
+def analysts_list() -> None:
+    """Every analyst: role, key state, and Σε spent and cap per dataset."""
+    table = Table("name", "role", "key", "key expires", "dataset", "Σε spent", "cap (remaining ε)")
+    with transaction(_engine()) as s:
+        rows = ops.analysts_overview(s)
+    for a in rows:
+        expires = a.key_expires_at.isoformat(timespec="minutes") if a.key_expires_at else ""
+        for i, sp in enumerate(a.spending or [None]):
+            head = (a.name, a.role, a.key_state, expires) if i == 0 else ("", "", "", "")
+            if sp is None:
+                table.add_row(*head, "", "", "")
+                continue
+            cap = (
+                f"ε {sp.cap.epsilon_total:g} ({sp.cap.remaining_epsilon:.4g})" if sp.cap else "none"
+            )
+            table.add_row(*head, sp.dataset, f"{sp.epsilon_sum:g}", cap)
+    console.print(table)
+
+
+@datasets_app.command("nominal")
+def datasets_nominal(
+    name: str,
+    allow: Annotated[
+        bool,
+        typer.Option(
+            "--allow/--deny", help="Allow or forbid methods whose ε is nominal (expm_nf)."
+        ),
+    ],
+) -> None:
+    """Set a dataset's nominal policy (as PUT /v1/admin/datasets/{name}/nominal)."""
+    with _refusals(), transaction(_engine()) as s:
+        ds = ops.set_nominal(s, name, allow_nominal=allow)
+        console.print(f"{ds.name}: nominal methods {'allowed' if ds.allow_nominal else 'refused'}")
+
+
+@admin_app.command("jobs")
+def admin_jobs(
+    limit: Annotated[int, typer.Option(min=1, max=1000, help="Newest first, at most.")] = 50,
+) -> None:
+    """Every analyst's jobs, newest first, with the failure reason the worker recorded
+    (the detail stays in the worker's log) and whether a failed job was refunded."""
+    names = ("job", "analyst", "dataset", "method", "status", "steps", "ε", "failure")
+    # Fold, never truncate: an admin copies the job id into `admin refund`.
+    columns = [Column(n, overflow="fold") for n in names]
+    table = Table(*columns, title="Jobs, newest first")
+    with transaction(_engine()) as s:
+        rows = ops.jobs_newest_first(s, limit=limit)
+    for row in rows:
+        j = row.job
+        failure = (j.error or "") + (" (refunded)" if row.refunded else "")
+        table.add_row(
+            j.id, row.analyst, j.dataset, j.method, str(j.status),
+            f"{j.progress_step}/{j.progress_total}", f"{j.epsilon:g}", escape(failure),
+        )  # fmt: skip
+    console.print(table)
+
+
+@admin_app.command("refund")
+def admin_refund(
+    job_id: str,
+    reason: Annotated[str, typer.Option(help="Why (3 to 2000 characters; in the ledger).")],
+    override: Annotated[
+        bool,
+        typer.Option(
+            help="The job read private rows: record the refund as information only (no ε back)."
+        ),
+    ] = False,
+) -> None:
+    """Refund a failed job's charge with a reason (as POST /v1/admin/jobs/{id}/refund)."""
+    body = _checked(RefundRequest, reason=reason, override=override)
+    with _refusals(), transaction(_engine()) as s:
+        job = ops.refund_failed_job(s, job_id, body)
+    console.print(f"refunded job {job.id} on {job.dataset}: {escape(body.reason)}")
 
 
 def ledger_table(rows: list[dict]) -> Table:
@@ -467,16 +552,28 @@ def worker_cmd(loglevel: str = "INFO") -> None:
 
 @app.command()
 def up(port: int = 8000) -> None:
-    """Embedded mode: migrate, then run the API and one worker until Ctrl-C."""
+    """Embedded mode: migrate, then run the API and one worker until Ctrl-C.
+
+    Their logs are appended to HOME/logs/api.log and HOME/logs/worker.log."""
     from enclave.processes import child_env, start_api, start_worker, stop, wait_ready
 
     db_upgrade()
-    env = child_env({})
-    api_proc = start_api(env, port)
-    worker_proc = start_worker(env)
+    home = get_settings().home
+    logs = home / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    # The children get the absolute home, so they agree with this process on every path.
+    env = child_env({"ENCLAVE_HOME": str(home)})
+    api_proc = start_api(env, port, log=logs / "api.log")
+    worker_proc = start_worker(env, log=logs / "worker.log")
     try:
         wait_ready(f"http://127.0.0.1:{port}")
         console.print(f"enclave up: API on http://127.0.0.1:{port} (docs at /docs); Ctrl-C stops")
+        console.print(
+            f"home {home}; logs in {logs}/api.log and worker.log",
+            soft_wrap=True,
+            markup=False,
+            highlight=False,
+        )
         signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
         while api_proc.poll() is None and worker_proc.poll() is None:
             time.sleep(0.5)

@@ -26,7 +26,11 @@ def child_env(extra: dict[str, str]) -> dict[str, str]:
 
 
 def start_api(
-    env: dict[str, str], port: int, log: Path | None = None, workers: int = 1
+    env: dict[str, str],
+    port: int,
+    log: Path | None = None,
+    workers: int = 1,
+    cwd: Path | None = None,
 ) -> subprocess.Popen[bytes]:
     cmd = [
         sys.executable,
@@ -43,7 +47,7 @@ def start_api(
         str(workers),
     ]
     out = open(log, "ab") if log else subprocess.DEVNULL  # noqa: SIM115
-    return subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT)
+    return subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, cwd=cwd)
 
 
 def start_worker(

@@ -10,21 +10,34 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-DEFAULT_HOME = Path(".enclave")
+
+def default_home() -> Path:
+    """``~/.enclave``: the same for every process of one user, whatever its working folder."""
+    return Path.home() / ".enclave"
 
 
 class Settings(BaseSettings):
+    """Paths: ``home`` is made absolute when the settings load (a relative ENCLAVE_HOME is
+    taken from the working folder then); relative ``release_dir`` and ``data_dir`` are
+    under ``home``, never under the working folder, so an API and a worker started from
+    different folders with the same settings find the same files."""
+
     model_config = SettingsConfigDict(env_prefix="ENCLAVE_", extra="ignore")
 
-    home: Path = Field(default=DEFAULT_HOME, description="Root of the embedded mode's files.")
+    home: Path = Field(
+        default_factory=default_home, description="Root of the enclave's files (absolute)."
+    )
     database_url: str = Field(default="", description="SQLAlchemy URL of the ledger database.")
     broker_url: str = Field(default="", description="Celery broker URL.")
-    release_dir: Path | None = Field(default=None, description="Where releases are written.")
+    release_dir: Path | None = Field(
+        default=None, description="Where releases are written (default: home/releases)."
+    )
     data_dir: Path | None = Field(
-        default=None, description="Private data volume: mounted only into the worker."
+        default=None,
+        description="Private data volume, only in the worker (default: home/private-data).",
     )
     device: Literal["auto", "cpu", "cuda"] = "auto"
     queue: str = "enclave.jobs"
@@ -61,6 +74,11 @@ class Settings(BaseSettings):
     # Lifetime of an admin's dashboard session (service/dashboard/sessions.py), from sign-in.
     dashboard_session_ttl_s: float = Field(default=8 * 3600.0, gt=0, le=30 * 86400.0)
 
+    @field_validator("home")
+    @classmethod
+    def _absolute_home(cls, home: Path) -> Path:
+        return home.expanduser().resolve()
+
     @property
     def resolved_database_url(self) -> str:
         return self.database_url or f"sqlite:///{(self.home / 'ledger.sqlite').resolve()}"
@@ -71,11 +89,15 @@ class Settings(BaseSettings):
 
     @property
     def resolved_release_dir(self) -> Path:
-        return (self.release_dir or self.home / "releases").resolve()
+        return self._under_home(self.release_dir, "releases")
 
     @property
     def resolved_data_dir(self) -> Path:
-        return (self.data_dir or self.home / "private-data").resolve()
+        return self._under_home(self.data_dir, "private-data")
+
+    def _under_home(self, path: Path | None, default: str) -> Path:
+        """``path`` if absolute, else under ``home`` (``default`` when unset)."""
+        return (self.home / (path.expanduser() if path is not None else default)).resolve()
 
 
 @lru_cache(maxsize=1)

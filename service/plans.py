@@ -483,3 +483,12 @@ def plan_for_dataset(
         dataset_kind=kind,
         norm_sq_bound=row_norm_sq_bound(schema),
     )
+
+
+def progress_total(plan: PrivacyPlan) -> int:
+    """T of a job's progress "step k of T", from its plan alone (data-independent): the
+    steps the worker's mechanism counts. DP-SGD and the Langevin sampler count each
+    released sample's steps (``steps × samples``); ``expm_nf`` trains one flow for all its
+    samples (``steps``). Set on the job at admission, so it reads "0 of T" while queued."""
+    steps = int(plan.mechanism["steps"])
+    return steps if plan.method == "expm_nf" else steps * plan.samples

@@ -36,7 +36,7 @@ from service.jobs import as_utc
 from service.ledger.admission import lock_job, record_release
 from service.ledger.tables import Dataset, Job, JobStatus, Release
 from service.modelspec import ModelSpec
-from service.plans import PlanError, plan_for_dataset
+from service.plans import PlanError, plan_for_dataset, progress_total
 from service.privacy.amounts import from_micro
 from service.schemas import JobRequest, PrivacyPlan
 from worker.data import load_training_set
@@ -133,9 +133,12 @@ def _mark_data_touched(engine: Engine, job_id: str, token: str) -> None:
 class Heartbeat:
     """Writes progress and a heartbeat; flags when the job's run token is no longer ours."""
 
-    def __init__(self, engine: Engine, job_id: str, token: str, interval: float) -> None:
+    def __init__(
+        self, engine: Engine, job_id: str, token: str, interval: float, *, total: int
+    ) -> None:
         self.engine, self.job_id, self.token, self.interval = engine, job_id, token, interval
-        self.step, self.total = 0, 0
+        # T from the plan (set at admission) until the mechanism reports its own.
+        self.step, self.total = 0, total
         self.lost = threading.Event()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True, name="heartbeat")
@@ -239,7 +242,7 @@ def execute_job(job_id: str, settings: Settings | None = None) -> Outcome:
         return Outcome.failed
     interval = max(0.2, min(5.0, settings.heartbeat_timeout_s / 4))
     try:
-        with Heartbeat(engine, job_id, token, interval) as hb:
+        with Heartbeat(engine, job_id, token, interval, total=progress_total(plan)) as hb:
             device = resolve_device(settings.device)
             data = load_training_set(
                 settings.resolved_data_dir,

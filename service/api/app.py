@@ -13,6 +13,8 @@ from fastapi import FastAPI
 from service.api.docs import install_docs
 from service.api.errors import install_handlers, problem_response
 from service.api.limits import Limiter
+from service.api.metrics import Metrics, MetricsMiddleware
+from service.api.metrics import router as metrics_router
 from service.api.openapi import install_openapi
 from service.api.routes import admin, health, jobs
 from service.config import Settings, get_settings
@@ -136,9 +138,13 @@ def create_app(settings: Settings | None = None, *, run_sweeper: bool = True) ->
     install_handlers(app)
     install_openapi(app, servers=[{"url": "/", "description": "This service."}])
     install_docs(app)
+    app.state.metrics = Metrics(app.state.engine)
     app.include_router(health.router)
+    app.include_router(metrics_router)
     app.include_router(jobs.router)
     app.include_router(admin.router)
     dashboard.install(app)
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)  # type: ignore[arg-type]
+    # Outermost: it also counts the requests BodyLimit refuses.
+    app.add_middleware(MetricsMiddleware, metrics=app.state.metrics)  # type: ignore[arg-type]
     return app

@@ -37,6 +37,7 @@ from service.ledger.tables import (
     JobStatus,
     LedgerEntry,
 )
+from service.plans import progress_total
 from service.privacy.amounts import curve_to_micro_up, from_micro, to_micro_down, to_micro_up
 from service.privacy.events import event_from_json
 from service.privacy.filters import (
@@ -503,7 +504,7 @@ def admit_job(
         plan=plan.model_dump(mode="json"),
         status=JobStatus.queued,
         progress_step=0,
-        progress_total=0,
+        progress_total=progress_total(plan),
         attempts=0,
         data_touched=False,
     )

@@ -285,3 +285,27 @@ def test_expm_plans_beyond_the_job_time_limit_are_refused_before_any_charge(
     assert client.get("/v1/datasets", headers=auth(keys.alice)).json() == before
     small = {**body, "expm": {"steps": 10}}
     assert client.post("/v1/quote", json=small, headers=auth(keys.alice)).status_code == 200
+
+
+def test_progress_total_is_the_plans_from_submission_to_release(
+    client: Any, keys: Any, settings: Any
+) -> None:
+    """A queued job reads "step 0 of T" (T from its plan), and the worker's mechanism
+    counts the same T: k samples of DP-SGD or Langevin count k·steps, expm_nf one flow."""
+    cases = [
+        ({**BODY, "samples": 2}, lambda plan: 2 * plan["mechanism"]["steps"]),
+        ({**BODY, "method": "expm", "dpsgd": None, "expm": {"steps": 30}}, lambda _: 30),
+        (
+            {**BODY, "method": "expm_nf", "delta": 0, "dpsgd": None,
+             "expm_nf": {"steps": 20, "n_samples_per_step": 8, "batch_size": 64}},
+            lambda _: 20,
+        ),
+    ]  # fmt: skip
+    for body, expected in cases:
+        job_id = _submit(client, keys, body)
+        job = client.get(f"/v1/jobs/{job_id}", headers=auth(keys.alice)).json()
+        total = expected(job["plan"])
+        assert (job["status"], job["progress_step"], job["progress_total"]) == ("queued", 0, total)
+        assert execute_job(job_id, settings) == Outcome.released
+        job = client.get(f"/v1/jobs/{job_id}", headers=auth(keys.alice)).json()
+        assert job["progress_step"] == job["progress_total"] == total, body["method"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Annotated
 
 from fastapi import APIRouter, Header, Response
@@ -49,6 +50,8 @@ from service.schemas import (
     QuoteResponse,
 )
 from service.timeseries import TimeSeriesSchema
+
+log = logging.getLogger("enclave.api")
 
 router = APIRouter(prefix="/v1", tags=["analyst"], responses=AUTHENTICATED)
 
@@ -332,6 +335,16 @@ def get_release_weights(
         path = release_paths(
             settings.resolved_release_dir, job_id, release.card["run_token"]
         ).weights
+    if not path.is_file():
+        # The worker wrote it elsewhere: the API and the worker do not share one release
+        # folder (ENCLAVE_RELEASE_DIR / ENCLAVE_HOME). The path stays in the server's log.
+        log.error("job %s: released weights not found at %s", job_id, path)
+        raise ProblemError(
+            404,
+            "not-found",
+            f"the weights of job {job_id} are not in this API's release folder; ask the "
+            "admin to give the API and the worker the same ENCLAVE_RELEASE_DIR",
+        )
     return FileResponse(
         path, media_type="application/octet-stream", filename=f"{job_id}.safetensors"
     )

@@ -1,0 +1,347 @@
+"""`enclave jobs`: the analyst's commands, over HTTP only (httpx), never the database.
+
+The service's URL and the analyst's API key come from ``ENCLAVE_URL`` and
+``ENCLAVE_API_KEY`` (``--url`` and ``--key`` override them). Every error the API answers
+(RFC 9457 problem+json) is one line, ``error: <title>: <detail>``, and exit status 1, as
+are the CLI's own user errors (:func:`enclave.errors.fail`).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import httpx
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from enclave.errors import fail
+from service.version import __version__
+
+jobs_app = typer.Typer(
+    help=(
+        "Analysts: quote, submit, watch, download and score jobs over HTTP "
+        "(ENCLAVE_URL, ENCLAVE_API_KEY)."
+    ),
+    no_args_is_help=True,
+)
+console = Console()
+
+DEFAULT_URL = "http://127.0.0.1:8000"
+FINISHED = {"released", "failed", "cancelled"}
+
+Url = Annotated[
+    str, typer.Option("--url", envvar="ENCLAVE_URL", help="The enclave API's base URL.")
+]
+Key = Annotated[
+    str | None,
+    typer.Option("--key", envvar="ENCLAVE_API_KEY", help="Your API key.", show_default=False),
+]
+JobId = Annotated[str, typer.Argument(help="The job's id (from `submit`).")]
+
+
+def problem_line(response: httpx.Response) -> str:
+    """One line for an error response: ``<title>: <detail>`` of its problem+json, plus
+    the first invalid field of a validation error; the status line for anything else."""
+    try:
+        body = response.json()
+    except ValueError:
+        body = None
+    if not isinstance(body, dict) or "title" not in body:
+        return f"HTTP {response.status_code} {response.reason_phrase}"
+    line = f"{body['title']}: {body.get('detail') or response.reason_phrase}"
+    errors = body.get("errors")
+    if isinstance(errors, list) and errors and isinstance(errors[0], dict):
+        where = ".".join(str(p) for p in errors[0].get("loc", []))
+        line += f" ({where}: {errors[0].get('msg', '')})"
+    return " ".join(line.split())  # one line, whatever the detail holds
+
+
+class Api:
+    """The analyst's session with the API: every error becomes one ``error:`` line."""
+
+    def __init__(self, url: str, key: str | None) -> None:
+        if not key:
+            fail("no API key: set ENCLAVE_API_KEY or pass --key")
+        self.url = url.rstrip("/")
+        self.http = httpx.Client(
+            base_url=self.url,
+            headers={"Authorization": f"Bearer {key}", "User-Agent": f"enclave/{__version__}"},
+            timeout=60.0,
+        )
+
+    def call(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        try:
+            response = self.http.request(method, path, **kwargs)
+        except httpx.HTTPError as exc:
+            fail(f"cannot reach {self.url}: {exc}")
+        if response.status_code >= 400:
+            fail(problem_line(response))
+        return response
+
+    def json(self, method: str, path: str, **kwargs: Any) -> Any:
+        return self.call(method, path, **kwargs).json()
+
+
+def _request_body(
+    body: Path | None,
+    dataset: str | None,
+    method: str | None,
+    epsilon: float | None,
+    delta: float | None,
+    model: str | None,
+    samples: int | None,
+) -> dict[str, Any]:
+    """The body of POST /v1/quote and /v1/jobs: the --body file's JSON object, with the
+    flags given on top. The API validates it (a 422 problem names the field)."""
+    out: dict[str, Any] = {}
+    if body is not None:
+        try:
+            out = json.loads(body.read_text())
+        except (OSError, UnicodeError, ValueError) as exc:
+            fail(f"cannot read the request body from {body}: {exc}")
+        if not isinstance(out, dict):
+            fail(f"{body}: the request body must be a JSON object")
+    flags: dict[str, Any] = {"dataset": dataset, "method": method, "epsilon": epsilon}
+    flags |= {"delta": delta, "samples": samples}
+    flags["model"] = None if model is None else {"kind": model}
+    out.update({k: v for k, v in flags.items() if v is not None})
+    missing = [k for k in ("dataset", "method", "epsilon") if k not in out]
+    if missing:
+        fail(f"the request needs {', '.join(missing)}: pass --{missing[0]} or --body FILE")
+    return out
+
+
+BodyFile = Annotated[
+    Path | None,
+    typer.Option(
+        "--body",
+        dir_okay=False,
+        help="A JSON file with the request (the body of POST /v1/jobs); flags override it.",
+    ),
+]
+DatasetOpt = Annotated[str | None, typer.Option(help="Dataset name.")]
+MethodOpt = Annotated[str | None, typer.Option(help="dpsgd, expm or expm_nf.")]
+EpsilonOpt = Annotated[float | None, typer.Option(help="ε of one release, in nats.")]
+DeltaOpt = Annotated[float | None, typer.Option(help="δ of one release (0 for pure methods).")]
+ModelOpt = Annotated[str | None, typer.Option(help="Model kind: logistic, mlp, grud.")]
+SamplesOpt = Annotated[int | None, typer.Option(help="Released models (each charged).")]
+
+
+def _budget(view: dict[str, Any] | None) -> str:
+    if view is None:
+        return "none"
+    return f"{view['remaining_epsilon']:.4g} of ε {view['epsilon_total']:g}"
+
+
+def _change(before: dict[str, Any] | None, after: dict[str, Any] | None) -> str:
+    return f"{_budget(before)} → {_budget(after)}"
+
+
+NOT_PROVEN = {"nominal": ": not proven"}
+
+
+def quote_table(quote: dict[str, Any]) -> Table:
+    """The plan and its charge: the stated (ε, δ) and what the ledger charges."""
+    plan = quote["plan"]
+    mech = plan["mechanism"]
+    charged = quote.get("charged_epsilon")
+    table = Table("", "", title="Quote (nothing charged)", show_header=False)
+    rows = [
+        ("dataset", plan["dataset"]),
+        ("method", plan["method"]),
+        ("model", str(plan["model"].get("kind"))),
+        (
+            "guarantee",
+            plan["guarantee"].upper() + (": not proven" if plan["guarantee"] == "nominal" else ""),
+        ),
+        ("accountant", plan["accountant"]),
+        ("stated ε (nats)", f"{plan['epsilon']:g}"),
+        ("stated δ", f"{plan['delta']:g}"),
+        ("charged_epsilon", "= stated ε (pure)" if charged is None else f"{charged:.6g}"),
+        ("samples", str(plan["samples"])),
+        ("steps", str(mech.get("steps", ""))),
+    ]
+    for name in ("noise_multiplier", "sampling_rate", "expected_batch_size", "epochs"):
+        if name in mech:
+            rows.append((name, f"{mech[name]:g}"))
+    rows += [
+        (
+            "dataset ε remaining",
+            f"{_budget(quote['dataset_before'])} → {_budget(quote['dataset_after'])}",
+        ),
+        (
+            "your cap remaining",
+            f"{_budget(quote['analyst_before'])} → {_budget(quote['analyst_after'])}",
+        ),
+        ("admitted", "yes" if quote["admitted"] else f"no: {quote.get('reason') or ''}"),
+    ]
+    for name, value in rows:
+        table.add_row(name, escape(value))
+    return table
+
+
+@jobs_app.command("quote")
+def quote(
+    url: Url = DEFAULT_URL,
+    key: Key = None,
+    body: BodyFile = None,
+    dataset: DatasetOpt = None,
+    method: MethodOpt = None,
+    epsilon: EpsilonOpt = None,
+    delta: DeltaOpt = None,
+    model: ModelOpt = None,
+    samples: SamplesOpt = None,
+) -> None:
+    """Show the plan and its charge for a request without charging anything. Exits 1
+    when the ledger would refuse it (the reason is on stderr)."""
+    request = _request_body(body, dataset, method, epsilon, delta, model, samples)
+    answer = Api(url, key).json("POST", "/v1/quote", json=request)
+    console.print(quote_table(answer))
+    if not answer["admitted"]:
+        fail(f"not admitted: {answer.get('reason') or 'budget exceeded'}")
+
+
+@jobs_app.command("submit")
+def submit(
+    url: Url = DEFAULT_URL,
+    key: Key = None,
+    body: BodyFile = None,
+    dataset: DatasetOpt = None,
+    method: MethodOpt = None,
+    epsilon: EpsilonOpt = None,
+    delta: DeltaOpt = None,
+    model: ModelOpt = None,
+    samples: SamplesOpt = None,
+    idempotency_key: Annotated[
+        str | None,
+        typer.Option(help="Send again safely: the same key and body return the first job."),
+    ] = None,
+) -> None:
+    """Submit a job (charged now, before any private row is read); prints its id last."""
+    request = _request_body(body, dataset, method, epsilon, delta, model, samples)
+    headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
+    response = Api(url, key).call("POST", "/v1/jobs", json=request, headers=headers)
+    job = response.json()
+    again = " (the same Idempotency-Key: the first job)" if response.status_code == 200 else ""
+    console.print(
+        f"job {job['status']}{again}: step {job['progress_step']} of {job['progress_total']}, "
+        f"ε = {job['epsilon']:g}, δ = {job['delta']:g} charged"
+    )
+    typer.echo(job["id"])
+
+
+@jobs_app.command("watch")
+def watch(
+    job_id: JobId,
+    url: Url = DEFAULT_URL,
+    key: Key = None,
+    interval: Annotated[float, typer.Option(min=0.05, help="Seconds between polls.")] = 1.0,
+    timeout: Annotated[
+        float | None, typer.Option(min=0, help="Give up after this many seconds.")
+    ] = None,
+) -> None:
+    """Show the job's progress (step k of T) until it ends; exit 1 unless it was released."""
+    api = Api(url, key)
+    deadline = None if timeout is None else time.monotonic() + timeout
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn())
+    with Progress(*columns, TimeElapsedColumn(), console=console) as bar:
+        job = api.json("GET", f"/v1/jobs/{job_id}")
+        task = bar.add_task(job["status"], total=job["progress_total"] or None)
+        while True:
+            bar.update(
+                task,
+                description=f"{job_id[:8]} {job['status']}",
+                completed=job["progress_step"],
+                total=job["progress_total"] or None,
+            )
+            if job["status"] in FINISHED:
+                break
+            if deadline is not None and time.monotonic() > deadline:
+                fail(f"job {job_id} is still {job['status']} after {timeout:g} s")
+            time.sleep(interval)
+            job = api.json("GET", f"/v1/jobs/{job_id}")
+    if job["status"] != "released":
+        fail(f"job {job_id} {job['status']}" + (f": {job['error']}" if job.get("error") else ""))
+    console.print(
+        f"job {job_id} released ({job['guarantee']} guarantee); "
+        f"`enclave jobs download {job_id}` fetches it"
+    )
+
+
+@jobs_app.command("download")
+def download(
+    job_id: JobId,
+    url: Url = DEFAULT_URL,
+    key: Key = None,
+    out: Annotated[
+        Path | None, typer.Option(file_okay=False, help="Folder to write (default: the job id).")
+    ] = None,
+) -> None:
+    """Write the release's model card (card.json) and weights (model.safetensors) into a
+    folder, and check the weights against the card's SHA-256."""
+    from enclave.analyst import CARD_FILE, WEIGHTS_FILE, open_release
+
+    api = Api(url, key)
+    card = api.call("GET", f"/v1/jobs/{job_id}/release")
+    weights = api.call("GET", f"/v1/jobs/{job_id}/release/weights")
+    folder = out or Path(job_id)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / CARD_FILE).write_bytes(card.content)
+        (folder / WEIGHTS_FILE).write_bytes(weights.content)
+    except OSError as exc:
+        fail(f"cannot write the release to {folder}: {exc}")
+    try:
+        release = open_release(folder)
+    except ValueError as exc:
+        fail(f"the downloaded release is not intact: {exc}")
+    privacy = release.card.get("privacy", {})
+    console.print(
+        f"wrote {folder / CARD_FILE} and {folder / WEIGHTS_FILE}; "
+        f"{str(privacy.get('guarantee', '')).upper()} guarantee, ε = {privacy.get('epsilon')}, "
+        f"δ = {privacy.get('delta')}",
+        soft_wrap=True,
+    )
+
+
+@jobs_app.command("score")
+def score(
+    release: Annotated[
+        Path, typer.Argument(exists=True, help="A downloaded release (its folder).")
+    ],
+    csv: Annotated[
+        Path, typer.Argument(exists=True, dir_okay=False, help="Public rows (the schema's CSV).")
+    ],
+    sample: Annotated[int, typer.Option(min=0, help="Which released model (samples > 1).")] = 0,
+    predictions: Annotated[
+        Path | None,
+        typer.Option(dir_okay=False, help="Write P(y = 1) per kept row to this CSV."),
+    ] = None,
+) -> None:
+    """Score a public CSV with a downloaded release (on this machine; no API call): rows
+    kept and dropped (with reasons), and the AUC when the CSV has the target column."""
+    import pandas as pd
+
+    from enclave.analyst import score_csv
+
+    try:
+        scored = score_csv(release, csv, sample=sample)
+    except (OSError, ValueError, KeyError) as exc:
+        fail(f"cannot score {csv.name} with the release in {release}: {exc}")
+    table = Table("", "", title=f"Scored {csv.name}", show_header=False)
+    table.add_row("rows kept", str(len(scored.kept_index)))
+    table.add_row("rows dropped", str(len(scored.dropped)))
+    table.add_row("AUC", "no labels" if scored.auc is None else f"{scored.auc:.4f}")
+    console.print(table)
+    for row, why in list(scored.dropped.items())[:5]:
+        console.print(f"dropped row {row}: {escape(why)}", soft_wrap=True)
+    if predictions is not None:
+        frame = pd.DataFrame({"row": scored.kept_index, "probability": scored.probabilities})
+        frame.to_csv(predictions, index=False)
+        console.print(f"wrote {predictions}")
