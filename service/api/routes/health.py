@@ -26,7 +26,10 @@ def readyz(engine: EngineDep) -> dict[str, str] | JSONResponse:
             conn.execute(text("SELECT 1 FROM datasets LIMIT 1"))
     except Exception:
         return problem_response(
-            503, "conflict", "the ledger database is not reachable or not migrated"
+            503,
+            "service-unavailable",
+            "the ledger database is not reachable or not migrated",
+            headers={"Retry-After": "5"},
         )
     return {"status": "ready"}
 

@@ -1,0 +1,281 @@
+"""Fault tests on real processes (issue 11): the API, Celery workers, and a private Redis
+and PostgreSQL of the test's own, which it kills and restarts.
+
+Each test asserts that every accepted job ends released, exactly once (one release row and
+one release ledger entry per job), that the ledger's running totals and hash chains check
+out (what `enclave ledger check` and `enclave ledger verify` run), and that recovery after
+the fault clears is within its bound. Short ENCLAVE_* timeouts keep each test well under a
+minute of waiting; the measured recovery times are printed (`pytest -s`) and recorded as
+test properties.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import redis
+from sqlalchemy import create_engine, func, select, text
+
+from service.config import Settings
+from service.db import engine_for, transaction
+from service.ledger.tables import Job, Release
+from service.migrate import upgrade
+from tests.e2e.servers import PostgresServer, RedisServer
+from tests.e2e.stack import check_ledger, running_stack, wait_job
+
+pytestmark = pytest.mark.slow
+
+# The sweeper runs every second (running_stack); a queued job not started this long after
+# its message was sent is sent again.
+REQUEUE_AFTER_S = 4.0
+# The issue's goal: accepted work starts within 60 s after the fault clears. Each bound
+# below is tighter, derived from the short timeouts these tests configure.
+QUICK = {"dataset": "toy", "method": "dpsgd", "epsilon": 1.0, "delta": 1e-5}
+
+
+def _job(epochs: int, batch_size: int) -> dict[str, Any]:
+    return {**QUICK, "dpsgd": {"epochs": epochs, "batch_size": batch_size}}
+
+
+@pytest.fixture
+def private_pg() -> Iterator[PostgresServer]:
+    server = PostgresServer()
+    try:
+        server.start()
+        yield server
+    finally:
+        server.remove()
+
+
+@pytest.fixture
+def db_url(private_pg: PostgresServer) -> Iterator[str]:
+    """The ledger (the `settings` fixture's database) on this test's own PostgreSQL."""
+    admin = create_engine(private_pg.url(), isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text("CREATE DATABASE enclave"))
+    admin.dispose()
+    url = private_pg.url("enclave")
+    upgrade(url)
+    try:
+        yield url
+    finally:
+        engine_for(url).dispose()
+        engine_for.cache_clear()
+
+
+@pytest.fixture
+def broker(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[RedisServer]:
+    """This test's own Redis (persistent if the test is parametrised so)."""
+    server = RedisServer(tmp_path, persistent=getattr(request, "param", False))
+    try:
+        server.start()
+        yield server
+    finally:
+        server.kill()
+
+
+def _report(record_property: Any, name: str, seconds: float, bound: float) -> None:
+    print(f"\nRECOVERY {name}: {seconds:.1f} s (bound {bound:.0f} s)")
+    record_property(name, round(seconds, 2))
+    assert seconds <= bound, f"{name}: {seconds:.1f} s > {bound} s"
+
+
+def _submit(c: httpx.Client, body: dict[str, Any]) -> dict[str, Any]:
+    r = c.post("/v1/jobs", json=body)
+    assert r.status_code == 202, r.text
+    return dict(r.json())
+
+
+def _wait_training(c: httpx.Client, job_id: str, timeout: float = 120) -> None:
+    """Until the job's first heartbeat reports a training step."""
+    deadline = time.monotonic() + timeout
+    while True:
+        job = c.get(f"/v1/jobs/{job_id}").raise_for_status().json()
+        if job["status"] == "running" and job["progress_step"] > 0:
+            return
+        assert job["status"] in ("queued", "running") and time.monotonic() < deadline, job
+        time.sleep(0.1)
+
+
+def _queued_job_ids(r: redis.Redis, queue: str) -> list[str]:
+    """The job ids of the task messages waiting in a Redis queue (kombu's envelope, its
+    body the base64 of Celery's JSON [args, kwargs, embed])."""
+    bodies = [json.loads(m)["body"] for m in r.lrange(queue, 0, -1)]
+    return [json.loads(base64.b64decode(b))[0][0] for b in bodies]
+
+
+def _attempts(settings: Settings, job_id: str) -> int:
+    with transaction(engine_for(settings.resolved_database_url)) as s:
+        return s.get_one(Job, job_id).attempts
+
+
+@pytest.mark.parametrize(
+    "broker", [False, True], ids=["without-persistence", "appendonly"], indirect=True
+)
+def test_redis_restart_with_a_job_queued(
+    settings: Settings, tmp_path: Path, broker: RedisServer, record_property: Any
+) -> None:
+    """The only worker is busy with one job while a second job's message waits in Redis;
+    Redis is killed (SIGKILL) and started again. Without persistence the message is gone
+    and the sweeper sends the job again; with the append-only file it is still there.
+    Either way both jobs are released once, and the worker finds the new Redis by itself."""
+    env = {"ENCLAVE_REQUEUE_AFTER_S": str(REQUEUE_AFTER_S)}
+    with running_stack(settings, tmp_path, broker.url, n=2000, heartbeat=4, env=env) as stack:
+        stack.add_worker("w1")
+        with stack.client(stack.keys.alice) as c:
+            busy = _submit(c, _job(epochs=10, batch_size=20))
+            _wait_training(c, busy["id"])
+            waiting = _submit(c, _job(epochs=1, batch_size=100))
+            queue = redis.Redis.from_url(broker.url)
+            # (The busy job may have messages there too: it was re-sent while the worker
+            # was starting. The worker's claim skips them.)
+            assert waiting["id"] in _queued_job_ids(queue, settings.queue)
+
+            broker.kill()
+            broker.start()
+            back = time.monotonic()
+            kept = waiting["id"] in _queued_job_ids(queue, settings.queue)
+            assert kept == broker.persistent
+            # The fault hit while the waiting job's message was the only record of it.
+            assert c.get(f"/v1/jobs/{busy['id']}").json()["status"] == "running"
+
+            waited = wait_job(c, waiting["id"], {"released", "failed"}, timeout=120)
+            recovery = time.monotonic() - back
+            assert waited["status"] == "released", waited
+            assert wait_job(c, busy["id"], {"released", "failed"})["status"] == "released"
+    check_ledger(settings, releases=2)
+    assert _attempts(settings, waiting["id"]) == 1
+    # Bound: the busy job's remaining training, then the resend (REQUEUE_AFTER_S plus a
+    # sweep), the worker's reconnection, and a one-epoch job.
+    _report(record_property, f"redis_{'aof' if broker.persistent else 'volatile'}_s", recovery, 45)
+
+
+def test_postgres_outage_while_a_job_finishes(
+    settings: Settings,
+    tmp_path: Path,
+    private_pg: PostgresServer,
+    broker: RedisServer,
+    record_property: Any,
+) -> None:
+    """PostgreSQL stops (`pg_ctl stop -m immediate`) while a job is running and stays down
+    for longer than the job has left to train, so its final heartbeat and its release meet
+    the outage. The API answers 503 problem+json meanwhile; once PostgreSQL is back the
+    worker's retried release goes through: released once, by the same run, nothing lost."""
+    outage_s = 12.0
+    with running_stack(settings, tmp_path, broker.url, n=2000, heartbeat=4) as stack:
+        stack.add_worker("w1")
+        with stack.client(stack.keys.alice) as c:
+            job = _submit(c, _job(epochs=6, batch_size=20))
+            _wait_training(c, job["id"])
+            private_pg.stop_immediate()
+            down = time.monotonic()
+
+            for r in (
+                c.get(f"/v1/jobs/{job['id']}"),
+                c.post("/v1/jobs", json=QUICK),
+                c.get("/readyz"),
+            ):
+                assert r.status_code == 503, (r.request.url, r.status_code, r.text)
+                assert r.headers["content-type"] == "application/problem+json"
+                assert r.json()["type"] == "/problems/service-unavailable"
+                assert r.headers["Retry-After"] == "5"
+
+            time.sleep(max(0.0, outage_s - (time.monotonic() - down)))
+            private_pg.start()
+            back = time.monotonic()
+            while c.get("/readyz").status_code != 200:
+                assert time.monotonic() - back < 30
+                time.sleep(0.1)
+            api_recovery = time.monotonic() - back
+            done = wait_job(c, job["id"], {"released", "failed"}, timeout=120)
+            recovery = time.monotonic() - back
+            assert done["status"] == "released", done
+    check_ledger(settings, releases=1)
+    assert _attempts(settings, job["id"]) == 1  # the run that met the outage released it
+    assert "ledger unreachable at release" in (tmp_path / "worker-w1.log").read_text()
+    with transaction(engine_for(settings.resolved_database_url)) as s:
+        assert s.scalar(select(func.count()).select_from(Job)) == 1  # the 503 charged nothing
+    _report(record_property, "postgres_api_s", api_recovery, 5)
+    # Bound: the worker's release retries back off to 8 s then 15 s between tries.
+    _report(record_property, "postgres_release_s", recovery, 20)
+
+
+def test_api_killed_with_submissions_in_flight(
+    settings: Settings, tmp_path: Path, broker: RedisServer, record_property: Any
+) -> None:
+    """Four clients submit jobs, each with its own Idempotency-Key, and the API process is
+    SIGKILLed while submissions are in flight. A new API process starts; every client
+    retries each unanswered submission with the same key. Each key ends with exactly one
+    job; a key that got a 202 before the kill gets the same job back; every job is released
+    once."""
+    answers: dict[str, str | None] = {}  # key -> job id from the first try (None: no answer)
+    lock = threading.Lock()
+    body = _job(epochs=1, batch_size=100)
+    with running_stack(settings, tmp_path, broker.url, epsilon=100.0) as stack:
+        stack.add_worker("w1")
+
+        def client_loop() -> None:
+            with stack.client(stack.keys.alice) as c:
+                for _ in range(3):
+                    key = uuid.uuid4().hex
+                    with lock:
+                        answers[key] = None
+                    try:
+                        r = c.post("/v1/jobs", json=body, headers={"Idempotency-Key": key})
+                    except httpx.TransportError:
+                        return
+                    assert r.status_code == 202, r.text
+                    with lock:
+                        answers[key] = r.json()["id"]
+
+        clients = [threading.Thread(target=client_loop) for _ in range(4)]
+        for t in clients:
+            t.start()
+        deadline = time.monotonic() + 60
+        while sum(v is not None for v in answers.values()) < 2:
+            assert time.monotonic() < deadline
+            time.sleep(0.005)
+        stack.kill_api()
+        for t in clients:
+            t.join()
+        unanswered = [k for k, v in answers.items() if v is None]
+        assert unanswered  # the kill caught submissions in flight
+
+        killed = time.monotonic()
+        stack.restart_api()
+        api_recovery = time.monotonic() - killed
+        final: dict[str, str] = {}
+        committed_unanswered = 0
+        with stack.client(stack.keys.alice) as c:
+            for key, first in answers.items():
+                r = c.post("/v1/jobs", json=body, headers={"Idempotency-Key": key})
+                # 200: the first try was committed (replayed); 202: it never was.
+                assert r.status_code in (200, 202), r.text
+                if first is not None:
+                    assert (r.status_code, r.json()["id"]) == (200, first)
+                else:
+                    committed_unanswered += r.status_code == 200
+                final[key] = r.json()["id"]
+            for job_id in final.values():
+                assert wait_job(c, job_id, {"released", "failed"})["status"] == "released"
+        recovery = time.monotonic() - killed
+    print(
+        f"\n{len(answers)} submissions, {len(unanswered)} unanswered at the kill, "
+        f"{committed_unanswered} of them committed before it"
+    )
+    assert len(set(final.values())) == len(answers)  # one job per key, none shared
+    with transaction(engine_for(settings.resolved_database_url)) as s:
+        assert s.scalar(select(func.count()).select_from(Job)) == len(answers)
+        assert s.scalar(select(func.count()).select_from(Release)) == len(answers)
+    check_ledger(settings, releases=len(answers))
+    _report(record_property, "api_restart_s", api_recovery, 30)
+    _report(record_property, "api_all_released_s", recovery, 60)
