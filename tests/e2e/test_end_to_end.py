@@ -1,15 +1,14 @@
 """End to end: the API and real Celery worker processes, driven over HTTP.
 
 - embedded mode: SQLite ledger + SQLite broker (kombu's SQLAlchemy transport);
-- production mode: PostgreSQL ledger + Redis broker;
-- a fault test: the worker is killed (SIGKILL) in the middle of a job; the job is
-  retried by another worker and released exactly once.
+- production mode: PostgreSQL ledger + Redis broker.
+
+The fault tests (a worker, Redis, PostgreSQL or the API killed) are in test_faults.py.
 """
 
 from __future__ import annotations
 
 import os
-import signal
 import time
 import uuid
 from collections.abc import Iterator
@@ -20,11 +19,9 @@ import pytest
 import redis
 
 from service.config import Settings
-from service.db import engine_for, transaction
-from service.ledger.tables import Job
 from service.releases import encode_for, load_release, predict_proba
 from tests.conftest import REDIS_TEST_DB, REDIS_URL
-from tests.e2e.stack import Stack, check_ledger, running_stack, wait_job
+from tests.e2e.stack import Stack, check_ledger, running_stack
 
 pytestmark = pytest.mark.slow
 
@@ -110,44 +107,6 @@ def test_production_mode_postgres_redis(
         )
         assert card["privacy"]["guarantee"] == "proven"
         assert _auc(release) > 0.7
-        check_ledger(settings, releases=1)
-
-
-@pytest.mark.parametrize("db_url", ["postgres"], indirect=True)
-def test_worker_killed_mid_job_is_retried_and_released_once(
-    settings: Settings, tmp_path: Path, redis_broker: str
-) -> None:
-    with running_stack(settings, tmp_path, redis_broker, heartbeat=3, n=4000) as stack:
-        victim = stack.add_worker("victim")
-        with stack.client(stack.keys.alice) as c:
-            job = (
-                c.post(
-                    "/v1/jobs",
-                    json={
-                        "dataset": "toy",
-                        "method": "dpsgd",
-                        "epsilon": 4.0,
-                        "delta": 1e-5,
-                        "dpsgd": {"epochs": 40, "batch_size": 20},
-                    },
-                )
-                .raise_for_status()
-                .json()
-            )
-            deadline = time.monotonic() + 120
-            while True:
-                job = c.get(f"/v1/jobs/{job['id']}").raise_for_status().json()
-                if job["status"] == "running" and job["progress_step"] > 0:
-                    break
-                assert time.monotonic() < deadline, job
-                time.sleep(0.1)
-            os.kill(victim.pid, signal.SIGKILL)
-            victim.wait()
-            stack.add_worker("rescuer")
-            job = wait_job(c, job["id"], {"released", "failed"}, timeout=300)
-            assert job["status"] == "released", job
-        with transaction(engine_for(settings.resolved_database_url)) as s:
-            assert s.get_one(Job, job["id"]).attempts == 2  # the killed run, then the retry
         check_ledger(settings, releases=1)
 
 

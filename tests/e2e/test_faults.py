@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import base64
 import json
+import os
+import signal
 import threading
 import time
 import uuid
@@ -106,6 +108,13 @@ def _wait_training(c: httpx.Client, job_id: str, timeout: float = 120) -> None:
         time.sleep(0.1)
 
 
+def _wait_log(path: Path, text: str, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists() or text not in path.read_text():
+        assert time.monotonic() < deadline, f"{text!r} not in {path}"
+        time.sleep(0.2)
+
+
 def _queued_job_ids(r: redis.Redis, queue: str) -> list[str]:
     """The job ids of the task messages waiting in a Redis queue (kombu's envelope, its
     body the base64 of Celery's JSON [args, kwargs, embed])."""
@@ -116,6 +125,34 @@ def _queued_job_ids(r: redis.Redis, queue: str) -> list[str]:
 def _attempts(settings: Settings, job_id: str) -> int:
     with transaction(engine_for(settings.resolved_database_url)) as s:
         return s.get_one(Job, job_id).attempts
+
+
+def test_worker_killed_mid_job_is_retried_and_released_once(
+    settings: Settings, tmp_path: Path, broker: RedisServer, record_property: Any
+) -> None:
+    """The worker running a job is SIGKILLed; its heartbeat goes stale, the sweeper sends
+    the job again, an idle second worker claims it (a new run token) and releases it once."""
+    heartbeat = 5.0
+    with running_stack(settings, tmp_path, broker.url, heartbeat=heartbeat, n=4000) as stack:
+        victim = stack.add_worker("victim")
+        with stack.client(stack.keys.alice) as c:
+            job = _submit(c, _job(epochs=10, batch_size=20))
+            _wait_training(c, job["id"])
+            stack.add_worker("rescuer")
+            _wait_log(tmp_path / "worker-rescuer.log", "ready.")  # up and idle
+            os.kill(victim.pid, signal.SIGKILL)
+            victim.wait()
+            killed = time.monotonic()
+            while _attempts(settings, job["id"]) < 2:  # the rescuer's claim
+                assert time.monotonic() - killed < 60
+                time.sleep(0.1)
+            reclaimed = time.monotonic() - killed
+            done = wait_job(c, job["id"], {"released", "failed"}, timeout=240)
+            assert done["status"] == "released", done
+    check_ledger(settings, releases=1)
+    assert _attempts(settings, job["id"]) == 2  # the killed run, then the retry
+    # Bound: the heartbeat timeout and a sweep, with room for a loaded machine.
+    _report(record_property, "worker_kill_reclaim_s", reclaimed, heartbeat + 10)
 
 
 @pytest.mark.parametrize(
@@ -141,8 +178,8 @@ def test_redis_restart_with_a_job_queued(
             assert waiting["id"] in _queued_job_ids(queue, settings.queue)
 
             broker.kill()
+            back = time.monotonic()  # recovery counts from the restart, its start-up included
             broker.start()
-            back = time.monotonic()
             kept = waiting["id"] in _queued_job_ids(queue, settings.queue)
             assert kept == broker.persistent
             # The fault hit while the waiting job's message was the only record of it.
@@ -190,8 +227,8 @@ def test_postgres_outage_while_a_job_finishes(
                 assert r.headers["Retry-After"] == "5"
 
             time.sleep(max(0.0, outage_s - (time.monotonic() - down)))
+            back = time.monotonic()  # recovery counts from the restart, its start-up included
             private_pg.start()
-            back = time.monotonic()
             while c.get("/readyz").status_code != 200:
                 assert time.monotonic() - back < 30
                 time.sleep(0.1)
@@ -207,6 +244,39 @@ def test_postgres_outage_while_a_job_finishes(
     _report(record_property, "postgres_api_s", api_recovery, 5)
     # Bound: the worker's release retries back off to 8 s then 15 s between tries.
     _report(record_property, "postgres_release_s", recovery, 20)
+
+
+def test_postgres_down_when_the_worker_takes_the_job(
+    settings: Settings,
+    tmp_path: Path,
+    private_pg: PostgresServer,
+    broker: RedisServer,
+    record_property: Any,
+) -> None:
+    """The worker takes a queued job's message while PostgreSQL is down: its claim raises
+    and Celery acks the message, so the broker no longer has it. The job is still queued in
+    the ledger; once PostgreSQL is back the sweeper sends it again and it is released once."""
+    env = {"ENCLAVE_REQUEUE_AFTER_S": str(REQUEUE_AFTER_S)}
+    with running_stack(settings, tmp_path, broker.url, env=env) as stack:
+        with stack.client(stack.keys.alice) as c:
+            job = _submit(c, _job(epochs=1, batch_size=100))
+        queue = redis.Redis.from_url(broker.url)
+        assert job["id"] in _queued_job_ids(queue, settings.queue)
+        private_pg.stop_immediate()
+        stack.add_worker("w1")
+        _wait_log(tmp_path / "worker-w1.log", "OperationalError")  # the claim met the outage
+        assert _queued_job_ids(queue, settings.queue) == []  # consumed and acked: lost
+        back = time.monotonic()
+        private_pg.start()
+        with stack.client(stack.keys.alice) as c:
+            done = wait_job(c, job["id"], {"released", "failed"}, timeout=120)
+        recovery = time.monotonic() - back
+        assert done["status"] == "released", done
+    check_ledger(settings, releases=1)
+    assert _attempts(settings, job["id"]) == 1  # the failed claim took no attempt
+    # Bound: the resend (REQUEUE_AFTER_S since the first send, plus a sweep) and a
+    # one-epoch job.
+    _report(record_property, "postgres_claim_s", recovery, REQUEUE_AFTER_S + 16)
 
 
 def test_api_killed_with_submissions_in_flight(
