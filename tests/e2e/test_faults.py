@@ -37,10 +37,9 @@ from tests.e2e.stack import check_ledger, running_stack, wait_job
 pytestmark = pytest.mark.slow
 
 # The sweeper runs every second (running_stack); a queued job not started this long after
-# its message was sent is sent again.
+# its message was sent is sent again. The goal is that accepted work starts within
+# 60 s after a fault clears; each test's bound is tighter, from the timeouts it configures.
 REQUEUE_AFTER_S = 4.0
-# The goal: accepted work starts within 60 s after the fault clears. Each bound
-# below is tighter, derived from the short timeouts these tests configure.
 QUICK = {"dataset": "toy", "method": "dpsgd", "epsilon": 1.0, "delta": 1e-5}
 
 
