@@ -47,6 +47,15 @@ class RedisServer:
                 assert time.monotonic() < deadline, "private redis-server did not start"
                 time.sleep(0.05)
 
+    def pause(self) -> None:
+        """SIGSTOP: connections stay open and commands hang unanswered."""
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGCONT)
+
     def kill(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGKILL)
