@@ -195,6 +195,34 @@ def test_redis_restart_with_a_job_queued(
     _report(record_property, f"redis_{'aof' if broker.persistent else 'volatile'}_s", recovery, 45)
 
 
+def test_hung_redis_does_not_hang_submissions(
+    settings: Settings, tmp_path: Path, broker: RedisServer, record_property: Any
+) -> None:
+    """Redis stops answering (SIGSTOP: its socket accepts, nothing replies). A submission
+    is still answered 202 within the broker send timeout: the job is committed and charged,
+    its message unsent; once Redis answers again the sweeper sends it and it is released."""
+    env = {"ENCLAVE_BROKER_SEND_TIMEOUT_S": "2"}
+    with running_stack(settings, tmp_path, broker.url, env=env) as stack:
+        stack.add_worker("w1")
+        with stack.client(stack.keys.alice) as c:
+            broker.pause()
+            try:
+                t = time.monotonic()
+                r = c.post("/v1/jobs", json=_job(epochs=1, batch_size=100), timeout=20)
+                answered = time.monotonic() - t
+            finally:
+                broker.resume()
+            assert r.status_code == 202, r.text
+            back = time.monotonic()
+            done = wait_job(c, r.json()["id"], {"released", "failed"}, timeout=120)
+            recovery = time.monotonic() - back
+            assert done["status"] == "released", done
+    check_ledger(settings, releases=1)
+    # Bound: planning plus a few 2 s broker timeouts (a cold connection's first commands).
+    _report(record_property, "redis_hung_submit_s", answered, 10)
+    _report(record_property, "redis_hung_release_s", recovery, 20)
+
+
 def test_postgres_outage_while_a_job_finishes(
     settings: Settings,
     tmp_path: Path,
