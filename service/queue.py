@@ -46,7 +46,7 @@ def transport_options(broker_url: str, key_prefix: str = "") -> dict[str, object
 
 
 @lru_cache(maxsize=4)
-def _client(broker_url: str, queue: str, key_prefix: str = "", timeout_s: float = 5.0) -> Celery:
+def _client(broker_url: str, queue: str, key_prefix: str, timeout_s: float) -> Celery:
     options = transport_options(broker_url, key_prefix)
     if broker_url.startswith(("redis://", "rediss://")):
         # A send to a Redis that accepts connections but never answers must fail, not hang

@@ -1,6 +1,6 @@
-"""Private Redis and PostgreSQL servers for fault tests: started on free ports in a test's
-tmp dir, killed and restarted by the test, always stopped at teardown. The shared servers
-other tests use are never touched."""
+"""Private Redis and PostgreSQL servers for fault tests: started on free ports with their
+files in temporary directories, killed and restarted by the test, always stopped at
+teardown. The shared servers other tests use are never touched."""
 
 from __future__ import annotations
 
@@ -33,9 +33,9 @@ class RedisServer:
         return f"redis://127.0.0.1:{self.port}/0"
 
     def start(self) -> None:
-        aof = ["--appendonly", "yes", "--appendfsync", "always"] if self.persistent else []
+        aof = ["yes", "--appendfsync", "always"] if self.persistent else ["no"]
         cmd = ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1"]
-        cmd += ["--dir", str(self.dir), "--save", "", *(aof or ["--appendonly", "no"])]
+        cmd += ["--dir", str(self.dir), "--save", "", "--appendonly", *aof]
         log = open(self.dir / "redis.log", "ab")  # noqa: SIM115
         self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 20
