@@ -49,6 +49,9 @@ class Settings(BaseSettings):
             "other's keys."
         ),
     )
+    # The service's sends to the broker give up after this long (a hung Redis would
+    # otherwise hang every submission): the job stays queued and the sweeper sends it later.
+    broker_send_timeout_s: float = Field(default=5.0, gt=0)
     max_body_bytes: int = Field(default=64 * 1024, ge=1024)
     # A running job whose heartbeat is older than this is presumed lost and re-enqueued.
     heartbeat_timeout_s: float = Field(default=120.0, gt=0)

@@ -46,7 +46,12 @@ def transport_options(broker_url: str, key_prefix: str = "") -> dict[str, object
 
 
 @lru_cache(maxsize=4)
-def _client(broker_url: str, queue: str, key_prefix: str = "") -> Celery:
+def _client(broker_url: str, queue: str, key_prefix: str, timeout_s: float) -> Celery:
+    options = transport_options(broker_url, key_prefix)
+    if broker_url.startswith(("redis://", "rediss://")):
+        # A send to a Redis that accepts connections but never answers must fail, not hang
+        # the request (or the sweeper) that sends it.
+        options.update(socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
     app = Celery("enclave-service")
     app.conf.update(
         broker_url=broker_url,
@@ -55,13 +60,18 @@ def _client(broker_url: str, queue: str, key_prefix: str = "") -> Celery:
         task_default_queue=queue,
         broker_connection_retry=False,
         broker_connection_max_retries=1,
-        broker_transport_options=transport_options(broker_url, key_prefix),
+        broker_transport_options=options,
     )
     return app
 
 
 def send_run_job(settings: Settings, job_id: str) -> None:
-    """Send one message; raises if the broker is unreachable (the sweeper retries)."""
-    _client(settings.resolved_broker_url, settings.queue, settings.broker_key_prefix).send_task(
-        RUN_JOB_TASK, args=[job_id], queue=settings.queue, retry=False
+    """Send one message; raises if the broker is unreachable or does not answer within
+    `broker_send_timeout_s` (the sweeper retries)."""
+    client = _client(
+        settings.resolved_broker_url,
+        settings.queue,
+        settings.broker_key_prefix,
+        settings.broker_send_timeout_s,
     )
+    client.send_task(RUN_JOB_TASK, args=[job_id], queue=settings.queue, retry=False)

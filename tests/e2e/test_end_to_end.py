@@ -1,35 +1,27 @@
 """End to end: the API and real Celery worker processes, driven over HTTP.
 
 - embedded mode: SQLite ledger + SQLite broker (kombu's SQLAlchemy transport);
-- production mode: PostgreSQL ledger + Redis broker;
-- a fault test: the worker is killed (SIGKILL) in the middle of a job; the job is
-  retried by another worker and released exactly once.
+- production mode: PostgreSQL ledger + Redis broker.
+
+The fault tests (a worker, Redis, PostgreSQL or the API killed) are in test_faults.py.
 """
 
 from __future__ import annotations
 
 import os
-import signal
 import time
 import uuid
 from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 import redis
-from sqlalchemy import func, select
 
-from enclave.processes import child_env, free_port, start_api, start_worker, stop, wait_ready
 from service.config import Settings
-from service.db import engine_for, transaction
-from service.ledger.audit import check_totals, verify_all
-from service.ledger.tables import Job, LedgerEntry, Release
 from service.releases import encode_for, load_release, predict_proba
-from tests.conftest import REDIS_TEST_DB, REDIS_URL, auth, bootstrap
+from tests.conftest import REDIS_TEST_DB, REDIS_URL
+from tests.e2e.stack import Stack, check_ledger, running_stack
 
 pytestmark = pytest.mark.slow
 
@@ -40,50 +32,6 @@ DPSGD_TOY = {
     "delta": 1e-5,
     "dpsgd": {"epochs": 3, "batch_size": 40, "learning_rate": 2.0},
 }
-
-
-@dataclass
-class Stack:
-    base: str
-    env: dict[str, str]
-    keys: Any
-    settings: Settings
-    logs: Path
-    procs: list[Any]
-
-    def client(self, key: str) -> httpx.Client:
-        return httpx.Client(base_url=self.base, headers=auth(key), timeout=60)
-
-    def add_worker(self, name: str) -> Any:
-        p = start_worker(self.env, log=self.logs / f"worker-{name}.log", name=name)
-        self.procs.append(p)
-        return p
-
-
-@contextmanager
-def _stack(
-    settings: Settings, tmp_path: Path, broker_url: str, *, heartbeat: float = 120, n: int = 400
-) -> Iterator[Stack]:
-    keys = bootstrap(settings, n=n)
-    env = child_env(
-        {
-            "ENCLAVE_HOME": str(settings.home),
-            "ENCLAVE_DATABASE_URL": settings.resolved_database_url,
-            "ENCLAVE_BROKER_URL": broker_url,
-            "ENCLAVE_BROKER_KEY_PREFIX": os.environ.get("ENCLAVE_BROKER_KEY_PREFIX", ""),
-            "ENCLAVE_DEVICE": "cpu",
-            "ENCLAVE_HEARTBEAT_TIMEOUT_S": str(heartbeat),
-            "ENCLAVE_SWEEP_INTERVAL_S": "1",
-        }
-    )
-    port = free_port()
-    api = start_api(env, port, log=tmp_path / "api.log")
-    stack = Stack(f"http://127.0.0.1:{port}", env, keys, settings, tmp_path, [api])
-    try:
-        wait_ready(stack.base)
-        yield stack
-    finally:
-        stop(*stack.procs)
 
 
 @pytest.fixture
@@ -98,29 +46,6 @@ def redis_broker(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     client = redis.Redis.from_url(url)
     for key in client.scan_iter(match=f"{prefix}*"):
         client.delete(key)
-
-
-def _wait(c: httpx.Client, job_id: str, until: set[str], timeout: float = 240) -> dict:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        job = c.get(f"/v1/jobs/{job_id}").raise_for_status().json()
-        if job["status"] in until:
-            return job
-        time.sleep(0.3)
-    raise AssertionError(f"job {job_id} did not reach {until}: {job}")
-
-
-def _check_ledger(settings: Settings, releases: int) -> None:
-    with transaction(engine_for(settings.resolved_database_url)) as s:
-        assert s.scalar(select(func.count()).select_from(Release)) == releases
-        assert (
-            s.scalar(
-                select(func.count()).select_from(LedgerEntry).where(LedgerEntry.kind == "release")
-            )
-            == releases
-        )
-        assert check_totals(s) == []
-        assert all(r.ok for r in verify_all(s))
 
 
 def _train_and_download(stack: Stack, body: dict) -> tuple[dict, Any]:
@@ -159,7 +84,7 @@ def _auc(release: Any) -> float:
 
 @pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
 def test_embedded_mode_dpsgd_end_to_end(settings: Settings, tmp_path: Path) -> None:
-    with _stack(settings, tmp_path, settings.resolved_broker_url) as stack:
+    with running_stack(settings, tmp_path, settings.resolved_broker_url) as stack:
         card, release = _train_and_download(
             stack,
             DPSGD_TOY,
@@ -168,64 +93,26 @@ def test_embedded_mode_dpsgd_end_to_end(settings: Settings, tmp_path: Path) -> N
         assert card["privacy"]["accountant"] == "rdp"
         assert card["privacy"]["epsilon"] == 4.0 and card["privacy"]["delta"] == 1e-5
         assert _auc(release) > 0.7
-        _check_ledger(settings, releases=1)
+        check_ledger(settings, releases=1)
 
 
 @pytest.mark.parametrize("db_url", ["postgres"], indirect=True)
 def test_production_mode_postgres_redis(
     settings: Settings, tmp_path: Path, redis_broker: str
 ) -> None:
-    with _stack(settings, tmp_path, redis_broker) as stack:
+    with running_stack(settings, tmp_path, redis_broker) as stack:
         card, release = _train_and_download(
             stack,
             DPSGD_TOY,
         )
         assert card["privacy"]["guarantee"] == "proven"
         assert _auc(release) > 0.7
-        _check_ledger(settings, releases=1)
-
-
-@pytest.mark.parametrize("db_url", ["postgres"], indirect=True)
-def test_worker_killed_mid_job_is_retried_and_released_once(
-    settings: Settings, tmp_path: Path, redis_broker: str
-) -> None:
-    with _stack(settings, tmp_path, redis_broker, heartbeat=3, n=4000) as stack:
-        victim = stack.add_worker("victim")
-        with stack.client(stack.keys.alice) as c:
-            job = (
-                c.post(
-                    "/v1/jobs",
-                    json={
-                        "dataset": "toy",
-                        "method": "dpsgd",
-                        "epsilon": 4.0,
-                        "delta": 1e-5,
-                        "dpsgd": {"epochs": 40, "batch_size": 20},
-                    },
-                )
-                .raise_for_status()
-                .json()
-            )
-            deadline = time.monotonic() + 120
-            while True:
-                job = c.get(f"/v1/jobs/{job['id']}").raise_for_status().json()
-                if job["status"] == "running" and job["progress_step"] > 0:
-                    break
-                assert time.monotonic() < deadline, job
-                time.sleep(0.1)
-            os.kill(victim.pid, signal.SIGKILL)
-            victim.wait()
-            stack.add_worker("rescuer")
-            job = _wait(c, job["id"], {"released", "failed"}, timeout=300)
-            assert job["status"] == "released", job
-        with transaction(engine_for(settings.resolved_database_url)) as s:
-            assert s.get_one(Job, job["id"]).attempts == 2  # the killed run, then the retry
-        _check_ledger(settings, releases=1)
+        check_ledger(settings, releases=1)
 
 
 @pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
 def test_expm_nf_job_end_to_end_is_labelled_nominal(settings: Settings, tmp_path: Path) -> None:
-    with _stack(settings, tmp_path, settings.resolved_broker_url) as stack:
+    with running_stack(settings, tmp_path, settings.resolved_broker_url) as stack:
         card, release = _train_and_download(
             stack,
             {
@@ -244,4 +131,4 @@ def test_expm_nf_job_end_to_end_is_labelled_nominal(settings: Settings, tmp_path
         with stack.client(stack.keys.alice) as c:
             jobs = c.get("/v1/jobs").json()
             assert jobs[0]["guarantee"] == "nominal"
-        _check_ledger(settings, releases=1)
+        check_ledger(settings, releases=1)
