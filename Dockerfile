@@ -10,6 +10,8 @@ RUN apt-get update && apt-get install -y --no-install-recommends python3.11 pyth
 ENV TORCH_INDEX=https://download.pytorch.org/whl/cu124
 
 FROM base-${VARIANT} AS final
+# Optional extras of the project, e.g. "[monitoring]" for the Flower image.
+ARG EXTRAS=""
 WORKDIR /app
 ENV PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1
 RUN python -m pip install --upgrade pip && python -m pip install --index-url "$TORCH_INDEX" "torch==2.13.0"
@@ -18,7 +20,7 @@ COPY service ./service
 COPY worker ./worker
 COPY enclave ./enclave
 COPY migrations ./migrations
-RUN python -m pip install .
+RUN python -m pip install ".${EXTRAS}"
 RUN useradd --create-home enclave
 USER enclave
 EXPOSE 8000

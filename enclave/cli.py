@@ -530,7 +530,9 @@ def api(host: str = "127.0.0.1", port: int = 8000, workers: int = 1) -> None:
     """Run the HTTP API (outside the enclave)."""
     import uvicorn
 
-    uvicorn.run("service.api.asgi:app", host=host, port=port, workers=workers)
+    # The app's own access log (service/logs.py: JSON lines with request ids) replaces
+    # uvicorn's; uvicorn keeps its startup and error lines.
+    uvicorn.run("service.api.asgi:app", host=host, port=port, workers=workers, access_log=False)
 
 
 @app.command("worker")

@@ -53,6 +53,9 @@ class Settings(BaseSettings):
     # otherwise hang every submission): the job stays queued and the sweeper sends it later.
     broker_send_timeout_s: float = Field(default=5.0, gt=0)
     max_body_bytes: int = Field(default=64 * 1024, ge=1024)
+    # Log lines of the API process: one JSON object per line with the request id
+    # (service/logs.py), or plain text.
+    log_format: Literal["json", "text"] = "json"
     # A running job whose heartbeat is older than this is presumed lost and re-enqueued.
     heartbeat_timeout_s: float = Field(default=120.0, gt=0)
     sweep_interval_s: float = Field(default=15.0, gt=0)

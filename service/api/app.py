@@ -21,6 +21,7 @@ from service.config import Settings, get_settings
 from service.dashboard import routes as dashboard
 from service.db import engine_for
 from service.jobs import sweep
+from service.logs import RequestLog
 from service.version import __version__
 
 log = logging.getLogger("enclave.api")
@@ -123,8 +124,9 @@ def create_app(settings: Settings | None = None, *, run_sweeper: bool = True) ->
             "add/remove-one-row neighbours; the mechanisms depend only on the private rows and "
             "public values: the public schema, the budget, the plan and the public row count "
             "`n_rows`, a DP noisy count released at registration and charged to the dataset's "
-            "budget. Releases state their guarantee: `proven` (DP-SGD) or `nominal` (ExpM+NF: "
-            "the flow only approximates the ε-DP mechanism). "
+            "budget. Releases state their guarantee: `proven` (DP-SGD; ExpM with the Langevin "
+            "sampler, proven by composition of its steps) or `nominal` (ExpM+NF: the flow "
+            "only approximates the ε-DP mechanism). "
             "Errors are RFC 9457 `application/problem+json` (schema `Problem`), with a stable "
             "`type` URI per kind of error, described at `/problems/{slug}`."
         ),
@@ -145,6 +147,8 @@ def create_app(settings: Settings | None = None, *, run_sweeper: bool = True) ->
     app.include_router(admin.router)
     dashboard.install(app)
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)  # type: ignore[arg-type]
-    # Outermost: it also counts the requests BodyLimit refuses.
+    # Outside BodyLimit: it also counts the requests BodyLimit refuses.
     app.add_middleware(MetricsMiddleware, metrics=app.state.metrics)  # type: ignore[arg-type]
+    # Outermost: every response, refusals included, carries its request id and is logged.
+    app.add_middleware(RequestLog)  # type: ignore[arg-type]
     return app

@@ -1,5 +1,8 @@
 """ASGI entry point for uvicorn/gunicorn: `uvicorn service.api.asgi:app`."""
 
 from service.api.app import create_app
+from service.config import get_settings
+from service.logs import configure_logging
 
+configure_logging(fmt=get_settings().log_format)
 app = create_app()

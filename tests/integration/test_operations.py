@@ -68,7 +68,8 @@ def test_api_and_worker_in_different_folders_share_releases(
     settings.home.mkdir(parents=True)
     keys = bootstrap(settings)
     port = free_port()
-    proc = start_api(child_env({}), port, cwd=api_cwd)
+    log = tmp_path / "api.log"
+    proc = start_api(child_env({}), port, cwd=api_cwd, log=log)
     base = f"http://127.0.0.1:{port}"
     try:
         wait_ready(base)
@@ -89,6 +90,21 @@ def test_api_and_worker_in_different_folders_share_releases(
         stop(proc)
         get_settings.cache_clear()
     assert not any(api_cwd.iterdir()) and not any(worker_cwd.iterdir())
+    # The API process logs JSON lines with request ids (service/logs.py).
+    import json
+
+    access = [
+        json.loads(line)
+        for line in log.read_text().splitlines()
+        if line.startswith("{") and '"enclave.api.access"' in line
+    ]
+    weights_lines = [a for a in access if a["route"] == "/v1/jobs/{job_id}/release/weights"]
+    assert [a["status"] for a in weights_lines] == [200, 404]
+    assert all(len(a["request_id"]) == 32 for a in weights_lines)
+    assert job_id not in json.dumps(access)  # the access log has route templates, never ids
+    # The API's own warning about the missing file carries the same request's id.
+    warning = next(json.loads(x) for x in log.read_text().splitlines() if "not found at" in x)
+    assert warning["request_id"] == weights_lines[1]["request_id"]
 
 
 def test_metrics_count_requests_by_route_template(client: Any, keys: Keys) -> None:
@@ -135,3 +151,30 @@ def test_enclave_up_writes_its_processes_logs_under_its_home(tmp_path: Path) -> 
         proc.send_signal(signal.SIGTERM)
         out, _ = proc.communicate(timeout=60)
     assert f"logs in {logs}" in out.decode()
+
+
+def test_api_logs_json_lines_with_request_ids(
+    client: Any, keys: Keys, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Every response carries a request id (the caller's, if it is a safe token) and the
+    access log has one JSON line per request with the route template, never the ids."""
+    import json
+    import logging
+
+    from service.logs import JsonFormatter
+
+    with caplog.at_level(logging.INFO, logger="enclave.api.access"):
+        mine = client.get(
+            "/v1/jobs/00000000-0000-0000-0000-000000000000",
+            headers={**auth(keys.alice), "X-Request-ID": "trace-42"},
+        )
+        fresh = client.get("/v1/datasets", headers={**auth(keys.alice), "X-Request-ID": "a b\n"})
+    assert mine.status_code == 404 and mine.headers["X-Request-ID"] == "trace-42"
+    rid = fresh.headers["X-Request-ID"]
+    assert rid != "a b\n" and len(rid) == 32  # an unsafe id is replaced by a fresh one
+    lines = [json.loads(JsonFormatter().format(r)) for r in caplog.records]
+    by_id = {line["request_id"]: line for line in lines}
+    assert by_id["trace-42"]["route"] == "/v1/jobs/{job_id}" and by_id["trace-42"]["status"] == 404
+    assert by_id[rid]["route"] == "/v1/datasets" and by_id[rid]["method"] == "GET"
+    text = json.dumps(lines)
+    assert "00000000-0000" not in text and keys.alice not in text  # no ids, no keys

@@ -34,11 +34,26 @@ def test_private_data_is_mounted_only_into_the_worker() -> None:
     assert "ports" not in services["worker"]  # the worker listens on nothing
 
 
-def test_worker_reserves_a_gpu_and_the_image_has_a_cuda_variant() -> None:
-    worker = _compose()["services"]["worker"]
-    devices = worker["deploy"]["resources"]["reservations"]["devices"]
+def test_the_gpu_is_an_override_and_the_image_has_a_cuda_variant() -> None:
+    """The base file runs anywhere (CPU); docker-compose.gpu.yml reserves a GPU for the
+    worker only and builds it from the CUDA image."""
+    base = _compose()["services"]
+    assert all("deploy" not in svc for svc in base.values())
+    gpu = yaml.safe_load((REPO / "docker-compose.gpu.yml").read_text())["services"]
+    assert set(gpu) == {"worker"}
+    devices = gpu["worker"]["deploy"]["resources"]["reservations"]["devices"]
     assert devices[0]["capabilities"] == ["gpu"]
-    assert worker["build"]["args"]["VARIANT"] == "cuda"
+    assert gpu["worker"]["build"]["args"]["VARIANT"] == "cuda"
     dockerfile = (REPO / "Dockerfile").read_text()
     assert "ARG VARIANT=cpu" in dockerfile and "base-cuda" in dockerfile
     assert "torch==2.13.0" in dockerfile
+
+
+def test_flower_is_optional_and_sees_no_private_data() -> None:
+    services = _compose()["services"]
+    flower = services["flower"]
+    assert flower["profiles"] == ["monitoring"]  # not started by a plain `up`
+    assert "volumes" not in flower  # neither the private data nor the releases
+    assert all(p.startswith("127.0.0.1:") for p in flower["ports"])
+    assert flower["build"]["args"]["EXTRAS"] == "[monitoring]"
+    assert 'ARG EXTRAS=""' in (REPO / "Dockerfile").read_text()
