@@ -34,8 +34,9 @@ PROBLEMS: dict[str, tuple[str, str]] = {
         "The request is well formed but cannot be turned into a privacy plan. Nothing was charged.",
     ),
     "nominal-not-allowed": (
-        "Nominal guarantee not allowed",
-        "The dataset's admin has not allowed methods whose ε is nominal (not proven).",
+        "Unproven guarantee not allowed",
+        "The dataset's admin has not allowed methods whose ε is not proven (nominal or "
+        "asymptotic).",
     ),
     "idempotency-conflict": (
         "Idempotency-Key reused",

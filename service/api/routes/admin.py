@@ -111,7 +111,8 @@ def put_cap(name: str, analyst: str, body: CapUpdate, _: AdminDep, engine: Engin
 
 @router.put("/datasets/{name}/nominal")
 def put_nominal(name: str, body: NominalUpdate, _: AdminDep, engine: EngineDep) -> dict[str, Any]:
-    """Allow or forbid methods whose guarantee is nominal (e.g. expm_nf) on this dataset."""
+    """Allow or forbid methods whose guarantee is not proven on this dataset: nominal ones
+    (expm_nf) and asymptotic ones (expm with the mcmc sampler)."""
     with transaction(engine) as s:
         ds = dataset_or_404(s, name)
         ds.allow_nominal = body.allow_nominal

@@ -39,7 +39,14 @@ from service.privacy.amounts import from_micro
 from service.privacy.rdp import epsilon_from_rdp
 from service.releases import release_paths
 from service.resources import expm_memory_bytes
-from service.schemas import DatasetPublic, JobPublic, JobRequest, PrivacyPlan, QuoteResponse
+from service.schemas import (
+    DatasetPublic,
+    JobPublic,
+    JobRequest,
+    PrivacyPlan,
+    QuoteResponse,
+    weakest_guarantee,
+)
 
 router = APIRouter(prefix="/v1", tags=["analyst"])
 
@@ -138,8 +145,8 @@ def quote(
         # Admission checks the nominal policy first, then the filters: so does the quote.
         reason = nominal_refusal(ds, plan) or ev.reason
         now = dataset_guarantee(s, ds.id)
-        # Once this job runs, a nominal plan makes the dataset's guarantee nominal too.
-        after = "nominal" if plan.guarantee == "nominal" else now
+        # Once this job runs, the dataset's guarantee is at most the plan's.
+        after = weakest_guarantee(now, plan.guarantee)
         return QuoteResponse(
             admitted=reason is None,
             reason=reason,
@@ -250,7 +257,7 @@ def _release_or_409(s: Session, caller: CallerDep, job_id: str) -> Release:
 @router.get("/jobs/{job_id}/release")
 def get_release_card(job_id: str, caller: CallerDep, engine: EngineDep) -> dict:
     """The model card: model, preprocessing, mechanism, (ε, δ), accountant and whether the
-    guarantee is proven or nominal."""
+    guarantee is proven, asymptotic or nominal."""
     with transaction(engine) as s:
         return dict(_release_or_409(s, caller, job_id).card)
 
