@@ -469,9 +469,9 @@ def _expm_mcmc_plan(
             "MCMC run is not proven close to π (asymptotic)"
         ),
         "algorithm": (
-            "HMC, identity-then-diagonal metric and step size adapted in the warm-up "
-            "(dual averaging), then frozen; the release is the final state of one chain "
-            "per sample"
+            "HMC; in the warm-up a dense metric (the inverse of the target's Hessian at the "
+            "chains' states) and the step size (dual averaging) are adapted, then frozen; "
+            "the release is the final state of one chain per sample"
         ),
     }
     return (

@@ -13,12 +13,12 @@ using Hamiltonian dynamics"). Chains start from N(0, (kμ)⁻¹·I), the regular
 Gaussian, which is wider than π in every direction (π is kμ-strongly log-concave), so
 that split-R̂ can detect chains that have not forgotten their start. The warm-up adapts
 one step size shared by the chains (dual averaging to a mean acceptance probability of
-0.8, Hoffman & Gelman 2014, Alg. 5) and, halfway, a diagonal metric from the pooled
-variance of the draws of its second quarter (Stan's shrinkage). Both are frozen
-afterwards: the sampling iterations run one fixed π-invariant kernel, so the law of each
-final state tends to π as ``steps`` grows, whatever the warm-up chose. The warm-up reads
-private rows; that is covered by the same asymptotic claim (the limit is π for any frozen
-kernel), not by a proof of the finite run.
+0.8, Hoffman & Gelman 2014, Alg. 5) and, twice (:func:`metric_updates`), a dense metric,
+the inverse of the target's Hessian averaged over the chains' states (:class:`Metric`).
+Both are frozen afterwards: the sampling iterations run one fixed π-invariant kernel, so
+the law of each final state tends to π as ``steps`` grows, whatever the warm-up chose.
+The warm-up reads private rows; that is covered by the same asymptotic claim (the limit
+is π for any frozen kernel), not by a proof of the finite run.
 
 The release is the final state of chains 0 … samples − 1 (independent chains). The
 rank-normalised split-R̂ and bulk ESS of every coordinate and of the log-density, and the
@@ -46,6 +46,15 @@ from worker.rng import secure_generator
 TARGET_ACCEPTANCE = 0.8
 MAX_KEPT_DRAWS = 1000  # per chain, for the diagnostics (thinned beyond that)
 MIN_WARMUP_FOR_METRIC = 20
+
+
+def metric_updates(warmup: int) -> tuple[int, ...]:
+    """Warm-up iterations after which the metric is re-estimated at the chains' states:
+    W/4 (the chains have left their start) and 3W/4 (they have moved under the first
+    metric); the last quarter tunes the step size alone. None for a warm-up under 20."""
+    if warmup < MIN_WARMUP_FOR_METRIC:
+        return ()
+    return (warmup // 4 - 1, 3 * warmup // 4 - 1)
 
 
 @dataclass(frozen=True)
@@ -116,6 +125,14 @@ class LogisticTarget:
         log_p = -k * (loss + 0.5 * self.l2 * (theta * theta).sum(dim=1))
         return log_p, -k * (grad_loss + self.l2 * theta)
 
+    def mean_hessian(self, theta: Tensor) -> Tensor:
+        """The Hessian of −log π averaged over the chains θ (chains, d + 1):
+        k·(Σᵢ s̄ᵢ·xᵢxᵢᵀ + μ·I), s̄ᵢ the chains' mean of σ(zᵢ)(1 − σ(zᵢ))."""
+        p = torch.sigmoid(theta @ self.rows.T)
+        weights = (p * (1.0 - p)).mean(dim=0)
+        eye = torch.eye(self.rows.shape[1], dtype=self.rows.dtype, device=self.rows.device)
+        return self.inverse_temperature * ((self.rows.T * weights) @ self.rows + self.l2 * eye)
+
 
 @dataclass
 class _DualAveraging:
@@ -159,6 +176,46 @@ class HmcRun:
     divergent: int  # post-warm-up transitions with a non-finite energy
 
 
+@dataclass(frozen=True)
+class Metric:
+    """HMC's inverse mass matrix Σ (momentum p ~ N(0, Σ⁻¹), kinetic energy ½·pᵀΣp), dense.
+
+    Adapted as the inverse of the target's Hessian averaged over the chains' states (a
+    Laplace-type metric, exact for a Gaussian target): it captures the directions that
+    only the regulariser constrains, which a covariance estimated from a short warm-up of
+    a few chains cannot (with a one-hot encoding, the sum of a categorical column's levels
+    equals the bias column, and rare levels carry little data, so many directions have
+    the regulariser's spread 1/√(kμ) while others are tight)."""
+
+    scale: Tensor  # Σ, (d, d)
+    cholesky: Tensor  # L with Σ = LLᵀ
+
+    @classmethod
+    def identity(cls, dim: int, device: torch.device) -> Metric:
+        eye = torch.eye(dim, dtype=torch.float64, device=device)
+        return cls(eye, eye)
+
+    @classmethod
+    def from_precision(cls, precision: Tensor) -> Metric:
+        """Σ = precision⁻¹ (a symmetric positive-definite (d, d) matrix)."""
+        scale = torch.cholesky_inverse(torch.linalg.cholesky(precision))
+        scale = 0.5 * (scale + scale.T)
+        return cls(scale, torch.linalg.cholesky(scale))
+
+    def momentum(self, shape: torch.Size, generator: torch.Generator) -> Tensor:
+        z = torch.randn(
+            shape, generator=generator, dtype=self.scale.dtype, device=self.scale.device
+        )
+        # p = L⁻ᵀz has covariance (LLᵀ)⁻¹ = Σ⁻¹ (rows are chains).
+        return torch.linalg.solve_triangular(self.cholesky.T, z.T, upper=True).T
+
+    def velocity(self, p: Tensor) -> Tensor:
+        return p @ self.scale
+
+    def kinetic(self, p: Tensor) -> Tensor:
+        return 0.5 * (p * self.velocity(p)).sum(dim=1)
+
+
 def _hmc_step(
     target: LogisticTarget,
     theta: Tensor,
@@ -167,20 +224,19 @@ def _hmc_step(
     *,
     step_size: float,
     leapfrog_steps: int,
-    inv_metric: Tensor,
+    metric: Metric,
     generator: torch.Generator,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """One Metropolis-corrected HMC transition for every chain. Returns the new state, its
     log-density and gradient, the acceptance probabilities and the non-finite mask."""
-    momentum = torch.randn(theta.shape, generator=generator, dtype=theta.dtype, device=theta.device)
-    momentum = momentum / inv_metric.sqrt()
-    energy0 = -log_p + 0.5 * (momentum * momentum * inv_metric).sum(dim=1)
+    momentum = metric.momentum(theta.shape, generator)
+    energy0 = -log_p + metric.kinetic(momentum)
     q, p, g = theta, momentum + 0.5 * step_size * grad, grad
     for i in range(leapfrog_steps):
-        q = q + step_size * inv_metric * p
+        q = q + step_size * metric.velocity(p)
         lp, g = target.log_density_and_grad(q)
         p = p + (step_size if i < leapfrog_steps - 1 else 0.5 * step_size) * g
-    energy1 = -lp + 0.5 * (p * p * inv_metric).sum(dim=1)
+    energy1 = -lp + metric.kinetic(p)
     log_accept = energy0 - energy1
     bad = ~torch.isfinite(log_accept)
     log_accept = torch.where(bad, torch.full_like(log_accept, -math.inf), log_accept)
@@ -209,12 +265,10 @@ def sample_hmc(
         (params.chains, dim), generator=generator, dtype=torch.float64, device=device
     )
     log_p, grad = target.log_density_and_grad(theta)
-    inv_metric = torch.ones(dim, dtype=torch.float64, device=device)
+    metric = Metric.identity(dim, device)
     adapt = _DualAveraging(params.step_size)
     step_size = params.step_size
-    half, quarter = params.warmup // 2, params.warmup // 4
-    use_metric = params.warmup >= MIN_WARMUP_FOR_METRIC
-    window: list[Tensor] = []
+    updates = metric_updates(params.warmup)
     thin = max(1, math.ceil(params.steps / MAX_KEPT_DRAWS))
     kept: list[Tensor] = []
     kept_lp: list[Tensor] = []
@@ -230,16 +284,13 @@ def sample_hmc(
             grad,
             step_size=step_size,
             leapfrog_steps=params.leapfrog_steps,
-            inv_metric=inv_metric,
+            metric=metric,
             generator=generator,
         )
         if warm:
             step_size = adapt.update(float(accept_prob.mean()))
-            if use_metric and quarter <= it < half:
-                window.append(theta)
-            if use_metric and it == half - 1:
-                inv_metric = _shrunk_variance(torch.cat(window, 0))
-                window = []
+            if it in updates:
+                metric = Metric.from_precision(target.mean_hessian(theta))
                 adapt = _DualAveraging(step_size)
             if it == params.warmup - 1:
                 step_size = adapt.final
@@ -258,13 +309,6 @@ def sample_hmc(
         step_size=step_size,
         divergent=divergent,
     )
-
-
-def _shrunk_variance(draws: Tensor) -> Tensor:
-    """Per-coordinate variance, shrunk towards 10⁻³ as Stan does for its diagonal metric."""
-    n = draws.shape[0]
-    var = draws.var(dim=0) if n > 1 else torch.ones_like(draws[0])
-    return (n / (n + 5.0)) * var + 1e-3 * (5.0 / (n + 5.0))
 
 
 def diagnostics(run: HmcRun) -> dict[str, float]:

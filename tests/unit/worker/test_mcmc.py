@@ -23,6 +23,7 @@ from worker.mechanisms.dpsgd import PlanMismatch
 from worker.mechanisms.mcmc import (
     LogisticTarget,
     McmcParams,
+    Metric,
     checked_rows,
     run_expm_mcmc,
     sample_hmc,
@@ -244,3 +245,24 @@ def test_the_weakest_guarantee_wins() -> None:
     assert weakest_guarantee("proven", "asymptotic") == "asymptotic"
     assert weakest_guarantee("asymptotic", "nominal", "proven") == "nominal"
     assert set(STATEMENTS) == set(get_args(Guarantee))
+
+
+def test_metric_is_the_inverse_hessian_and_its_momentum_has_the_hessians_covariance() -> None:
+    """For a Gaussian-like target the metric Σ = H⁻¹ whitens it: p ~ N(0, H), and the
+    Hessian is the closed form k·(Σᵢ σ'(zᵢ)·xᵢxᵢᵀ + μ·I), checked against autograd."""
+    g = torch.Generator().manual_seed(2)
+    target = _target(0.7, 0.5)
+    theta = torch.randn(4, 2, generator=g, dtype=torch.float64)
+    hessians = [
+        torch.autograd.functional.hessian(
+            lambda t: -target.log_density_and_grad(t.reshape(1, 2))[0].sum(), theta[c]
+        )
+        for c in range(4)
+    ]
+    precision = target.mean_hessian(theta)
+    assert torch.allclose(precision, torch.stack(hessians).mean(0), rtol=1e-10)
+    metric = Metric.from_precision(precision)
+    assert torch.allclose(metric.scale @ precision, torch.eye(2, dtype=torch.float64))
+    p = metric.momentum(torch.Size((100_000, 2)), g)
+    assert torch.allclose(torch.cov(p.T), precision, rtol=0.03, atol=0.01)
+    assert torch.allclose(metric.kinetic(p), 0.5 * ((p @ metric.scale) * p).sum(1))
