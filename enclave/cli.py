@@ -204,7 +204,9 @@ def datasets_register(
     schema: SchemaOption,
     epsilon: Annotated[float, typer.Option(parser=_number, help="ε_total in nats.")],
     delta: Annotated[float, typer.Option(parser=_number, help="δ_total (0: pure-DP only).")],
-    allow_nominal: Annotated[bool, typer.Option(help="Allow methods with a nominal ε.")] = False,
+    allow_nominal: Annotated[
+        bool, typer.Option(help="Allow methods whose ε is not proven (nominal or asymptotic).")
+    ] = False,
     count_epsilon: Annotated[
         float | None,
         typer.Option(

@@ -26,6 +26,7 @@ from service.dataschema import (
     parse_schema,
     validate_frame,
 )
+from service.schemas import Guarantee
 
 NOMINAL_STATEMENT = (
     "NOMINAL guarantee: this model was sampled through a normalizing flow trained to "
@@ -34,21 +35,40 @@ NOMINAL_STATEMENT = (
     "row, but the flow only approximates it and no proof covers the gap, so the stated ε "
     "is nominal, not proven."
 )
+ASYMPTOTIC_STATEMENT = (
+    "ASYMPTOTIC guarantee: the stated (ε, δ) holds for an exact draw from the regularised "
+    "exponential mechanism's density (Gaussian-DP, Gopi, Lee & Liu 2022). This model is the "
+    "final state of a Markov chain (MCMC) whose law tends to that density as its steps grow; "
+    "the chain ran a fixed number of steps and no proof bounds its distance from the "
+    "density, so the (ε, δ) is exact only in the limit, not proven for this run. "
+    "Convergence diagnostics were recorded inside the enclave."
+)
 PROVEN_STATEMENT = (
     "PROVEN guarantee: the training run is (ε, δ)-differentially private under the named "
     "accountant, for the plan's exact noise multiplier, sampling rate and number of steps, "
     "with add/remove-one-row neighbours and only the public values listed in the card "
     "treated as public."
 )
+STATEMENTS: dict[Guarantee, str] = {
+    "proven": PROVEN_STATEMENT,
+    "asymptotic": ASYMPTOTIC_STATEMENT,
+    "nominal": NOMINAL_STATEMENT,
+}
+"""The model card's sentence for each guarantee label."""
+
+
 NEIGHBOURING_RELATION = (
     "add/remove one row: datasets D and D' are neighbours when one is the other plus one "
     "row. Every charge of the ledger, and this release's (ε, δ), is for this relation."
 )
 
 
-def public_values(*, n_rows: int, count_epsilon: float | None, method: str) -> dict[str, str]:
+def public_values(
+    *, n_rows: int, count_epsilon: float | None, method: str, sampler: str | None = None
+) -> dict[str, str]:
     """What the mechanism may depend on besides the private rows, in words (model cards,
-    API). ``count_epsilon`` None marks a dataset whose exact row count was published."""
+    API). ``count_epsilon`` None marks a dataset whose exact row count was published;
+    ``sampler`` is the plan's ExpM sampler, if any."""
     if count_epsilon is None:
         count = (
             f"{n_rows}: the exact row count, published when the dataset was registered "
@@ -63,6 +83,8 @@ def public_values(*, n_rows: int, count_epsilon: float | None, method: str) -> d
         "dpsgd": "q = batch_size / row count and the expected batch q·row count",
         "expm": "the Langevin step: the noisy gradient sum is scaled by learning_rate / row count",
     }.get(method, "nothing (the exponential mechanism does not use it)")
+    if sampler == "mcmc":
+        uses = "nothing (the MCMC sampler's target does not depend on it)"
     return {
         "public_schema": (
             "declared by the admin: columns, bounds, levels, target encoding (time series: "

@@ -11,7 +11,17 @@ from service.ledger.tables import EntryKind, JobStatus, Role
 from service.modelspec import LogisticSpec, ModelSpec
 
 Method = Literal["dpsgd", "expm_nf", "expm"]
-Guarantee = Literal["proven", "nominal"]
+Guarantee = Literal["proven", "asymptotic", "nominal"]
+"""How far a release's (ε, δ) is proven, strongest first: **proven** (a proof covers the run
+that executed, finite steps included), **asymptotic** (the sampler is exact only in the
+limit of infinitely many steps; convergence diagnostics stay in the enclave), **nominal**
+(no proof: ExpM sampled through a normalizing flow)."""
+GUARANTEE_ORDER: tuple[Guarantee, ...] = ("proven", "asymptotic", "nominal")
+
+
+def weakest_guarantee(*labels: Guarantee) -> Guarantee:
+    """The weakest of the labels (a transcript is only as proven as its weakest release)."""
+    return max(labels, key=GUARANTEE_ORDER.index, default="proven")
 
 
 EPSILON_FLOOR = 1e-6
@@ -127,30 +137,38 @@ class ExpmNfOptions(_In):
 
 
 class ExpmOptions(_In):
-    """The regularised exponential mechanism for logistic regression, sampled by a sampler
-    whose guarantee is **proven** for the run that executes.
+    """The regularised exponential mechanism for logistic regression.
 
     Target (Gopi, Lee & Liu 2022): π(θ) ∝ exp(−k·(Σᵢ ℓᵢ(θ) + l2·‖θ‖²/2)) with ℓᵢ the
     logistic loss of row i on the schema's encoding (features in [0, 1], one-hot levels),
     which is convex and Lipschitz, so π is strongly log-concave.
 
-    Sampler ``"langevin"``: the unadjusted Langevin algorithm on π, started at θ = 0, for
-    ``steps`` full-batch steps θ ← θ − (lr/n̂)·(Σᵢ∇ℓᵢ(θ) + N + l2·θ), N Gaussian. Each step
-    is a Gaussian mechanism on the gradient sum (ℓ2 sensitivity bounded by the public
-    schema), so the release (the last iterate) is (ε, δ)-DP by composition of the T steps
-    that ran: the proof covers the finite run, not only its limit, and does not rely on
-    the chain having mixed. The plan calibrates the noise multiplier σ for (ε, δ) and
+    Sampler ``"langevin"`` (**proven**): the unadjusted Langevin algorithm on π, started at
+    θ = 0, for ``steps`` full-batch steps θ ← θ − (lr/n̂)·(Σᵢ∇ℓᵢ(θ) + N + l2·θ), N Gaussian.
+    Each step is a Gaussian mechanism on the gradient sum (ℓ2 sensitivity bounded by the
+    public schema), so the release (the last iterate) is (ε, δ)-DP by composition of the T
+    steps that ran: the proof covers the finite run, not only its limit, and does not rely
+    on the chain having mixed. The plan calibrates the noise multiplier σ for (ε, δ) and
     reports the inverse temperature k = 2n̂/(lr·σ²·B) of the target the chain approximates
     (B: the schema's bound on ‖x‖² with the bias).
+
+    Sampler ``"mcmc"`` (**asymptotic**): Hamiltonian Monte Carlo with a Metropolis
+    correction on π itself, ``chains`` chains in parallel for ``warmup`` + ``steps``
+    iterations; the release is the final state of one chain per requested sample. π is
+    μ-Gaussian-DP with μ = √(B·k/l2) (Gopi, Lee & Liu 2022), and the plan picks k for the
+    request's (ε, δ); the chain's law tends to π as the steps grow, but no bound covers
+    the finite run, hence the label. Its R̂, ESS and acceptance rate stay in the enclave.
+    ``learning_rate`` is the Langevin sampler's only.
     """
 
-    sampler: Literal["langevin"] = "langevin"
+    sampler: Literal["langevin", "mcmc"] = "langevin"
     steps: int | None = Field(
         default=None,
         ge=1,
         le=20_000,
         description=(
-            "Langevin steps T. Default from the request's ε: 300 for ε ≥ 1, else 100 "
+            "Langevin steps T, or MCMC iterations per chain after the warm-up. Default: "
+            "langevin from the request's ε, 300 for ε ≥ 1, else 100; mcmc 500 "
             "(service.plans.resolve_expm_options)."
         ),
     )
@@ -160,12 +178,50 @@ class ExpmOptions(_In):
         le=100,
         description="Step on the mean gradient: θ moves by lr/n̂ times the noisy gradient sum.",
     )
-    l2: float = Field(
-        default=1.0,
+    l2: float | None = Field(
+        default=None,
         ge=0,
         le=1e6,
-        description="Regulariser weight (μ): the target's log-density has −k·l2·‖θ‖²/2.",
+        description=(
+            "Regulariser weight (μ): the target's log-density has −k·l2·‖θ‖²/2. Default: 1 "
+            "for langevin, 30 for mcmc (must be > 0 there)."
+        ),
     )
+    chains: int | None = Field(
+        default=None,
+        ge=2,
+        le=256,
+        description="MCMC only: chains run in parallel (default 8); at least `samples`.",
+    )
+    warmup: int | None = Field(
+        default=None,
+        ge=0,
+        le=20_000,
+        description=(
+            "MCMC only: warm-up iterations per chain, which adapt the step size and a "
+            "diagonal metric and are discarded (default: as many as `steps`)."
+        ),
+    )
+    leapfrog_steps: int | None = Field(
+        default=None, ge=1, le=1024, description="MCMC only: leapfrog steps per iteration (16)."
+    )
+    step_size: float | None = Field(
+        default=None,
+        gt=0,
+        le=10,
+        description="MCMC only: the first leapfrog step size, adapted in the warm-up (0.05).",
+    )
+
+    @model_validator(mode="after")
+    def _mcmc_fields_for_mcmc(self) -> ExpmOptions:
+        if self.sampler != "mcmc":
+            given = [n for n in MCMC_ONLY_FIELDS if getattr(self, n) is not None]
+            if given:
+                raise ValueError(f"{', '.join(given)}: options of the 'mcmc' sampler only")
+        return self
+
+
+MCMC_ONLY_FIELDS = ("chains", "warmup", "leapfrog_steps", "step_size")
 
 
 class JobRequest(_In):
@@ -278,10 +334,12 @@ class BudgetView(BaseModel):
     guarantee: Guarantee | None = Field(
         default=None,
         description=(
-            "Dataset scope: 'nominal' once a job whose guarantee is nominal (ExpM sampled "
-            "through a normalizing flow) has read the dataset's rows: from then on no proof "
-            "covers the dataset's releases as a whole, whatever the budget says; 'proven' "
-            "otherwise. Null where not computed (analyst caps, quotes, budget updates)."
+            "Dataset scope: the weakest guarantee of the jobs that have read the dataset's "
+            "rows. 'nominal' once a nominal job (ExpM sampled through a normalizing flow) "
+            "ran, else 'asymptotic' once an asymptotic one (ExpM sampled by MCMC) ran: from "
+            "then on no proof covers the dataset's releases as a whole, whatever the budget "
+            "says; 'proven' otherwise. Null where not computed (analyst caps, quotes, budget "
+            "updates)."
         ),
     )
 
@@ -400,6 +458,8 @@ class CapUpdate(_In):
 
 
 class NominalUpdate(_In):
+    """Allow methods whose guarantee is not proven: nominal and asymptotic ones."""
+
     model_config = ConfigDict(json_schema_extra={"examples": [{"allow_nominal": True}]})
 
     allow_nominal: bool

@@ -12,8 +12,7 @@ from safetensors.torch import save as save_safetensors
 
 from service.releases import (
     NEIGHBOURING_RELATION,
-    NOMINAL_STATEMENT,
-    PROVEN_STATEMENT,
+    STATEMENTS,
     ReleasePaths,
     public_values,
     release_paths,
@@ -55,10 +54,13 @@ def model_card(
             "units": "ε in nats; δ a probability; for the whole job (all samples)",
             "accountant": plan.accountant,
             "guarantee": plan.guarantee,
-            "statement": NOMINAL_STATEMENT if plan.guarantee == "nominal" else PROVEN_STATEMENT,
+            "statement": STATEMENTS[plan.guarantee],
             "neighbouring_relation": NEIGHBOURING_RELATION,
             "public_values": public_values(
-                n_rows=plan.n_rows, count_epsilon=count_epsilon, method=plan.method
+                n_rows=plan.n_rows,
+                count_epsilon=count_epsilon,
+                method=plan.method,
+                sampler=plan.mechanism.get("sampler"),
             ),
             "event": plan.event,
         },

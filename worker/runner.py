@@ -209,6 +209,17 @@ def run_mechanism(
         from worker.mechanisms.expm_job import run_expm_nf_plan
 
         return run_expm_nf_plan(plan=plan, spec=spec, data=data, device=device, progress=progress)
+    if plan.method == "expm" and plan.mechanism.get("sampler") == "mcmc":
+        from worker.mechanisms.mcmc import run_expm_mcmc
+
+        return run_expm_mcmc(
+            spec=spec,
+            mechanism=plan.mechanism,
+            samples=plan.samples,
+            data=data,
+            device=device,
+            progress=progress,
+        )
     if plan.method == "expm":
         from worker.mechanisms.langevin import run_expm_langevin
 

@@ -124,9 +124,9 @@ def create_app(settings: Settings | None = None, *, run_sweeper: bool = True) ->
             "add/remove-one-row neighbours; the mechanisms depend only on the private rows and "
             "public values: the public schema, the budget, the plan and the public row count "
             "`n_rows`, a DP noisy count released at registration and charged to the dataset's "
-            "budget. Releases state their guarantee: `proven` (DP-SGD; ExpM with the Langevin "
-            "sampler, proven by composition of its steps) or `nominal` (ExpM+NF: the flow "
-            "only approximates the ε-DP mechanism). "
+            "budget. Releases state their guarantee: `proven` (DP-SGD, ExpM by Langevin), "
+            "`asymptotic` (ExpM by MCMC: exact only in the limit of its steps) or `nominal` "
+            "(ExpM+NF: the flow only approximates the ε-DP mechanism). "
             "Errors are RFC 9457 `application/problem+json` (schema `Problem`), with a stable "
             "`type` URI per kind of error, described at `/problems/{slug}`."
         ),

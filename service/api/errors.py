@@ -54,8 +54,9 @@ PROBLEMS: dict[str, ProblemType] = {
     ),
     "nominal-not-allowed": ProblemType(
         403,
-        "Nominal guarantee not allowed",
-        "The dataset's admin has not allowed methods whose ε is nominal (not proven).",
+        "Unproven guarantee not allowed",
+        "The dataset's admin has not allowed methods whose ε is not proven (nominal or "
+        "asymptotic).",
     ),
     "idempotency-conflict": ProblemType(
         422,

@@ -23,7 +23,7 @@ from service.ledger.tables import Dataset, EntryKind, Job, LedgerEntry
 from service.privacy.amounts import from_micro
 from service.privacy.calibrate import pld_epsilon
 from service.privacy.events import DpEvent, event_from_json
-from service.schemas import Guarantee, LedgerEntryPublic
+from service.schemas import GUARANTEE_ORDER, Guarantee, LedgerEntryPublic, weakest_guarantee
 
 
 class AccountingSummary(BaseModel):
@@ -35,9 +35,10 @@ class AccountingSummary(BaseModel):
     delta_total: float
     guarantee: Guarantee = Field(
         description=(
-            "'nominal' once a job with a nominal guarantee (ExpM sampled through a "
-            "normalizing flow) has read the dataset's rows: no proof then covers the "
-            "dataset's releases as a whole; 'proven' otherwise."
+            "The weakest guarantee of the jobs that read the dataset's rows: 'nominal' once "
+            "a nominal job (ExpM sampled through a normalizing flow) ran, else "
+            "'asymptotic' once an asymptotic one (ExpM sampled by MCMC) ran: no proof then "
+            "covers the dataset's releases as a whole; 'proven' otherwise."
         )
     )
     charges_in_force: int = Field(
@@ -95,19 +96,20 @@ def charged_events(session: Session, dataset: Dataset) -> list[DpEvent]:
 
 
 def dataset_guarantee(session: Session, dataset_id: int) -> Guarantee:
-    """'nominal' once a job whose plan's guarantee is "nominal" has read private rows of
-    the dataset (``data_touched``), else 'proven'. The flow-sampled ExpM release carries
-    no proof, so neither does the dataset's transcript after it ran, whatever ran since."""
-    nominal_run = session.scalar(
-        select(Job.id)
+    """The weakest guarantee among the jobs that have read private rows of the dataset
+    (``data_touched``): 'nominal' once a nominal job ran, else 'asymptotic' once an
+    asymptotic one ran, else 'proven'. A release without a proof for its run leaves the
+    dataset's transcript without one too, whatever ran since."""
+    labels = session.scalars(
+        select(Job.plan["guarantee"].as_string())
         .where(
             Job.dataset_id == dataset_id,
             Job.data_touched.is_(True),
-            Job.plan["guarantee"].as_string() == "nominal",
+            Job.plan["guarantee"].as_string().in_(("asymptotic", "nominal")),
         )
-        .limit(1)
-    )
-    return "nominal" if nominal_run is not None else "proven"
+        .distinct()
+    ).all()
+    return weakest_guarantee(*(label for label in labels if label in GUARANTEE_ORDER))
 
 
 def accounting_summary(session: Session, dataset: Dataset) -> AccountingSummary:

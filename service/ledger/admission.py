@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from decimal import Decimal
 from functools import lru_cache
-from typing import Literal
+from typing import Any, Literal
 
 from sqlalchemy import Select, func, or_, select
 from sqlalchemy.orm import Session
@@ -49,7 +49,7 @@ from service.privacy.filters import (
 )
 from service.privacy.orders import ORDERS, ORDERS_VERSION
 from service.privacy.sampling import count_event
-from service.schemas import BudgetView, JobRequest, PrivacyPlan
+from service.schemas import MCMC_ONLY_FIELDS, BudgetView, Guarantee, JobRequest, PrivacyPlan
 
 
 class LedgerError(Exception):
@@ -71,7 +71,7 @@ class InvalidLedgerOperation(LedgerError):
 
 
 class NominalNotAllowed(LedgerError):
-    """The dataset does not allow methods whose guarantee is nominal."""
+    """The dataset does not allow methods whose guarantee is not proven."""
 
 
 # --------------------------------------------------------------------------- charges
@@ -181,7 +181,7 @@ class Filter:
             spent_micro=self.spent_rdp_micro, delta_total=float(Decimal(self.delta_total))
         )
 
-    def view(self, *, guarantee: Literal["proven", "nominal"] | None = None) -> BudgetView:
+    def view(self, *, guarantee: Guarantee | None = None) -> BudgetView:
         """The filter as the API shows it. ``guarantee`` is the dataset's label, which
         needs the jobs table (service.ledger.accounting.dataset_guarantee); callers that
         have not computed it leave it None."""
@@ -419,7 +419,10 @@ def new_dataset(
 # Request fields added after requests were first hashed, with their defaults: a field at its
 # default is left out of the digest, so an Idempotency-Key retry of a request sent before the
 # field existed still matches its first job.
-_LATER_DPSGD_DEFAULTS = {"noise_schedule": "constant", "noise_decay": None}
+_LATER_OPTION_DEFAULTS: dict[str, dict[str, Any]] = {
+    "dpsgd": {"noise_schedule": "constant", "noise_decay": None},
+    "expm": dict.fromkeys(MCMC_ONLY_FIELDS),
+}
 _LATER_TOP_LEVEL_FIELDS = ("expm",)  # options of methods added later, left out when None
 
 
@@ -428,10 +431,11 @@ def request_digest(request: JobRequest) -> str:
     for key in _LATER_TOP_LEVEL_FIELDS:
         if data.get(key) is None:
             data.pop(key, None)
-    if isinstance(data.get("dpsgd"), dict):
-        for key, default in _LATER_DPSGD_DEFAULTS.items():
-            if data["dpsgd"].get(key, default) == default:
-                data["dpsgd"].pop(key, None)
+    for options, later in _LATER_OPTION_DEFAULTS.items():
+        if isinstance(data.get(options), dict):
+            for key, default in later.items():
+                if data[options].get(key, default) == default:
+                    data[options].pop(key, None)
     body = json.dumps(data, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(body.encode()).hexdigest()
 
@@ -448,11 +452,12 @@ def find_idempotent(
 
 
 def nominal_refusal(ds: Dataset, plan: PrivacyPlan) -> str | None:
-    """The dataset's policy on nominal guarantees; shared by quotes and admission."""
-    if plan.guarantee == "nominal" and not ds.allow_nominal:
+    """The dataset's policy on guarantees that are not proven (nominal and asymptotic:
+    neither covers the run that executes); shared by quotes and admission."""
+    if plan.guarantee != "proven" and not ds.allow_nominal:
         return (
-            f"dataset {ds.name!r} does not allow methods with a nominal guarantee "
-            "(the admin decides this per dataset)"
+            f"dataset {ds.name!r} does not allow methods with a {plan.guarantee} guarantee "
+            "(not proven; the admin decides this per dataset: allow_nominal)"
         )
     return None
 

@@ -3,12 +3,14 @@ compare-and-set, generic failures."""
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from sqlalchemy import func, select, update
 
 from service.db import engine_for, transaction
 from service.ledger.tables import Job, JobStatus, LedgerEntry, Release
+from service.releases import ASYMPTOTIC_STATEMENT
 from tests.conftest import auth
 from worker.data import ROWS_FILE, dataset_dir
 from worker.runner import GENERIC_FAILURE, PLAN_FAILURE, Outcome, execute_job
@@ -253,6 +255,63 @@ def test_proven_expm_langevin_job_runs_and_states_its_guarantee(
     assert card["mechanism"]["method"] == "expm" and card["mechanism"]["sampler"] == "langevin"
     weights = client.get(f"/v1/jobs/{job_id}/release/weights", headers=auth(keys.alice))
     assert weights.status_code == 200 and len(weights.content) > 0
+
+
+def test_asymptotic_expm_mcmc_job_runs_and_states_its_guarantee(
+    client: Any, keys: Any, settings: Any, caplog: Any
+) -> None:
+    """The MCMC sampler through the API and the worker: charged as the exact target's
+    Gaussian-DP, released with the asymptotic label and statement; the dataset's guarantee
+    turns asymptotic once it ran; its diagnostics reach the enclave log, not the API."""
+    body = {
+        "dataset": "toy",
+        "method": "expm",
+        "epsilon": 1.0,
+        "delta": 1e-5,
+        "samples": 2,
+        "expm": {"sampler": "mcmc", "chains": 4, "steps": 20, "warmup": 20},
+    }
+    quote = client.post("/v1/quote", json=body, headers=auth(keys.alice)).json()
+    assert quote["plan"]["guarantee"] == "asymptotic"
+    assert quote["dataset_before"]["guarantee"] == "proven"
+    assert quote["dataset_after"]["guarantee"] == "asymptotic"
+    job_id = _submit(client, keys, body)
+    caplog.set_level(logging.INFO, logger="enclave.worker")
+    assert execute_job(job_id, settings) == Outcome.released
+    assert "rhat_max" in caplog.text  # the enclave log has the diagnostics
+    job = client.get(f"/v1/jobs/{job_id}", headers=auth(keys.alice)).json()
+    assert job["status"] == "released" and job["guarantee"] == "asymptotic"
+    assert job["progress_step"] == job["progress_total"] == 40
+    card = client.get(f"/v1/jobs/{job_id}/release", headers=auth(keys.alice)).json()
+    assert card["privacy"]["guarantee"] == "asymptotic"
+    assert card["privacy"]["statement"] == ASYMPTOTIC_STATEMENT
+    assert card["mechanism"]["sampler"] == "mcmc" and card["samples"] == 2
+    event = card["privacy"]["event"]["event"]  # two samples: the one-draw event, twice
+    assert event["sampling_rate"] == 1.0 and event["steps"] == 1
+    for text in (str(card), str(job)):
+        assert "rhat" not in text and "acceptance" not in text and "ess_bulk" not in text
+    listed = client.get("/v1/datasets", headers=auth(keys.alice)).json()[0]["budget"]
+    assert listed["guarantee"] == "asymptotic"
+
+
+def test_asymptotic_methods_need_the_admins_permission(client: Any, keys: Any) -> None:
+    body = {
+        "dataset": "toy",
+        "method": "expm",
+        "epsilon": 1.0,
+        "delta": 1e-5,
+        "expm": {"sampler": "mcmc"},
+    }
+    admin = auth(keys.admin)
+    client.put("/v1/admin/datasets/toy/nominal", json={"allow_nominal": False}, headers=admin)
+    r = client.post("/v1/jobs", json=body, headers=auth(keys.alice))
+    assert r.status_code == 403 and r.json()["type"] == "/problems/nominal-not-allowed"
+    assert "asymptotic guarantee" in r.json()["detail"]
+    q = client.post("/v1/quote", json=body, headers=auth(keys.alice)).json()
+    assert q["admitted"] is False and "asymptotic" in q["reason"]
+    # The proven sampler of the same method needs no permission.
+    proven = {**body, "expm": {"steps": 5}}
+    assert client.post("/v1/quote", json=proven, headers=auth(keys.alice)).json()["admitted"]
 
 
 def test_expm_refuses_what_its_proof_does_not_cover(client: Any, keys: Any) -> None:

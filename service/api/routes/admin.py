@@ -126,7 +126,8 @@ def put_cap(name: str, analyst: str, body: CapUpdate, _: AdminDep, engine: Engin
     responses={**JSON_BODY, **problem_responses(404)},
 )
 def put_nominal(name: str, body: NominalUpdate, _: AdminDep, engine: EngineDep) -> NominalPolicy:
-    """Allow or forbid methods whose guarantee is nominal (e.g. expm_nf) on this dataset."""
+    """Allow or forbid methods whose guarantee is not proven on this dataset: nominal ones
+    (expm_nf) and asymptotic ones (expm with the mcmc sampler)."""
     with problems(), transaction(engine) as s:
         ds = ops.set_nominal(s, name, allow_nominal=body.allow_nominal)
         return NominalPolicy(dataset=ds.name, allow_nominal=ds.allow_nominal)

@@ -48,6 +48,7 @@ from service.schemas import (
     ModelCard,
     PrivacyPlan,
     QuoteResponse,
+    weakest_guarantee,
 )
 from service.timeseries import TimeSeriesSchema
 
@@ -174,8 +175,8 @@ def quote(
         # Admission checks the nominal policy first, then the filters: so does the quote.
         reason = nominal_refusal(ds, plan) or ev.reason
         now = dataset_guarantee(s, ds.id)
-        # Once this job runs, a nominal plan makes the dataset's guarantee nominal too.
-        after = "nominal" if plan.guarantee == "nominal" else now
+        # Once this job runs, the dataset's guarantee is at most the plan's.
+        after = weakest_guarantee(now, plan.guarantee)
         return QuoteResponse(
             admitted=reason is None,
             reason=reason,
@@ -307,7 +308,7 @@ def _release_or_409(s: Session, caller: CallerDep, job_id: str) -> Release:
 )
 def get_release_card(job_id: str, caller: CallerDep, engine: EngineDep) -> ModelCard:
     """The model card: model, preprocessing, mechanism, (ε, δ), accountant and whether the
-    guarantee is proven or nominal."""
+    guarantee is proven, asymptotic or nominal."""
     with transaction(engine) as s:
         return ModelCard.model_validate(_release_or_409(s, caller, job_id).card)
 
