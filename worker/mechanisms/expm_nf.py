@@ -55,6 +55,7 @@ from service.modelspec import GrudSpec, ModelSpec
 from worker.flows import Flow, FlowConfig, grid_comparison
 from worker.flows.diagnostics import GridComparison
 from worker.mechanisms.base import MechanismOutput, ProgressFn, TabularTrainingSet
+from worker.mechanisms.fidelity import FLOW_DRAWS, SquaredErrorTarget, flow_fidelity
 from worker.mechanisms.samplers import (
     FlowSampler,
     FlowSamplerConfig,
@@ -313,11 +314,25 @@ def run_expm_nf(
         )
     model.module.to(device)
     target = ExpMTarget(model=model, x=x, y=y, epsilon=params.epsilon, l2=params.l2)
-    result = make_sampler(params).sample(
-        target, k=params.samples, generator=generator, progress=progress
-    )
+    sampler = make_sampler(params)
+    result = sampler.sample(target, k=params.samples, generator=generator, progress=progress)
     releases = [model.state_dict(theta) for theta in result.samples]
-    return MechanismOutput(releases=releases, enclave_diagnostics=dict(result.diagnostics))
+    diagnostics = dict(result.diagnostics)
+    flow = getattr(sampler, "flow", None)
+    if isinstance(model, LinearBatchedModel) and flow is not None and params.diagnostic_samples:
+        # Enclave-only: the flow against an MCMC reference on the same density (issue 13).
+        with torch.no_grad():
+            draws = flow.rsample(FLOW_DRAWS, generator=generator).x
+        rows = torch.cat(
+            [x.double(), torch.ones(x.shape[0], 1, dtype=torch.float64, device=device)], 1
+        )
+        reference_target = SquaredErrorTarget(
+            rows=rows, y=y.double(), scale=target.scale, l2=params.l2
+        )
+        diagnostics.update(
+            flow_fidelity(flow_draws=draws, target=reference_target, generator=generator)
+        )
+    return MechanismOutput(releases=releases, enclave_diagnostics=diagnostics)
 
 
 def exact_grid_comparison(

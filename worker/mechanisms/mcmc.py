@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -105,6 +105,19 @@ def checked_rows(x: Tensor, *, norm_sq_bound: int) -> Tensor:
     if bool(((rows * rows).sum(dim=1) > norm_sq_bound).any()):
         raise PlanMismatch("an encoded row exceeds the schema's norm bound")
     return rows
+
+
+class HmcTarget(Protocol):
+    """What :func:`sample_hmc` needs of a target: its rows (device, and d + 1 = the
+    parameter count), log π and its gradient for a batch of chains, and an SPD
+    approximation of −∇² log π averaged over chains (the metric's precision)."""
+
+    @property
+    def rows(self) -> Tensor: ...
+
+    def log_density_and_grad(self, theta: Tensor) -> tuple[Tensor, Tensor]: ...
+
+    def mean_hessian(self, theta: Tensor) -> Tensor: ...
 
 
 @dataclass(frozen=True)
@@ -217,7 +230,7 @@ class Metric:
 
 
 def _hmc_step(
-    target: LogisticTarget,
+    target: HmcTarget,
     theta: Tensor,
     log_p: Tensor,
     grad: Tensor,
@@ -250,7 +263,7 @@ def _hmc_step(
 
 
 def sample_hmc(
-    target: LogisticTarget,
+    target: HmcTarget,
     *,
     params: McmcParams,
     generator: torch.Generator,

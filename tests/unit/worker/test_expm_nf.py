@@ -373,6 +373,11 @@ def test_run_expm_nf_releases_loadable_state_dicts(spec: ModelSpec, flow: str) -
     assert calls[-1] == (40, 40) and [s for s, _ in calls] == sorted(s for s, _ in calls)
     for key in ("final_loss", "reverse_kl", "log_z", "ess", "ess_fraction"):
         assert math.isfinite(out.enclave_diagnostics[key]), key
+    # Logistic flows also get the fidelity report against an MCMC reference (issue 13).
+    fidelity = [k for k in out.enclave_diagnostics if k.startswith("fidelity_")]
+    assert bool(fidelity) == isinstance(spec, LogisticSpec)
+    for key in fidelity:
+        assert math.isfinite(out.enclave_diagnostics[key]), key
 
 
 def test_run_expm_nf_is_reproducible_from_the_generator_seed() -> None:
