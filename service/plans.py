@@ -276,7 +276,9 @@ def _expm_plan(request: JobRequest) -> tuple[DpEvent, dict[str, Any], str]:
     # ∝ exp(ε·u/s), s = 1, is ε-DP and ε-bounded-range under add/remove (proof:
     # worker/mechanisms/expm_nf.py; McSherry & Talwar 2007). Not valid under replace-one.
     mechanism = {
-        **options.model_dump(),
+        # The domain key is left out when unset, so that plans stay identical, key for
+        # key, to those stored before domains existed (the worker compares).
+        **options.model_dump(exclude={"domain_radius"} if options.domain_radius is None else None),
         "epsilon": request.epsilon,
         "sensitivity": 1.0,
         "calibration": "monotone",

@@ -115,8 +115,10 @@ class ExpmNfOptions(_In):
     These knobs shape only the sampler, not the mechanism's ε: the target density is
     exp(ε·u(θ)) with u = −Σ(ŷ − y)² − l2·‖θ‖² (sensitivity 1; the utility is monotone in
     the data set, so the McSherry–Talwar calibration without the factor 1/2 is ε-DP under
-    add/remove-one). l2 must be > 0: without it the density over unbounded parameters does
-    not normalise and the ε would describe no mechanism.
+    add/remove-one). The parameters range over R^P, where l2 must be > 0 (without it the
+    density does not normalise and the ε would describe no mechanism), or over a public box
+    (−R, R)^P when ``domain_radius`` R is given: the mechanism is then ExpM restricted to
+    the box, which normalises for any l2 ≥ 0, and the flow ends in a bijection onto it.
     """
 
     flow: Literal["planar", "sylvester"] = "planar"
@@ -130,10 +132,28 @@ class ExpmNfOptions(_In):
     base_std: float = Field(default=1.0, gt=0, le=100)
     l2: float = Field(
         default=1.0,
-        gt=0,
+        ge=0,
         le=1e6,
-        description="Regulariser weight λ > 0 (the target must normalise over unbounded θ).",
+        description=(
+            "Regulariser weight λ: > 0 on R^P (the target must normalise over unbounded θ); "
+            "≥ 0 with a domain_radius."
+        ),
     )
+    domain_radius: float | None = Field(
+        default=None,
+        gt=0,
+        le=1e4,
+        description="R: restrict θ to the public box (−R, R)^P (default: all of R^P).",
+    )
+
+    @model_validator(mode="after")
+    def _normalises(self) -> ExpmNfOptions:
+        if self.l2 == 0 and self.domain_radius is None:
+            raise ValueError(
+                "l2 = 0 needs a domain_radius: over unbounded parameters the ExpM density "
+                "does not normalise"
+            )
+        return self
 
 
 class ExpmOptions(_In):

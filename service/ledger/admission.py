@@ -422,6 +422,7 @@ def new_dataset(
 _LATER_OPTION_DEFAULTS: dict[str, dict[str, Any]] = {
     "dpsgd": {"noise_schedule": "constant", "noise_decay": None},
     "expm": dict.fromkeys(MCMC_ONLY_FIELDS),
+    "expm_nf": {"domain_radius": None},
 }
 _LATER_TOP_LEVEL_FIELDS = ("expm",)  # options of methods added later, left out when None
 

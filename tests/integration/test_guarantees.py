@@ -103,7 +103,25 @@ def test_expm_without_regulariser_is_refused_and_charges_nothing(
     r = client.post(path, json=body, headers=auth(keys.alice))
     assert r.status_code == 422
     assert r.headers["content-type"].startswith("application/problem+json")
+    assert "domain_radius" in r.text  # the error names the way out
     assert client.get("/v1/datasets/toy", headers=auth(keys.alice)).json()["budget"] == before
+
+
+def test_expm_on_a_public_box_needs_no_regulariser(client: Any, keys: Any) -> None:
+    """Issue 13: with a public domain (−R, R)^P the ExpM density normalises at l2 = 0; the
+    plan names the domain; a plan without one keeps its old keys."""
+    body = {
+        "dataset": "toy",
+        "method": "expm_nf",
+        "epsilon": 1.0,
+        "expm_nf": {"l2": 0, "domain_radius": 5},
+    }
+    r = client.post("/v1/quote", json=body, headers=auth(keys.alice))
+    assert r.status_code == 200, r.text
+    assert r.json()["plan"]["mechanism"]["domain_radius"] == 5.0
+    plain = {**body, "expm_nf": {"l2": 1.0}}
+    r = client.post("/v1/quote", json=plain, headers=auth(keys.alice))
+    assert r.status_code == 200 and "domain_radius" not in r.json()["plan"]["mechanism"]
 
 
 def test_model_card_states_relation_and_public_values_and_no_ledger_ids(

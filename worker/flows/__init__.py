@@ -9,6 +9,7 @@ from worker.flows.diagnostics import (
 )
 from worker.flows.flow import Flow, FlowConfig, FlowKind, FlowSample, build_flow, build_transforms
 from worker.flows.transforms import (
+    BoxTanh,
     ElementwiseAffine,
     HouseholderSylvester,
     Planar,
@@ -17,6 +18,7 @@ from worker.flows.transforms import (
 )
 
 __all__ = [
+    "BoxTanh",
     "ElementwiseAffine",
     "Flow",
     "FlowConfig",

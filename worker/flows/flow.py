@@ -15,7 +15,13 @@ from typing import Literal, cast
 import torch
 from torch import Tensor, nn
 
-from worker.flows.transforms import ElementwiseAffine, HouseholderSylvester, Planar, Transform
+from worker.flows.transforms import (
+    BoxTanh,
+    ElementwiseAffine,
+    HouseholderSylvester,
+    Planar,
+    Transform,
+)
 
 FlowKind = Literal["planar", "sylvester"]
 
@@ -32,6 +38,8 @@ class FlowConfig:
     base_std: float = 1.0
     reflections: int | None = None
     affine_init_scale: float = 1.0
+    # A public box (−R, R)^D the flow maps onto (a final BoxTanh), or None: all of R^D.
+    domain_radius: float | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in ("planar", "sylvester"):
@@ -44,6 +52,10 @@ class FlowConfig:
             raise ValueError("reflections must be ≥ 1")
         if not (self.affine_init_scale > 0 and math.isfinite(self.affine_init_scale)):
             raise ValueError("affine_init_scale must be a positive finite number")
+        if self.domain_radius is not None and not (
+            self.domain_radius > 0 and math.isfinite(self.domain_radius)
+        ):
+            raise ValueError("domain_radius must be a positive finite number or None")
 
 
 @dataclass(frozen=True)
@@ -102,8 +114,16 @@ class Flow(nn.Module):
         return z
 
     def log_prob(self, x: Tensor) -> Tensor:
-        """log q(x), through the (numerical where needed) inverse."""
-        return self.push(self.inverse(x)).log_q
+        """log q(x), through the (numerical where needed) inverse; −∞ outside the flow's
+        image (a public domain, :class:`BoxTanh`)."""
+        inside = torch.ones(x.shape[0], dtype=torch.bool, device=x.device)
+        z = x
+        for t in reversed(self.layers()):
+            ok = t.contains(z)
+            inside = inside & ok
+            z = t.inverse(torch.where(ok[:, None], z, torch.zeros_like(z)))
+        log_q = self.push(z).log_q
+        return torch.where(inside, log_q, torch.full_like(log_q, -math.inf))
 
     def invertibility_margin(self) -> Tensor:
         margins = [t.invertibility_margin() for t in self.layers()]
@@ -125,6 +145,9 @@ def build_transforms(
         # Last, so the shaping layers act at the base's unit scale and this one maps to the
         # target's location and per-coordinate scale.
         layers.append(ElementwiseAffine(dim, init_scale=config.affine_init_scale))
+    if config.domain_radius is not None:
+        # Last of all: every draw lands inside the public domain.
+        layers.append(BoxTanh(dim, radius=config.domain_radius))
     return layers
 
 

@@ -23,6 +23,7 @@ from torch import Tensor, nn
 
 __all__ = [
     "SYLVESTER_DIAG_MARGIN",
+    "BoxTanh",
     "ElementwiseAffine",
     "HouseholderSylvester",
     "Planar",
@@ -78,6 +79,10 @@ class Transform(nn.Module, ABC):
     @abstractmethod
     def inverse(self, x: Tensor) -> Tensor:
         """Return z with forward(z)[0] == x (numerically where no closed form exists)."""
+
+    def contains(self, x: Tensor) -> Tensor:
+        """(N,) bool: which points lie in the transform's image (all of R^D by default)."""
+        return torch.ones(x.shape[0], dtype=torch.bool, device=x.device)
 
     @abstractmethod
     def invertibility_margin(self) -> Tensor:
@@ -252,3 +257,32 @@ class ElementwiseAffine(Transform):
 
     def invertibility_margin(self) -> Tensor:
         return torch.exp(self.clamped_log_scale()).min()
+
+
+class BoxTanh(Transform):
+    """x = R·tanh(z): a bijection of R^D onto the open box (−R, R)^D, the public parameter
+    domain of a flow whose target lives on that box (issue 13). No parameters.
+
+    log|det ∂x/∂z| = Σ log(R·(1 − tanh²z)) = Σ [log R + 2·(log 2 − z − softplus(−2z))],
+    the last form exact for large |z| where 1 − tanh² underflows.
+    """
+
+    def __init__(self, dim: int, *, radius: float) -> None:
+        super().__init__(dim)
+        if not (radius > 0 and math.isfinite(radius)):
+            raise ValueError("radius must be a positive finite number")
+        self.radius = radius
+
+    def forward(self, z: Tensor) -> tuple[Tensor, Tensor]:
+        log_dtanh = 2.0 * (math.log(2.0) - z - F.softplus(-2.0 * z))
+        ladj = (math.log(self.radius) + log_dtanh).sum(dim=-1)
+        return self.radius * torch.tanh(z), ladj
+
+    def inverse(self, x: Tensor) -> Tensor:
+        return torch.atanh(x / self.radius)
+
+    def contains(self, x: Tensor) -> Tensor:
+        return (x.abs() < self.radius).all(dim=-1)
+
+    def invertibility_margin(self) -> Tensor:
+        return torch.tensor(self.radius)

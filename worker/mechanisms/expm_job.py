@@ -40,6 +40,7 @@ def params_from_plan(
         batch_size=int(m["batch_size"]),
         lr=float(m["learning_rate"]),
         l2=float(m["l2"]),
+        domain_radius=None if m.get("domain_radius") is None else float(m["domain_radius"]),
         grud_public_means=grud_public_means,
         diagnostic_samples=(
             GRUD_DIAGNOSTIC_SAMPLES if grud_public_means else ExpmNfParams.diagnostic_samples

@@ -121,14 +121,17 @@ class ExpmNfParams:
     init_scale: float | None = None
     diagnostic_samples: int = 1024
     grud_public_means: tuple[float, ...] | None = None
+    # The public box (−R, R)^P θ is restricted to (the ExpM target then normalises for
+    # any λ ≥ 0), or None: all of R^P, where λ > 0 is needed.
+    domain_radius: float | None = None
 
     def __post_init__(self) -> None:
         if not (self.epsilon > 0 and math.isfinite(self.epsilon)):
             raise ValueError("epsilon must be a positive finite number")
         if self.samples < 1:
             raise ValueError("samples must be ≥ 1")
-        # λ = 0: Z_D = ∞, the ExpM density does not exist (module docstring).
-        _check_l2(self.l2)
+        # λ = 0 on R^P: Z_D = ∞, the ExpM density does not exist (module docstring).
+        _check_l2(self.l2, self.domain_radius)
         if self.grud_public_means is not None and not all(
             math.isfinite(v) for v in self.grud_public_means
         ):
@@ -137,13 +140,21 @@ class ExpmNfParams:
         self.sampler_config()
 
     def prior_std(self) -> float:
-        """Std of the regulariser-only ExpM density exp(−ε·λ‖θ‖²/s) = N(0, s/(2ελ)·I)."""
-        return math.sqrt(SENSITIVITY / (2.0 * self.epsilon * self.l2))
+        """Std of the regulariser-only ExpM density exp(−ε·λ‖θ‖²/s) = N(0, s/(2ελ)·I); on a
+        box, at most the box's own scale R/2 (a flat λ = 0 target fills the box)."""
+        if self.l2 == 0:
+            assert self.domain_radius is not None
+            return self.domain_radius / 2.0
+        std = math.sqrt(SENSITIVITY / (2.0 * self.epsilon * self.l2))
+        return std if self.domain_radius is None else min(std, self.domain_radius / 2.0)
 
     def flow_config(self) -> FlowConfig:
         # Data-independent initial scale: the regulariser-only density (the target's shape
-        # when the data term is flat), unless given.
+        # when the data term is flat), unless given. On a box the affine layer feeds
+        # R·tanh(·), near-linear with slope R at 0, so its scale is divided by R.
         init = self.init_scale if self.init_scale is not None else self.prior_std()
+        if self.domain_radius is not None and self.init_scale is None:
+            init = init / self.domain_radius
         return FlowConfig(
             kind=self.flow,
             layers=self.layers,
@@ -151,6 +162,7 @@ class ExpmNfParams:
             base_std=self.base_std,
             reflections=self.householder_reflections,
             affine_init_scale=init,
+            domain_radius=self.domain_radius,
         )
 
     def sampler_config(self) -> FlowSamplerConfig:
@@ -202,11 +214,14 @@ class ExpMTarget:
     # hidden states (see benchmarks/results/grud_memory.md).
     chunk_rows: int = 8192
     max_pairs: int | None = None
+    # The public box the target lives on (None: R^P); the flow maps onto it, so its draws
+    # are always inside, and :meth:`log_density` is −∞ outside.
+    domain_radius: float | None = None
 
     def __post_init__(self) -> None:
         if not (self.epsilon > 0 and math.isfinite(self.epsilon)):
             raise ValueError("epsilon must be a positive finite number")
-        _check_l2(self.l2)
+        _check_l2(self.l2, self.domain_radius)
         if not (self.sensitivity > 0 and math.isfinite(self.sensitivity)):
             raise ValueError("sensitivity must be a positive finite number")
 
@@ -246,7 +261,11 @@ class ExpMTarget:
         return torch.cat(parts)
 
     def log_density(self, theta: Tensor) -> Tensor:
-        return self.scale * self.utility(theta)
+        log_p = self.scale * self.utility(theta)
+        if self.domain_radius is None:
+            return log_p
+        inside = (theta.abs() < self.domain_radius).all(dim=-1)
+        return torch.where(inside, log_p, torch.full_like(log_p, -math.inf))
 
     def minibatch_log_density(
         self, theta: Tensor, *, batch_size: int, generator: torch.Generator
@@ -264,7 +283,13 @@ class ExpMTarget:
         return self.scale * u
 
 
-def _check_l2(l2: float) -> None:
+def _check_l2(l2: float, domain_radius: float | None = None) -> None:
+    if domain_radius is not None:
+        if not (domain_radius > 0 and math.isfinite(domain_radius)):
+            raise ValueError("domain_radius must be a positive finite number")
+        if not (l2 >= 0 and math.isfinite(l2)):
+            raise ValueError("l2 must be a finite number ≥ 0")
+        return
     if not (l2 > 0 and math.isfinite(l2)):
         raise ValueError(
             "l2 must be a positive finite number: with l2 = 0 the ExpM density over "
@@ -313,13 +338,25 @@ def run_expm_nf(
             spec, _n_features(spec, params, x), public_means=params.grud_public_means
         )
     model.module.to(device)
-    target = ExpMTarget(model=model, x=x, y=y, epsilon=params.epsilon, l2=params.l2)
+    target = ExpMTarget(
+        model=model,
+        x=x,
+        y=y,
+        epsilon=params.epsilon,
+        l2=params.l2,
+        domain_radius=params.domain_radius,
+    )
     sampler = make_sampler(params)
     result = sampler.sample(target, k=params.samples, generator=generator, progress=progress)
     releases = [model.state_dict(theta) for theta in result.samples]
     diagnostics = dict(result.diagnostics)
     flow = getattr(sampler, "flow", None)
-    if isinstance(model, LinearBatchedModel) and flow is not None and params.diagnostic_samples:
+    if (
+        isinstance(model, LinearBatchedModel)
+        and flow is not None
+        and params.diagnostic_samples
+        and params.domain_radius is None  # the reference chains run on R^P
+    ):
         # Enclave-only: the flow against an MCMC reference on the same density (issue 13).
         with torch.no_grad():
             draws = flow.rsample(FLOW_DRAWS, generator=generator).x

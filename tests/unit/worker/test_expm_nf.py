@@ -489,3 +489,24 @@ def test_full_data_utility_is_the_same_in_any_block_size(spec: ModelSpec) -> Non
     whole = ExpMTarget(model=model, x=data.x, y=data.y, epsilon=1.0, l2=0.5, max_pairs=10**6)
     blocks = ExpMTarget(model=model, x=data.x, y=data.y, epsilon=1.0, l2=0.5, max_pairs=7)
     torch.testing.assert_close(whole.log_density(theta), blocks.log_density(theta))
+
+
+def test_a_public_box_holds_every_draw_even_without_a_regulariser() -> None:
+    """Issue 13: ExpM restricted to (−R, R)^P (l2 = 0 allowed there); the flow ends in a
+    bijection onto the box, so the released draws are inside it."""
+    data = _tabular(80, 3)
+    params = _small(2.0, samples=4, l2=0.0, domain_radius=0.5)
+    out = run_expm_nf(
+        spec=LogisticSpec(),
+        params=params,
+        data=data,
+        device=torch.device("cpu"),
+        generator=torch.Generator().manual_seed(5),
+        progress=lambda s, t: None,
+    )
+    for state in out.releases:
+        theta = torch.cat([state["linear.weight"].reshape(-1), state["linear.bias"]])
+        assert float(theta.abs().max()) < 0.5
+    assert math.isfinite(out.enclave_diagnostics["reverse_kl"])
+    with pytest.raises(ValueError, match="l2"):
+        _small(2.0, l2=0.0)  # no box: refused
