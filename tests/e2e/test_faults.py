@@ -135,7 +135,9 @@ def test_worker_killed_mid_job_is_retried_and_released_once(
     with running_stack(settings, tmp_path, broker.url, heartbeat=heartbeat, n=4000) as stack:
         victim = stack.add_worker("victim")
         with stack.client(stack.keys.alice) as c:
-            job = _submit(c, _job(epochs=10, batch_size=20))
+            # ~80,000 steps (≈ 26 s on an idle core): still training while the rescuer
+            # starts (its start-up alone takes seconds), whatever the machine's load.
+            job = _submit(c, _job(epochs=100, batch_size=5))
             _wait_training(c, job["id"])
             stack.add_worker("rescuer")
             _wait_log(tmp_path / "worker-rescuer.log", "ready.")  # up and idle
@@ -168,7 +170,8 @@ def test_redis_restart_with_a_job_queued(
     with running_stack(settings, tmp_path, broker.url, n=2000, heartbeat=4, env=env) as stack:
         stack.add_worker("w1")
         with stack.client(stack.keys.alice) as c:
-            busy = _submit(c, _job(epochs=10, batch_size=20))
+            # ~20,000 steps (≈ 6 s idle): busy through the Redis restart below.
+            busy = _submit(c, _job(epochs=100, batch_size=10))
             _wait_training(c, busy["id"])
             waiting = _submit(c, _job(epochs=1, batch_size=100))
             queue = redis.Redis.from_url(broker.url)
@@ -249,7 +252,9 @@ def test_postgres_outage_while_a_job_finishes(
         if spare_worker:
             stack.add_worker("spare")
         with stack.client(stack.keys.alice) as c:
-            job = _submit(c, _job(epochs=6, batch_size=20))
+            # ~10,000 steps (≈ 3 s idle): running when PostgreSQL stops (the first heartbeat
+            # comes after 1 s) and done training well inside the outage.
+            job = _submit(c, _job(epochs=50, batch_size=10))
             _wait_training(c, job["id"])
             private_pg.stop_immediate()
             down = time.monotonic()
