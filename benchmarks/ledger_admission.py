@@ -121,8 +121,8 @@ def main() -> None:
                 with transaction(engine) as s:
                     admit_job(
                         s,
-                        analyst=s.get_one(Analyst, a_id),
-                        dataset=s.get_one(Dataset, ds_id),
+                        analyst_id=a_id,
+                        dataset_id=ds_id,
                         request=req,
                         plan=plan,
                         idempotency_key=None,

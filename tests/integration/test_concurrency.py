@@ -70,8 +70,8 @@ def test_direct_admission_race(settings: Any, keys: Any) -> None:
             with transaction(engine) as s:
                 admit_job(
                     s,
-                    analyst=s.get_one(Analyst, alice.id),
-                    dataset=s.get_one(Dataset, ds.id),
+                    analyst_id=alice.id,
+                    dataset_id=ds.id,
                     request=request,
                     plan=plan,
                     idempotency_key=f"race-{i}",
