@@ -2,11 +2,10 @@
 
 Every path that changes a running total (admit, refund, cap creation, budget change)
 runs in ONE transaction that first locks the dataset row (PostgreSQL ``SELECT … FOR
-UPDATE``; SQLite ``BEGIN IMMEDIATE``, see :mod:`service.db`), then the analyst's cap row
-(admission reads it in the same statement, see :func:`lock_dataset_with_cap`). The
-evaluation itself (:func:`evaluate`) is a pure function of those rows and the charge,
-shared by admission and by quotes, so a quote agrees exactly with what admission would do
-on the same state.
+UPDATE``; SQLite ``BEGIN IMMEDIATE``, see :mod:`service.db`) and then the analyst's cap
+row. The evaluation itself (:func:`evaluate`) is a pure function of those rows and the
+charge, shared by admission and by quotes, so a quote agrees exactly with what admission
+would do on the same state.
 
 Rules (see :mod:`service.privacy.filters` for the proofs):
 - δ_total = 0: basic composition of pure mechanisms, Σε ≤ ε_total.
@@ -272,32 +271,6 @@ def lock_dataset(session: Session, dataset_id: int) -> Dataset:
     ).one()
 
 
-@dataclass(frozen=True)
-class Locked:
-    dataset: Dataset
-    cap: AnalystCap | None
-
-
-def lock_dataset_with_cap(session: Session, *, dataset_id: int, analyst_id: int) -> Locked:
-    """The dataset row, locked, and the analyst's cap on it, in one round trip.
-
-    The cap row needs no lock of its own here: every path that writes a cap (admission,
-    refunds, :func:`set_analyst_cap`) holds the dataset's lock first, so under that lock
-    the cap read is the committed, current one.
-    """
-    row = session.execute(
-        select(Dataset, AnalystCap)
-        .outerjoin(
-            AnalystCap,
-            (AnalystCap.dataset_id == Dataset.id) & (AnalystCap.analyst_id == analyst_id),
-        )
-        .where(Dataset.id == dataset_id)
-        .with_for_update(of=Dataset)
-        .execution_options(populate_existing=True)
-    ).one()
-    return Locked(row[0], row[1])
-
-
 def lock_cap(session: Session, analyst_id: int, dataset_id: int) -> AnalystCap | None:
     return session.scalars(
         select(AnalystCap)
@@ -506,9 +479,9 @@ def admit_job(
 
     Everything that does not depend on the running totals happens before the dataset's
     lock: the request digest, the charge (the plan's RDP curve in micro-units, from the
-    plan computed before the transaction) and the job row's contents. The lock's one
-    round trip also reads the analyst's cap. Under the lock: the replay check, the nominal
-    policy, the exact filter decision on the locked totals, the job and the ledger entry.
+    plan computed before the transaction) and the job row's contents. Under the lock: the
+    replay check, the nominal policy, the cap's lock, the exact filter decision on the
+    locked totals, the job and the ledger entry.
     (Writing the job row before the lock was tried: its foreign key takes a KEY SHARE lock
     on the dataset row, and 64 such lockers beside the admission lock made PostgreSQL
     build multixacts and halved throughput.)
@@ -529,8 +502,7 @@ def admit_job(
         attempts=0,
         data_touched=False,
     )
-    locked = lock_dataset_with_cap(session, dataset_id=dataset_id, analyst_id=analyst_id)
-    ds, cap = locked.dataset, locked.cap
+    ds = lock_dataset(session, dataset_id)
     # Under the lock: a concurrent request with the same key has either committed (we
     # see it) or not started its charge yet (it will see ours and replay it).
     if idempotency_key is not None:
@@ -542,6 +514,11 @@ def admit_job(
     refused = nominal_refusal(ds, plan)
     if refused:
         raise NominalNotAllowed(refused)
+    # Its own locking statement, after the dataset's lock: reading the cap in the same
+    # statement (a join) was tried and overspent under load, because on PostgreSQL a
+    # statement that waited for the dataset's lock sees the other joined rows as of its
+    # start (READ COMMITTED re-checks only the locked rows), i.e. a stale cap.
+    cap = lock_cap(session, analyst_id, ds.id)
     ev = evaluate(dataset_filter(ds), cap_filter(cap) if cap else None, charge)
     if not ev.admitted:
         raise BudgetExceeded(ev)
