@@ -69,6 +69,7 @@ class World:
     alice_jobs: list[str]
     secrets: list[str]  # alice's: never in an answer to anyone but alice or the admin
     callers: list[Caller]
+    dead_keys: dict[str, str]  # "revoked" and "expired"
 
 
 def _world(client: Any, keys: Any, settings: Any) -> World:
@@ -100,7 +101,8 @@ def _world(client: Any, keys: Any, settings: Any) -> World:
         Caller("analyst A", auth(keys.alice), "owner"),
         Caller("admin", admin, "admin"),
     ]
-    return World(jobs, [*jobs, CANARY, keys.alice], callers)
+    dead = {name: made[name] for name in ("revoked", "expired")}
+    return World(jobs, [*jobs, CANARY, keys.alice], callers, dead)
 
 
 def _expected(access: Access, role: str | None) -> Callable[[int], bool]:
@@ -194,10 +196,10 @@ def test_every_dashboard_route_needs_an_admin_session(
 ) -> None:
     world = _world(client, keys, settings)
     sessions: dict[str, str | None] = {}
-    for who, key in (("analyst A", keys.alice), ("revoked", None), ("admin", keys.admin)):
+    logins = {"analyst A": keys.alice, **world.dead_keys, "admin": keys.admin}
+    for who, key in logins.items():
         client.cookies.clear()
-        r = client.post("/dashboard/login", data={"api_key": key or "enc_revoked"},
-                        follow_redirects=False)  # fmt: skip
+        r = client.post("/dashboard/login", data={"api_key": key}, follow_redirects=False)
         sessions[who] = client.cookies.get("enclave_session")
         assert (sessions[who] is not None) == (who == "admin"), (who, r.status_code)
     client.cookies.clear()
