@@ -332,8 +332,8 @@ class LedgerMachine(RuleBasedStateMachine):
             with transaction(self.engine) as s:
                 job = admit_job(
                     s,
-                    analyst=s.get_one(Analyst, self.analyst_id),
-                    dataset=s.get_one(Dataset, self.ds_id),
+                    analyst_id=self.analyst_id,
+                    dataset_id=self.ds_id,
                     request=req,
                     plan=plan,
                     idempotency_key=None,

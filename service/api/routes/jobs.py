@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Annotated
 
 from fastapi import APIRouter, Header, Response
@@ -35,7 +36,7 @@ from service.ledger.admission import (
     lock_job,
     nominal_refusal,
 )
-from service.ledger.tables import Analyst, AnalystCap, Dataset, Job, JobStatus, Release
+from service.ledger.tables import AnalystCap, Dataset, Job, JobStatus, Release
 from service.plans import PlanError, plan_for_dataset
 from service.privacy.amounts import from_micro
 from service.privacy.rdp import epsilon_from_rdp
@@ -103,10 +104,18 @@ def get_dataset(name: str, caller: CallerDep, engine: EngineDep) -> DatasetPubli
         return _dataset_view(s, dataset_or_404(s, name), caller.id)
 
 
-def _plan_for(engine: EngineDep, settings: Settings, body: JobRequest) -> PrivacyPlan:
+@dataclass(frozen=True)
+class Planned:
+    plan: PrivacyPlan
+    dataset_id: int  # datasets are never deleted: admission may lock it by id
+
+
+def _plan_for(engine: EngineDep, settings: Settings, body: JobRequest) -> Planned:
+    """The plan, computed before any transaction that locks the budget (planning and the
+    RDP curve are the expensive part of a submission)."""
     with transaction(engine) as s:
         ds = dataset_or_404(s, body.dataset)
-        n_rows, public_schema = ds.n_rows, ds.public_schema
+        n_rows, public_schema, dataset_id = ds.n_rows, ds.public_schema, ds.id
     try:
         plan = plan_for_dataset(body, n_rows=n_rows, public_schema=public_schema)
     except PlanError as exc:
@@ -135,7 +144,7 @@ def _plan_for(engine: EngineDep, settings: Settings, body: JobRequest) -> Privac
                 f"this plan needs about {seconds:.3g} s of worker time (estimate), more than "
                 f"the {settings.job_time_limit_s:g} s a job may run: use fewer steps or samples",
             )
-    return plan
+    return Planned(plan, dataset_id)
 
 
 def _budget_problem(ev: Evaluation) -> ProblemError:
@@ -167,7 +176,7 @@ def quote(
 
     Uses the same evaluation as admission, on the ledger's current state.
     """
-    plan = _plan_for(engine, settings, body)
+    plan = _plan_for(engine, settings, body).plan
     with transaction(engine) as s:
         ds = dataset_or_404(s, body.dataset)
         cap = s.get(AnalystCap, (caller.id, ds.id))
@@ -217,20 +226,18 @@ def create_job(
     """Submit a training job. Its plan is charged to the ledger at admission, before any
     private row is read. A job cancelled while queued is refunded; a failed job keeps its
     charge unless the admin refunds it (its failure is itself an output)."""
-    plan = _plan_for(engine, settings, body)
+    planned = _plan_for(engine, settings, body)
     try:
         with transaction(engine) as s:
-            analyst = s.get_one(Analyst, caller.id)
-            ds = dataset_or_404(s, body.dataset)
             admitted = admit_job(
                 s,
-                analyst=analyst,
-                dataset=ds,
+                analyst_id=caller.id,
+                dataset_id=planned.dataset_id,
                 request=body,
-                plan=plan,
+                plan=planned.plan,
                 idempotency_key=idempotency_key,
             )
-            view = job_public(admitted.job, ds.name)
+            view = job_public(admitted.job, admitted.dataset.name)
     except BudgetExceeded as exc:
         raise _budget_problem(exc.evaluation) from exc
     except IdempotencyConflict as exc:
