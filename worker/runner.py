@@ -194,44 +194,33 @@ def run_mechanism(
     device: torch.device,
     progress: ProgressFn,
 ) -> MechanismOutput:
-    if plan.method == "dpsgd":
-        from worker.mechanisms.dpsgd import run_dpsgd
-
-        return run_dpsgd(
-            spec=spec,
-            mechanism=plan.mechanism,
-            samples=plan.samples,
-            data=data,
-            device=device,
-            progress=progress,
-        )
     if plan.method == "expm_nf":
         from worker.mechanisms.expm_job import run_expm_nf_plan
 
         return run_expm_nf_plan(plan=plan, spec=spec, data=data, device=device, progress=progress)
-    if plan.method == "expm" and plan.mechanism.get("sampler") == "mcmc":
+    run: Runner
+    if plan.method == "dpsgd":
+        from worker.mechanisms.dpsgd import run_dpsgd
+
+        run = run_dpsgd
+    elif plan.method == "expm" and plan.mechanism.get("sampler") == "mcmc":
         from worker.mechanisms.mcmc import run_expm_mcmc
 
-        return run_expm_mcmc(
-            spec=spec,
-            mechanism=plan.mechanism,
-            samples=plan.samples,
-            data=data,
-            device=device,
-            progress=progress,
-        )
-    if plan.method == "expm":
+        run = run_expm_mcmc
+    elif plan.method == "expm":
         from worker.mechanisms.langevin import run_expm_langevin
 
-        return run_expm_langevin(
-            spec=spec,
-            mechanism=plan.mechanism,
-            samples=plan.samples,
-            data=data,
-            device=device,
-            progress=progress,
-        )
-    raise PlanError(f"unknown method {plan.method!r}")
+        run = run_expm_langevin
+    else:
+        raise PlanError(f"unknown method {plan.method!r}")
+    return run(
+        spec=spec,
+        mechanism=plan.mechanism,
+        samples=plan.samples,
+        data=data,
+        device=device,
+        progress=progress,
+    )
 
 
 def execute_job(job_id: str, settings: Settings | None = None) -> Outcome:
