@@ -159,3 +159,18 @@ def client(settings: Settings, keys: Keys) -> Iterator[object]:
 
 def auth(key: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {key}"}
+
+
+@pytest.fixture
+def live(settings: Settings, keys: Keys) -> Iterator[str]:
+    """The API as deployed: uvicorn in a child process on the test's ledger and broker
+    (it inherits the environment ``settings`` set); yields its base URL."""
+    from enclave.processes import child_env, free_port, start_api, stop, wait_ready
+
+    base = f"http://127.0.0.1:{free_port()}"
+    proc = start_api(child_env({}), int(base.rsplit(":", 1)[1]))
+    try:
+        wait_ready(base)
+        yield base
+    finally:
+        stop(proc)

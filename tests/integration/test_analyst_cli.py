@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +15,7 @@ from typer.testing import CliRunner
 
 from enclave.analyst import open_release
 from enclave.cli import app
-from enclave.processes import child_env, free_port, start_api, stop, wait_ready
+from enclave.processes import free_port
 from tests.conftest import Keys, auth
 from worker.data import ROWS_FILE, dataset_dir
 from worker.runner import Outcome, execute_job
@@ -25,17 +24,6 @@ pytestmark = pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
 
 runner = CliRunner()
 REQUEST = ["--dataset", "toy", "--method", "dpsgd", "--epsilon", "1", "--delta", "1e-5"]
-
-
-@pytest.fixture
-def live(settings: Any, keys: Keys) -> Iterator[str]:
-    base = f"http://127.0.0.1:{free_port()}"
-    proc = start_api(child_env({}), int(base.rsplit(":", 1)[1]))
-    try:
-        wait_ready(base)
-        yield base
-    finally:
-        stop(proc)
 
 
 def jobs(live: str, key: str, *args: str) -> Any:

@@ -8,33 +8,19 @@ import importlib
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
-from typing import Any
 
 import httpx
 import pytest
 
-from enclave.processes import child_env, free_port, start_api, stop, wait_ready
+from enclave.processes import child_env
 from tests.conftest import REPO, Keys
 
 CONFIG = REPO / "examples" / "openapi-client.yaml"
 EXAMPLE = REPO / "examples" / "generated_client.py"
 
 pytestmark = pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
-
-
-@pytest.fixture
-def live(settings: Any, keys: Keys) -> Iterator[str]:
-    """The API as deployed: uvicorn in a child process on the test's ledger and broker."""
-    base = f"http://127.0.0.1:{free_port()}"
-    proc = start_api(child_env({}), int(base.rsplit(":", 1)[1]))
-    try:
-        wait_ready(base)
-        yield base
-    finally:
-        stop(proc)
 
 
 @pytest.fixture
