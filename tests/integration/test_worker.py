@@ -165,7 +165,14 @@ def test_each_gradient_engine_job_runs_and_its_card_states_the_engine(
         )
 
 
-def test_unsupported_engine_is_refused_at_quote_and_charges_nothing(client: Any, keys: Any) -> None:
+def test_unsupported_engine_is_refused_at_quote_and_charges_nothing(
+    client: Any, keys: Any, settings: Any
+) -> None:
+    def entries() -> int:
+        with transaction(engine_for(settings.resolved_database_url)) as s:
+            return int(s.scalar(select(func.count()).select_from(LedgerEntry)) or 0)
+
+    before = entries()
     body = {**BODY, "dpsgd": {**BODY["dpsgd"], "engine": "jl", "jl_projections": 1}}
     r = client.post("/v1/jobs", json=body, headers=auth(keys.alice))
     assert r.status_code == 422, r.text
@@ -177,6 +184,7 @@ def test_unsupported_engine_is_refused_at_quote_and_charges_nothing(client: Any,
         headers=auth(keys.alice),
     )
     assert r.status_code == 422, r.text
+    assert entries() == before
 
 
 def _db_down() -> Exception:
