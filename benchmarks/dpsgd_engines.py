@@ -212,10 +212,10 @@ def _peak_mib(step: Callable[[int], object], batch: int) -> float:
     return (_status_kib("VmHWM") - before) / 1024
 
 
-def child(model: str, engine: str, repeats: int, budget: float) -> dict[str, Any]:
+def child(model: str, engine: str, repeats: int, budget: float, threads: int) -> dict[str, Any]:
     import torch
 
-    torch.set_num_threads(2)
+    torch.set_num_threads(threads)
     torch.manual_seed(0)
     setup = _setup(model)
     row: dict[str, Any] = {"model": model, "engine": engine}
@@ -253,12 +253,19 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--budget-mib", type=float, default=64.0)
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch threads (1: on a shared 2-core machine two threads spin and run 10-20x slower)",
+    )
     parser.add_argument("--models", nargs="+", default=list(MODELS), choices=MODELS)
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
-        print(json.dumps(child(args.child[0], args.child[1], args.repeats, args.budget_mib)))
+        row = child(args.child[0], args.child[1], args.repeats, args.budget_mib, args.threads)
+        print(json.dumps(row))
         return
     command = ".venv/bin/python benchmarks/dpsgd_engines.py " + " ".join(
         shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:])
@@ -278,6 +285,8 @@ def main(argv: list[str] | None = None) -> None:
                     str(args.repeats),
                     "--budget-mib",
                     str(args.budget_mib),
+                    "--threads",
+                    str(args.threads),
                 ],
                 check=True,
                 capture_output=True,
@@ -288,20 +297,23 @@ def main(argv: list[str] | None = None) -> None:
             row = json.loads(out.stdout.strip().splitlines()[-1])
             rows.append(row)
             print(json.dumps(row), flush=True)
-    write(rows, command=command, budget=args.budget_mib, out=args.out)
+    write(rows, command=command, budget=args.budget_mib, threads=args.threads, out=args.out)
 
 
 def _fmt(v: float | None, spec: str) -> str:
     return "n/a" if v is None else format(v, spec)
 
 
-def write(rows: list[dict[str, Any]], *, command: str, budget: float, out: Path) -> None:
+def write(
+    rows: list[dict[str, Any]], *, command: str, budget: float, threads: int, out: Path
+) -> None:
     out.mkdir(parents=True, exist_ok=True)
     lines = [
         "# DP-SGD gradient engines: time, peak memory, largest batch under a budget (CPU)",
         "",
         f"Command: `{command}`  ",
-        f"Machine: {platform.platform()}, 2 torch threads, shared with other jobs (timings "
+        f"Machine: {platform.platform()}, {threads} torch thread(s), shared with other jobs "
+        "(load average ≈ 4 on 2 cores: timings "
         "are noisy; compare within a column of one run). No GPU was available.  ",
         "Per-epoch: one epoch of run_dpsgd on the service's plan (ε = 1, δ = 1e-5; MLP on "
         "Adult at B = 256, GRU-D on 1000 synthetic ICU stays at B = 50), median of the "
