@@ -363,6 +363,12 @@ def test_plans_record_the_engine_and_exact_plans_stay_as_before() -> None:
     assert _plan("ghost").mechanism["engine"] == "ghost"
     jl = _plan("jl", 20).mechanism
     assert jl["engine"] == "jl" and jl["jl_projections"] == 20
+    # ghost has the exact engine's sensitivity, so it takes the decaying schedule too
+    decaying = _plan("ghost", noise_schedule="exponential", noise_decay=0.9)
+    exact_decaying = _plan("exact", noise_schedule="exponential", noise_decay=0.9)
+    assert decaying.mechanism["engine"] == "ghost"
+    assert decaying.rdp_curve == exact_decaying.rdp_curve
+    assert "engine" not in exact_decaying.mechanism
 
 
 @pytest.mark.parametrize(
