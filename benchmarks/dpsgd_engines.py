@@ -240,6 +240,7 @@ def child(model: str, engine: str, repeats: int, budget: float, threads: int) ->
         else:
             hi = mid
     row["largest_batch"] = lo
+    row["batch_cap"] = setup["max_batch"]
     row["epoch_seconds"] = _epoch_seconds(setup, engine, repeats)
     row["supported"] = True
     return row
@@ -385,6 +386,11 @@ def main(argv: list[str] | None = None) -> None:
     write(rows, aucs, command=command, budget=args.budget_mib, threads=args.threads, out=args.out)
 
 
+def _largest(row: dict[str, Any], model: str) -> str:
+    cap = row.get("batch_cap", 1 << 18 if model == "mlp" else 1 << 14)
+    return f"≥ {cap} (the cap)" if row["largest_batch"] >= cap else str(row["largest_batch"])
+
+
 def _fmt(v: float | None, spec: str) -> str:
     return "n/a" if v is None else format(v, spec)
 
@@ -429,7 +435,7 @@ def write(
             )
             lines.append(
                 f"| {model} | {r['engine']} | {_fmt(r['epoch_seconds'], '.2f')} | "
-                f"{_fmt(ratio, '.2f')} | {r['peak_mib']:.1f} | {r['largest_batch']} |"
+                f"{_fmt(ratio, '.2f')} | {r['peak_mib']:.1f} | {_largest(r, model)} |"
             )
     lines += [
         "",
