@@ -93,8 +93,10 @@ def chi2_lower_quantile(r: int, p: float) -> float:
     if not 0.0 < p < 1.0:
         raise ValueError(f"p must be in (0, 1), got {p!r}")
     x = 2.0 * float(special.gammaincinv(r / 2.0, p)) * (1.0 - _QUANTILE_MARGIN)
-    while float(special.gammainc(r / 2.0, x / 2.0)) > p:  # never above the quantile
-        x *= 1.0 - _QUANTILE_MARGIN
+    step = _QUANTILE_MARGIN
+    while math.isfinite(x) and x > 0.0 and float(special.gammainc(r / 2.0, x / 2.0)) > p:
+        x *= 1.0 - step  # never above the quantile; the step doubles, so this ends quickly
+        step = min(2.0 * step, 0.5)
     if not (math.isfinite(x) and x > 0.0):
         raise ValueError(f"the χ² quantile underflowed for r = {r}, p = {p:g}")
     return x
