@@ -73,6 +73,10 @@ class DpsgdParams:
     steps_per_epoch: int
     # σ for each epoch (a decaying schedule); empty: noise_multiplier throughout.
     noise_multipliers: tuple[float, ...] = ()
+    # Per-example gradient engine (worker/mechanisms/grad_engines.py); JL's r and κ.
+    engine: str = "exact"
+    jl_projections: int = 0
+    jl_kappa: float = 1.0
 
     def sigma_at(self, step: int) -> float:
         """σ of step ``step`` (1-based), as the plan's event accounts it."""
@@ -102,6 +106,9 @@ class DpsgdParams:
             learning_rate=float(mechanism["learning_rate"]),
             grid_bits=int(mechanism["grid_bits"]),
             parameters=int(mechanism["parameters"]),
+            engine=str(mechanism.get("engine", "exact")),
+            jl_projections=int(mechanism.get("jl_projections") or 0),
+            jl_kappa=float(mechanism.get("jl_kappa", 1.0)),
         )
 
 
@@ -280,16 +287,13 @@ def _train_one(
     noise = NoiseStream(rng=rng, size=params.parameters, steps=params.steps)
     # Integer units → gradient units, then the average over the *expected* batch.
     unit = params.max_grad_norm * 2.0**-params.grid_bits / params.expected_batch_size
+    # The plan's engine (exact: clipped_integer_sum); imported here, it imports this module.
+    from worker.mechanisms.grad_engines import integer_sum_for
+
+    integer_sum = integer_sum_for(params, rng=rng)
     for step in range(1, params.steps + 1):
         idx = torch.as_tensor(sampler.indices(data.n), device=device)
-        summed = clipped_integer_sum(
-            module,
-            data.x.index_select(0, idx),
-            data.y.index_select(0, idx),
-            grid_bits=params.grid_bits,
-            max_grad_norm=params.max_grad_norm,
-            parameters=params.parameters,
-        )
+        summed = integer_sum(module, data.x.index_select(0, idx), data.y.index_select(0, idx))
         scale = params.sigma_at(step) * 2.0**params.grid_bits
         ahead = params.steps_with_same_sigma(step)
         step_noise = torch.as_tensor(noise.draw(scale=scale, same_scale_ahead=ahead), device=device)
