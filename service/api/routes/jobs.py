@@ -237,7 +237,7 @@ def create_job(
                 plan=planned.plan,
                 idempotency_key=idempotency_key,
             )
-            view = job_public(admitted.job, admitted.dataset.name)
+            view = job_public(admitted.job, admitted.dataset_name)
     except BudgetExceeded as exc:
         raise _budget_problem(exc.evaluation) from exc
     except IdempotencyConflict as exc:
