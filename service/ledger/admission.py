@@ -22,9 +22,9 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from decimal import Decimal
 from functools import lru_cache
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
-from sqlalchemy import Connection, Select, bindparam, func, insert, or_, select, update
+from sqlalchemy import Connection, Select, Table, bindparam, func, insert, or_, select, update
 from sqlalchemy.orm import Session
 
 from service.ledger.chain import GENESIS, append_entry, chained_row
@@ -478,10 +478,10 @@ class Admitted:
 # ORM's unit of work cost several times the raw transaction; see
 # benchmarks/results/ledger_admission.md). FOR UPDATE is left out on SQLite, whose
 # transactions begin with BEGIN IMMEDIATE (service.db).
-_DS = Dataset.__table__
-_CAP = AnalystCap.__table__
-_JOBS = Job.__table__
-_ENTRIES = LedgerEntry.__table__
+_DS = cast(Table, Dataset.__table__)
+_CAP = cast(Table, AnalystCap.__table__)
+_JOBS = cast(Table, Job.__table__)
+_ENTRIES = cast(Table, LedgerEntry.__table__)
 _LOCK_DATASET = (
     select(
         _DS.c.name,
@@ -534,7 +534,7 @@ _ENTRY_COLUMNS = [c.name for c in _ENTRIES.c if c.name != "id"]
 _JOB_COLUMNS = [c.name for c in _JOBS.c if c.name != "charge_entry_id"]
 
 
-def _pg_write(*, with_cap: bool) -> Select[tuple[int]]:
+def _pg_write(*, with_cap: bool) -> Select[Any]:
     """PostgreSQL: the four writes of an admission in ONE statement (data-modifying CTEs:
     the entry, the job that names the entry's id, the dataset's and the cap's new totals),
     so the transaction makes as few round trips as a raw row-lock transaction plus the
@@ -578,7 +578,9 @@ def _write_admission(
             **(cap_totals or {}),
         }
         return int(conn.execute(_PG_WRITE[cap_totals is not None], params).scalar_one())
-    entry_id = int(conn.execute(_INSERT_ENTRY, entry).inserted_primary_key[0])
+    key = conn.execute(_INSERT_ENTRY, entry).inserted_primary_key
+    assert key is not None
+    entry_id = int(key[0])
     conn.execute(_INSERT_JOB, {**job, "charge_entry_id": entry_id})
     conn.execute(_UPDATE_DATASET, totals)
     if cap_totals is not None:
