@@ -84,17 +84,20 @@ def expm_langevin_seconds(plan: PrivacyPlan) -> float:
 # vmap of grad for GRU-D), their clipping and integer sum: ≈ B·P elements for a tabular
 # model and ≈ B·P·T for GRU-D (its cell's parameters are used at each of the T grid
 # steps); plus a per-step cost (the Poisson coins, P noise coordinates, the update) and,
-# for GRU-D, a per-grid-step cost of the vmapped recurrence (Python-level ops: ~3 ms per
-# grid step whatever the batch on a quiet machine, up to ~50 ms under load). Measured
-# with benchmarks/dpsgd_work.py (benchmarks/results/dpsgd_work.md) and by hand on this
-# 2-core machine while it was shared (load 2-3.5): element rates 1.6e7/s (MLP [256]*3,
-# B = 256) and 4.5e7/s (GRU-D H = 64, T = 48, B = 64); per-step costs 1-20 ms. The
-# constants are 3-10× slower than those: the estimate is a ceiling for a busier or slower
-# machine, not a prediction (under heavy load a small GRU-D batch measured up to ~2.5×
-# above it; the worker's hard time limit is the backstop).
+# for GRU-D, a per-grid-step cost of the vmapped recurrence (Python-level ops whatever the
+# batch). Measured with benchmarks/dpsgd_work.py (benchmarks/results/dpsgd_work.md) on
+# this 2-core machine, quiet and shared (load 2-3.5 from other jobs, which made the same
+# run 10-25x slower): element rates 3.5e7/s quiet, 1.6e7/s shared (Linear path, MLP
+# [256]*3, B = 256); GRU-D 3e7-5e8/s quiet, 1e7-4.5e7/s shared (H = 16-64, T = 48);
+# per-step costs 1-20 ms, per grid step ~1 ms quiet, up to ~50 ms shared. The constants
+# sit at or below the shared machine's figures: the estimate is a ceiling for a busy
+# machine, not a prediction (10-100x above a quiet machine's time; under the heaviest
+# load a small GRU-D batch measured up to ~2.5x above it; the worker's hard time limit
+# is the backstop).
 DPSGD_STEP_OVERHEAD_S = 0.02
-DPSGD_GRID_STEP_OVERHEAD_S = 0.015
-DPSGD_ELEMENTS_PER_S = 5e6
+DPSGD_GRID_STEP_OVERHEAD_S = 0.01
+DPSGD_ELEMENTS_PER_S = 5e6  # Linear path (logistic, MLP)
+DPSGD_GRUD_ELEMENTS_PER_S = 1e7  # torch.func vmap over GRU-D, elements = B·P·T
 # Rows per per-example-gradient chunk: mirrors worker/mechanisms/dpsgd.py's
 # _CHUNK_ELEMENTS (a unit test checks they agree).
 DPSGD_CHUNK_ELEMENTS = 1 << 24
@@ -115,16 +118,16 @@ def _dpsgd_batch_ceiling(plan: PrivacyPlan) -> int:
 def dpsgd_seconds(plan: PrivacyPlan, *, series_steps: int | None = None) -> float:
     """Estimated worker time (s) of a ``dpsgd`` plan, from public values only: samples ×
     steps × (per-step cost [+ T × per-grid-step cost for GRU-D] + expected batch ×
-    parameters [× T for GRU-D] / :data:`DPSGD_ELEMENTS_PER_S`)."""
+    parameters [× T for GRU-D] / the path's element rate)."""
     m = plan.mechanism
     spec: ModelSpec = TypeAdapter(ModelSpec).validate_python(plan.model)
     elements = float(m["expected_batch_size"]) * int(m["parameters"])
     per_step = DPSGD_STEP_OVERHEAD_S
     if isinstance(spec, GrudSpec):
         t = series_steps or 1
-        elements *= t
-        per_step += t * DPSGD_GRID_STEP_OVERHEAD_S
-    per_step += elements / DPSGD_ELEMENTS_PER_S
+        per_step += t * DPSGD_GRID_STEP_OVERHEAD_S + elements * t / DPSGD_GRUD_ELEMENTS_PER_S
+    else:
+        per_step += elements / DPSGD_ELEMENTS_PER_S
     return plan.samples * int(m["steps"]) * per_step
 
 

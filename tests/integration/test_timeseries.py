@@ -237,7 +237,7 @@ def test_dpsgd_grud_plans_beyond_the_job_time_limit_are_refused_before_any_charg
     from tests.conftest import auth
 
     _register_tiny(settings, tmp_path)
-    monkeypatch.setattr(settings, "job_time_limit_s", 60.0)
+    monkeypatch.setattr(settings, "job_time_limit_s", 20.0)
     big = {"dataset": "tiny-icu", "method": "dpsgd", "model": {"kind": "grud", "hidden": 64},
            "epsilon": 2.0, "delta": 1e-5, "dpsgd": {"epochs": 100, "batch_size": 30}}  # fmt: skip
     before = client.get("/v1/datasets", headers=auth(keys.alice)).json()
@@ -255,5 +255,5 @@ def test_dpsgd_grud_plans_beyond_the_job_time_limit_are_refused_before_any_charg
     quote = client.post("/v1/quote", json=small, headers=auth(keys.alice))
     assert quote.status_code == 200 and quote.json()["admitted"], quote.text
     plan = PrivacyPlan.model_validate(quote.json()["plan"])
-    assert dpsgd_seconds(plan, series_steps=TINY["grid"]["steps"]) < 60.0
+    assert dpsgd_seconds(plan, series_steps=TINY["grid"]["steps"]) < 20.0
     assert client.post("/v1/jobs", json=small, headers=auth(keys.alice)).status_code == 202
