@@ -10,10 +10,15 @@ guarantee that an admitted plan fits.
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
+
 from pydantic import TypeAdapter
 
+from service.dataschema import DatasetSchema
 from service.modelspec import GrudSpec, MlpSpec, ModelSpec, parameter_count
 from service.schemas import PrivacyPlan
+from service.timeseries import TimeSeriesSchema
 
 _FLOAT = 4
 _WITH_GRAD_AND_ADAM = 4  # the value, its gradient, Adam's first and second moments
@@ -72,3 +77,128 @@ def expm_langevin_seconds(plan: PrivacyPlan) -> float:
     m = plan.mechanism
     elements = int(m["public_n_rows"]) * int(m["parameters"]) * int(m["steps"]) * plan.samples
     return elements / LANGEVIN_ELEMENTS_PER_S
+
+
+# DP-SGD (worker/mechanisms/dpsgd.py). Work per step: the Poisson batch's per-example
+# gradients (the Linear layers' hook formula for logistic and MLP models, torch.func's
+# vmap of grad for GRU-D), their clipping and integer sum: ≈ B·P elements for a tabular
+# model and ≈ B·P·T for GRU-D (its cell's parameters are used at each of the T grid
+# steps); plus a per-step cost (the Poisson coins, P noise coordinates, the update) and,
+# for GRU-D, a per-grid-step cost of the vmapped recurrence (Python-level ops whatever the
+# batch). Measured with benchmarks/dpsgd_work.py (benchmarks/results/dpsgd_work.md) on
+# this 2-core machine, quiet and shared (load 2-3.5 from other jobs, which made the same
+# run 10-25x slower): element rates 3.5e7/s quiet, 1.6e7/s shared (Linear path, MLP
+# [256]*3, B = 256); GRU-D 3e7-5e8/s quiet, 1e7-4.5e7/s shared (H = 16-64, T = 48);
+# per-step costs 1-20 ms, per grid step ~1 ms quiet, up to ~50 ms shared. The constants
+# sit at or below the shared machine's figures: the estimate is a ceiling for a busy
+# machine, not a prediction (10-100x above a quiet machine's time; under the heaviest
+# load a small GRU-D batch measured up to ~2.5x above it; the worker's hard time limit
+# is the backstop).
+DPSGD_STEP_OVERHEAD_S = 0.02
+DPSGD_GRID_STEP_OVERHEAD_S = 0.01
+DPSGD_ELEMENTS_PER_S = 5e6  # Linear path (logistic, MLP)
+DPSGD_GRUD_ELEMENTS_PER_S = 1e7  # torch.func vmap over GRU-D, elements = B·P·T
+# Rows per per-example-gradient chunk: mirrors worker/mechanisms/dpsgd.py's
+# _CHUNK_ELEMENTS (a unit test checks they agree).
+DPSGD_CHUNK_ELEMENTS = 1 << 24
+
+
+def _series_steps(schema: DatasetSchema) -> int | None:
+    return schema.grid.steps if isinstance(schema, TimeSeriesSchema) else None
+
+
+def _dpsgd_batch_ceiling(plan: PrivacyPlan) -> int:
+    """A Poisson batch size that is practically never exceeded: B + 10√B + 10 rows (B the
+    expected batch), at most the public row count."""
+    b = float(plan.mechanism["expected_batch_size"])
+    n = int(plan.mechanism["public_n_rows"])
+    return min(n, math.ceil(b + 10 * math.sqrt(b) + 10))
+
+
+def dpsgd_seconds(plan: PrivacyPlan, *, series_steps: int | None = None) -> float:
+    """Estimated worker time (s) of a ``dpsgd`` plan, from public values only: samples ×
+    steps × (per-step cost [+ T × per-grid-step cost for GRU-D] + expected batch ×
+    parameters [× T for GRU-D] / the path's element rate)."""
+    m = plan.mechanism
+    spec: ModelSpec = TypeAdapter(ModelSpec).validate_python(plan.model)
+    elements = float(m["expected_batch_size"]) * int(m["parameters"])
+    per_step = DPSGD_STEP_OVERHEAD_S
+    if isinstance(spec, GrudSpec):
+        t = series_steps or 1
+        per_step += t * DPSGD_GRID_STEP_OVERHEAD_S + elements * t / DPSGD_GRUD_ELEMENTS_PER_S
+    else:
+        per_step += elements / DPSGD_ELEMENTS_PER_S
+    return plan.samples * int(m["steps"]) * per_step
+
+
+def dpsgd_memory_bytes(
+    plan: PrivacyPlan, *, n_features: int, series_steps: int | None = None
+) -> int:
+    """Peak bytes of a ``dpsgd`` plan in the worker: the encoded rows (n̂ public rows of d
+    floats, or 3·T·V for GRU-D), and per chunk of rows the float64 per-example gradients
+    with their clipped and integer copies (4 buffers), plus GRU-D's autograd activations
+    for every row and grid step (as for expm_nf). Rows per chunk: the worker's chunk
+    (``DPSGD_CHUNK_ELEMENTS`` / P) or a batch ceiling, whichever is smaller."""
+    m = plan.mechanism
+    spec: ModelSpec = TypeAdapter(ModelSpec).validate_python(plan.model)
+    p = int(m["parameters"])
+    n = int(m["public_n_rows"])
+    rows = min(max(1, DPSGD_CHUNK_ELEMENTS // p), _dpsgd_batch_ceiling(plan))
+    grads = 4 * 8 * rows * p
+    if isinstance(spec, GrudSpec):
+        t = series_steps or 1
+        data = _FLOAT * n * 3 * t * n_features
+        activations = (
+            _FLOAT * rows * t * _grud_floats_per_pair_step(hidden=spec.hidden, n_vars=n_features)
+        )
+    else:
+        data = _FLOAT * n * n_features
+        widths = n_features + (sum(spec.hidden) if isinstance(spec, MlpSpec) else 0) + 1
+        activations = _FLOAT * rows * 3 * widths
+    return data + grads + activations + _FLOAT * _WITH_GRAD_AND_ADAM * p
+
+
+@dataclass(frozen=True)
+class ResourceLimits:
+    """What one job may use in the worker (Settings.job_time_limit_s, worker_memory_bytes)."""
+
+    seconds: float
+    memory_bytes: int
+
+
+def resource_refusal(
+    plan: PrivacyPlan, *, schema: DatasetSchema, limits: ResourceLimits
+) -> str | None:
+    """Why the worker cannot run this plan within its limits (an estimate from public
+    values), or None. Asked at quote and submission time, before anything is charged."""
+    steps = _series_steps(schema)
+    memory: int | None = None
+    seconds: float | None = None
+    if plan.method == "expm_nf":
+        memory = expm_memory_bytes(plan, n_features=schema.n_features, series_steps=steps)
+    elif plan.method == "dpsgd":
+        memory = dpsgd_memory_bytes(plan, n_features=schema.n_features, series_steps=steps)
+        seconds = dpsgd_seconds(plan, series_steps=steps)
+    elif plan.method == "expm" and plan.mechanism.get("sampler") == "langevin":
+        seconds = expm_langevin_seconds(plan)
+    if memory is not None and memory > limits.memory_bytes:
+        hint = (
+            "use fewer samples per step or a smaller batch"
+            if plan.method == "dpsgd"
+            else "use the planar flow, fewer layers, a smaller model or fewer samples per step"
+        )
+        return (
+            f"this plan needs about {memory / 2**30:.3g} GiB in the worker (estimate), "
+            f"more than the {limits.memory_bytes / 2**30:.3g} GiB it may use: {hint}"
+        )
+    if seconds is not None and seconds > limits.seconds:
+        hint = (
+            "use fewer epochs, a smaller batch or a smaller model"
+            if plan.method == "dpsgd"
+            else "use fewer steps or samples"
+        )
+        return (
+            f"this plan needs about {seconds:.3g} s of worker time (estimate), more than "
+            f"the {limits.seconds:g} s a job may run: {hint}"
+        )
+    return None

@@ -1,4 +1,19 @@
-"""The enclave's Celery app: JSON only, prefetch 1, late acks, reject on worker loss."""
+"""The enclave's Celery app: JSON only, prefetch 1, late acks, reject on worker loss.
+
+``worker_cancel_long_running_tasks_on_connection_loss`` is set, to False, on purpose (it is
+Celery 5's opt-in for what becomes Celery 6's default, True). With True, a broker
+connection loss terminates every running late-ack task, because its ack can no longer
+be sent and the broker will deliver the message again. Here that redelivery is already
+harmless, and the cancellation is not:
+
+- a redelivered message finds the job claimed with a fresh heartbeat (or finished) and
+  is skipped (:func:`worker.runner._claim`); a release is a compare-and-set on the run
+  token, so a duplicate run is never released;
+- terminating a run that has read private rows keeps its charge and makes the sweeper
+  start the mechanism again on the same rows (another attempt): a Redis restart would
+  turn every running job into a second execution. Left running, the job finishes and is
+  released once, as issue 11's broker-restart fault test checks (one attempt).
+"""
 
 from __future__ import annotations
 
@@ -11,7 +26,11 @@ from service.queue import celery_config
 def make_celery() -> Celery:
     app = Celery("enclave-worker", include=["worker.tasks"])
     app.conf.update(celery_config(get_settings()))
-    app.conf.update(worker_hijack_root_logger=False, worker_send_task_events=False)
+    app.conf.update(
+        worker_hijack_root_logger=False,
+        worker_send_task_events=False,
+        worker_cancel_long_running_tasks_on_connection_loss=False,  # see the module docstring
+    )
     return app
 
 

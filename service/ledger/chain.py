@@ -24,21 +24,45 @@ def _canonical(fields: dict[str, Any]) -> bytes:
     return json.dumps(fields, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
 
 
+# The columns an entry's hash covers: every column except its own id and hash.
+HASHED_FIELDS = (
+    "dataset_id",
+    "analyst_id",
+    "job_id",
+    "kind",
+    "event",
+    "epsilon_micro",
+    "rdp_micro",
+    "delta",
+    "reason",
+    "created_at",
+    "prev_hash",
+)
+
+
+def fields_digest(fields: dict[str, Any]) -> str:
+    """The hash of an entry given as its column values (``HASHED_FIELDS``)."""
+    canonical = {k: fields[k] for k in HASHED_FIELDS}
+    canonical["kind"] = EntryKind(canonical["kind"]).value
+    return hashlib.sha256(_canonical(canonical)).hexdigest()
+
+
 def entry_digest(entry: LedgerEntry) -> str:
-    fields = {
-        "dataset_id": entry.dataset_id,
-        "analyst_id": entry.analyst_id,
-        "job_id": entry.job_id,
-        "kind": EntryKind(entry.kind).value,
-        "event": entry.event,
-        "epsilon_micro": entry.epsilon_micro,
-        "rdp_micro": entry.rdp_micro,
-        "delta": entry.delta,
-        "reason": entry.reason,
-        "created_at": entry.created_at,
-        "prev_hash": entry.prev_hash,
+    return fields_digest({k: getattr(entry, k) for k in HASHED_FIELDS})
+
+
+def chained_row(*, dataset_id: int, head_hash: str, **fields: Any) -> dict[str, Any]:
+    """The column values of a new entry linked after ``head_hash`` (the dataset's head,
+    read under its row lock), hash included; for writers that insert rows directly
+    (admission, :func:`service.ledger.admission.admit_job`). Its ``hash`` is the new head."""
+    row = {
+        **fields,
+        "dataset_id": dataset_id,
+        "created_at": datetime.now(UTC).isoformat(timespec="microseconds"),
+        "prev_hash": head_hash,
     }
-    return hashlib.sha256(_canonical(fields)).hexdigest()
+    row["hash"] = fields_digest(row)
+    return row
 
 
 def append_entry(session: Session, dataset: Dataset, entry: LedgerEntry) -> LedgerEntry:

@@ -193,6 +193,8 @@ def test_redis_restart_with_a_job_queued(
             assert wait_job(c, busy["id"], {"released", "failed"})["status"] == "released"
     check_ledger(settings, releases=2)
     assert _attempts(settings, waiting["id"]) == 1
+    # The busy job ran through the connection loss: not terminated and run again.
+    assert _attempts(settings, busy["id"]) == 1
     # Bound: the busy job's remaining training, then the resend (REQUEUE_AFTER_S plus a
     # sweep), the worker's reconnection, and a one-epoch job.
     _report(record_property, f"redis_{'aof' if broker.persistent else 'volatile'}_s", recovery, 45)

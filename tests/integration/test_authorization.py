@@ -150,7 +150,7 @@ def _check_leaks(world: World, caller: Caller, sent: str, body: str, label: str)
             assert secret not in body, f"{label} as {caller.name} leaks {secret!r}"
 
 
-@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+@pytest.mark.parametrize("db_url", ["sqlite", "postgres"], indirect=True)
 def test_every_api_operation_refuses_the_wrong_callers(
     client: Any, keys: Any, settings: Any
 ) -> None:
@@ -190,7 +190,7 @@ def _flat_routes(routes: list[Any]) -> list[APIRoute]:
     return flat
 
 
-@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+@pytest.mark.parametrize("db_url", ["sqlite", "postgres"], indirect=True)
 def test_every_dashboard_route_needs_an_admin_session(
     client: Any, keys: Any, settings: Any
 ) -> None:

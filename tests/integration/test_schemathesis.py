@@ -18,7 +18,9 @@ from schemathesis.checks import positive_data_acceptance
 from service.api.app import create_app
 from tests.conftest import Keys
 
-EXAMPLES = 20  # per operation and mode
+# Per operation and mode. The PostgreSQL leg (the database modes differ in what they
+# accept, e.g. issue 11's δ that overflowed VARCHAR(40) on PostgreSQL only) runs fewer.
+EXAMPLES = {"sqlite": 20, "postgres": 8}
 
 # Not checked: "every schema-valid request is accepted". The service refuses some
 # schema-valid requests with a 422 problem on purpose: rules across fields (noise_decay
@@ -26,9 +28,12 @@ EXAMPLES = 20  # per operation and mode
 # Invalid requests must still be refused (negative_data_rejection stays on).
 
 
-@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+@pytest.mark.parametrize("db_url", ["sqlite", "postgres"], indirect=True)
 @pytest.mark.parametrize("role", ["analyst", "admin"])
-def test_api_conforms_to_its_document(settings: Any, keys: Keys, role: str) -> None:
+def test_api_conforms_to_its_document(
+    settings: Any, keys: Keys, role: str, request: pytest.FixtureRequest
+) -> None:
+    examples = EXAMPLES[request.node.callspec.params["db_url"]]
     # Schemathesis's own pytest integration (lazy fixtures) does not run on pytest 9 yet,
     # so each operation's strategy is driven by hypothesis here.
     key = keys.admin if role == "admin" else keys.alice
@@ -55,7 +60,7 @@ def test_api_conforms_to_its_document(settings: Any, keys: Keys, role: str) -> N
 
             @given(case=operation.as_strategy(generation_mode=mode))
             @hypothesis_settings(
-                max_examples=EXAMPLES,
+                max_examples=examples,
                 deadline=None,
                 derandomize=True,
                 database=None,

@@ -223,3 +223,37 @@ def test_grud_job_through_the_api_and_the_worker(
         mech = card["mechanism"]
         assert mech["parameters"] == parameter_count(GrudSpec(hidden=3), 2)
         assert mech["public_n_rows"] == job["plan"]["n_rows"]
+
+
+def test_dpsgd_grud_plans_beyond_the_job_time_limit_are_refused_before_any_charge(
+    client: Any, keys: Any, settings: Any, tmp_path: Path, monkeypatch: Any
+) -> None:
+    """Issue 11: DP-SGD's work is estimated at quote time from public values (steps,
+    expected batch, GRU-D's parameters, the grid's T; service/resources.py) and a plan
+    beyond ENCLAVE_JOB_TIME_LIMIT_S is a 422 at quote and at submission, nothing charged;
+    a small plan passes, and runs."""
+    from service.resources import dpsgd_seconds
+    from service.schemas import PrivacyPlan
+    from tests.conftest import auth
+
+    _register_tiny(settings, tmp_path)
+    monkeypatch.setattr(settings, "job_time_limit_s", 20.0)
+    big = {"dataset": "tiny-icu", "method": "dpsgd", "model": {"kind": "grud", "hidden": 64},
+           "epsilon": 2.0, "delta": 1e-5, "dpsgd": {"epochs": 100, "batch_size": 30}}  # fmt: skip
+    before = client.get("/v1/datasets", headers=auth(keys.alice)).json()
+    for path in ("/v1/quote", "/v1/jobs"):
+        r = client.post(path, json=big, headers=auth(keys.alice))
+        assert r.status_code == 422, r.text
+        assert r.headers["content-type"].startswith("application/problem+json")
+        assert "worker time" in r.json()["detail"], r.text
+    assert client.get("/v1/datasets", headers=auth(keys.alice)).json() == before
+    small = {
+        **big,
+        "model": {"kind": "grud", "hidden": 3},
+        "dpsgd": {"epochs": 1, "batch_size": 10},
+    }
+    quote = client.post("/v1/quote", json=small, headers=auth(keys.alice))
+    assert quote.status_code == 200 and quote.json()["admitted"], quote.text
+    plan = PrivacyPlan.model_validate(quote.json()["plan"])
+    assert dpsgd_seconds(plan, series_steps=TINY["grid"]["steps"]) < 20.0
+    assert client.post("/v1/jobs", json=small, headers=auth(keys.alice)).status_code == 202

@@ -280,6 +280,18 @@ def test_worker_runs_under_a_hard_time_limit(settings: Any, monkeypatch: Any) ->
     assert 0 < worker_app.conf.task_soft_time_limit < 120
 
 
+def test_worker_keeps_running_jobs_through_a_broker_connection_loss() -> None:
+    """Issue 11: the worker pins Celery's connection-loss behaviour (Celery 6 flips the
+    default): running late-ack jobs are not terminated when the broker connection drops;
+    the claim skips the redelivered message (test_run_releases_once) and the broker-restart
+    fault test sees the busy job released after one attempt."""
+    from worker.celery_app import make_celery
+
+    conf = make_celery().conf
+    assert conf.worker_cancel_long_running_tasks_on_connection_loss is False
+    assert conf.task_acks_late is True and conf.task_reject_on_worker_lost is True
+
+
 def test_proven_expm_langevin_job_runs_and_states_its_guarantee(
     client: Any, keys: Any, settings: Any
 ) -> None:

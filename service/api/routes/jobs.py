@@ -41,7 +41,7 @@ from service.plans import PlanError, plan_for_dataset
 from service.privacy.amounts import from_micro
 from service.privacy.rdp import epsilon_from_rdp
 from service.releases import release_paths
-from service.resources import expm_langevin_seconds, expm_memory_bytes
+from service.resources import ResourceLimits, resource_refusal
 from service.schemas import (
     DatasetPublic,
     JobPublic,
@@ -51,7 +51,6 @@ from service.schemas import (
     QuoteResponse,
     weakest_guarantee,
 )
-from service.timeseries import TimeSeriesSchema
 
 log = logging.getLogger("enclave.api")
 
@@ -120,30 +119,13 @@ def _plan_for(engine: EngineDep, settings: Settings, body: JobRequest) -> Planne
         plan = plan_for_dataset(body, n_rows=n_rows, public_schema=public_schema)
     except PlanError as exc:
         raise ProblemError(422, "invalid-plan", str(exc)) from exc
-    if plan.method == "expm_nf":
-        schema = parse_dataset_schema(public_schema)
-        need = expm_memory_bytes(
-            plan,
-            n_features=schema.n_features,
-            series_steps=schema.grid.steps if isinstance(schema, TimeSeriesSchema) else None,
-        )
-        if need is not None and need > settings.worker_memory_bytes:
-            raise ProblemError(
-                422,
-                "invalid-plan",
-                f"this plan needs about {need / 2**30:.3g} GiB in the worker (estimate), "
-                f"more than the {settings.worker_memory_bytes / 2**30:.3g} GiB it may use: "
-                "use the planar flow, fewer layers, a smaller model or fewer samples per step",
-            )
-    if plan.method == "expm" and plan.mechanism.get("sampler") == "langevin":
-        seconds = expm_langevin_seconds(plan)
-        if seconds > settings.job_time_limit_s:
-            raise ProblemError(
-                422,
-                "invalid-plan",
-                f"this plan needs about {seconds:.3g} s of worker time (estimate), more than "
-                f"the {settings.job_time_limit_s:g} s a job may run: use fewer steps or samples",
-            )
+    refused = resource_refusal(
+        plan,
+        schema=parse_dataset_schema(public_schema),
+        limits=ResourceLimits(settings.job_time_limit_s, settings.worker_memory_bytes),
+    )
+    if refused:
+        raise ProblemError(422, "invalid-plan", refused)
     return Planned(plan, dataset_id)
 
 
@@ -237,7 +219,7 @@ def create_job(
                 plan=planned.plan,
                 idempotency_key=idempotency_key,
             )
-            view = job_public(admitted.job, admitted.dataset.name)
+            view = job_public(admitted.job, admitted.dataset_name)
     except BudgetExceeded as exc:
         raise _budget_problem(exc.evaluation) from exc
     except IdempotencyConflict as exc:
