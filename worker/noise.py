@@ -155,8 +155,6 @@ _TABLE_MAX_CAP = 2**17
 # computed Γ ≥ 0 (float errors are ≤ 1e-12 ≪ 1e-9).
 _OFFSET_MARGIN = 1e-9
 _QUADRATURE_TOLERANCE = 1e-17
-# Geometric trials drawn per row and round in `_half_laplace` (each succeeds w.p. ≤ e^{-1}).
-_V_TRIALS = 1
 
 
 def secure_rng() -> np.random.Generator:
@@ -177,6 +175,12 @@ def _bernoulli_ratio(rng: np.random.Generator, num: IntArray, den: int) -> BoolA
     return rng.integers(0, den, size=num.shape[0], dtype=np.int64) < num
 
 
+def _one_in(rng: np.random.Generator, k: int, size: int) -> BoolArray:
+    """Bernoulli(1/k) elementwise, exactly: an unbiased integer in [0, k) is 0 (a byte per
+    draw where k ≤ 256, a quarter of the random bits of an int64 draw)."""
+    return rng.integers(0, k, size=size, dtype=np.uint8 if k <= 256 else np.int64) == 0
+
+
 def _bernoulli_exp_neg_ratio(rng: np.random.Generator, num: IntArray, den: int) -> BoolArray:
     """Bernoulli(exp(−num/den)) elementwise for 0 ≤ num ≤ den < 2^63, exactly.
 
@@ -190,7 +194,7 @@ def _bernoulli_exp_neg_ratio(rng: np.random.Generator, num: IntArray, den: int) 
     while idx.size:
         go_on = _bernoulli_ratio(rng, num[idx], den)
         if k > 1:
-            go_on &= rng.integers(0, k, size=idx.size, dtype=np.int64) == 0
+            go_on &= _one_in(rng, k, idx.size)
         out[idx[~go_on]] = k % 2 == 1
         idx = idx[go_on]
         k += 1
@@ -203,7 +207,7 @@ def _bernoulli_exp_minus_one(rng: np.random.Generator, size: int) -> BoolArray:
     idx = np.arange(size)
     k = 2  # Bernoulli(1/1) always continues
     while idx.size:
-        go_on = rng.integers(0, k, size=idx.size, dtype=np.int64) == 0
+        go_on = _one_in(rng, k, idx.size)
         out[idx[~go_on]] = k % 2 == 1
         idx = idx[go_on]
         k += 1
@@ -301,24 +305,21 @@ def _half_laplace(rng: np.random.Generator, plan: _LaplacePlan, size: int, limit
         per = plan.den / plan.num
         rate = math.expm1(-plan.block * per) / (plan.block * math.expm1(-per))
         u = _first_accepted(propose_u, size, rate=rate)
-    # V: the number of successes of Bernoulli(exp(−block/scale)) trials before the first
-    # failure, drawn _V_TRIALS trials per row at a time (trials after the first failure are
-    # drawn and ignored); only rows with no failure yet go on to the next round.
     v = np.zeros(size, dtype=np.int64)
     v_stop = limit // plan.block + 1  # once V reaches this, X > limit: stop counting
     idx = np.arange(size)
+    frac = np.full(size, plan.step_frac_num, dtype=np.int64)
+    whole = np.full(size, plan.step_whole, dtype=np.int64)
     while idx.size:
-        n = idx.size * _V_TRIALS
+        n = idx.size
         if plan.step_frac_num:
-            frac = np.full(n, plan.step_frac_num, dtype=np.int64)
-            success = _bernoulli_exp_neg_ratio(rng, frac, plan.num)
+            success = _bernoulli_exp_neg_ratio(rng, frac[:n], plan.num)
         else:
             success = np.ones(n, dtype=np.bool_)
-        whole = np.full(int(success.sum()), plan.step_whole, dtype=np.int64)
-        success[success] = _bernoulli_exp_neg_int(rng, whole)
-        leading = success.reshape(idx.size, _V_TRIALS).cumprod(axis=1).sum(axis=1)
-        v[idx] += leading
-        idx = idx[(leading == _V_TRIALS) & (v[idx] < v_stop)]
+        success[success] = _bernoulli_exp_neg_int(rng, whole[: int(success.sum())])
+        idx = idx[success]
+        v[idx] += 1
+        idx = idx[v[idx] < v_stop]
     return u + plan.block * v
 
 
@@ -334,7 +335,7 @@ def _two_sided_laplace(
 
     def propose(m: int) -> tuple[IntArray, BoolArray]:
         x = _half_laplace(rng, plan, m, limit) + min_abs
-        negative = rng.integers(0, 2, size=m, dtype=np.int64) == 1
+        negative = _one_in(rng, 2, m)
         valid = (x <= plan.cap) & ~(negative & (x == 0))
         return np.where(negative, -x, x), valid
 
