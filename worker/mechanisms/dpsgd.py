@@ -6,16 +6,18 @@ with the plan's q, σ, C and T, under add/remove-one neighbours. The run below i
 that mechanism, post-processed:
 
 1. **Sample** (:class:`PoissonSampler`): every loaded row is included independently with
-   probability q' = ⌊q·2^b⌋/2^b ≤ q (a b-bit integer compared with an integer
-   threshold, b ≤ 32 chosen so q' is within 0.4% of q; a smaller rate is never worse
-   for privacy, by joint convexity of exp((α−1)D_α)), for exactly T steps. Empty
-   batches take their noise step. Nothing here looks at how many rows were loaded
-   except to draw one coin per row.
-2. **Clip and quantise** (:func:`clipped_integer_sum`): per-example gradients (torch.func
-   vmap of grad) are scaled to ℓ2 norm ≤ C·(1 − 2^−20) in float64, divided by C, scaled
-   by 2^k (k = the plan's grid_bits) and rounded toward zero, so every example's integer
-   vector has ℓ2 norm ≤ 2^k; this is checked exactly in integer arithmetic. The sum over
-   the batch is an exact int64 sum: the quantity whose sensitivity is 2^k.
+   probability exactly q (the float q is a dyadic rational m/2^j; the coin is "a uniform
+   j-bit integer is below m", compared a byte at a time, so no floating point enters the
+   draw), for exactly T steps. The coins of many steps are drawn at once. Empty batches
+   take their noise step. Nothing here looks at how many rows were loaded except to draw
+   one coin per row and step.
+2. **Clip and quantise** (:class:`IntegerClipper`): per-example gradients (the closed form
+   for logistic regression, Linear-layer hooks for MLPs, torch.func vmap of grad
+   otherwise; all exact) are scaled to ℓ2 norm ≤ C·(1 − 2^−20) in float64, divided by C,
+   scaled by 2^k (k = the plan's grid_bits) and rounded toward zero, so every example's
+   integer vector has ℓ2 norm ≤ 2^k; this is checked exactly (integer values held in
+   float64 where every sum of them is exact, in int64 otherwise). The sum over the batch
+   is exact: the quantity whose sensitivity is 2^k.
 3. **Noise** (:func:`worker.noise.rounded_gaussian`): integer noise N = round(s·Z),
    s = σ·2^k, added in exact integer arithmetic. S + round(s·Z) = round(S + s·Z) for an
    integer S, so the output is a deterministic post-processing of the Gaussian mechanism
@@ -27,7 +29,8 @@ that mechanism, post-processed:
 4. **Scale and step**: θ ← θ − lr · (S + N)·C·2^−k / (q·n̂), where q·n̂ is the *expected*
    batch size from the public row count n̂. It was q·n with the loaded n before, which
    made the released weights' scale depend on the private row count (an audit measured
-   ε ≥ 3.56 at claimed ε = 1 from that alone).
+   ε ≥ 3.56 at claimed ε = 1 from that alone). θ is one flat buffer that the module's
+   parameters view, so the step is one in-place update.
 
 Timing side channels (a step's duration grows with the sampled batch) are out of scope.
 """
