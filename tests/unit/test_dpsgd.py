@@ -356,7 +356,7 @@ def test_integer_clip_sum_equals_a_python_integer_reference(parameters: int) -> 
     g[5] = 0.0
     ints = clip.quantise(g)
     norms = torch.linalg.vector_norm(g, dim=1, keepdim=True)
-    values = (g * (torch.clamp(clip._clip / norms, max=1.0) * clip._per_unit)).tolist()
+    values = (g * torch.clamp(clip._clip / norms, max=clip._per_unit)).tolist()
     reference = [[math.trunc(v) for v in row] for row in values]
     assert ints.tolist() == reference
     assert all(sum(v * v for v in row) <= 4**GRID_BITS for row in reference)

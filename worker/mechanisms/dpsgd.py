@@ -324,9 +324,10 @@ class IntegerClipper:
             raise PlanMismatch("the integer grid does not fit this model")
         self.grads = gradient_engine(module)
         self.parameters = parameters
-        # Clip to C·(1 − 2^−20): float64 norm errors are ~1e-16·√d, far inside this margin.
-        self._clip = max_grad_norm * (1.0 - 2.0**-20)
-        self._per_unit = 2.0**grid_bits / max_grad_norm  # gradient units → grid units
+        # Clip to C' = C·(1 − 2^−20): float64 norm errors are ~1e-16·√d, far inside this
+        # margin. In grid units (2^k per C) that is C'·2^k/C; unclipped rows scale by 2^k/C.
+        self._per_unit = 2.0**grid_bits / max_grad_norm
+        self._clip = max_grad_norm * (1.0 - 2.0**-20) * self._per_unit
         self._grid = 1 << grid_bits
         self._exact = torch.float64 if parameters << (2 * grid_bits) < 1 << 53 else torch.int64
         self._chunk = max(1, _CHUNK_ELEMENTS // max(parameters, 1))
@@ -336,9 +337,9 @@ class IntegerClipper:
         as exact integers in float64 or int64 (see the class docstring), each checked to
         have ℓ2 norm ≤ 2^k. C' = C·(1 − 2^−20) is the clipping norm actually used."""
         norms = torch.linalg.vector_norm(g, dim=1, keepdim=True)
-        # A zero norm gives C'/0 = inf, so factor 1; a NaN gradient gives arbitrary
-        # integers, which the check below bounds like any others.
-        factor = torch.clamp(self._clip / norms, max=1.0) * self._per_unit
+        # factor = min(1, C'/‖g_i‖)·2^k/C. A zero norm gives C'/0 = inf, so 2^k/C; a NaN
+        # gradient gives arbitrary integers, which the check below bounds like any others.
+        factor = torch.clamp(self._clip / norms, max=self._per_unit)
         ints = (g * factor).to(torch.int32).to(self._exact)  # the cast truncates toward 0
         if self._exact == torch.int64 and int(ints.abs().max()) > self._grid:
             raise PlanMismatch("a quantised per-example gradient exceeded the clipping norm")
@@ -347,13 +348,18 @@ class IntegerClipper:
             raise PlanMismatch("a quantised per-example gradient exceeded the clipping norm")
         return ints
 
+    def _chunk_sum(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        g = self.grads(x, y)
+        if g.shape[1] != self.parameters:
+            raise PlanMismatch("the model's parameter count differs from the plan's")
+        return self.quantise(g).sum(dim=0).to(torch.int64)
+
     def __call__(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        if 0 < x.shape[0] <= self._chunk:  # the usual batch: one chunk
+            return self._chunk_sum(x, y)
         total = torch.zeros(self.parameters, dtype=torch.int64, device=x.device)
         for start in range(0, x.shape[0], self._chunk):
-            g = self.grads(x[start : start + self._chunk], y[start : start + self._chunk])
-            if g.shape[1] != self.parameters:
-                raise PlanMismatch("the model's parameter count differs from the plan's")
-            total += self.quantise(g).sum(dim=0).to(torch.int64)
+            total += self._chunk_sum(x[start : start + self._chunk], y[start : start + self._chunk])
         return total
 
 
