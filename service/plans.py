@@ -21,6 +21,7 @@ from service.privacy.events import (
     PoissonSubsampledGaussianEvent,
     SelfComposedEvent,
 )
+from service.privacy.jl import jl_bound
 from service.privacy.orders import ORDERS
 from service.privacy.sampling import GRID_BITS, noise_slack
 from service.privacy.schedules import (
@@ -118,9 +119,10 @@ def _calibrate_with_slack(
     slack: PmfSlackEvent,
     accountant: Accountant,
     what: str,
+    delta: float | None = None,
 ) -> float:
     """σ of a (subsampled) Gaussian history that, with the integer-noise sampler's slack,
-    stays within the request's (ε, δ) (raises :class:`PlanError`).
+    stays within the request's (ε, δ) (or ``delta`` where given; raises :class:`PlanError`).
 
     RDP: the slack adds τ(2α−1)/(α−1) ≤ 12τ at every calibration order (α ≥ 1.1);
     PLD: pointwise e^{±τ} closeness turns (ε', δ') into (ε' + 2τ, δ'·e^{τ}).
@@ -130,11 +132,42 @@ def _calibrate_with_slack(
             sampling_rate=sampling_rate,
             steps=steps,
             epsilon=request.epsilon - 12.0 * slack.tau,
-            delta=request.delta * math.exp(-slack.tau),
+            delta=(request.delta if delta is None else delta) * math.exp(-slack.tau),
             accountant=accountant,
         )
     except ValueError as exc:
         raise PlanError(f"cannot calibrate {what} noise: {exc}") from exc
+
+
+# Models whose parameters all sit in Linear layers applied to one vector per example: the
+# ghost norm ‖g_i‖² = Σ_layers ‖b_i‖²·(‖a_i‖² + 1) is exact for them, which the 'ghost'
+# engine needs, and the 'jl' engine for its hard cap (worker/mechanisms/grad_engines.py).
+LINEAR_ENGINE_MODELS = ("logistic", "mlp")
+# The integer-noise sampler's largest scale σ·2^grid_bits (worker/noise.py, MAX_SCALE).
+NOISE_SCALE_MAX = 2.0**40
+
+
+def _options_fields(options: DpsgdOptions, *, exclude: set[str]) -> dict[str, Any]:
+    """The options as plan keys. The engine keys are left out for the default engine, so that
+    exact-engine plans stay identical, key for key, to those stored before engines existed
+    (the worker compares)."""
+    if options.engine == "exact":
+        exclude = exclude | {"engine", "jl_projections"}
+    elif options.engine == "ghost":
+        exclude = exclude | {"jl_projections"}
+    return options.model_dump(exclude=exclude)
+
+
+def _check_engine(request: JobRequest, options: DpsgdOptions) -> None:
+    if options.engine == "exact":
+        return
+    if request.model.kind not in LINEAR_ENGINE_MODELS:
+        raise PlanError(
+            f"engine {options.engine!r} needs a model whose parameters all sit in Linear layers "
+            f"({', '.join(LINEAR_ENGINE_MODELS)}); use engine 'exact' for {request.model.kind!r}"
+        )
+    if options.engine == "jl" and options.noise_schedule != "constant":
+        raise PlanError("engine 'jl' supports the constant noise schedule only")
 
 
 def _dpsgd_plan(
@@ -143,6 +176,7 @@ def _dpsgd_plan(
     options = resolve_dpsgd_options(request.dpsgd or DpsgdOptions(), n_rows=n_rows)
     if request.delta <= 0:
         raise PlanError("dpsgd needs delta > 0 (it is an approximate-DP mechanism)")
+    _check_engine(request, options)
     schedule = dpsgd_schedule(n_rows=n_rows, options=options)
     try:
         parameters = parameter_count(request.model, n_features)
@@ -165,6 +199,10 @@ def _dpsgd_plan(
         return _decaying_dpsgd_plan(
             request, options=options, schedule=schedule, slack=slack, public=public
         )
+    if options.engine == "jl":
+        return _jl_dpsgd_plan(
+            request, options=options, schedule=schedule, slack=slack, public=public
+        )
     sigma = _calibrate_with_slack(
         request,
         sampling_rate=schedule.sampling_rate,
@@ -179,9 +217,74 @@ def _dpsgd_plan(
     mechanism = {
         # The schedule keys are left out of a constant plan so that it stays identical,
         # key for key, to the plans stored before schedules existed (the worker compares).
-        **options.model_dump(exclude={"noise_schedule", "noise_decay"}),
+        **_options_fields(options, exclude={"noise_schedule", "noise_decay"}),
         **public,
         "noise_multiplier": sigma,
+    }
+    return ComposedEvent(events=(gaussian, slack)), mechanism, options.accountant
+
+
+def _jl_dpsgd_plan(
+    request: JobRequest,
+    *,
+    options: DpsgdOptions,
+    schedule: DpsgdSchedule,
+    slack: PmfSlackEvent,
+    public: dict[str, Any],
+) -> tuple[DpEvent, dict[str, Any], str]:
+    """DP-SGD with JL-estimated norms (service/privacy/jl.py for the proof).
+
+    Each example's contribution is capped at κ·C, so the run is the Poisson-subsampled
+    Gaussian with sensitivity κ·C: with noise σ·C it is charged at noise multiplier
+    σ_eff = σ/κ. σ_eff is calibrated at δ_g = δ − e^ε·β (β = T·q·p, the probability that the
+    differing example's cap is ever active), so the uncapped algorithm of Bu et al. is also
+    (ε, δ)-DP; the worker adds noise σ = κ·σ_eff ("noise_multiplier"), the event charges
+    σ_eff ("charged_noise_multiplier"). Never charged less than the exact engine at the same σ.
+    """
+    assert options.jl_projections is not None  # the schema's validator
+    q, steps = schedule.sampling_rate, schedule.steps
+    try:
+        bound = jl_bound(
+            projections=options.jl_projections,
+            epsilon=request.epsilon,
+            delta=request.delta,
+            sampling_rate=q,
+            steps=steps,
+        )
+    except ValueError as exc:
+        raise PlanError(f"cannot bound the JL estimate: {exc}") from exc
+    sigma_eff = _calibrate_with_slack(
+        request,
+        sampling_rate=q,
+        steps=steps,
+        slack=slack,
+        accountant=options.accountant,
+        what="DP-SGD-JL",
+        delta=bound.delta_gaussian,
+    )
+    sigma = bound.kappa * sigma_eff
+    if sigma * 2.0 ** public["grid_bits"] > NOISE_SCALE_MAX:
+        raise PlanError(
+            f"engine 'jl' with {options.jl_projections} projection(s) needs κ = {bound.kappa:.3g} "
+            f"times the noise (σ = {sigma:.3g}), beyond the noise sampler's range: use more "
+            "projections, a larger ε, or engine 'ghost'"
+        )
+    gaussian = PoissonSubsampledGaussianEvent(
+        sampling_rate=q, noise_multiplier=sigma_eff, steps=steps
+    )
+    mechanism = {
+        **_options_fields(options, exclude={"noise_schedule", "noise_decay"}),
+        **public,
+        "noise_multiplier": sigma,
+        "charged_noise_multiplier": sigma_eff,
+        "jl_kappa": bound.kappa,
+        "jl_tail_probability": bound.tail_probability,
+        "jl_cap_active_probability": bound.beta,
+        "jl_proof": (
+            "each example is capped at κ·C with its exact norm, so the run is the subsampled "
+            "Gaussian with noise multiplier σ/κ (charged); without the cap it would be "
+            "(ε, δ_g + e^ε·β)-DP with β = T·q·p (service/privacy/jl.py)"
+        ),
     }
     return ComposedEvent(events=(gaussian, slack)), mechanism, options.accountant
 
@@ -229,7 +332,7 @@ def _decaying_dpsgd_plan(
         delta=request.delta,
     )
     mechanism = {
-        **options.model_dump(),
+        **_options_fields(options, exclude=set()),
         **public,
         "noise_multiplier": sigma0,
         "noise_multipliers": list(

@@ -100,12 +100,34 @@ class DpsgdOptions(_In):
         description="R in (0, 1), per epoch: required iff noise_schedule is 'exponential'.",
     )
 
+    engine: Literal["exact", "ghost", "jl"] = Field(
+        default="exact",
+        description=(
+            "Per-example gradient engine (worker/mechanisms/grad_engines.py). 'exact': "
+            "per-example gradients (Linear hooks or torch.func), any model. 'ghost': exact "
+            "per-example norms without materialising per-example gradients (Li et al. 2021), "
+            "same privacy cost as 'exact'; logistic and MLP only. 'jl': norms estimated from "
+            "jl_projections random projections (Bu et al. 2021), each example also capped at "
+            "κ·C with its exact norm; charged as sensitivity κ·C, i.e. κ times the noise of "
+            "'exact' at the same (ε, δ) (service/privacy/jl.py); logistic and MLP only, "
+            "constant noise only."
+        ),
+    )
+    jl_projections: int | None = Field(
+        default=None,
+        ge=1,
+        le=64,
+        description="r, the number of random projections of the 'jl' engine (required for it).",
+    )
+
     @model_validator(mode="after")
     def _decay_iff_exponential(self) -> DpsgdOptions:
         if self.noise_schedule == "exponential" and self.noise_decay is None:
             raise ValueError("noise_schedule 'exponential' needs noise_decay R in (0, 1)")
         if self.noise_schedule == "constant" and self.noise_decay is not None:
             raise ValueError("noise_decay is only meaningful with noise_schedule 'exponential'")
+        if (self.engine == "jl") != (self.jl_projections is not None):
+            raise ValueError("jl_projections is required with engine 'jl' and only with it")
         return self
 
 

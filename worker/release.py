@@ -47,7 +47,7 @@ def model_card(
             "feature_names": _feature_names(public_schema),
             "public_schema": public_schema,
         },
-        "mechanism": {"method": plan.method, **plan.mechanism},
+        "mechanism": {"method": plan.method, **_engine(plan), **plan.mechanism},
         "privacy": {
             "epsilon": plan.epsilon,
             "delta": plan.delta,
@@ -66,6 +66,12 @@ def model_card(
         },
         "weights_sha256": weights_sha256,
     }
+
+
+def _engine(plan: PrivacyPlan) -> dict[str, str]:
+    """DP-SGD's per-example gradient engine: plans of the default engine leave the key out
+    (they stay identical to plans stored before engines existed); the card states it."""
+    return {"engine": "exact"} if plan.method == "dpsgd" else {}
 
 
 _PREPROCESSING = {

@@ -420,7 +420,12 @@ def new_dataset(
 # default is left out of the digest, so an Idempotency-Key retry of a request sent before the
 # field existed still matches its first job.
 _LATER_OPTION_DEFAULTS: dict[str, dict[str, Any]] = {
-    "dpsgd": {"noise_schedule": "constant", "noise_decay": None},
+    "dpsgd": {
+        "noise_schedule": "constant",
+        "noise_decay": None,
+        "engine": "exact",
+        "jl_projections": None,
+    },
     "expm": dict.fromkeys(MCMC_ONLY_FIELDS),
     "expm_nf": {"domain_radius": None},
 }

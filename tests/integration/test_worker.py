@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+import pytest
 from sqlalchemy import func, select, update
 
 from service.db import engine_for, transaction
@@ -135,6 +136,55 @@ def test_decaying_noise_schedule_job_runs_and_states_its_schedule(
     sigmas = card["mechanism"]["noise_multipliers"]
     assert len(sigmas) == 2 and sigmas[1] < sigmas[0]
     assert card["privacy"]["guarantee"] == "proven"
+
+
+@pytest.mark.parametrize(
+    ("engine", "model"),
+    [("exact", "logistic"), ("ghost", "logistic"), ("ghost", "mlp"), ("jl", "mlp")],
+)
+def test_each_gradient_engine_job_runs_and_its_card_states_the_engine(
+    client: Any, keys: Any, settings: Any, engine: str, model: str
+) -> None:
+    options = {**BODY["dpsgd"], "engine": engine}
+    if engine == "jl":
+        options["jl_projections"] = 20
+    body = {**BODY, "model": {"kind": model}, "dpsgd": options}
+    job_id = _submit(client, keys, body)
+    assert execute_job(job_id, settings) == Outcome.released
+    card = client.get(f"/v1/jobs/{job_id}/release", headers=auth(keys.alice)).json()
+    assert card["mechanism"]["engine"] == engine
+    assert card["privacy"]["guarantee"] == "proven"
+    if engine == "jl":
+        mech = card["mechanism"]
+        assert mech["noise_multiplier"] == pytest.approx(
+            mech["jl_kappa"] * mech["charged_noise_multiplier"]
+        )
+        assert (
+            card["privacy"]["event"]["events"][0]["noise_multiplier"]
+            == (mech["charged_noise_multiplier"])
+        )
+
+
+def test_unsupported_engine_is_refused_at_quote_and_charges_nothing(
+    client: Any, keys: Any, settings: Any
+) -> None:
+    def entries() -> int:
+        with transaction(engine_for(settings.resolved_database_url)) as s:
+            return int(s.scalar(select(func.count()).select_from(LedgerEntry)) or 0)
+
+    before = entries()
+    body = {**BODY, "dpsgd": {**BODY["dpsgd"], "engine": "jl", "jl_projections": 1}}
+    r = client.post("/v1/jobs", json=body, headers=auth(keys.alice))
+    assert r.status_code == 422, r.text
+    assert r.headers["content-type"].startswith("application/problem+json")
+    assert "projection" in r.json()["detail"]
+    r = client.post(
+        "/v1/jobs",
+        json={**BODY, "dpsgd": {**BODY["dpsgd"], "engine": "jl"}},
+        headers=auth(keys.alice),
+    )
+    assert r.status_code == 422, r.text
+    assert entries() == before
 
 
 def _db_down() -> Exception:

@@ -196,6 +196,7 @@ def test_request_digest_is_unchanged_by_fields_added_at_their_default() -> None:
     )
     before = r.model_dump(mode="json")
     del before["dpsgd"]["noise_schedule"], before["dpsgd"]["noise_decay"]
+    del before["dpsgd"]["engine"], before["dpsgd"]["jl_projections"]  # added later too
     del before["expm"]  # the method's options did not exist either
     old = hashlib.sha256(
         json.dumps(before, sort_keys=True, separators=(",", ":")).encode()
@@ -205,6 +206,8 @@ def test_request_digest_is_unchanged_by_fields_added_at_their_default() -> None:
         update={"dpsgd": DpsgdOptions(epochs=2, noise_schedule="exponential", noise_decay=0.9)}
     )
     assert request_digest(decaying) != old
+    ghost = r.model_copy(update={"dpsgd": DpsgdOptions(epochs=2, engine="ghost")})
+    assert request_digest(ghost) != old
 
 
 def test_defaults_come_from_the_public_row_count() -> None:

@@ -74,6 +74,10 @@ class DpsgdParams:
     steps_per_epoch: int
     # σ for each epoch (a decaying schedule); empty: noise_multiplier throughout.
     noise_multipliers: tuple[float, ...] = ()
+    # Per-example gradient engine (worker/mechanisms/grad_engines.py); JL's r and κ.
+    engine: str = "exact"
+    jl_projections: int = 0
+    jl_kappa: float = 1.0
 
     def sigma_at(self, step: int) -> float:
         """σ of step ``step`` (1-based), as the plan's event accounts it."""
@@ -103,6 +107,9 @@ class DpsgdParams:
             learning_rate=float(mechanism["learning_rate"]),
             grid_bits=int(mechanism["grid_bits"]),
             parameters=int(mechanism["parameters"]),
+            engine=str(mechanism.get("engine", "exact")),
+            jl_projections=int(mechanism.get("jl_projections") or 0),
+            jl_kappa=float(mechanism.get("jl_kappa", 1.0)),
         )
 
 
@@ -408,12 +415,6 @@ def _train_one(
     theta = _flat_parameters(module)
     if theta.numel() != params.parameters:
         raise PlanMismatch("the model's parameter count differs from the plan's")
-    clip = IntegerClipper(
-        module,
-        grid_bits=params.grid_bits,
-        max_grad_norm=params.max_grad_norm,
-        parameters=params.parameters,
-    )
     rng = secure_rng()
     sampler = PoissonSampler(sampling_rate=params.sampling_rate, rng=rng)
     noise = NoiseStream(rng=rng, size=params.parameters, steps=params.steps, device=device)
@@ -424,12 +425,16 @@ def _train_one(
         * 2.0**-params.grid_bits
         / params.expected_batch_size
     )
+    # The plan's engine (exact: IntegerClipper); imported here, it imports this module.
+    from worker.mechanisms.grad_engines import integer_sum_for
+
+    integer_sum = integer_sum_for(params, module=module, rng=rng)
     step = 0
     for block in sampler.blocks(data.n, params.steps):
         rows = torch.from_numpy(block.rows).to(device)
         for idx in rows.split(block.sizes):
             step += 1
-            summed = clip(data.x.index_select(0, idx), data.y.index_select(0, idx))
+            summed = integer_sum(data.x.index_select(0, idx), data.y.index_select(0, idx))
             scale = params.sigma_at(step) * 2.0**params.grid_bits
             ahead = params.steps_with_same_sigma(step)
             summed += noise.draw(scale=scale, same_scale_ahead=ahead)  # exact, in int64

@@ -1,0 +1,350 @@
+"""Per-example gradient engines of DP-SGD: one interface, three members.
+
+Every engine maps a Poisson batch (x, y) to the int64 vector S that DP-SGD's noise stage
+adds integer noise to (worker/mechanisms/dpsgd.py), and guarantees that adding or removing
+one example changes S by at most Δ = κ·2^k in ℓ2 (k = the plan's grid_bits; κ = 1 except
+for JL). The noise stage adds rounded Gaussian noise of scale σ·2^k, so the step is the
+Gaussian mechanism with noise multiplier σ/κ on a quantity of sensitivity Δ, post-processed.
+
+* ``exact`` (:class:`worker.mechanisms.dpsgd.IntegerClipper`): per-example gradients
+  materialised, clipped, quantised row by row, checked and summed exactly. Memory
+  O(rows × parameters). Any model.
+* ``ghost`` (Li, Tramèr, Liang & Hashimoto 2021, "Large Language Models Can Be Strong
+  Differentially Private Learners", ghost clipping; Bu, Mao & Xu 2022, "Scalable and
+  Efficient Training of Large Convolutional Neural Networks with Differential Privacy"):
+  for a model whose parameters all sit in Linear layers applied to one vector per example,
+  example i's gradient for layer l is b_i â_iᵀ (b_i = ∂ℓ_i/∂(layer output), â_i = [input, 1]
+  with the bias), a rank-one matrix, so ‖g_i‖² = Σ_l ‖b_i^l‖²·‖â_i^l‖² exactly, from the
+  activations and output gradients a backward keeps anyway. The clipped sum is then
+  Σ_l Σ_i (w_i b_i^l) â_i^lᵀ, one GEMM per layer over the rows: per-example gradients are
+  never materialised. Memory O(rows × Σ layer widths). Logistic regression and MLPs.
+* ``jl`` (Bu, Gopi, Kulkarni, Lee, Shen & Tantipongpipat 2021, "Fast and Memory Efficient
+  Differentially Private-SGD via JL Projections"): the norm is estimated from r forward-mode
+  Jacobian-vector products with Gaussian directions v_j drawn from the server-side
+  generator, M̂_i² = (1/r) Σ_j ⟨g_i, v_j⟩², and example i is weighted by
+  min(1, C/M̂_i, κC/‖g_i‖): the last term is a hard cap with the exact ghost norm, which
+  makes the sensitivity κC surely (accounting and proof: service/privacy/jl.py). Same
+  models as ghost (the cap needs the exact norm), and the same reduction.
+
+The sound reduction (ghost and jl). The exact engine can check each example's integer
+vector exactly; these engines only ever hold the float sum of the weighted contributions.
+Claim: :func:`capped_integer_sum` returns S with ‖S(D') − S(D)‖₂ ≤ Δ when D' is D plus one
+example in the batch, under assumptions A1–A3:
+
+  A1 (row stability) a row's float64 signals (layer inputs, output gradients, JL
+     projections), as computed inside any batch, are within relative ε_row = 2^-40 (ℓ2, per
+     layer) of batch-independent values. Row *invariance* (bit-identical results whatever
+     the other rows) is false on this machine: MKL/oneDNN pick kernels by batch size and a
+     row's float32 result changes with its batch and its position in it (measured; the
+     exact engine, which computes in float32 and assumes invariance implicitly, is exposed
+     to this, see the report of issue 12). In float64 the measured deviation is ≤ 2.1e-16
+     relative (a unit test checks ≤ 2^-40 over batch sizes and positions); the standard
+     dot-product bound γ_d·|W||a| supports it, but it is not proven for the whole network.
+  A2 (IEEE float64) each float64 operation below is correctly rounded (unit roundoff
+     u = 2^-53), and a matrix product computes every entry as a sum of its products in
+     some order, with or without FMA (no Strassen-type algorithm; true of MKL/OpenBLAS
+     dgemm). Then an entry of a chunk's product over m rows has error at most
+     γ_m·Σ_i |products| (Higham 2002, "Accuracy and Stability of Numerical Algorithms",
+     eq. (3.5), γ_m = m·u/(1 − m·u)), and a pairwise (tree) sum of K partials adds γ_⌈log₂K⌉
+     (Higham §4.2), so every entry of the reduced sum is within γ_G·Σ_i |z_i| of the exact
+     Σ_i z_i, G = m + ⌈log₂ K⌉ (Higham Lemma 3.3).
+  A3 at most ROW_LIMIT = 2^24 rows per batch (a larger batch raises before reducing).
+
+Proof. Let z_i ∈ R^P (integer units, i.e. gradient · 2^k/C) be row i's contribution as the
+reduction sees it: per layer fl(w_i·b_i) ⊗ â_i. Its norm is √(Σ_l ‖fl(w_i b_i^l)‖²‖â_i^l‖²)
+≤ (1 + u)·w_i·N_i with N_i the exact ghost norm of the computed signals, and the weights
+make w_i·N̂_i ≤ c_row·(1 − 2^-20) with N̂_i the float64 ghost norm; 2^-20 covers
+(1 + u)·N_i/N̂_i ≤ 1 + 1e-12, so ‖z_i‖ ≤ c_row. By A1, z_i (its weight, which is a min of
+ratios of signals' norms, and the signals) moves by at most η = 8·ε_row relative when the
+batch around row i changes: ‖z_i(D') − z_i(D)‖ ≤ 2η·c_row. The computed sum is
+Ŝ = Σ_i z_i + E with ‖E‖₂ ≤ γ_G·‖Σ_i |z_i|‖₂ ≤ γ_G·Σ_i ‖z_i‖₂ ≤ γ_G·n·c_row (A2, triangle
+inequality), and S = round(Ŝ) = Ŝ + ρ with |ρ_j| ≤ ½. For D' = D + x*:
+
+    S(D') − S(D) = z_* + Σ_{i∈D} (z_i(D') − z_i(D)) + E' − E + ρ' − ρ,
+    ‖S(D') − S(D)‖ ≤ c_row·(1 + 2η·n + γ_G·(2n + 1)) + √P ≤ Δ   for n + 1 ≤ ROW_LIMIT, with
+
+    c_row = (Δ − √P) / (1 + 2·(η + γ_G)·(ROW_LIMIT + 1)),  G = 1024 + ⌈log₂(ROW_LIMIT/1024)⌉. ∎
+
+The price: c_row/Δ ≈ 1 − √P/Δ − 2.5e-4 (clipping at 0.9997·C instead of C·(1 − 2^-20)
+for P = 10⁴ at k = 20). The ghost and JL forward/backward run in float64 for A1 (twice the
+activation memory of float32, still O(rows × widths)).
+
+What is NOT proven here: A1 (measured, not derived). GRU-D (recurrent layers, whose
+per-example gradient is a sum over time steps, and elementwise decay parameters) is not
+supported by ghost or jl: the plan refuses it (422); the JL estimator itself
+(:func:`jl_projections`) runs on GRU-D and is tested there.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Final
+
+import numpy as np
+import torch
+from torch.func import functional_call, jvp
+
+from worker.mechanisms.dpsgd import (
+    DpsgdParams,
+    IntegerClipper,
+    PlanMismatch,
+    _linear_layers,
+)
+from worker.models.functional import ParamLayout
+
+__all__ = [
+    "ROW_LIMIT",
+    "LinearSignals",
+    "capped_integer_sum",
+    "ghost_integer_sum",
+    "integer_sum_for",
+    "jl_integer_sum",
+    "jl_norm_estimates",
+    "jl_projections",
+    "linear_signals",
+    "row_cap",
+]
+
+ROW_LIMIT: Final[int] = 1 << 24
+"""Most rows one batch may hold under ghost or jl (assumption A3)."""
+REDUCE_CHUNK: Final[int] = 1024
+"""Rows per float64 GEMM of the reduction (m in the proof)."""
+_UNIT_ROUNDOFF: Final[float] = 2.0**-53
+_MARGIN: Final[float] = 2.0**-20
+ROW_STABILITY: Final[float] = 2.0**-40
+"""ε_row of assumption A1: relative drift of a row's float64 signals with its batch."""
+
+IntegerSum = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def _gamma(n: int) -> float:
+    """γ_n = n·u/(1 − n·u) (Higham 2002, Lemma 3.1), float64."""
+    nu = n * _UNIT_ROUNDOFF
+    return nu / (1.0 - nu)
+
+
+def row_cap(*, parameters: int, sensitivity: float) -> float:
+    """c_row (integer units): the norm each row's contribution may have so that the rounded
+    float sum has sensitivity ≤ ``sensitivity`` (the module docstring's proof)."""
+    depth = math.ceil(math.log2(ROW_LIMIT / REDUCE_CHUNK))
+    drift = 8.0 * ROW_STABILITY  # η: a row's contribution's drift with its batch (A1)
+    slack = 2.0 * (drift + _gamma(REDUCE_CHUNK + depth)) * (ROW_LIMIT + 1)
+    cap = (sensitivity - math.sqrt(parameters)) / (1.0 + slack)
+    if cap <= 0:
+        raise PlanMismatch("the grid is too coarse for this many parameters")
+    return cap
+
+
+@dataclass(frozen=True)
+class LinearSignals:
+    """Per layer, in parameters() order: â (rows, d_in [+ 1 with a bias]) and
+    b = ∂(Σ losses)/∂(layer output) (rows, d_out), float64 copies of what the backward saw."""
+
+    inputs: tuple[torch.Tensor, ...]
+    grads: tuple[torch.Tensor, ...]
+    bias: tuple[bool, ...]
+
+    def norms(self) -> torch.Tensor:
+        """Exact per-example gradient norms (the ghost norm), float64 (rows,)."""
+        sq = sum(
+            (b * b).sum(dim=1) * (a * a).sum(dim=1)
+            for a, b in zip(self.inputs, self.grads, strict=True)
+        )
+        assert isinstance(sq, torch.Tensor)
+        return torch.sqrt(sq)
+
+
+def linear_signals(
+    module: torch.nn.Module, layers: list[torch.nn.Linear], x: torch.Tensor, y: torch.Tensor
+) -> LinearSignals:
+    """One float64 forward and one backward of the summed loss to each Linear layer's output
+    (float64 so that a row's signals move by far less than 2^-40 relative with the batch
+    around it: assumption A1 of the module docstring)."""
+    seen: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    def keep(_m: torch.nn.Module, inputs: tuple[torch.Tensor, ...], out: torch.Tensor) -> None:
+        seen.append((inputs[0].detach(), out))
+
+    params = {k: v.detach().double().requires_grad_() for k, v in module.named_parameters()}
+    buffers = {k: v.double() for k, v in module.named_buffers()}
+    handles = [layer.register_forward_hook(keep) for layer in layers]
+    try:
+        logit = functional_call(module, (params, buffers), (x.double(),))
+    finally:
+        for h in handles:
+            h.remove()
+    loss = torch.nn.functional.binary_cross_entropy_with_logits(logit, y.double(), reduction="sum")
+    deltas = torch.autograd.grad(loss, [out for _, out in seen])
+    inputs, grads = [], []
+    for layer, (a, _), d in zip(layers, seen, deltas, strict=True):
+        a64 = a
+        if layer.bias is not None:
+            a64 = torch.cat([a64, a64.new_ones(a64.shape[0], 1)], dim=1)
+        inputs.append(a64)
+        grads.append(d.detach().double())
+    return LinearSignals(
+        inputs=tuple(inputs), grads=tuple(grads), bias=tuple(la.bias is not None for la in layers)
+    )
+
+
+def _tree_sum(parts: list[torch.Tensor]) -> torch.Tensor:
+    """Pairwise sum (depth ⌈log₂ len⌉), the order the proof's γ bound assumes."""
+    while len(parts) > 1:
+        pairs = [parts[i] + parts[i + 1] for i in range(0, len(parts) - 1, 2)]
+        parts = pairs + ([parts[-1]] if len(parts) % 2 else [])
+    return parts[0]
+
+
+def capped_integer_sum(
+    signals: LinearSignals, weights: torch.Tensor, *, parameters: int
+) -> torch.Tensor:
+    """round(Σ_i weights_i · g_i) as int64 (parameters,), g_i from the signals; the caller
+    makes weights_i·‖g_i‖ ≤ c_row(1 − 2^-20) (integer units). Float64 chunked GEMMs and a
+    pairwise sum over chunks, as the module docstring's proof needs."""
+    rows = int(weights.shape[0])
+    if rows > ROW_LIMIT:
+        raise PlanMismatch("a batch exceeded the reduction's row limit")
+    flat: list[torch.Tensor] = []
+    for a, b, has_bias in zip(signals.inputs, signals.grads, signals.bias, strict=True):
+        wb = weights.unsqueeze(1) * b
+        parts = [
+            wb[s : s + REDUCE_CHUNK].T @ a[s : s + REDUCE_CHUNK]
+            for s in range(0, rows, REDUCE_CHUNK)
+        ]
+        total = _tree_sum(parts) if parts else a.new_zeros(b.shape[1], a.shape[1])
+        if has_bias:
+            flat += [total[:, :-1].reshape(-1), total[:, -1]]
+        else:
+            flat.append(total.reshape(-1))
+    out = torch.cat(flat)
+    if out.shape[0] != parameters:
+        raise PlanMismatch("the model's parameter count differs from the plan's")
+    return torch.round(out).to(torch.int64)
+
+
+def _signals(module: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> LinearSignals:
+    layers = _linear_layers(module)
+    if layers is None:
+        raise PlanMismatch("ghost and jl need a model whose parameters all sit in Linear layers")
+    return linear_signals(module, layers, x, y)
+
+
+def ghost_integer_sum(
+    module: torch.nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    *,
+    grid_bits: int,
+    max_grad_norm: float,
+    parameters: int,
+) -> torch.Tensor:
+    """Ghost clipping: exact norms, weights min(1, c/‖g_i‖), one reweighted reduction.
+    Sensitivity ≤ 2^k (module docstring)."""
+    device = x.device
+    if x.shape[0] == 0:
+        return torch.zeros(parameters, dtype=torch.int64, device=device)
+    signals = _signals(module, x, y)
+    cap = row_cap(parameters=parameters, sensitivity=2.0**grid_bits) * (1.0 - _MARGIN)
+    units = 2.0**grid_bits / max_grad_norm  # integer units per gradient unit
+    norms = signals.norms()
+    weights = torch.minimum(torch.full_like(norms, units), cap / torch.clamp(norms, min=1e-300))
+    return capped_integer_sum(signals, weights, parameters=parameters)
+
+
+def jl_projections(
+    module: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, directions: torch.Tensor
+) -> torch.Tensor:
+    """⟨g_i, v_j⟩ as (r, rows) float64, for directions (r, P) in the flat parameters() order:
+    one forward-mode Jacobian-vector product of the per-example losses per direction, no
+    backward and no per-example gradient (any model, GRU-D included). In float64, as the
+    signals (A1)."""
+    layout = ParamLayout.of(module)
+    params = {k: v.detach().double() for k, v in module.named_parameters()}
+    buffers = {k: v.double() for k, v in module.named_buffers()}
+    x64, y64 = x.double(), y.double()
+
+    def losses(p: dict[str, torch.Tensor]) -> torch.Tensor:
+        logit = functional_call(module, (p, buffers), (x64,))
+        return torch.nn.functional.binary_cross_entropy_with_logits(logit, y64, reduction="none")
+
+    dots = []
+    for v in directions:
+        tangent = layout.unflatten(v.to(device=x.device, dtype=torch.float64))
+        dots.append(jvp(losses, (params,), (tangent,))[1])
+    return torch.stack(dots) if dots else torch.zeros(0, x.shape[0], dtype=torch.float64)
+
+
+def jl_norm_estimates(
+    module: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, directions: torch.Tensor
+) -> torch.Tensor:
+    """M̂_i = √((1/r) Σ_j ⟨g_i, v_j⟩²) (Bu et al. 2021), float64 (rows,)."""
+    dots = jl_projections(module, x, y, directions)
+    return torch.sqrt((dots * dots).mean(dim=0))
+
+
+def gaussian_directions(rng: np.random.Generator, *, count: int, size: int) -> torch.Tensor:
+    """(count, size) standard normal directions from the server-side generator."""
+    return torch.from_numpy(rng.standard_normal((count, size)))
+
+
+def jl_integer_sum(
+    module: torch.nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    *,
+    grid_bits: int,
+    max_grad_norm: float,
+    parameters: int,
+    projections: int,
+    kappa: float,
+    rng: np.random.Generator,
+) -> torch.Tensor:
+    """DP-SGD-JL with the hard cap: weights min(1, C/M̂_i, κC/‖g_i‖). Sensitivity ≤ κ·2^k."""
+    device = x.device
+    # Fresh directions every step, drawn even for an empty batch (the draw is data-free).
+    directions = gaussian_directions(rng, count=projections, size=parameters)
+    if x.shape[0] == 0:
+        return torch.zeros(parameters, dtype=torch.int64, device=device)
+    signals = _signals(module, x, y)
+    sensitivity = kappa * 2.0**grid_bits
+    ratio = row_cap(parameters=parameters, sensitivity=sensitivity) * (1.0 - _MARGIN)
+    ratio /= sensitivity  # c_row/Δ: the clip level C becomes ratio·C
+    units = 2.0**grid_bits / max_grad_norm
+    estimates = jl_norm_estimates(module, x, y, directions)
+    norms = signals.norms()
+    clip = torch.minimum(
+        ratio * max_grad_norm / torch.clamp(estimates, min=1e-300),
+        ratio * kappa * max_grad_norm / torch.clamp(norms, min=1e-300),
+    )
+    weights = units * torch.clamp(clip, max=1.0)
+    return capped_integer_sum(signals, weights, parameters=parameters)
+
+
+def integer_sum_for(
+    params: DpsgdParams, *, module: torch.nn.Module, rng: np.random.Generator
+) -> IntegerSum:
+    """The plan's engine for one run's ``module`` as (x, y) → int64 sum of sensitivity
+    ≤ κ·2^k."""
+    k, c, size = params.grid_bits, params.max_grad_norm, params.parameters
+    if params.engine == "exact":
+        return IntegerClipper(module, grid_bits=k, max_grad_norm=c, parameters=size)
+    if params.engine == "ghost":
+        return lambda x, y: ghost_integer_sum(
+            module, x, y, grid_bits=k, max_grad_norm=c, parameters=size
+        )
+    if params.engine == "jl":
+        r, kappa = params.jl_projections, params.jl_kappa
+        return lambda x, y: jl_integer_sum(
+            module,
+            x,
+            y,
+            grid_bits=k,
+            max_grad_norm=c,
+            parameters=size,
+            projections=r,
+            kappa=kappa,
+            rng=rng,
+        )
+    raise PlanMismatch(f"unknown gradient engine {params.engine!r}")
