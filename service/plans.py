@@ -59,8 +59,8 @@ class DpsgdSchedule:
     Each row is included in a step independently with probability
     q = batch_size / n_public (so ``batch_size`` is the *expected* batch), for
     T = epochs · ⌈n_public / batch_size⌉ steps. The worker's own Poisson sampler runs
-    exactly this q (rounded down, by at most 0.4% of it) and exactly T steps, for any
-    batch size, so no admitted plan can fail for a schedule mismatch.
+    exactly this q and exactly T steps, for any batch size, so no admitted plan can fail
+    for a schedule mismatch.
     """
 
     sampling_rate: float

@@ -118,6 +118,7 @@ from __future__ import annotations
 
 import math
 import secrets
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from decimal import Decimal, localcontext
 from functools import lru_cache
@@ -174,6 +175,12 @@ def _bernoulli_ratio(rng: np.random.Generator, num: IntArray, den: int) -> BoolA
     return rng.integers(0, den, size=num.shape[0], dtype=np.int64) < num
 
 
+def _one_in(rng: np.random.Generator, k: int, size: int) -> BoolArray:
+    """Bernoulli(1/k) elementwise, exactly: an unbiased integer in [0, k) is 0 (a byte per
+    draw where k ≤ 256, a quarter of the random bits of an int64 draw)."""
+    return rng.integers(0, k, size=size, dtype=np.uint8 if k <= 256 else np.int64) == 0
+
+
 def _bernoulli_exp_neg_ratio(rng: np.random.Generator, num: IntArray, den: int) -> BoolArray:
     """Bernoulli(exp(−num/den)) elementwise for 0 ≤ num ≤ den < 2^63, exactly.
 
@@ -187,7 +194,7 @@ def _bernoulli_exp_neg_ratio(rng: np.random.Generator, num: IntArray, den: int) 
     while idx.size:
         go_on = _bernoulli_ratio(rng, num[idx], den)
         if k > 1:
-            go_on &= rng.integers(0, k, size=idx.size, dtype=np.int64) == 0
+            go_on &= _one_in(rng, k, idx.size)
         out[idx[~go_on]] = k % 2 == 1
         idx = idx[go_on]
         k += 1
@@ -200,7 +207,7 @@ def _bernoulli_exp_minus_one(rng: np.random.Generator, size: int) -> BoolArray:
     idx = np.arange(size)
     k = 2  # Bernoulli(1/1) always continues
     while idx.size:
-        go_on = rng.integers(0, k, size=idx.size, dtype=np.int64) == 0
+        go_on = _one_in(rng, k, idx.size)
         out[idx[~go_on]] = k % 2 == 1
         idx = idx[go_on]
         k += 1
@@ -221,6 +228,37 @@ def _bernoulli_exp_neg_int(rng: np.random.Generator, m: IntArray) -> BoolArray:
         remaining = remaining - 1
         keep = ok & (remaining > 0)
         idx, remaining = idx[keep], remaining[keep]
+    return out
+
+
+def _first_accepted(
+    propose: Callable[[int], tuple[IntArray, BoolArray]], size: int, *, rate: float
+) -> IntArray:
+    """The first ``size`` accepted values of a stream of independent (value, accept)
+    proposals, drawn in batches sized from the acceptance rate (``rate`` is a first guess,
+    then the rate seen so far).
+
+    This is the law of the loop that redraws only the rejected entries: the accepted values
+    of an i.i.d. proposal stream are i.i.d. with the accepted law, and the output is always
+    the first ``size`` of them in stream order, whatever the batch sizes (they only decide
+    how far ahead the stream is drawn, and excess proposals are discarded unseen), so the
+    floating-point rate only costs time if it is off. Batches cut the rounds of numpy calls
+    from ~log(size)/log(1/rejection rate) to one, rarely two.
+    """
+    out = np.empty(size, dtype=np.int64)
+    filled = proposed = accepted = 0
+    while filled < size:
+        need = size - filled
+        if proposed:
+            rate = max(accepted / proposed, 0.05)
+        # Enough for `need` acceptances unless the count falls ~4 sd short.
+        batch = math.ceil((need + 4 * math.sqrt(need)) / rate) + 16
+        values, ok = propose(batch)
+        kept = values[ok][:need]
+        out[filled : filled + kept.size] = kept
+        filled += kept.size
+        proposed += batch
+        accepted += int(np.count_nonzero(ok))
     return out
 
 
@@ -257,13 +295,16 @@ def _half_laplace(rng: np.random.Generator, plan: _LaplacePlan, size: int, limit
     """X ≥ 0 with P(X = x) ∝ exp(−x/scale) for x ≤ limit; values > limit mean "reject"."""
     u = np.zeros(size, dtype=np.int64)
     if plan.block > 1:
-        todo = np.arange(size)
-        while todo.size:
-            cand = rng.integers(0, plan.block, size=todo.size, dtype=np.int64)
+
+        def propose_u(m: int) -> tuple[IntArray, BoolArray]:
+            cand = rng.integers(0, plan.block, size=m, dtype=np.int64)
             # cand·den < num < 2^53: cand < scale = num/den.
-            keep = _bernoulli_exp_neg_ratio(rng, cand * plan.den, plan.num)
-            u[todo[keep]] = cand[keep]
-            todo = todo[~keep]
+            return cand, _bernoulli_exp_neg_ratio(rng, cand * plan.den, plan.num)
+
+        # P(keep) = E exp(−U/scale) = (1 − r^block)/(block·(1 − r)), r = e^{−1/scale}.
+        per = plan.den / plan.num
+        rate = math.expm1(-plan.block * per) / (plan.block * math.expm1(-per))
+        u = _first_accepted(propose_u, size, rate=rate)
     v = np.zeros(size, dtype=np.int64)
     v_stop = limit // plan.block + 1  # once V reaches this, X > limit: stop counting
     idx = np.arange(size)
@@ -290,17 +331,18 @@ def _two_sided_laplace(
     For min_abs > 0 this is the law conditioned on |Y| ≥ min_abs, by memorylessness
     X | X ≥ m  =  m + X.
     """
-    out = np.empty(size, dtype=np.int64)
-    todo = np.arange(size)
     limit = plan.cap - min_abs
-    while todo.size:
-        x = _half_laplace(rng, plan, todo.size, limit) + min_abs
-        negative = rng.integers(0, 2, size=todo.size, dtype=np.int64) == 1
+
+    def propose(m: int) -> tuple[IntArray, BoolArray]:
+        x = _half_laplace(rng, plan, m, limit) + min_abs
+        negative = _one_in(rng, 2, m)
         valid = (x <= plan.cap) & ~(negative & (x == 0))
-        y = np.where(negative, -x, x)
-        out[todo[valid]] = y[valid]
-        todo = todo[~valid]
-    return out
+        return np.where(negative, -x, x), valid
+
+    # Only "−0" (probability ½·P(X = 0) = ½(1 − e^{−1/scale})) and the e^{-800} tail are
+    # rejected.
+    rate = 0.5 * (1.0 + math.exp(-plan.den / plan.num)) if min_abs == 0 else 1.0
+    return _first_accepted(propose, size, rate=rate)
 
 
 # ------------------------------------------------------------------------ rounded Gaussian
@@ -373,6 +415,9 @@ class _GaussianPlan:
     laplace: _LaplacePlan
     table_whole: IntArray | None  # ⌊Γ̂(k)⌋ for k = 0..K (small scales)
     table_frac: IntArray | None  # 2^53·frac(Γ̂(k))
+    # P(accept) = Σ_k q(k)·exp(−Γ(k)) = s·√(2π)·e^{−F}·tanh(1/(2t)) (Σ_k exp(−k²/(2s²))·J(k)
+    # = s√(2π) over the proposal's normaliser coth(1/(2t))): sizes batches, nothing else.
+    acceptance: float
 
 
 def _log_weight(plan: _GaussianPlan, k_abs: IntArray) -> tuple[FloatArray, FloatArray]:
@@ -434,6 +479,7 @@ def _gaussian_plan(scale: float) -> _GaussianPlan:
         laplace=_laplace_plan(float(t), cap),
         table_whole=None,
         table_frac=None,
+        acceptance=0.5,
     )
     offset = _max_log_weight(plan, 0) + _OFFSET_MARGIN
     table_whole = table_frac = None
@@ -442,7 +488,14 @@ def _gaussian_plan(scale: float) -> _GaussianPlan:
         table_whole.flags.writeable = table_frac.flags.writeable = False
     for array in (plan.shifted_nodes, plan.nodes_sq, plan.weights):
         array.flags.writeable = False  # shared through the cache
-    return replace(plan, offset=offset, table_whole=table_whole, table_frac=table_frac)
+    acceptance = scale * math.sqrt(2 * math.pi) * math.exp(-offset) * math.tanh(0.5 / t)
+    return replace(
+        plan,
+        offset=offset,
+        table_whole=table_whole,
+        table_frac=table_frac,
+        acceptance=min(max(acceptance, 0.05), 1.0),
+    )
 
 
 def _accept(
@@ -468,14 +521,12 @@ def _sample_rounded_gaussian(
     the max over that range so acceptance stays efficient.
     """
     offset = None if min_abs == 0 else _max_log_weight(plan, min_abs) + _OFFSET_MARGIN
-    out = np.empty(size, dtype=np.int64)
-    todo = np.arange(size)
-    while todo.size:
-        y = _two_sided_laplace(rng, plan.laplace, todo.size, min_abs)
-        ok = _accept(rng, plan, y, offset)
-        out[todo[ok]] = y[ok]
-        todo = todo[~ok]
-    return out
+
+    def propose(m: int) -> tuple[IntArray, BoolArray]:
+        y = _two_sided_laplace(rng, plan.laplace, m, min_abs)
+        return y, _accept(rng, plan, y, offset)
+
+    return _first_accepted(propose, size, rate=plan.acceptance if min_abs == 0 else 0.5)
 
 
 # ------------------------------------------------------------------------------ public API

@@ -142,10 +142,9 @@ def test_clipped_integer_sum_bounds_each_row_exactly() -> None:
     assert torch.equal(empty, torch.zeros(6, dtype=torch.int64))
 
 
-def test_poisson_sampler_uses_at_most_q_and_matches_it() -> None:
-    for q in (1.0, 0.5, 1 / 3, 16 / ADULT_PUBLIC_ROWS, 1e-9):
-        s = PoissonSampler(sampling_rate=q, rng=secure_rng())
-        assert s.rate <= q and (q - s.rate < 2.0**-32 or q - s.rate <= q / 256)
+def test_poisson_sampler_runs_exactly_q() -> None:
+    for q in (1.0, 0.5, 1 / 3, 16 / ADULT_PUBLIC_ROWS, 1e-9, 5e-324):
+        assert PoissonSampler(sampling_rate=q, rng=secure_rng()).rate == q
     s = PoissonSampler(sampling_rate=0.3, rng=secure_rng())
     n, draws = 1000, 200
     hits = sum(len(s.indices(n)) for _ in range(draws))
@@ -154,18 +153,79 @@ def test_poisson_sampler_uses_at_most_q_and_matches_it() -> None:
     assert len(PoissonSampler(sampling_rate=1.0, rng=secure_rng()).indices(17)) == 17
 
 
+class _ScriptedBits:
+    """A bit generator whose raw 64-bit words carry a given byte stream, in order."""
+
+    def __init__(self, stream: bytes) -> None:
+        self.stream, self.at = stream, 0
+
+    def random_raw(self, words: int) -> np.ndarray:
+        chunk = self.stream[self.at : self.at + 8 * words].ljust(8 * words, b"\0")
+        self.at += 8 * words
+        return np.frombuffer(chunk, dtype=np.uint64).copy()
+
+
+class _ScriptedRng:
+    def __init__(self, stream: bytes) -> None:
+        self.bit_generator = _ScriptedBits(stream)
+
+
+@pytest.mark.parametrize("q", [556 / 2**16, 0.5 + 2**-16, 2**-16, 1 - 2**-16])
+def test_poisson_coin_compares_every_two_byte_uniform_with_q_exactly(q: float) -> None:
+    """All 2^16 values U of a 16-bit uniform, fed as the bytes the sampler reads (the high
+    bytes of all rows, then a low byte for each row whose high byte tied with q's): a row
+    is included iff U < q·2^16, so exactly q·2^16 rows of 2^16 are."""
+    threshold = round(q * 2**16)
+    sampler = PoissonSampler(sampling_rate=q, rng=secure_rng())
+    values = np.arange(1 << 16)
+    high, low = values >> 8, values & 0xFF
+    tied = high == threshold >> 8
+    stream = high.astype(np.uint8).tobytes()
+    stream = stream.ljust(-(-len(stream) // 8) * 8, b"\0") + low[tied].astype(np.uint8).tobytes()
+    sampler.rng = _ScriptedRng(stream)  # type: ignore[assignment]
+    coins = sampler.coins(1 << 16)
+    assert np.array_equal(coins, values < threshold)
+    assert int(coins.sum()) == threshold
+
+
+def test_poisson_blocks_follow_binomial_per_step_and_per_row(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Across blocks of many steps (forced small here, so steps straddle block ends): T
+    steps, each batch's rows distinct, sorted and in range, batch sizes with the mean and
+    variance of Binomial(n, q), and every row included in Binomial(T, q) of the steps."""
+    monkeypatch.setattr(dpsgd, "_COIN_BLOCK", 7 * 300 + 5)
+    n, q, steps = 300, 0.0371, 4000
+    sampler = PoissonSampler(sampling_rate=q, rng=secure_rng())
+    batches = []
+    for block in sampler.blocks(n, steps):
+        assert len(block.rows) == sum(block.sizes)
+        batches += np.split(block.rows, np.cumsum(block.sizes)[:-1])
+    assert len(batches) == steps
+    assert all(np.all(np.diff(b) > 0) and (b.size == 0 or 0 <= b[0] <= b[-1] < n) for b in batches)
+    sizes = np.array([b.size for b in batches], dtype=np.float64)
+    mean, var = n * q, n * q * (1 - q)
+    z_mean = (sizes.mean() - mean) / math.sqrt(var / steps)
+    # the sample variance of T binomials: sd ≈ var·√(2/T) (binomial kurtosis is ≈ 3 here)
+    z_var = (sizes.var(ddof=1) - var) / (var * math.sqrt(2 / steps))
+    assert abs(z_mean) < 6 and abs(z_var) < 6, (z_mean, z_var)
+    per_row = np.bincount(np.concatenate(batches), minlength=n)
+    expected = steps * q
+    chi2 = float(np.sum((per_row - expected) ** 2 / (expected * (1 - q))))
+    assert stats.chi2.sf(chi2, n).item() > 1e-7 and stats.chi2.cdf(chi2, n).item() > 1e-7
+
+
 def test_every_batch_size_up_to_2000_runs_as_planned_on_adult() -> None:
     """Audit defect 5 (Opacus ran int(1/q) batches per epoch, so 25 batch sizes up to 2000
     failed after touching data). Now the schedule is q = B/n̂, T = epochs·⌈n̂/B⌉ for every
-    B, and the worker's sampler runs that q (rounded down by at most 1/256 of it) for exactly
-    the plan's T steps."""
+    B, and the worker's sampler runs exactly that q for exactly the plan's T steps."""
     for batch in range(1, 2001):
         options = DpsgdOptions(batch_size=batch, epochs=3)
         sch = dpsgd_schedule(n_rows=ADULT_PUBLIC_ROWS, options=options)
         assert sch.sampling_rate == batch / ADULT_PUBLIC_ROWS
         assert sch.steps == 3 * math.ceil(ADULT_PUBLIC_ROWS / batch)
         rate = PoissonSampler(sampling_rate=sch.sampling_rate, rng=secure_rng()).rate
-        assert 0 <= sch.sampling_rate - rate <= sch.sampling_rate / 256
+        assert rate == sch.sampling_rate
 
 
 @pytest.mark.parametrize("batch", [16, 32])
@@ -250,13 +310,20 @@ def test_dpsgd_builds_grud_with_the_variables_width_and_the_public_means() -> No
 
 @pytest.mark.parametrize("spec", [LogisticSpec(), MlpSpec(hidden=[8]), MlpSpec(hidden=[6, 5, 4])])
 def test_linear_engine_equals_torch_func_and_a_per_row_reference(spec: object) -> None:
-    """The Linear fast path gives the same per-example gradients as torch.func's vmap and as
-    one autograd backward per row (the microbatch reference)."""
+    """The Linear fast path, and the engine each run uses (the closed form for logistic
+    regression), give the same per-example gradients as torch.func's vmap and as one
+    autograd backward per row (the microbatch reference), at random parameters."""
     module = build_module(spec, 7)  # type: ignore[arg-type]
+    with torch.no_grad():
+        for p in module.parameters():
+            p.normal_()
     x, y = torch.randn(9, 7), (torch.rand(9) > 0.5).float()
     layers = dpsgd._linear_layers(module)
     assert layers is not None
     fast = dpsgd._linear_per_example_grads(module, layers, x, y).double()
+    engine = dpsgd.gradient_engine(module)(x, y)
+    assert engine.dtype == torch.float64
+    torch.testing.assert_close(engine, fast, atol=1e-6, rtol=1e-5)
     ref_vmap = dpsgd._vmap_per_example_grads(module, x, y).double()
     rows = []
     for i in range(9):
@@ -271,13 +338,98 @@ def test_linear_engine_equals_torch_func_and_a_per_row_reference(spec: object) -
     torch.testing.assert_close(fast, ref_rows, atol=1e-6, rtol=1e-5)
 
 
+def _clipper(parameters: int) -> dpsgd.IntegerClipper:
+    module = build_module(LogisticSpec(), 3)
+    return dpsgd.IntegerClipper(
+        module, grid_bits=GRID_BITS, max_grad_norm=0.7, parameters=parameters
+    )
+
+
+@pytest.mark.parametrize("parameters", [40, 9000])  # float64 and int64 exact arithmetic
+def test_integer_clip_sum_equals_a_python_integer_reference(parameters: int) -> None:
+    """Each row is trunc(2^k·g_i·min(1, C'/‖g_i‖)/C) (the float factor as the clipper
+    computes it), and the sum over rows equals the sum in Python integers, for both the
+    float64 exact-integer path (P·4^k < 2^53) and the int64 one."""
+    clip = _clipper(parameters)
+    assert clip._exact == (torch.float64 if parameters == 40 else torch.int64)
+    g = torch.randn(37, parameters, dtype=torch.float64) * torch.logspace(-3, 2, 37).unsqueeze(1)
+    g[5] = 0.0
+    ints = clip.quantise(g)
+    norms = torch.linalg.vector_norm(g, dim=1, keepdim=True)
+    values = (g * torch.clamp(clip._clip / norms, max=clip._per_unit)).tolist()
+    reference = [[math.trunc(v) for v in row] for row in values]
+    assert ints.tolist() == reference
+    assert all(sum(v * v for v in row) <= 4**GRID_BITS for row in reference)
+    assert all(v == 0 for v in reference[5])
+    column_sums = [sum(col) for col in zip(*reference, strict=True)]
+    assert ints.sum(dim=0).to(torch.int64).tolist() == column_sums
+    x, y = torch.rand(50, 3) * 100, torch.zeros(50)  # the same through __call__, chunked
+    clip3 = _clipper(4)
+    clip3._chunk = 7
+    rows = clip3.quantise(clip3.grads(x, y))
+    assert clip3(x, y).tolist() == [sum(col) for col in zip(*rows.tolist(), strict=True)]
+
+
+@pytest.mark.parametrize("parameters", [40, 9000])
+def test_integer_check_is_exact_at_the_bound(parameters: int) -> None:
+    """With clipping switched off (factor 1, one grid unit per gradient unit) the check
+    sees integer rows directly: Σ q² = 4^k passes, 4^k + 1 is refused, in both paths, and
+    so is a too-loose clip (C'·(1 + 10^-3)) on large gradients."""
+    clip = _clipper(parameters)
+    clip._clip, clip._per_unit = math.inf, 1.0
+    k = GRID_BITS
+    edge = torch.zeros(2, parameters, dtype=torch.float64)
+    edge[0, 0] = 2.0**k  # exactly 4^k
+    edge[1, :2] = torch.tensor([3.0 * 2 ** (k - 2), 2.0 ** (k - 2) * math.sqrt(7)]).floor()
+    assert int((clip.quantise(edge).double() ** 2).sum(dim=1).max()) <= 4**k
+    for row in ([2.0**k, 1.0], [2.0 ** (k - 1)] * 4 + [1.0]):
+        over = torch.zeros(1, parameters, dtype=torch.float64)
+        over[0, : len(row)] = torch.tensor(row)
+        assert sum(v * v for v in row) == 4**k + 1
+        with pytest.raises(dpsgd.PlanMismatch, match="exceeded the clipping norm"):
+            clip.quantise(over)
+    loose = _clipper(parameters)
+    loose._clip *= 1 + 1e-3
+    with pytest.raises(dpsgd.PlanMismatch, match="exceeded the clipping norm"):
+        loose.quantise(torch.full((3, parameters), 5.0, dtype=torch.float64))
+
+
+def test_a_nan_gradient_cannot_pass_the_check_with_a_large_contribution() -> None:
+    """float → int of NaN is arbitrary; whatever it gives, a row either fails the check or
+    contributes a vector of norm ≤ 2^k (here it fails on x86, where NaN becomes −2^31)."""
+    for parameters in (40, 9000):
+        clip = _clipper(parameters)
+        g = torch.ones(2, parameters, dtype=torch.float64)
+        g[1, 3] = math.nan
+        try:
+            ints = clip.quantise(g)
+        except dpsgd.PlanMismatch:
+            continue
+        assert int((ints.to(torch.int64) ** 2).sum(dim=1).max()) <= 4**GRID_BITS
+
+
+def test_noise_stream_has_the_rounded_gaussian_law() -> None:
+    """Per-step noise vectors taken from the stream (blocks of steps, then one row each)
+    follow the rounded Gaussian pmf Φ((k+½)/s) − Φ((k−½)/s): chi-square on 60 000 draws."""
+    scale = 2.5
+    stream = dpsgd.NoiseStream(rng=secure_rng(), size=20, steps=3000)
+    draws = torch.cat([stream.draw(scale=scale, same_scale_ahead=3000 - i) for i in range(3000)])
+    cells = np.arange(-7, 8)
+    counts = np.array([int((draws == c).sum()) for c in cells])
+    counts = np.append(counts, draws.numel() - counts.sum())  # |k| ≥ 8
+    probs = stats.norm.cdf((cells + 0.5) / scale) - stats.norm.cdf((cells - 0.5) / scale)
+    probs = np.append(probs, 1 - probs.sum())
+    chi2 = float(np.sum((counts - draws.numel() * probs) ** 2 / (draws.numel() * probs)))
+    assert stats.chi2.sf(chi2, len(cells)).item() > 1e-7
+
+
 def test_noise_stream_draws_fresh_integer_noise_per_step_and_rescales() -> None:
     stream = dpsgd.NoiseStream(rng=secure_rng(), size=3, steps=204)
     a = [stream.draw(scale=1000.0, same_scale_ahead=4 - i) for i in range(4)]
-    assert all(v.dtype == np.int64 and v.shape == (3,) for v in a)
-    assert len({tuple(v) for v in a}) == 4  # distinct draws (equal ones: prob < 1e-9)
-    big = np.stack([stream.draw(scale=1e6, same_scale_ahead=200 - i) for i in range(200)])
-    assert 0.8e6 < big.std() < 1.2e6  # the new scale took effect at once
+    assert all(v.dtype == torch.int64 and v.shape == (3,) for v in a)
+    assert len({tuple(v.tolist()) for v in a}) == 4  # distinct draws (equal ones: prob < 1e-9)
+    big = torch.stack([stream.draw(scale=1e6, same_scale_ahead=200 - i) for i in range(200)])
+    assert 0.8e6 < float(big.double().std()) < 1.2e6  # the new scale took effect at once
 
 
 def test_decaying_schedule_uses_each_epochs_sigma() -> None:

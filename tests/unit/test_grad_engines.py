@@ -168,14 +168,14 @@ def test_adding_one_example_moves_the_sum_by_at_most_the_sensitivity(
     )
     fixed = ge.gaussian_directions(secure_rng(), count=1, size=p)
     monkeypatch.setattr(ge, "gaussian_directions", lambda rng, *, count, size: fixed.clone())
-    summed = ge.integer_sum_for(params, rng=secure_rng())
+    summed = ge.integer_sum_for(params, module=module, rng=secure_rng())
     x, y = _batch(n=30, d=5, scale=50.0)
     x[::2] *= 1e-3  # half the rows small: unclipped
     worst = 0.0
     for k in range(20):
         x_star, y_star = _batch(n=1, d=5, scale=100.0 if k % 2 else 0.01)
-        with_star = summed(module, torch.cat([x, x_star]), torch.cat([y, y_star]))
-        without = summed(module, x, y)
+        with_star = summed(torch.cat([x, x_star]), torch.cat([y, y_star]))
+        without = summed(x, y)
         worst = max(worst, float((with_star - without).double().norm()))
     assert worst <= kappa_ * 2**GRID_BITS
     # and the bound is nearly reached (exact, ghost: x* clipped to C; jl: C·‖g*‖/M̂* ≤ κC)

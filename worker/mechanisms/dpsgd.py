@@ -6,16 +6,18 @@ with the plan's q, σ, C and T, under add/remove-one neighbours. The run below i
 that mechanism, post-processed:
 
 1. **Sample** (:class:`PoissonSampler`): every loaded row is included independently with
-   probability q' = ⌊q·2^b⌋/2^b ≤ q (a b-bit integer compared with an integer
-   threshold, b ≤ 32 chosen so q' is within 0.4% of q; a smaller rate is never worse
-   for privacy, by joint convexity of exp((α−1)D_α)), for exactly T steps. Empty
-   batches take their noise step. Nothing here looks at how many rows were loaded
-   except to draw one coin per row.
-2. **Clip and quantise** (:func:`clipped_integer_sum`): per-example gradients (torch.func
-   vmap of grad) are scaled to ℓ2 norm ≤ C·(1 − 2^−20) in float64, divided by C, scaled
-   by 2^k (k = the plan's grid_bits) and rounded toward zero, so every example's integer
-   vector has ℓ2 norm ≤ 2^k; this is checked exactly in integer arithmetic. The sum over
-   the batch is an exact int64 sum: the quantity whose sensitivity is 2^k.
+   probability exactly q (the float q is a dyadic rational m/2^j; the coin is "a uniform
+   j-bit integer is below m", compared a byte at a time, so no floating point enters the
+   draw), for exactly T steps. The coins of many steps are drawn at once. Empty batches
+   take their noise step. Nothing here looks at how many rows were loaded except to draw
+   one coin per row and step.
+2. **Clip and quantise** (:class:`IntegerClipper`): per-example gradients (the closed form
+   for logistic regression, Linear-layer hooks for MLPs, torch.func vmap of grad
+   otherwise; all exact) are scaled to ℓ2 norm ≤ C·(1 − 2^−20) in float64, divided by C,
+   scaled by 2^k (k = the plan's grid_bits) and rounded toward zero, so every example's
+   integer vector has ℓ2 norm ≤ 2^k; this is checked exactly (integer values held in
+   float64 where every sum of them is exact, in int64 otherwise). The sum over the batch
+   is exact: the quantity whose sensitivity is 2^k.
 3. **Noise** (:func:`worker.noise.rounded_gaussian`): integer noise N = round(s·Z),
    s = σ·2^k, added in exact integer arithmetic. S + round(s·Z) = round(S + s·Z) for an
    integer S, so the output is a deterministic post-processing of the Gaussian mechanism
@@ -27,35 +29,34 @@ that mechanism, post-processed:
 4. **Scale and step**: θ ← θ − lr · (S + N)·C·2^−k / (q·n̂), where q·n̂ is the *expected*
    batch size from the public row count n̂. It was q·n with the loaded n before, which
    made the released weights' scale depend on the private row count (an audit measured
-   ε ≥ 3.56 at claimed ε = 1 from that alone).
+   ε ≥ 3.56 at claimed ε = 1 from that alone). θ is one flat buffer that the module's
+   parameters view, so the step is one in-place update.
 
 Timing side channels (a step's duration grows with the sampled batch) are out of scope.
 """
 
 from __future__ import annotations
 
-import math
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 import torch
 from torch.func import functional_call, grad, vmap
 
 from service.modelspec import ModelSpec
 from worker.mechanisms.base import MechanismOutput, ProgressFn, TabularTrainingSet
-from worker.models import build_module
+from worker.models import Logistic, build_module
 from worker.noise import rounded_gaussian, secure_rng
 
 # Rows per vmap chunk: bounds the (rows × parameters) per-example gradient buffer.
 _CHUNK_ELEMENTS = 1 << 24
 # Noise coordinates drawn per call of the sampler (amortises its per-call overhead).
 _NOISE_BLOCK_ELEMENTS = 1 << 20
-_COIN_WIDTHS: tuple[tuple[int, type[np.unsignedinteger]], ...] = (
-    (8, np.uint8),
-    (16, np.uint16),
-    (32, np.uint32),
-)
+# (row, step) coins drawn and compared per call: the Poisson sampling of many steps at once.
+_COIN_BLOCK = 1 << 22
 
 
 @dataclass(frozen=True)
@@ -118,22 +119,30 @@ class PlanMismatch(RuntimeError):
 
 class NoiseStream:
     """Integer noise for one step at a time, drawn in blocks of many steps (the noise does not
-    depend on the data, so drawing it early changes nothing but the per-call overhead)."""
+    depend on the data, so drawing it early changes nothing but the per-call overhead), and
+    moved to ``device`` once per block."""
 
-    def __init__(self, *, rng: np.random.Generator, size: int, steps: int) -> None:
-        self.rng, self.size, self.left = rng, size, steps
+    def __init__(
+        self,
+        *,
+        rng: np.random.Generator,
+        size: int,
+        steps: int,
+        device: torch.device | str = "cpu",
+    ) -> None:
+        self.rng, self.size, self.left, self.device = rng, size, steps, device
         self.block = max(1, _NOISE_BLOCK_ELEMENTS // max(size, 1))
         self._scale: float | None = None
-        self._buffer = np.empty((0, size), dtype=np.int64)
+        self._buffer = torch.empty((0, size), dtype=torch.int64, device=device)
         self._next = 0
 
-    def draw(self, *, scale: float, same_scale_ahead: int) -> np.ndarray:
-        """Noise for one step; ``same_scale_ahead`` (≥ 1) steps, this one included, share
-        ``scale``, so a refill never draws noise no step will use."""
+    def draw(self, *, scale: float, same_scale_ahead: int) -> torch.Tensor:
+        """Noise for one step, an int64 tensor of ``size``; ``same_scale_ahead`` (≥ 1) steps,
+        this one included, share ``scale``, so a refill never draws noise no step will use."""
         if scale != self._scale or self._next >= len(self._buffer):
             rows = max(1, min(self.block, same_scale_ahead, self.left))
             flat = rounded_gaussian(self.rng, scale=scale, size=rows * self.size)
-            self._buffer = flat.reshape(rows, self.size)
+            self._buffer = torch.from_numpy(flat.reshape(rows, self.size)).to(self.device)
             self._scale, self._next = scale, 0
         out = self._buffer[self._next]
         self._next += 1
@@ -141,33 +150,76 @@ class NoiseStream:
         return out
 
 
+@dataclass(frozen=True)
+class SampledBlock:
+    """The batches of consecutive steps: ``rows`` holds each step's row indices (ascending)
+    one step after another, ``sizes`` how many belong to each step."""
+
+    rows: npt.NDArray[np.int64]
+    sizes: list[int]
+
+
 class PoissonSampler:
-    """Independent inclusion of each row with probability q' = ⌊q·2^b⌋/2^b ≤ q per step (or
-    exactly 1 when q = 1): each row's coin is a uniform b-bit integer compared with an
-    integer threshold, so no floating point enters the draw. b is the narrowest of 8, 16 and
-    32 bits that keeps q·2^b ≥ 256, i.e. q' within 0.4% below q (never above: a smaller
-    rate only lowers the privacy loss), which cuts the random bytes per step 2–4×."""
+    """Independent inclusion of each row with probability exactly q per step.
+
+    A float q is a dyadic rational m/2^j (j ≤ 1074), so the coin "a uniform j-bit integer U
+    is below m" has probability exactly q, and no floating point enters the draw. U is
+    compared with m one byte at a time, most significant first: the first byte decides
+    unless it equals m's (probability 1/256), and only the rows still tied draw another
+    byte, so a coin costs 1 + 1/255 random bytes on average whatever j is. The bytes are
+    the generator's raw 64-bit outputs split into 8 (each byte of a uniform word is
+    uniform and independent of the others)."""
 
     def __init__(self, *, sampling_rate: float, rng: np.random.Generator) -> None:
         if not 0.0 < sampling_rate <= 1.0:
             raise ValueError(f"sampling_rate must be in (0, 1], got {sampling_rate!r}")
-        self.bits, self.dtype = next(
-            ((b, t) for b, t in _COIN_WIDTHS if sampling_rate * 2.0**b >= 256), _COIN_WIDTHS[-1]
-        )
-        # q·2^b is exact in binary floating point (a power-of-two scaling).
-        self.threshold = math.floor(sampling_rate * 2.0**self.bits)
+        num, den = float(sampling_rate).as_integer_ratio()  # den = 2^j
+        bits = den.bit_length() - 1
+        width = -(-bits // 8)
+        threshold = num << (8 * width - bits)  # m·2^(8·width − j): the same q, whole bytes
+        # q = 1 has no digits: every row is included.
+        self._digits = list(threshold.to_bytes(width, "big")) if num < den else []
+        self._num, self._den = num, den
         self.rng = rng
 
     @property
     def rate(self) -> float:
-        """The inclusion probability actually used."""
-        return self.threshold / 2.0**self.bits
+        """The inclusion probability actually used (the plan's q, exactly)."""
+        return self._num / self._den
 
-    def indices(self, n: int) -> np.ndarray:
-        if self.threshold >= 1 << self.bits:
-            return np.arange(n)
-        coins = self.rng.integers(0, 1 << self.bits, size=n, dtype=self.dtype)
-        return np.flatnonzero(coins < self.threshold)
+    def _bytes(self, size: int) -> npt.NDArray[np.uint8]:
+        return self.rng.bit_generator.random_raw(-(-size // 8)).view(np.uint8)[:size]
+
+    def coins(self, size: int) -> npt.NDArray[np.bool_]:
+        """``size`` independent Bernoulli(q) draws."""
+        if not self._digits:  # q = 1
+            return np.ones(size, dtype=np.bool_)
+        first = self._bytes(size)
+        below = first < self._digits[0]
+        tied = np.flatnonzero(first == self._digits[0])
+        for digit in self._digits[1:]:
+            if not tied.size:
+                break
+            later = self._bytes(tied.size)
+            below[tied[later < digit]] = True
+            tied = tied[later == digit]
+        return below  # rows still tied have U = m: not below
+
+    def indices(self, n: int) -> npt.NDArray[np.int64]:
+        """One step's batch: the rows among ``n`` whose coin came up."""
+        return np.flatnonzero(self.coins(n))
+
+    def blocks(self, n: int, steps: int) -> Iterator[SampledBlock]:
+        """The batches of ``steps`` consecutive steps over ``n`` rows, with the coins of
+        many steps drawn and compared at once (the same coins, one per row and step)."""
+        per_block = max(1, _COIN_BLOCK // max(n, 1))
+        for start in range(0, steps, per_block):
+            k = min(per_block, steps - start)
+            hits = np.flatnonzero(self.coins(n * k))  # (step, row) in step-major order
+            ends = np.searchsorted(hits, np.arange(1, k + 1) * n)
+            sizes = np.diff(ends, prepend=0)
+            rows = hits - np.repeat(np.arange(k) * n, sizes)
+            yield SampledBlock(rows=rows, sizes=sizes.tolist())
 
 
 def _vmap_per_example_grads(
@@ -224,13 +276,98 @@ def _linear_per_example_grads(
     return torch.cat(parts, dim=1)
 
 
-def per_example_grads(module: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """(rows, parameters) float64 per-example gradients, in parameters() order: the Linear
-    fast path where it applies, torch.func otherwise (both exact; tested equal)."""
+def _logistic_per_example_grads(
+    layer: torch.nn.Linear, x: torch.Tensor, y: torch.Tensor
+) -> torch.Tensor:
+    """(rows, d + 1) per-example gradients of logistic regression in closed form, without
+    autograd: row i's BCE-with-logits loss has gradient (σ(z_i) − y_i)·(x_i, 1), where
+    z_i = w·x_i + b."""
+    with torch.no_grad():
+        logits = torch.addmv(layer.bias, x, layer.weight[0])
+        residual = (torch.sigmoid(logits) - y).double().unsqueeze(1)
+        return torch.cat((x * residual, residual), dim=1)  # float64 (x promoted)
+
+
+GradientEngine = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def gradient_engine(module: torch.nn.Module) -> GradientEngine:
+    """(x, y) → (rows, parameters) float64 per-example gradients in parameters() order, by
+    the cheapest exact method for ``module``, chosen once per run: the closed form for
+    logistic regression, the Linear hooks where every parameter sits in a Linear layer,
+    torch.func otherwise (all tested equal to a per-row reference)."""
+    if isinstance(module, Logistic):
+        layer = module.linear
+        return lambda x, y: _logistic_per_example_grads(layer, x, y)
     layers = _linear_layers(module)
     if layers is not None:
-        return _linear_per_example_grads(module, layers, x, y).double()
-    return _vmap_per_example_grads(module, x, y).double()
+        return lambda x, y: _linear_per_example_grads(module, layers, x, y).double()
+    return lambda x, y: _vmap_per_example_grads(module, x, y).double()
+
+
+def per_example_grads(module: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """(rows, parameters) float64 per-example gradients, in parameters() order."""
+    return gradient_engine(module)(x, y)
+
+
+class IntegerClipper:
+    """Stage 2 for one run: (x, y) → Σ over rows of trunc(2^k · clip_C(g_i)/C) as int64
+    (shape (parameters,)), with the gradient engine and the constants fixed once.
+
+    Every summand has ℓ2 norm ≤ 2^k, checked exactly; zero rows give the zero vector.
+    The quantised coordinates are integers (truncated toward zero into int32: k ≤ 30).
+    Their squares and sums are computed exactly, in float64 where that is exact and faster
+    and in int64 otherwise: with P parameters and P·4^k < 2^53, a row whose coordinates all
+    have q² ≤ 4^k has every partial sum of squares an integer below 2^53, so none is
+    rounded; a row with some q² > 4^k has a float sum ≥ fl(q²) > 4^k (rounding is monotone
+    and the terms are non-negative), so the comparison with 4^k is exact either way. The
+    sum over a chunk of rows (≤ 2^24/P rows of magnitude ≤ 2^k) stays below 2^53 as well.
+    """
+
+    def __init__(
+        self, module: torch.nn.Module, *, grid_bits: int, max_grad_norm: float, parameters: int
+    ) -> None:
+        if not 0 < grid_bits <= 30 or parameters << (2 * grid_bits) >= 1 << 62:
+            raise PlanMismatch("the integer grid does not fit this model")
+        self.grads = gradient_engine(module)
+        self.parameters = parameters
+        # Clip to C' = C·(1 − 2^−20): float64 norm errors are ~1e-16·√d, far inside this
+        # margin. In grid units (2^k per C) that is C'·2^k/C; unclipped rows scale by 2^k/C.
+        self._per_unit = 2.0**grid_bits / max_grad_norm
+        self._clip = max_grad_norm * (1.0 - 2.0**-20) * self._per_unit
+        self._grid = 1 << grid_bits
+        self._exact = torch.float64 if parameters << (2 * grid_bits) < 1 << 53 else torch.int64
+        self._chunk = max(1, _CHUNK_ELEMENTS // max(parameters, 1))
+
+    def quantise(self, g: torch.Tensor) -> torch.Tensor:
+        """(rows ≥ 1, parameters) float64 gradients → the rows trunc(2^k·clip_C(g_i)/C),
+        as exact integers in float64 or int64 (see the class docstring), each checked to
+        have ℓ2 norm ≤ 2^k. C' = C·(1 − 2^−20) is the clipping norm actually used."""
+        norms = torch.linalg.vector_norm(g, dim=1, keepdim=True)
+        # factor = min(1, C'/‖g_i‖)·2^k/C. A zero norm gives C'/0 = inf, so 2^k/C; a NaN
+        # gradient gives arbitrary integers, which the check below bounds like any others.
+        factor = torch.clamp(self._clip / norms, max=self._per_unit)
+        ints = (g * factor).to(torch.int32).to(self._exact)  # the cast truncates toward 0
+        if self._exact == torch.int64 and int(ints.abs().max()) > self._grid:
+            raise PlanMismatch("a quantised per-example gradient exceeded the clipping norm")
+        squares = (ints * ints).sum(dim=1)  # then < P·4^k ≤ 2^62: no int64 overflow
+        if not float(squares.max()) <= self._grid * self._grid:
+            raise PlanMismatch("a quantised per-example gradient exceeded the clipping norm")
+        return ints
+
+    def _chunk_sum(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        g = self.grads(x, y)
+        if g.shape[1] != self.parameters:
+            raise PlanMismatch("the model's parameter count differs from the plan's")
+        return self.quantise(g).sum(dim=0).to(torch.int64)
+
+    def __call__(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        if 0 < x.shape[0] <= self._chunk:  # the usual batch: one chunk
+            return self._chunk_sum(x, y)
+        total = torch.zeros(self.parameters, dtype=torch.int64, device=x.device)
+        for start in range(0, x.shape[0], self._chunk):
+            total += self._chunk_sum(x[start : start + self._chunk], y[start : start + self._chunk])
+        return total
 
 
 def clipped_integer_sum(
@@ -242,30 +379,24 @@ def clipped_integer_sum(
     max_grad_norm: float,
     parameters: int,
 ) -> torch.Tensor:
-    """Σ over rows of trunc(2^k · clip_C(g_i)/C) as int64 (shape (parameters,)).
+    """Σ over rows of trunc(2^k · clip_C(g_i)/C) as int64 (shape (parameters,)); see
+    :class:`IntegerClipper`."""
+    clip = IntegerClipper(
+        module, grid_bits=grid_bits, max_grad_norm=max_grad_norm, parameters=parameters
+    )
+    return clip(x, y)
 
-    Every summand has ℓ2 norm ≤ 2^k, checked exactly; zero rows give the zero vector.
-    """
-    device = x.device
-    total = torch.zeros(parameters, dtype=torch.int64, device=device)
-    if x.shape[0] == 0:
-        return total
-    limit = 1.0 - 2.0**-20  # float64 norm errors are ~1e-16·√d: far inside this margin
-    scale = 2.0**grid_bits
-    bound = 1 << (2 * grid_bits)
-    chunk = max(1, _CHUNK_ELEMENTS // max(parameters, 1))
-    for start in range(0, x.shape[0], chunk):
-        g = per_example_grads(module, x[start : start + chunk], y[start : start + chunk])
-        if g.shape[1] != parameters:
-            raise PlanMismatch("the model's parameter count differs from the plan's")
-        unit = g / max_grad_norm
-        norms = torch.linalg.vector_norm(unit, dim=1, keepdim=True)
-        factor = torch.clamp(limit / torch.clamp(norms, min=1e-300), max=1.0)
-        ints = torch.trunc(unit * factor * scale).to(torch.int64)
-        if bool(((ints * ints).sum(dim=1) > bound).any()):
-            raise PlanMismatch("a quantised per-example gradient exceeded the clipping norm")
-        total += ints.sum(dim=0)
-    return total
+
+def _flat_parameters(module: torch.nn.Module) -> torch.Tensor:
+    """One buffer holding every parameter in parameters() order, the parameters becoming
+    views of it, so that a step is one in-place update of the buffer."""
+    params = list(module.parameters())
+    flat = torch.cat([p.detach().reshape(-1) for p in params])
+    offset = 0
+    for p in params:
+        p.data = flat[offset : offset + p.numel()].view_as(p)
+        offset += p.numel()
+    return flat
 
 
 def _train_one(
@@ -281,31 +412,34 @@ def _train_one(
     # The model's width is d (tabular) or V (GRU-D's (n, 3, T, V) inputs), never the size
     # of x's second axis; GRU-D's imputation means are the schema's public ones.
     module = build_module(spec, data.n_features, public_means=data.public_means).to(device)
-    shapes = [p.shape for _, p in module.named_parameters()]
+    theta = _flat_parameters(module)
+    if theta.numel() != params.parameters:
+        raise PlanMismatch("the model's parameter count differs from the plan's")
     rng = secure_rng()
     sampler = PoissonSampler(sampling_rate=params.sampling_rate, rng=rng)
-    noise = NoiseStream(rng=rng, size=params.parameters, steps=params.steps)
-    # Integer units → gradient units, then the average over the *expected* batch.
-    unit = params.max_grad_norm * 2.0**-params.grid_bits / params.expected_batch_size
-    # The plan's engine (exact: clipped_integer_sum); imported here, it imports this module.
+    noise = NoiseStream(rng=rng, size=params.parameters, steps=params.steps, device=device)
+    # Integer units → parameter units: lr·C·2^−k over the *expected* batch size.
+    unit = (
+        params.learning_rate
+        * params.max_grad_norm
+        * 2.0**-params.grid_bits
+        / params.expected_batch_size
+    )
+    # The plan's engine (exact: IntegerClipper); imported here, it imports this module.
     from worker.mechanisms.grad_engines import integer_sum_for
 
-    integer_sum = integer_sum_for(params, rng=rng)
-    for step in range(1, params.steps + 1):
-        idx = torch.as_tensor(sampler.indices(data.n), device=device)
-        summed = integer_sum(module, data.x.index_select(0, idx), data.y.index_select(0, idx))
-        scale = params.sigma_at(step) * 2.0**params.grid_bits
-        ahead = params.steps_with_same_sigma(step)
-        step_noise = torch.as_tensor(noise.draw(scale=scale, same_scale_ahead=ahead), device=device)
-        noisy = (summed + step_noise).double() * unit
-        with torch.no_grad():
-            offset = 0
-            for p, shape in zip(module.parameters(), shapes, strict=True):
-                size = p.numel()
-                step_ = noisy[offset : offset + size].reshape(shape).to(p.dtype)
-                p.sub_(params.learning_rate * step_)
-                offset += size
-        progress(done + step, total)
+    integer_sum = integer_sum_for(params, module=module, rng=rng)
+    step = 0
+    for block in sampler.blocks(data.n, params.steps):
+        rows = torch.from_numpy(block.rows).to(device)
+        for idx in rows.split(block.sizes):
+            step += 1
+            summed = integer_sum(data.x.index_select(0, idx), data.y.index_select(0, idx))
+            scale = params.sigma_at(step) * 2.0**params.grid_bits
+            ahead = params.steps_with_same_sigma(step)
+            summed += noise.draw(scale=scale, same_scale_ahead=ahead)  # exact, in int64
+            theta.sub_(summed.double() * unit)
+            progress(done + step, total)
     # Parameters and buffers (GRU-D's public means), so the release loads on its own.
     return {k: v.detach().cpu().clone() for k, v in module.state_dict().items()}
 

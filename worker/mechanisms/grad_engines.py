@@ -6,8 +6,8 @@ one example changes S by at most Δ = κ·2^k in ℓ2 (k = the plan's grid_bits;
 for JL). The noise stage adds rounded Gaussian noise of scale σ·2^k, so the step is the
 Gaussian mechanism with noise multiplier σ/κ on a quantity of sensitivity Δ, post-processed.
 
-* ``exact`` (:func:`worker.mechanisms.dpsgd.clipped_integer_sum`): per-example gradients
-  materialised, clipped, quantised row by row and summed exactly in int64. Memory
+* ``exact`` (:class:`worker.mechanisms.dpsgd.IntegerClipper`): per-example gradients
+  materialised, clipped, quantised row by row, checked and summed exactly. Memory
   O(rows × parameters). Any model.
 * ``ghost`` (Li, Tramèr, Liang & Hashimoto 2021, "Large Language Models Can Be Strong
   Differentially Private Learners", ghost clipping; Bu, Mao & Xu 2022, "Scalable and
@@ -86,7 +86,12 @@ import numpy as np
 import torch
 from torch.func import functional_call, jvp
 
-from worker.mechanisms.dpsgd import DpsgdParams, PlanMismatch, _linear_layers, clipped_integer_sum
+from worker.mechanisms.dpsgd import (
+    DpsgdParams,
+    IntegerClipper,
+    PlanMismatch,
+    _linear_layers,
+)
 from worker.models.functional import ParamLayout
 
 __all__ = [
@@ -111,7 +116,7 @@ _MARGIN: Final[float] = 2.0**-20
 ROW_STABILITY: Final[float] = 2.0**-40
 """ε_row of assumption A1: relative drift of a row's float64 signals with its batch."""
 
-IntegerSum = Callable[[torch.nn.Module, torch.Tensor, torch.Tensor], torch.Tensor]
+IntegerSum = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 def _gamma(n: int) -> float:
@@ -317,21 +322,22 @@ def jl_integer_sum(
     return capped_integer_sum(signals, weights, parameters=parameters)
 
 
-def integer_sum_for(params: DpsgdParams, *, rng: np.random.Generator) -> IntegerSum:
-    """The plan's engine as (module, x, y) → int64 sum of sensitivity ≤ κ·2^k."""
+def integer_sum_for(
+    params: DpsgdParams, *, module: torch.nn.Module, rng: np.random.Generator
+) -> IntegerSum:
+    """The plan's engine for one run's ``module`` as (x, y) → int64 sum of sensitivity
+    ≤ κ·2^k."""
     k, c, size = params.grid_bits, params.max_grad_norm, params.parameters
     if params.engine == "exact":
-        return lambda m, x, y: clipped_integer_sum(
-            m, x, y, grid_bits=k, max_grad_norm=c, parameters=size
-        )
+        return IntegerClipper(module, grid_bits=k, max_grad_norm=c, parameters=size)
     if params.engine == "ghost":
-        return lambda m, x, y: ghost_integer_sum(
-            m, x, y, grid_bits=k, max_grad_norm=c, parameters=size
+        return lambda x, y: ghost_integer_sum(
+            module, x, y, grid_bits=k, max_grad_norm=c, parameters=size
         )
     if params.engine == "jl":
         r, kappa = params.jl_projections, params.jl_kappa
-        return lambda m, x, y: jl_integer_sum(
-            m,
+        return lambda x, y: jl_integer_sum(
+            module,
             x,
             y,
             grid_bits=k,

@@ -185,6 +185,23 @@ def test_bernoulli_exp_neg_int_has_rate_exp_minus_m(m: int) -> None:
     assert stats.binomtest(hits, n, math.exp(-m)).pvalue > P_MIN
 
 
+@pytest.mark.parametrize("rate", [0.05, 1 / 3, 1.0])
+def test_batched_rejection_keeps_the_first_accepted_in_stream_order(rate: float) -> None:
+    """Whatever the batch sizes (set by the rate guess), the output is the first `size`
+    accepted proposals of one stream in order: here proposals 0, 1, 2, ... accepted when
+    divisible by 3, so exactly 0, 3, 6, ...; and nothing is proposed out of order."""
+    made: list[int] = []
+
+    def propose(m: int) -> tuple[IntArray, npt.NDArray[np.bool_]]:
+        values = np.arange(len(made), len(made) + m, dtype=np.int64)
+        made.extend(values.tolist())
+        return values, values % 3 == 0
+
+    out = noise._first_accepted(propose, 1000, rate=rate)
+    assert out.tolist() == list(range(0, 3000, 3))
+    assert made == list(range(len(made)))
+
+
 # ---------------------------------------------------------------------- goodness of fit
 
 
