@@ -37,6 +37,13 @@ from service.privacy.rdp import (
     subsampled_gaussian_rdp,
     validate_orders,
 )
+from service.privacy.tuning import (
+    PoissonRuns,
+    RunsDistribution,
+    TruncatedNegativeBinomialRuns,
+    random_stopping_rdp,
+    runs_distribution_from_json,
+)
 
 __all__ = [
     "EVENT_TYPES",
@@ -46,6 +53,7 @@ __all__ = [
     "PmfSlackEvent",
     "PoissonSubsampledGaussianEvent",
     "PureDpEvent",
+    "RandomStoppingEvent",
     "SelfComposedEvent",
     "event_from_json",
     "leaf_counts",
@@ -379,6 +387,69 @@ class SelfComposedEvent(DpEvent):
         return cls(event=_decode(d["event"], depth + 1), count=d["count"])
 
 
+@dataclass(frozen=True)
+class RandomStoppingEvent(DpEvent):
+    """Best of K independent runs of ``event``, K drawn server-side from the public
+    ``runs`` distribution, only the best run released (hyperparameter tuning by random
+    search). RDP: Papernot & Steinke 2022, Theorems 2 and 6 (formulas, citations and
+    the pure-DP case in :mod:`service.privacy.tuning`), the free order λ̂ ranging over
+    the fixed grid ORDERS so the curve at an order never depends on which other orders
+    are asked for. Pure iff the runs are pure and K is truncated negative binomial:
+    (2 + η)·ε (Liu & Talwar 2019 for η = 1: 3ε). One leaf: k copies are k charges
+    (k separate tuning jobs)."""
+
+    event: DpEvent
+    runs: RunsDistribution
+
+    TYPE: ClassVar[str] = "random_stopping"
+    VERSION: ClassVar[int] = 1
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.event, DpEvent):
+            raise ValueError(f"event must be a DpEvent, got {self.event!r}")
+        if not isinstance(self.runs, TruncatedNegativeBinomialRuns | PoissonRuns):
+            raise ValueError(f"runs must be a runs distribution, got {self.runs!r}")
+
+    @property
+    def is_pure(self) -> bool:
+        return self.event.is_pure and isinstance(self.runs, TruncatedNegativeBinomialRuns)
+
+    def pure_epsilon(self) -> float | None:
+        inner = self.event.pure_epsilon()
+        if inner is None or not isinstance(self.runs, TruncatedNegativeBinomialRuns):
+            return None
+        return (2.0 + self.runs.eta) * inner
+
+    def _leaf_curve(self, orders: tuple[float, ...]) -> tuple[float, ...]:
+        curve = random_stopping_rdp(
+            dist=self.runs,
+            base_rdp=self.event.rdp(orders),
+            orders=orders,
+            hat_rdp=self.event.rdp(ORDERS),
+            hat_orders=ORDERS,
+            base_pure_epsilon=self.event.pure_epsilon(),
+        )
+        pure = self.pure_epsilon()
+        if pure is not None:
+            curve = np.minimum(curve, randomized_response_rdp(epsilon=pure, orders=orders))
+        return tuple(curve.tolist())
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "type": self.TYPE,
+            "version": self.VERSION,
+            "event": self.event.to_json(),
+            "runs": self.runs.to_json(),
+        }
+
+    @classmethod
+    def _from_fields(cls, d: Mapping[str, Any], depth: int) -> DpEvent:
+        _expect_keys(d, {"event", "runs"})
+        return cls(
+            event=_decode(d["event"], depth + 1), runs=runs_distribution_from_json(d["runs"])
+        )
+
+
 # ---------------------------------------------------------------------- registry
 
 EVENT_TYPES: Final[Mapping[str, type[DpEvent]]] = {
@@ -390,6 +461,7 @@ EVENT_TYPES: Final[Mapping[str, type[DpEvent]]] = {
         PmfSlackEvent,
         ComposedEvent,
         SelfComposedEvent,
+        RandomStoppingEvent,
     )
 }
 """The explicit ``{type name: class}`` registry used to decode events."""

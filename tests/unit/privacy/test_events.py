@@ -19,11 +19,13 @@ from service.privacy.events import (
     PmfSlackEvent,
     PoissonSubsampledGaussianEvent,
     PureDpEvent,
+    RandomStoppingEvent,
     SelfComposedEvent,
     event_from_json,
 )
 from service.privacy.orders import ORDERS
 from service.privacy.rdp import bounded_range_rdp, randomized_response_rdp
+from service.privacy.tuning import PoissonRuns, TruncatedNegativeBinomialRuns
 
 SGM = PoissonSubsampledGaussianEvent(sampling_rate=0.01, noise_multiplier=1.1, steps=5)
 
@@ -41,6 +43,11 @@ EXAMPLES: list[DpEvent] = [
     ComposedEvent(events=(PureDpEvent(epsilon=0.2), ExponentialMechanismEvent(epsilon=0.4))),
     SelfComposedEvent(event=ExponentialMechanismEvent(epsilon=0.5), count=3),
     SelfComposedEvent(event=ComposedEvent(events=(SGM, PureDpEvent(epsilon=1.0))), count=2),
+    RandomStoppingEvent(event=SGM, runs=TruncatedNegativeBinomialRuns(eta=1.0, gamma=0.1)),
+    RandomStoppingEvent(event=SGM, runs=PoissonRuns(mu=5.0)),
+    RandomStoppingEvent(
+        event=PureDpEvent(epsilon=0.3), runs=TruncatedNegativeBinomialRuns(eta=0.0, gamma=0.2)
+    ),
 ]
 
 # (type, valid JSON fields → list of invalid variants)
@@ -90,6 +97,22 @@ INVALID_FIELDS: dict[str, list[dict[str, Any]]] = {
         {"event": {"type": "pure_dp", "version": 1, "epsilon": 1.0}, "count": False},
         {"event": {"type": "nope", "version": 1}, "count": 2},
         {"event": "pure_dp", "count": 2},
+    ],
+    "random_stopping": [
+        {"event": SGM.to_json(), "runs": {"kind": "poisson", "mu": 0.5}},
+        {"event": SGM.to_json(), "runs": {"kind": "poisson", "mu": math.inf}},
+        {"event": SGM.to_json(), "runs": {"kind": "poisson"}},
+        {"event": SGM.to_json(), "runs": {"kind": "geometric", "gamma": 0.1}},
+        {
+            "event": SGM.to_json(),
+            "runs": {"kind": "truncated_negative_binomial", "eta": -1.0, "gamma": 0.1},
+        },
+        {
+            "event": SGM.to_json(),
+            "runs": {"kind": "truncated_negative_binomial", "eta": 1.0, "gamma": 1.0},
+        },
+        {"event": SGM.to_json(), "runs": "poisson"},
+        {"event": {"type": "nope", "version": 1}, "runs": {"kind": "poisson", "mu": 1.0}},
     ],
 }
 
