@@ -47,6 +47,7 @@ from service.privacy.tuning import (
 
 __all__ = [
     "EVENT_TYPES",
+    "AnyOfEvent",
     "ComposedEvent",
     "DpEvent",
     "ExponentialMechanismEvent",
@@ -388,6 +389,61 @@ class SelfComposedEvent(DpEvent):
 
 
 @dataclass(frozen=True)
+class AnyOfEvent(DpEvent):
+    """One run of *one* of ``events``, whichever is chosen, by a rule that depends only on
+    public values and on earlier released outputs (a search picking the next candidate's
+    batch size, or a random draw independent of the data).
+
+    RDP: the pointwise maximum of the curves. At a fixed order α each possible choice is
+    (α, max_i ρ_i(α))-RDP, and adaptive composition of RDP mechanisms (Mironov 2017,
+    Prop. 1) only needs that per-step bound; for a data-independent random choice the law
+    is a mixture with common weights, and D_α is jointly quasi-convex (van Erven &
+    Harremoës 2014, Thm. 13), so the mixture is within the maximum too. Pure iff every
+    member is pure, with the maximum ε. One leaf: k copies are k times its curve.
+    """
+
+    events: tuple[DpEvent, ...]
+
+    TYPE: ClassVar[str] = "any_of"
+    VERSION: ClassVar[int] = 1
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.events, list | tuple) or not self.events:
+            raise ValueError("an AnyOfEvent needs a non-empty tuple of events")
+        for e in self.events:
+            if not isinstance(e, DpEvent):
+                raise ValueError(f"events must be DpEvent instances, got {e!r}")
+        object.__setattr__(self, "events", tuple(self.events))
+
+    @property
+    def is_pure(self) -> bool:
+        return all(e.is_pure for e in self.events)
+
+    def pure_epsilon(self) -> float | None:
+        parts = [e.pure_epsilon() for e in self.events]
+        return None if any(p is None for p in parts) else max(p for p in parts if p is not None)
+
+    def _leaf_curve(self, orders: tuple[float, ...]) -> tuple[float, ...]:
+        curves = np.array([e.rdp(orders) for e in self.events])
+        return tuple(curves.max(axis=0).tolist())
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "type": self.TYPE,
+            "version": self.VERSION,
+            "events": [e.to_json() for e in self.events],
+        }
+
+    @classmethod
+    def _from_fields(cls, d: Mapping[str, Any], depth: int) -> DpEvent:
+        _expect_keys(d, {"events"})
+        raw = d["events"]
+        if not isinstance(raw, list | tuple):
+            raise ValueError(f"'events' must be a list, got {type(raw).__name__}")
+        return cls(events=tuple(_decode(e, depth + 1) for e in raw))
+
+
+@dataclass(frozen=True)
 class RandomStoppingEvent(DpEvent):
     """Best of K independent runs of ``event``, K drawn server-side from the public
     ``runs`` distribution, only the best run released (hyperparameter tuning by random
@@ -462,6 +518,7 @@ EVENT_TYPES: Final[Mapping[str, type[DpEvent]]] = {
         ComposedEvent,
         SelfComposedEvent,
         RandomStoppingEvent,
+        AnyOfEvent,
     )
 }
 """The explicit ``{type name: class}`` registry used to decode events."""
