@@ -1,0 +1,273 @@
+"""Plans of the ``architecture`` and ``hyperparameters`` selection kinds: one charge for
+the whole workflow, a pure function of the request and public metadata.
+
+Data use (both kinds). Each row goes to the validation part independently with the
+public probability ``validation_fraction`` (a Bernoulli split drawn in the worker), the
+rest to training. Every candidate is trained by DP-SGD on the training part (Poisson
+sampling at q = batch / n̂_train, n̂_train = ⌊(1 − v)·n̂⌋ public) and scored by
+:func:`worker.mechanisms.search.noisy_accuracy` on the validation part: correct count +
+discrete Laplace(1/ε_fit), divided by the public n̂_val = max(1, ⌊v·n̂⌋). The count has
+sensitivity 1 under add/remove-one, so each score is ε_fit-DP. We do not claim parallel
+composition over the two parts: each training and each score is charged in full.
+
+* ``architecture`` (RS, MGRS, PAAS): N = planned_trainings trainings and N scores,
+  composed: N × (AnyOf(training events) + PureDp(ε_fit)). The searches choose
+  candidates adaptively from earlier noisy scores; composition of RDP holds under
+  adaptive choice (Mironov 2017, Prop. 1) and AnyOf covers whichever training is
+  picked (service/privacy/events.py).
+* ``hyperparameters`` (Papernot & Steinke 2022): one run Q = draw settings uniformly
+  from the declared grid, train, score; K ~ the declared runs distribution, drawn in the
+  worker; the best run by noisy score is released. Charge: RandomStopping(Q) with
+  Q's curve ≤ AnyOf(training events) + PureDp(ε_fit) (service/privacy/tuning.py).
+
+Every candidate's DP-SGD uses the σ calibrated for the *largest* model the request
+allows (the integer-noise slack grows with the parameter count; a smaller model's slack
+is smaller, so the charged event covers it), keyed by the privacy-relevant settings
+(batch size, epochs, noise schedule).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from service.modelspec import MlpSpec, ModelSpec
+from service.plans import PlanError, build_plan, resolve_dpsgd_options
+from service.privacy.events import (
+    AnyOfEvent,
+    ComposedEvent,
+    DpEvent,
+    PureDpEvent,
+    RandomStoppingEvent,
+    SelfComposedEvent,
+    event_from_json,
+)
+from service.privacy.tuning import PoissonRuns, RunsDistribution, TruncatedNegativeBinomialRuns
+from service.schemas import DpsgdOptions, JobRequest
+from service.search_space import (
+    ArchitectureCandidate,
+    ArchitectureSearch,
+    ArchitectureSpace,
+    planned_trainings,
+)
+
+__all__ = [
+    "ArchitectureRequest",
+    "HyperparameterCandidate",
+    "HyperparameterRequest",
+    "SelectionBudget",
+    "SelectionPlan",
+    "architecture_key",
+    "architecture_plan",
+    "candidate_mechanism",
+    "hyperparameter_plan",
+    "split_counts",
+]
+
+
+class _In(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class SelectionBudget(_In):
+    """Per-candidate privacy: each training is (ε, δ)-DP-SGD, each score ε_fit-DP."""
+
+    training_epsilon: float = Field(gt=0, le=100)
+    training_delta: float = Field(gt=0, lt=1)
+    fitness_epsilon: float = Field(default=0.1, gt=0, le=100)
+    validation_fraction: float = Field(default=0.2, gt=0, lt=1)
+
+
+class ArchitectureRequest(_In):
+    space: ArchitectureSpace = Field(default_factory=ArchitectureSpace)
+    search: ArchitectureSearch = Field(default_factory=ArchitectureSearch)
+    training: DpsgdOptions = Field(default_factory=DpsgdOptions)
+    budget: SelectionBudget
+
+
+class TnbRunsSpec(_In):
+    kind: Literal["truncated_negative_binomial"] = "truncated_negative_binomial"
+    eta: float = Field(default=1.0, gt=-1, le=100)
+    gamma: float = Field(default=0.2, gt=0, lt=1)
+
+
+class PoissonRunsSpec(_In):
+    kind: Literal["poisson"] = "poisson"
+    mu: float = Field(default=5.0, ge=1, le=1000)
+
+
+class HyperparameterRequest(_In):
+    """A grid of DP-SGD settings; each run draws one setting uniformly (PS22 random search)."""
+
+    model: ModelSpec = Field(default_factory=lambda: MlpSpec())
+    learning_rates: list[float] = Field(default=[0.5, 1.0, 2.0], min_length=1, max_length=16)
+    batch_sizes: list[int] = Field(default=[128], min_length=1, max_length=8)
+    epochs: list[int] = Field(default=[3], min_length=1, max_length=8)
+    max_grad_norms: list[float] = Field(default=[1.0], min_length=1, max_length=8)
+    noise_decays: list[float | None] = Field(
+        default=[None], min_length=1, max_length=4, description="None: constant σ"
+    )
+    runs: TnbRunsSpec | PoissonRunsSpec = Field(default_factory=TnbRunsSpec, discriminator="kind")
+    budget: SelectionBudget
+
+
+class HyperparameterCandidate(_In):
+    learning_rate: float
+    batch_size: int
+    epochs: int
+    max_grad_norm: float
+    noise_decay: float | None
+
+
+@dataclass(frozen=True)
+class SelectionPlan:
+    """The one charge of a selection job and the public values its worker needs."""
+
+    event: DpEvent
+    trainings: int | None  # None: random (hyperparameters), drawn by the worker
+    n_train: int
+    n_val: int
+    # privacy key (batch, epochs, noise decay) → DP-SGD mechanism of the largest model
+    mechanisms: dict[tuple[int, int, float | None], dict[str, Any]]
+    runs: RunsDistribution | None = None
+
+
+def split_counts(n_public: int, validation_fraction: float) -> tuple[int, int]:
+    """Public training and validation counts (the split itself is a per-row coin)."""
+    n_val = max(1, int(validation_fraction * n_public))
+    n_train = n_public - n_val
+    if n_train < 1:
+        raise PlanError("too few rows to split into training and validation parts")
+    return n_train, n_val
+
+
+def _training_events(
+    *,
+    dataset: str,
+    model: ModelSpec,
+    keys: set[tuple[int, int, float | None]],
+    options: DpsgdOptions,
+    budget: SelectionBudget,
+    n_train: int,
+    n_features: int,
+) -> tuple[DpEvent, dict[tuple[int, int, float | None], dict[str, Any]]]:
+    events: list[DpEvent] = []
+    mechanisms: dict[tuple[int, int, float | None], dict[str, Any]] = {}
+    for batch, epochs, decay in sorted(keys, key=repr):
+        opts = options.model_copy(
+            update={
+                "batch_size": batch,
+                "epochs": epochs,
+                "noise_schedule": "constant" if decay is None else "exponential",
+                "noise_decay": decay,
+            }
+        )
+        request = JobRequest(
+            dataset=dataset,
+            model=model,
+            method="dpsgd",
+            epsilon=budget.training_epsilon,
+            delta=budget.training_delta,
+            dpsgd=opts,
+        )
+        plan = build_plan(request, n_rows=n_train, n_features=n_features)
+        events.append(event_from_json(plan.event))
+        mechanisms[(batch, epochs, decay)] = dict(plan.mechanism)
+    one = events[0] if len(events) == 1 else AnyOfEvent(events=tuple(events))
+    return one, mechanisms
+
+
+def _largest(space: ArchitectureSpace) -> MlpSpec:
+    return MlpSpec(hidden=[max(space.widths)] * max(space.depths))
+
+
+def architecture_plan(
+    request: ArchitectureRequest, *, dataset: str, n_rows: int, n_features: int
+) -> SelectionPlan:
+    n_train, n_val = split_counts(n_rows, request.budget.validation_fraction)
+    options = resolve_dpsgd_options(request.training, n_rows=n_train)
+    assert options.batch_size is not None and options.epochs is not None
+    batches = request.space.batch_sizes or [options.batch_size]
+    keys = {(b, options.epochs, options.noise_decay) for b in batches}
+    train, mechanisms = _training_events(
+        dataset=dataset,
+        model=_largest(request.space),
+        keys=keys,
+        options=options,
+        budget=request.budget,
+        n_train=n_train,
+        n_features=n_features,
+    )
+    n = planned_trainings(request.search)
+    per = ComposedEvent(events=(train, PureDpEvent(epsilon=request.budget.fitness_epsilon)))
+    event = per if n == 1 else SelfComposedEvent(event=per, count=n)
+    return SelectionPlan(
+        event=event, trainings=n, n_train=n_train, n_val=n_val, mechanisms=mechanisms
+    )
+
+
+def hyperparameter_plan(
+    request: HyperparameterRequest, *, dataset: str, n_rows: int, n_features: int
+) -> SelectionPlan:
+    n_train, n_val = split_counts(n_rows, request.budget.validation_fraction)
+    keys = {
+        (b, e, d) for b in request.batch_sizes for e in request.epochs for d in request.noise_decays
+    }
+    train, mechanisms = _training_events(
+        dataset=dataset,
+        model=request.model,
+        keys=keys,
+        options=DpsgdOptions(),
+        budget=request.budget,
+        n_train=n_train,
+        n_features=n_features,
+    )
+    q = ComposedEvent(events=(train, PureDpEvent(epsilon=request.budget.fitness_epsilon)))
+    runs: RunsDistribution = (
+        PoissonRuns(mu=request.runs.mu)
+        if isinstance(request.runs, PoissonRunsSpec)
+        else TruncatedNegativeBinomialRuns(eta=request.runs.eta, gamma=request.runs.gamma)
+    )
+    return SelectionPlan(
+        event=RandomStoppingEvent(event=q, runs=runs),
+        trainings=None,
+        n_train=n_train,
+        n_val=n_val,
+        mechanisms=mechanisms,
+        runs=runs,
+    )
+
+
+def candidate_mechanism(
+    plan: SelectionPlan,
+    *,
+    key: tuple[int, int, float | None],
+    parameters: int,
+    learning_rate: float,
+    max_grad_norm: float | None = None,
+) -> dict[str, Any]:
+    """The DP-SGD mechanism one candidate runs: the charged σ and schedule for its privacy
+    key, its own parameter count (≤ the largest, whose slack was charged), learning rate
+    and clip norm (neither changes the privacy cost: σ is relative to the clip norm)."""
+    base = plan.mechanisms[key]
+    if parameters > int(base["parameters"]):
+        raise PlanError("candidate larger than the charged model")
+    out = {**base, "parameters": parameters, "learning_rate": learning_rate}
+    if max_grad_norm is not None:
+        out["max_grad_norm"] = max_grad_norm
+    return out
+
+
+def architecture_key(
+    plan: SelectionPlan, candidate: ArchitectureCandidate
+) -> tuple[int, int, float | None]:
+    """The privacy key of an architecture candidate (its batch size, or the request's)."""
+    keys = sorted(plan.mechanisms, key=repr)
+    if candidate.batch_size is None:
+        return keys[0]
+    for k in keys:
+        if k[0] == candidate.batch_size:
+            return k
+    raise PlanError("candidate batch size not in the plan")

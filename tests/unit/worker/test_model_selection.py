@@ -1,0 +1,146 @@
+"""Selection plans (architecture, hyperparameters) and their worker runs on a small
+synthetic problem: the charge is the declared composition, the worker trains exactly
+what was charged, and nothing about K leaves through progress."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from service.modelspec import MlpSpec, parameter_count
+from service.privacy.events import (
+    ComposedEvent,
+    PureDpEvent,
+    RandomStoppingEvent,
+    SelfComposedEvent,
+    event_from_json,
+)
+from service.privacy.orders import ORDERS
+from service.schemas import DpsgdOptions
+from service.search_space import ArchitectureSearch, ArchitectureSpace
+from service.selection_plans import (
+    ArchitectureRequest,
+    HyperparameterRequest,
+    SelectionBudget,
+    TnbRunsSpec,
+    architecture_plan,
+    hyperparameter_plan,
+)
+from worker.mechanisms.base import TabularTrainingSet
+from worker.mechanisms.model_selection import (
+    draw_runs,
+    run_architecture_selection,
+    run_hyperparameter_selection,
+)
+
+BUDGET = SelectionBudget(training_epsilon=2.0, training_delta=1e-6, fitness_epsilon=0.5)
+
+
+def _data(n: int = 600, d: int = 4) -> TabularTrainingSet:
+    g = torch.Generator().manual_seed(0)
+    x = torch.rand(n, d, generator=g)
+    y = (x[:, 0] + 0.2 * torch.rand(n, generator=g) > 0.6).float()
+    return TabularTrainingSet(x, y)
+
+
+ARCH = ArchitectureRequest(
+    space=ArchitectureSpace(depths=[1, 2], widths=[2, 4], batch_sizes=[32, 64]),
+    search=ArchitectureSearch(algorithm="paas", population=2, generations=2),
+    training=DpsgdOptions(epochs=1, learning_rate=1.0),
+    budget=BUDGET,
+)
+
+
+def test_architecture_charge_is_trainings_times_worst_training_plus_score() -> None:
+    plan = architecture_plan(ARCH, dataset="toy", n_rows=600, n_features=4)
+    assert plan.trainings == 4 and (plan.n_train, plan.n_val) == (480, 120)
+    training_curves = [
+        event_from_json(
+            {
+                "type": "composed",
+                "version": 1,
+                "events": [
+                    {
+                        "type": "poisson_subsampled_gaussian",
+                        "version": 1,
+                        "sampling_rate": m["sampling_rate"],
+                        "noise_multiplier": m["noise_multiplier"],
+                        "steps": m["steps"],
+                    }
+                ],
+            }
+        ).rdp(ORDERS)
+        for m in plan.mechanisms.values()
+    ]
+    one = np.max(training_curves, axis=0)
+    fit = PureDpEvent(epsilon=0.5).rdp(ORDERS)
+    # ≥ the Gaussian part of the worst training (plus the charged slack), per training.
+    assert np.all(plan.event.rdp(ORDERS) >= 4 * (one + fit) - 1e-12)
+    assert np.all(plan.event.rdp(ORDERS) <= 4 * (one + fit) * (1 + 1e-3) + 1e-9)
+    assert event_from_json(plan.event.to_json()) == plan.event
+    # The largest model's slack is charged: every candidate is at most that big.
+    biggest = parameter_count(MlpSpec(hidden=[4, 4]), 4)
+    assert all(m["parameters"] == biggest for m in plan.mechanisms.values())
+
+
+def test_architecture_selection_runs_the_planned_trainings() -> None:
+    plan = architecture_plan(ARCH, dataset="toy", n_rows=600, n_features=4)
+    seen: list[tuple[int, int]] = []
+    out = run_architecture_selection(
+        request=ARCH,
+        plan=plan,
+        data=_data(),
+        device=torch.device("cpu"),
+        progress=lambda a, b: seen.append((a, b)),
+    )
+    assert out.trainings == 4 and seen[-1] == (4, 4)
+    assert out.selected is not None and out.weights is not None
+    assert len(out.selected.hidden) in (1, 2) and out.model is not None
+
+
+HYPER = HyperparameterRequest(
+    model=MlpSpec(hidden=[4]),
+    learning_rates=[0.5, 2.0],
+    batch_sizes=[32, 64],
+    epochs=[1],
+    runs=TnbRunsSpec(eta=1.0, gamma=0.5),
+    budget=BUDGET,
+)
+
+
+def test_hyperparameter_charge_is_the_papernot_steinke_bound() -> None:
+    plan = hyperparameter_plan(HYPER, dataset="toy", n_rows=600, n_features=4)
+    assert isinstance(plan.event, RandomStoppingEvent)
+    inner = plan.event.event
+    assert isinstance(inner, ComposedEvent) and inner.events[1] == PureDpEvent(epsilon=0.5)
+    # Geometric K with γ = 0.5: E[K] = 2; the charge is at least one run.
+    ek = plan.runs.expected_runs() if plan.runs else 0
+    assert ek == pytest.approx(2.0)
+    assert np.all(plan.event.rdp(ORDERS) >= inner.rdp(ORDERS))
+    assert event_from_json(plan.event.to_json()) == plan.event
+
+
+def test_hyperparameter_run_hides_k_and_k_follows_the_declared_law() -> None:
+    plan = hyperparameter_plan(HYPER, dataset="toy", n_rows=600, n_features=4)
+    rng = np.random.default_rng(5)
+    ks = np.array([draw_runs(plan, rng) for _ in range(4000)])
+    assert ks.min() >= 1 and ks.mean() == pytest.approx(2.0, abs=0.1)  # geometric, γ = 0.5
+    seen: list[tuple[int, int]] = []
+    out = run_hyperparameter_selection(
+        request=HYPER,
+        plan=plan,
+        data=_data(),
+        device=torch.device("cpu"),
+        progress=lambda a, b: seen.append((a, b)),
+    )
+    assert seen == [(0, 1), (1, 1)]  # progress says nothing about K
+    assert out.selected is not None and out.selected.learning_rate in (0.5, 2.0)
+
+
+def test_self_composed_architecture_event_equals_separate_charges() -> None:
+    plan = architecture_plan(ARCH, dataset="toy", n_rows=600, n_features=4)
+    assert isinstance(plan.event, SelfComposedEvent)
+    np.testing.assert_allclose(
+        plan.event.rdp(ORDERS), plan.event.count * plan.event.event.rdp(ORDERS), rtol=1e-12
+    )
