@@ -7,18 +7,20 @@ rest to training. Every candidate is trained by DP-SGD on the training part (Poi
 sampling at q = batch / n̂_train, n̂_train = ⌊(1 − v)·n̂⌋ public) and scored by
 :func:`worker.mechanisms.search.noisy_accuracy` on the validation part: correct count +
 discrete Laplace(1/ε_fit), divided by the public n̂_val = max(1, ⌊v·n̂⌋). The count has
-sensitivity 1 under add/remove-one, so each score is ε_fit-DP. We do not claim parallel
-composition over the two parts: each training and each score is charged in full.
+sensitivity 1 under add/remove-one, so each score is ε_fit-DP, charged as the noisy row
+count is (:func:`service.privacy.sampling.count_event`: ε_fit plus the sampler's pmf
+gap). We do not claim parallel composition over the two parts: each training and each
+score is charged in full.
 
 * ``architecture`` (RS, MGRS, PAAS): N = planned_trainings trainings and N scores,
-  composed: N × (AnyOf(training events) + PureDp(ε_fit)). The searches choose
+  composed: N × (AnyOf(training events) + count_event(ε_fit)). The searches choose
   candidates adaptively from earlier noisy scores; composition of RDP holds under
   adaptive choice (Mironov 2017, Prop. 1) and AnyOf covers whichever training is
   picked (service/privacy/events.py).
 * ``hyperparameters`` (Papernot & Steinke 2022): one run Q = draw settings uniformly
   from the declared grid, train, score; K ~ the declared runs distribution, drawn in the
   worker; the best run by noisy score is released. Charge: RandomStopping(Q) with
-  Q's curve ≤ AnyOf(training events) + PureDp(ε_fit) (service/privacy/tuning.py).
+  Q's curve ≤ AnyOf(training events) + count_event(ε_fit) (service/privacy/tuning.py).
 
 Every candidate's DP-SGD uses the σ calibrated for the *largest* model the request
 allows (the integer-noise slack grows with the parameter count; a smaller model's slack
@@ -39,11 +41,11 @@ from service.privacy.events import (
     AnyOfEvent,
     ComposedEvent,
     DpEvent,
-    PureDpEvent,
     RandomStoppingEvent,
     SelfComposedEvent,
     event_from_json,
 )
+from service.privacy.sampling import count_event
 from service.privacy.tuning import PoissonRuns, RunsDistribution, TruncatedNegativeBinomialRuns
 from service.schemas import DpsgdOptions, JobRequest
 from service.search_space import (
@@ -201,7 +203,7 @@ def architecture_plan(
         n_features=n_features,
     )
     n = planned_trainings(request.search)
-    per = ComposedEvent(events=(train, PureDpEvent(epsilon=request.budget.fitness_epsilon)))
+    per = ComposedEvent(events=(train, count_event(epsilon=request.budget.fitness_epsilon)))
     event = per if n == 1 else SelfComposedEvent(event=per, count=n)
     return SelectionPlan(
         event=event, trainings=n, n_train=n_train, n_val=n_val, mechanisms=mechanisms
@@ -224,7 +226,7 @@ def hyperparameter_plan(
         n_train=n_train,
         n_features=n_features,
     )
-    q = ComposedEvent(events=(train, PureDpEvent(epsilon=request.budget.fitness_epsilon)))
+    q = ComposedEvent(events=(train, count_event(epsilon=request.budget.fitness_epsilon)))
     runs: RunsDistribution = (
         PoissonRuns(mu=request.runs.mu)
         if isinstance(request.runs, PoissonRunsSpec)

@@ -11,12 +11,13 @@ import torch
 from service.modelspec import MlpSpec, parameter_count
 from service.privacy.events import (
     ComposedEvent,
-    PureDpEvent,
+    PoissonSubsampledGaussianEvent,
     RandomStoppingEvent,
     SelfComposedEvent,
     event_from_json,
 )
 from service.privacy.orders import ORDERS
+from service.privacy.sampling import count_event, noise_slack
 from service.schemas import DpsgdOptions
 from service.search_space import ArchitectureSearch, ArchitectureSpace
 from service.selection_plans import (
@@ -25,6 +26,7 @@ from service.selection_plans import (
     SelectionBudget,
     TnbRunsSpec,
     architecture_plan,
+    candidate_mechanism,
     hyperparameter_plan,
 )
 from worker.mechanisms.base import TabularTrainingSet
@@ -74,7 +76,7 @@ def test_architecture_charge_is_trainings_times_worst_training_plus_score() -> N
         for m in plan.mechanisms.values()
     ]
     one = np.max(training_curves, axis=0)
-    fit = PureDpEvent(epsilon=0.5).rdp(ORDERS)
+    fit = count_event(epsilon=0.5).rdp(ORDERS)
     # ≥ the Gaussian part of the worst training (plus the charged slack), per training.
     assert np.all(plan.event.rdp(ORDERS) >= 4 * (one + fit) - 1e-12)
     assert np.all(plan.event.rdp(ORDERS) <= 4 * (one + fit) * (1 + 1e-3) + 1e-9)
@@ -113,7 +115,7 @@ def test_hyperparameter_charge_is_the_papernot_steinke_bound() -> None:
     plan = hyperparameter_plan(HYPER, dataset="toy", n_rows=600, n_features=4)
     assert isinstance(plan.event, RandomStoppingEvent)
     inner = plan.event.event
-    assert isinstance(inner, ComposedEvent) and inner.events[1] == PureDpEvent(epsilon=0.5)
+    assert isinstance(inner, ComposedEvent) and inner.events[1] == count_event(epsilon=0.5)
     # Geometric K with γ = 0.5: E[K] = 2; the charge is at least one run.
     ek = plan.runs.expected_runs() if plan.runs else 0
     assert ek == pytest.approx(2.0)
@@ -144,3 +146,29 @@ def test_self_composed_architecture_event_equals_separate_charges() -> None:
     np.testing.assert_allclose(
         plan.event.rdp(ORDERS), plan.event.count * plan.event.event.rdp(ORDERS), rtol=1e-12
     )
+
+
+def test_every_candidate_run_is_covered_by_the_charged_training_event() -> None:
+    # Each candidate runs the charged σ, q, T with its own parameter count; its true event
+    # (Gaussian steps + its own noise slack) must be ≤ the plan's per-training AnyOf.
+    plan = architecture_plan(ARCH, dataset="toy", n_rows=600, n_features=4)
+    per_training = plan.event.event.events[0]  # SelfComposed(Composed(AnyOf, score))
+    for hidden in ([2], [4], [2, 4], [4, 4]):
+        params = parameter_count(MlpSpec(hidden=hidden), 4)
+        for key in plan.mechanisms:
+            m = candidate_mechanism(plan, key=key, parameters=params, learning_rate=0.3)
+            true = ComposedEvent(
+                events=(
+                    PoissonSubsampledGaussianEvent(
+                        sampling_rate=m["sampling_rate"],
+                        noise_multiplier=m["noise_multiplier"],
+                        steps=m["steps"],
+                    ),
+                    noise_slack(draws=params * m["steps"]),
+                )
+            )
+            assert np.all(true.rdp(ORDERS) <= per_training.rdp(ORDERS))
+    with pytest.raises(ValueError, match="larger than the charged"):
+        candidate_mechanism(
+            plan, key=next(iter(plan.mechanisms)), parameters=10**6, learning_rate=1
+        )
