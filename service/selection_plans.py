@@ -12,6 +12,8 @@ count is (:func:`service.privacy.sampling.count_event`: ε_fit plus the sampler'
 gap). We do not claim parallel composition over the two parts: each training and each
 score is charged in full.
 
+* ``architecture`` with ``runs`` (RS only): random stopping as for hyperparameters
+  below, each run a uniformly drawn architecture.
 * ``architecture`` (RS, MGRS, PAAS): N = planned_trainings trainings and N scores,
   composed: N × (AnyOf(training events) + count_event(ε_fit)). The searches choose
   candidates adaptively from earlier noisy scores; composition of RDP holds under
@@ -33,7 +35,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from service.modelspec import MlpSpec, ModelSpec
 from service.plans import PlanError, build_plan, resolve_dpsgd_options
@@ -82,13 +84,6 @@ class SelectionBudget(_In):
     validation_fraction: float = Field(default=0.2, gt=0, lt=1)
 
 
-class ArchitectureRequest(_In):
-    space: ArchitectureSpace = Field(default_factory=ArchitectureSpace)
-    search: ArchitectureSearch = Field(default_factory=ArchitectureSearch)
-    training: DpsgdOptions = Field(default_factory=DpsgdOptions)
-    budget: SelectionBudget
-
-
 class TnbRunsSpec(_In):
     kind: Literal["truncated_negative_binomial"] = "truncated_negative_binomial"
     eta: float = Field(default=1.0, gt=-1, le=100)
@@ -98,6 +93,27 @@ class TnbRunsSpec(_In):
 class PoissonRunsSpec(_In):
     kind: Literal["poisson"] = "poisson"
     mu: float = Field(default=5.0, ge=1, le=1000)
+
+
+class ArchitectureRequest(_In):
+    space: ArchitectureSpace = Field(default_factory=ArchitectureSpace)
+    search: ArchitectureSearch = Field(default_factory=ArchitectureSearch)
+    training: DpsgdOptions = Field(default_factory=DpsgdOptions)
+    budget: SelectionBudget
+    runs: TnbRunsSpec | PoissonRunsSpec | None = Field(
+        default=None,
+        discriminator="kind",
+        description=(
+            "rs only: a random number of candidates K from this law (Papernot & Steinke "
+            "2022) instead of search.trainings; charged by their bound, not K times"
+        ),
+    )
+
+    @model_validator(mode="after")
+    def _runs_only_for_rs(self) -> ArchitectureRequest:
+        if self.runs is not None and self.search.algorithm != "rs":
+            raise ValueError("runs (random stopping) applies to random search (rs) only")
+        return self
 
 
 class HyperparameterRequest(_In):
@@ -202,12 +218,28 @@ def architecture_plan(
         n_train=n_train,
         n_features=n_features,
     )
-    n = planned_trainings(request.search)
     per = ComposedEvent(events=(train, count_event(epsilon=request.budget.fitness_epsilon)))
+    if request.runs is not None:
+        runs = _runs(request.runs)
+        return SelectionPlan(
+            event=RandomStoppingEvent(event=per, runs=runs),
+            trainings=None,
+            n_train=n_train,
+            n_val=n_val,
+            mechanisms=mechanisms,
+            runs=runs,
+        )
+    n = planned_trainings(request.search)
     event = per if n == 1 else SelfComposedEvent(event=per, count=n)
     return SelectionPlan(
         event=event, trainings=n, n_train=n_train, n_val=n_val, mechanisms=mechanisms
     )
+
+
+def _runs(spec: TnbRunsSpec | PoissonRunsSpec) -> RunsDistribution:
+    if isinstance(spec, PoissonRunsSpec):
+        return PoissonRuns(mu=spec.mu)
+    return TruncatedNegativeBinomialRuns(eta=spec.eta, gamma=spec.gamma)
 
 
 def hyperparameter_plan(
@@ -227,11 +259,7 @@ def hyperparameter_plan(
         n_features=n_features,
     )
     q = ComposedEvent(events=(train, count_event(epsilon=request.budget.fitness_epsilon)))
-    runs: RunsDistribution = (
-        PoissonRuns(mu=request.runs.mu)
-        if isinstance(request.runs, PoissonRunsSpec)
-        else TruncatedNegativeBinomialRuns(eta=request.runs.eta, gamma=request.runs.gamma)
-    )
+    runs = _runs(request.runs)
     return SelectionPlan(
         event=RandomStoppingEvent(event=q, runs=runs),
         trainings=None,

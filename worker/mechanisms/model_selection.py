@@ -30,7 +30,7 @@ from service.selection_plans import (
 )
 from worker.mechanisms.base import ProgressFn, TabularTrainingSet
 from worker.mechanisms.dpsgd import run_dpsgd
-from worker.mechanisms.search import noisy_accuracy, run_search
+from worker.mechanisms.search import noisy_accuracy, run_search, sample_candidate
 from worker.models import build_module
 from worker.noise import secure_rng
 
@@ -117,7 +117,7 @@ def run_architecture_selection(
     rng = secure_rng()
     train, val = split_rows(data, validation_fraction=request.budget.validation_fraction, rng=rng)
     models: dict[ArchitectureCandidate, dict[str, torch.Tensor]] = {}
-    total = plan.trainings or 0
+    total = plan.trainings or 0  # 0 (random stopping): no progress per training
     done = 0
 
     def fitness(c: ArchitectureCandidate) -> float:
@@ -141,17 +141,29 @@ def run_architecture_selection(
         )
         models[c] = weights  # same candidate twice: keep the latest (its score is latest too)
         done += 1
-        progress(done, total)
+        if total > 0:
+            progress(done, total)
         return score
 
-    result = run_search(space=request.space, search=request.search, fitness=fitness, rng=rng)
-    best = result.best
+    if plan.runs is not None:
+        # Random stopping: K hidden (no progress per run), uniform candidates, best wins.
+        k = draw_runs(plan, rng)
+        progress(0, 1)
+        scored = [(c, fitness(c)) for c in (sample_candidate(request.space, rng) for _ in range(k))]
+        progress(1, 1)
+        if not scored:
+            return SelectionOutput(None, None, None, None, trainings=0)
+        best, best_fitness = max(scored, key=lambda h: h[1])
+        evaluations = k
+    else:
+        result = run_search(space=request.space, search=request.search, fitness=fitness, rng=rng)
+        best, best_fitness, evaluations = result.best, result.best_fitness, result.evaluations
     return SelectionOutput(
         selected=best,
         model=MlpSpec(hidden=list(best.hidden), activation=best.activation).model_dump(),
         weights=models[best],
-        noisy_accuracy=result.best_fitness,
-        trainings=result.evaluations,
+        noisy_accuracy=best_fitness,
+        trainings=evaluations,
     )
 
 

@@ -172,3 +172,24 @@ def test_every_candidate_run_is_covered_by_the_charged_training_event() -> None:
         candidate_mechanism(
             plan, key=next(iter(plan.mechanisms)), parameters=10**6, learning_rate=1
         )
+
+
+def test_random_search_with_random_stopping_hides_k() -> None:
+    request = ARCH.model_copy(
+        update={"search": ArchitectureSearch(algorithm="rs"), "runs": TnbRunsSpec(gamma=0.6)}
+    )
+    plan = architecture_plan(request, dataset="toy", n_rows=600, n_features=4)
+    assert isinstance(plan.event, RandomStoppingEvent) and plan.trainings is None
+    seen: list[tuple[int, int]] = []
+    out = run_architecture_selection(
+        request=request,
+        plan=plan,
+        data=_data(),
+        device=torch.device("cpu"),
+        progress=lambda a, b: seen.append((a, b)),
+    )
+    assert seen == [(0, 1), (1, 1)] and out.selected is not None
+    with pytest.raises(ValueError, match=r"random search \(rs\) only"):
+        ArchitectureRequest.model_validate(
+            {"budget": BUDGET.model_dump(), "runs": {"kind": "poisson", "mu": 2}}
+        )
