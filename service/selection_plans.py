@@ -47,6 +47,8 @@ from service.privacy.events import (
     SelfComposedEvent,
     event_from_json,
 )
+from service.privacy.orders import ORDERS
+from service.privacy.rdp import epsilon_from_rdp
 from service.privacy.sampling import count_event
 from service.privacy.tuning import PoissonRuns, RunsDistribution, TruncatedNegativeBinomialRuns
 from service.schemas import DpsgdOptions, JobRequest
@@ -68,6 +70,8 @@ __all__ = [
     "candidate_mechanism",
     "hyperparameter_plan",
     "split_counts",
+    "with_total_epsilon",
+    "workflow_epsilon",
 ]
 
 
@@ -301,3 +305,55 @@ def architecture_key(
         if k[0] == candidate.batch_size:
             return k
     raise PlanError("candidate batch size not in the plan")
+
+
+def workflow_epsilon(plan: SelectionPlan, *, delta: float) -> float:
+    """ε (nats) of the whole workflow at ``delta``, from the plan's RDP curve on the
+    ledger's orders (Canonne, Kamath & Steinke 2020 conversion, as for every job)."""
+    return epsilon_from_rdp(rdp=plan.event.rdp(ORDERS), orders=ORDERS, delta=delta)
+
+
+def with_total_epsilon(
+    request: ArchitectureRequest | HyperparameterRequest,
+    *,
+    epsilon: float,
+    delta: float,
+    dataset: str,
+    n_rows: int,
+    n_features: int,
+) -> ArchitectureRequest | HyperparameterRequest:
+    """The request with the largest per-training ε (bisection in log ε, 40 steps) whose
+    whole workflow is within (``epsilon``, ``delta``); the score's ε is kept as given.
+    Raises PlanError if no calibratable per-training ε fits."""
+
+    def cost(t: float) -> float | None:
+        """Whole-workflow ε with per-training ε = t; None if t cannot be calibrated."""
+        budget = request.budget.model_copy(update={"training_epsilon": t})
+        candidate = request.model_copy(update={"budget": budget})
+        try:
+            plan = (
+                architecture_plan(candidate, dataset=dataset, n_rows=n_rows, n_features=n_features)
+                if isinstance(candidate, ArchitectureRequest)
+                else hyperparameter_plan(
+                    candidate, dataset=dataset, n_rows=n_rows, n_features=n_features
+                )
+            )
+        except PlanError:
+            return None
+        return workflow_epsilon(plan, delta=delta)
+
+    # Very small t cannot be calibrated (σ would exceed its cap): start at the smallest
+    # calibratable t on a doubling grid; the cost grows with t from there.
+    lo = 1e-3
+    while (low_cost := cost(lo)) is None and lo < 100.0:
+        lo *= 2.0
+    if low_cost is None or low_cost > epsilon:
+        raise PlanError(f"no per-training ε fits a whole-workflow ε of {epsilon:g}")
+    hi = 100.0
+    for _ in range(40):
+        mid = (lo * hi) ** 0.5
+        c = cost(mid)
+        lo, hi = (mid, hi) if c is not None and c <= epsilon else (lo, mid)
+    return request.model_copy(
+        update={"budget": request.budget.model_copy(update={"training_epsilon": lo})}
+    )

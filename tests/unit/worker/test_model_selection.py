@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from service.modelspec import MlpSpec, parameter_count
+from service.plans import PlanError
 from service.privacy.events import (
     ComposedEvent,
     PoissonSubsampledGaussianEvent,
@@ -28,6 +29,8 @@ from service.selection_plans import (
     architecture_plan,
     candidate_mechanism,
     hyperparameter_plan,
+    with_total_epsilon,
+    workflow_epsilon,
 )
 from worker.mechanisms.base import TabularTrainingSet
 from worker.mechanisms.model_selection import (
@@ -192,4 +195,22 @@ def test_random_search_with_random_stopping_hides_k() -> None:
     with pytest.raises(ValueError, match=r"random search \(rs\) only"):
         ArchitectureRequest.model_validate(
             {"budget": BUDGET.model_dump(), "runs": {"kind": "poisson", "mu": 2}}
+        )
+
+
+@pytest.mark.parametrize("request_", [ARCH, HYPER], ids=["architecture", "hyperparameters"])
+def test_total_epsilon_split_spends_the_whole_budget_and_no_more(request_: object) -> None:
+    assert isinstance(request_, ArchitectureRequest | HyperparameterRequest)
+    r = with_total_epsilon(
+        request_, epsilon=3.0, delta=1e-5, dataset="toy", n_rows=600, n_features=4
+    )
+    plan = (
+        architecture_plan(r, dataset="toy", n_rows=600, n_features=4)
+        if isinstance(r, ArchitectureRequest)
+        else hyperparameter_plan(r, dataset="toy", n_rows=600, n_features=4)
+    )
+    assert 0.99 * 3.0 <= workflow_epsilon(plan, delta=1e-5) <= 3.0
+    with pytest.raises(PlanError):
+        with_total_epsilon(
+            request_, epsilon=0.01, delta=1e-5, dataset="toy", n_rows=600, n_features=4
         )
