@@ -60,15 +60,19 @@ from service.search_space import (
 )
 
 __all__ = [
+    "REQUEST_MODELS",
     "ArchitectureRequest",
     "HyperparameterCandidate",
     "HyperparameterRequest",
     "SelectionBudget",
+    "SelectionKind",
     "SelectionPlan",
     "architecture_key",
     "architecture_plan",
     "candidate_mechanism",
     "hyperparameter_plan",
+    "plan_selection",
+    "plan_summary",
     "split_counts",
     "with_total_epsilon",
     "workflow_epsilon",
@@ -357,3 +361,48 @@ def with_total_epsilon(
     return request.model_copy(
         update={"budget": request.budget.model_copy(update={"training_epsilon": lo})}
     )
+
+
+# ------------------------------------------------------------------ kind adapter
+
+SelectionKind = Literal["architecture", "hyperparameters"]
+REQUEST_MODELS: dict[str, type[ArchitectureRequest] | type[HyperparameterRequest]] = {
+    "architecture": ArchitectureRequest,
+    "hyperparameters": HyperparameterRequest,
+}
+
+
+def plan_selection(
+    kind: SelectionKind,
+    request: ArchitectureRequest | HyperparameterRequest,
+    *,
+    dataset: str,
+    n_rows: int,
+    n_features: int,
+) -> SelectionPlan:
+    """The one plan of a selection job of ``kind`` (raises :class:`PlanError`)."""
+    if kind == "architecture" and isinstance(request, ArchitectureRequest):
+        return architecture_plan(request, dataset=dataset, n_rows=n_rows, n_features=n_features)
+    if kind == "hyperparameters" and isinstance(request, HyperparameterRequest):
+        return hyperparameter_plan(request, dataset=dataset, n_rows=n_rows, n_features=n_features)
+    raise PlanError(f"request does not match selection kind {kind!r}")
+
+
+def plan_summary(plan: SelectionPlan, *, delta: float) -> dict[str, Any]:
+    """What a quote, the ledger and the model card state about the whole workflow: the
+    event (what is charged), its RDP curve on the ledger's orders, (ε, δ) at ``delta``,
+    and the public schedule (trainings, or the law of K: never K itself)."""
+    curve = plan.event.rdp(ORDERS)
+    return {
+        "event": plan.event.to_json(),
+        "rdp_orders": list(ORDERS),
+        "rdp_curve": [float(v) for v in curve],
+        "epsilon": epsilon_from_rdp(rdp=curve, orders=ORDERS, delta=delta),
+        "delta": delta,
+        "guarantee": "proven",
+        "accountant": "rdp",
+        "trainings": plan.trainings,
+        "runs": None if plan.runs is None else plan.runs.to_json(),
+        "n_train_public": plan.n_train,
+        "n_val_public": plan.n_val,
+    }

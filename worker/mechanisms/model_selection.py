@@ -37,8 +37,10 @@ from worker.noise import secure_rng
 __all__ = [
     "SelectionOutput",
     "draw_runs",
+    "released_summary",
     "run_architecture_selection",
     "run_hyperparameter_selection",
+    "run_selection",
     "split_rows",
 ]
 
@@ -220,3 +222,32 @@ def run_hyperparameter_selection(
         noisy_accuracy=best[0],
         trainings=k,
     )
+
+
+def run_selection(
+    request: ArchitectureRequest | HyperparameterRequest,
+    plan: SelectionPlan,
+    *,
+    data: TabularTrainingSet,
+    device: torch.device,
+    progress: ProgressFn,
+) -> SelectionOutput:
+    """Worker entry point of both kinds (the request's type picks the kind)."""
+    if isinstance(request, ArchitectureRequest):
+        return run_architecture_selection(
+            request=request, plan=plan, data=data, device=device, progress=progress
+        )
+    return run_hyperparameter_selection(
+        request=request, plan=plan, data=data, device=device, progress=progress
+    )
+
+
+def released_summary(output: SelectionOutput) -> dict[str, object]:
+    """What the analyst receives besides the weights: the selected candidate, its model
+    spec and its noisy score (all charged). Never the number of trainings (K is secret
+    for random stopping)."""
+    return {
+        "selected": None if output.selected is None else output.selected.model_dump(),
+        "model": output.model,
+        "noisy_validation_accuracy": output.noisy_accuracy,
+    }

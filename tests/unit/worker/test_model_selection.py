@@ -29,14 +29,18 @@ from service.selection_plans import (
     architecture_plan,
     candidate_mechanism,
     hyperparameter_plan,
+    plan_selection,
+    plan_summary,
     with_total_epsilon,
     workflow_epsilon,
 )
 from worker.mechanisms.base import TabularTrainingSet
 from worker.mechanisms.model_selection import (
     draw_runs,
+    released_summary,
     run_architecture_selection,
     run_hyperparameter_selection,
+    run_selection,
 )
 
 BUDGET = SelectionBudget(training_epsilon=2.0, training_delta=1e-6, fitness_epsilon=0.5)
@@ -214,3 +218,18 @@ def test_total_epsilon_split_spends_the_whole_budget_and_no_more(request_: objec
         with_total_epsilon(
             request_, epsilon=0.01, delta=1e-5, dataset="toy", n_rows=600, n_features=4
         )
+
+
+def test_kind_adapter_summary_states_the_whole_workflow_and_never_k() -> None:
+    plan = plan_selection("hyperparameters", HYPER, dataset="toy", n_rows=600, n_features=4)
+    summary = plan_summary(plan, delta=1e-5)
+    assert summary["event"] == plan.event.to_json()
+    assert summary["epsilon"] == pytest.approx(workflow_epsilon(plan, delta=1e-5))
+    assert summary["trainings"] is None and summary["runs"]["kind"] == "truncated_negative_binomial"
+    with pytest.raises(PlanError):
+        plan_selection("architecture", HYPER, dataset="toy", n_rows=600, n_features=4)
+    out = run_selection(
+        HYPER, plan, data=_data(), device=torch.device("cpu"), progress=lambda a, b: None
+    )
+    released = released_summary(out)
+    assert set(released) == {"selected", "model", "noisy_validation_accuracy"}
