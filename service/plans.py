@@ -533,6 +533,8 @@ def build_plan(
             f"model {request.model.kind!r} does not fit a {dataset_kind} dataset "
             "(GRU-D is for time-series datasets, the others for tabular ones)"
         )
+    if request.method == "selection":
+        raise PlanError("selection jobs are submitted through POST /v1/selections")
     given = {
         name
         for name in ("dpsgd", "expm_nf", "expm")
@@ -608,5 +610,9 @@ def progress_total(plan: PrivacyPlan) -> int:
     steps the worker's mechanism counts. DP-SGD and the Langevin sampler count each
     released sample's steps (``steps × samples``); ``expm_nf`` trains one flow for all its
     samples (``steps``). Set on the job at admission, so it reads "0 of T" while queued."""
+    if plan.method == "selection":
+        # Trainings of a fixed-size search; 1 when their number is random (random
+        # stopping: K is never shown, so progress is 0 of 1 until the release).
+        return int(plan.mechanism.get("trainings") or 1)
     steps = int(plan.mechanism["steps"])
     return steps if plan.method == "expm_nf" else steps * plan.samples

@@ -1,0 +1,252 @@
+"""Selection jobs (POST /v1/selections) as jobs: the API body, its resolution into a stored
+job request, and the job's privacy plan.
+
+A selection is a :class:`~service.ledger.tables.Job` with method ``selection``: the same
+table, admission, queue, sweeper, progress, cancel and release as a training job. The
+body names the *whole workflow's* (ε, δ); the service resolves it, before any charge, into
+the kind's request of :mod:`service.selection_plans` with a per-candidate budget: the
+caller's ``training_epsilon`` if given, otherwise the largest one whose workflow fits ε
+(:func:`service.selection_plans.with_total_epsilon`). The resolved request is what the job
+stores (``JobRequest.selection``), so the worker re-derives exactly the charged plan
+without repeating the calibration.
+
+The plan's event (the kind's one composed or random-stopping event) is admitted as one
+charge; its stated ε is that event's RDP curve converted at δ on the ledger's orders, the
+same conversion the ledger's filter uses, so what is stated is what is charged.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from service.dataschema import parse_schema
+from service.modelspec import MlpSpec, ModelSpec
+from service.plans import PlanError
+from service.schemas import EPSILON_FLOOR, DpsgdOptions, JobRequest, PrivacyPlan
+from service.search_space import ArchitectureSearch, ArchitectureSpace
+from service.selection_plans import (
+    REQUEST_MODELS,
+    ArchitectureRequest,
+    HyperparameterRequest,
+    PoissonRunsSpec,
+    SelectionBudget,
+    SelectionKind,
+    SelectionPlan,
+    TnbRunsSpec,
+    plan_selection,
+    plan_summary,
+    with_total_epsilon,
+)
+
+__all__ = [
+    "ArchitectureSelection",
+    "HyperparameterSelection",
+    "ResolvedSelection",
+    "SelectionRequest",
+    "job_request",
+    "n_features_of",
+    "plan_selection_job",
+    "privacy_plan",
+    "resolved_selection",
+]
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    dataset: str = Field(min_length=1, max_length=64)
+    epsilon: float = Field(
+        ge=EPSILON_FLOOR, le=100, description="ε (nats) of the whole workflow, at most."
+    )
+    delta: float = Field(
+        ge=1e-20, lt=1, description="δ of the whole workflow (the trainings are DP-SGD: > 0)."
+    )
+    training_epsilon: float | None = Field(
+        default=None,
+        gt=0,
+        le=100,
+        description=(
+            "ε of each DP-SGD training. Default: the largest whose whole workflow fits "
+            "epsilon. Given: the workflow's ε must still fit epsilon."
+        ),
+    )
+    fitness_epsilon: float = Field(
+        default=0.1, gt=0, le=100, description="ε of each noisy validation score."
+    )
+    validation_fraction: float = Field(
+        default=0.2, gt=0, lt=1, description="Public probability that a row is for validation."
+    )
+
+
+class ArchitectureSelection(_Body):
+    """Architecture search (RS, MGRS, PAAS; RS with random stopping when ``runs`` is set)."""
+
+    kind: Literal["architecture"]
+    space: ArchitectureSpace = Field(default_factory=ArchitectureSpace)
+    search: ArchitectureSearch = Field(default_factory=ArchitectureSearch)
+    training: DpsgdOptions = Field(default_factory=DpsgdOptions)
+    runs: TnbRunsSpec | PoissonRunsSpec | None = Field(default=None, discriminator="kind")
+
+
+class HyperparameterSelection(_Body):
+    """Hyperparameter tuning by Papernot & Steinke (2022) random stopping over a grid."""
+
+    kind: Literal["hyperparameters"]
+    model: ModelSpec = Field(default_factory=lambda: MlpSpec())
+    learning_rates: list[float] = Field(default=[0.5, 1.0, 2.0], min_length=1, max_length=16)
+    batch_sizes: list[int] = Field(default=[128], min_length=1, max_length=8)
+    epochs: list[int] = Field(default=[3], min_length=1, max_length=8)
+    max_grad_norms: list[float] = Field(default=[1.0], min_length=1, max_length=8)
+    noise_decays: list[float | None] = Field(default=[None], min_length=1, max_length=4)
+    runs: TnbRunsSpec | PoissonRunsSpec = Field(default_factory=TnbRunsSpec, discriminator="kind")
+
+
+# One branch per kind: a new kind (``features``) is one more member here and in
+# service.selection_plans.REQUEST_MODELS.
+SelectionRequest = Annotated[
+    ArchitectureSelection | HyperparameterSelection, Field(discriminator="kind")
+]
+_BODY_FIELDS = set(_Body.model_fields) | {"kind"}
+
+
+@dataclass(frozen=True)
+class ResolvedSelection:
+    """A selection job's kind, its kind request (budget resolved) and its plan."""
+
+    kind: SelectionKind
+    request: ArchitectureRequest | HyperparameterRequest
+    plan: SelectionPlan
+
+
+def _kind_request(
+    body: ArchitectureSelection | HyperparameterSelection, training_epsilon: float
+) -> ArchitectureRequest | HyperparameterRequest:
+    budget = SelectionBudget(
+        training_epsilon=training_epsilon,
+        training_delta=body.delta,
+        fitness_epsilon=body.fitness_epsilon,
+        validation_fraction=body.validation_fraction,
+    )
+    fields = body.model_dump(exclude=_BODY_FIELDS)
+    try:
+        return REQUEST_MODELS[body.kind].model_validate({**fields, "budget": budget})
+    except ValidationError as exc:
+        raise PlanError(str(exc)) from exc
+
+
+def job_request(
+    body: ArchitectureSelection | HyperparameterSelection, *, n_rows: int, n_features: int
+) -> JobRequest:
+    """The job request stored for ``body``: its per-candidate budget resolved (calibrated
+    from the workflow's ε unless given). Raises :class:`PlanError` (→ 422)."""
+    request = _kind_request(body, body.training_epsilon or body.epsilon)
+    if body.training_epsilon is None:
+        request = with_total_epsilon(
+            request,
+            epsilon=body.epsilon,
+            delta=body.delta,
+            dataset=body.dataset,
+            n_rows=n_rows,
+            n_features=n_features,
+        )
+    model = (
+        request.model
+        if isinstance(request, HyperparameterRequest)
+        else MlpSpec(hidden=[max(request.space.widths)] * max(request.space.depths))
+    )
+    return JobRequest(
+        dataset=body.dataset,
+        method="selection",
+        model=model,
+        epsilon=body.epsilon,
+        delta=body.delta,
+        selection={"kind": body.kind, "request": request.model_dump(mode="json")},
+    )
+
+
+def resolved_selection(request: JobRequest, *, n_rows: int, n_features: int) -> ResolvedSelection:
+    """The kind request and plan of a stored selection job (API and worker alike)."""
+    if request.method != "selection" or request.selection is None:
+        raise PlanError("not a selection job")
+    kind = request.selection.get("kind")
+    if kind not in REQUEST_MODELS:
+        raise PlanError(f"unknown selection kind {kind!r}")
+    try:
+        kind_request = REQUEST_MODELS[kind].model_validate(request.selection.get("request"))
+    except ValidationError as exc:
+        raise PlanError(str(exc)) from exc
+    plan = plan_selection(
+        kind, kind_request, dataset=request.dataset, n_rows=n_rows, n_features=n_features
+    )
+    return ResolvedSelection(kind=kind, request=kind_request, plan=plan)
+
+
+def privacy_plan(request: JobRequest, resolved: ResolvedSelection, *, n_rows: int) -> PrivacyPlan:
+    """The job's plan: one event for the whole workflow, its stated (ε, δ) (the charged
+    curve converted at δ; refused if above the request's ε), and the public schedule."""
+    summary = plan_summary(resolved.plan, delta=request.delta)
+    if summary["epsilon"] > request.epsilon * (1 + 1e-9):
+        raise PlanError(
+            f"this workflow costs ε = {summary['epsilon']:.4g} at δ = {request.delta:g}, more "
+            f"than the {request.epsilon:g} requested: lower training_epsilon, fitness_epsilon "
+            "or the number of trainings"
+        )
+    budget = resolved.request.budget
+    mechanism: dict[str, Any] = {
+        "kind": resolved.kind,
+        "trainings": resolved.plan.trainings,
+        "runs": summary["runs"],
+        "n_train_public": resolved.plan.n_train,
+        "n_val_public": resolved.plan.n_val,
+        "validation_fraction": budget.validation_fraction,
+        "stages": {
+            "training": {
+                "epsilon": budget.training_epsilon,
+                "delta": budget.training_delta,
+                "mechanism": "dpsgd",
+            },
+            "fitness": {
+                "epsilon": budget.fitness_epsilon,
+                "delta": 0.0,
+                "mechanism": "noisy count",
+            },
+        },
+        "candidates": [
+            {"batch_size": b, "epochs": e, "noise_decay": d, **m}
+            for (b, e, d), m in sorted(resolved.plan.mechanisms.items(), key=repr)
+        ],
+    }
+    return PrivacyPlan(
+        method="selection",
+        dataset=request.dataset,
+        n_rows=n_rows,
+        model=request.model.model_dump(),
+        epsilon=float(summary["epsilon"]),
+        delta=request.delta,
+        guarantee="proven",
+        accountant="rdp",
+        samples=1,
+        event=summary["event"],
+        rdp_orders=summary["rdp_orders"],
+        rdp_curve=summary["rdp_curve"],
+        mechanism=mechanism,
+    )
+
+
+def n_features_of(public_schema: dict[str, Any]) -> int:
+    """The encoded width of a tabular dataset (selection jobs train MLPs on tabular rows)."""
+    if str(public_schema.get("kind", "tabular")) != "tabular":
+        raise PlanError("selection jobs run on tabular datasets")
+    return parse_schema(public_schema).n_features
+
+
+def plan_selection_job(
+    request: JobRequest, *, n_rows: int, public_schema: dict[str, Any]
+) -> tuple[ResolvedSelection, PrivacyPlan]:
+    """The stored selection job's kind request, selection plan and privacy plan (the API
+    before admission, the worker before it reads data; the worker refuses a mismatch)."""
+    resolved = resolved_selection(request, n_rows=n_rows, n_features=n_features_of(public_schema))
+    return resolved, privacy_plan(request, resolved, n_rows=n_rows)
