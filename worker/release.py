@@ -30,11 +30,16 @@ def model_card(
     count_epsilon: float | None,
     weights_sha256: str,
     samples: int,
+    selection: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The card states the guarantee, the neighbouring relation it is for, and the public
     values the mechanism was allowed to depend on. Nothing in it counts other people's
-    activity (no global ledger ids or sequence numbers): only this job's own values."""
-    return {
+    activity (no global ledger ids or sequence numbers): only this job's own values.
+
+    ``selection`` (selection jobs): the released choice (worker/mechanisms/model_selection
+    ``released_summary``); the card's model is then the selected one, and its privacy
+    section is the whole workflow's (every training and noisy score, one event)."""
+    card: dict[str, Any] = {
         "card_version": 1,
         "job_id": job_id,
         "run_token": run_token,
@@ -66,6 +71,18 @@ def model_card(
         },
         "weights_sha256": weights_sha256,
     }
+    if selection is not None:
+        if selection.get("model") is not None:
+            card["model"] = selection["model"]
+        card["selection"] = selection
+        privacy: dict[str, Any] = card["privacy"]
+        privacy["statement"] = (
+            f"{STATEMENTS[plan.guarantee]} The (ε, δ) is for the whole selection workflow: "
+            "every candidate's DP-SGD training and noisy validation score, composed (or, for "
+            "a random number of runs, bounded by Papernot & Steinke 2022), charged "
+            "as one event; choosing the best noisy score is post-processing."
+        )
+    return card
 
 
 _PREPROCESSING = {
