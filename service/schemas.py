@@ -10,7 +10,8 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validat
 from service.ledger.tables import EntryKind, JobStatus, Role
 from service.modelspec import LogisticSpec, ModelSpec
 
-Method = Literal["dpsgd", "expm_nf", "expm", "selection"]
+TrainingMethod = Literal["dpsgd", "expm_nf", "expm"]
+Method = Literal[TrainingMethod, "selection"]
 """``selection``: a selection job (POST /v1/selections), never submitted to POST /v1/jobs."""
 Guarantee = Literal["proven", "asymptotic", "nominal"]
 """How far a release's (ε, δ) is proven, strongest first: **proven** (a proof covers the run

@@ -112,6 +112,10 @@ SelectionRequest = Annotated[
 _BODY_FIELDS = set(_Body.model_fields) | {"kind"}
 
 
+def _messages(exc: ValidationError) -> str:
+    return "; ".join(str(e["msg"]) for e in exc.errors())
+
+
 @dataclass(frozen=True)
 class ResolvedSelection:
     """A selection job's kind, its kind request (budget resolved) and its plan."""
@@ -134,7 +138,7 @@ def _kind_request(
     try:
         return REQUEST_MODELS[body.kind].model_validate({**fields, "budget": budget})
     except ValidationError as exc:
-        raise PlanError(str(exc)) from exc
+        raise PlanError(_messages(exc)) from exc
 
 
 def job_request(
@@ -177,7 +181,7 @@ def resolved_selection(request: JobRequest, *, n_rows: int, n_features: int) -> 
     try:
         kind_request = REQUEST_MODELS[kind].model_validate(request.selection.get("request"))
     except ValidationError as exc:
-        raise PlanError(str(exc)) from exc
+        raise PlanError(_messages(exc)) from exc
     plan = plan_selection(
         kind, kind_request, dataset=request.dataset, n_rows=n_rows, n_features=n_features
     )
