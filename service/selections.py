@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, RootModel, ValidationError
 
 from service.dataschema import parse_schema
 from service.modelspec import MlpSpec, ModelSpec
@@ -106,9 +106,41 @@ class HyperparameterSelection(_Body):
 
 # One branch per kind: a new kind (``features``) is one more member here and in
 # service.selection_plans.REQUEST_MODELS.
-SelectionRequest = Annotated[
-    ArchitectureSelection | HyperparameterSelection, Field(discriminator="kind")
-]
+class SelectionRequest(
+    RootModel[
+        Annotated[ArchitectureSelection | HyperparameterSelection, Field(discriminator="kind")]
+    ]
+):
+    """The body of POST /v1/selections and its quote, discriminated on ``kind``. ε in
+    nats and δ a probability, both for the whole workflow."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "dataset": "adult",
+                    "kind": "architecture",
+                    "epsilon": 2.0,
+                    "delta": 1e-6,
+                    "space": {"depths": [1, 2], "widths": [8, 32]},
+                    "search": {"algorithm": "rs", "trainings": 4},
+                    "training": {"epochs": 2, "batch_size": 256},
+                },
+                {
+                    "dataset": "adult",
+                    "kind": "hyperparameters",
+                    "epsilon": 2.0,
+                    "delta": 1e-6,
+                    "learning_rates": [0.5, 1.0, 2.0],
+                    "epochs": [2],
+                    "batch_sizes": [256],
+                    "runs": {"kind": "truncated_negative_binomial", "eta": 1.0, "gamma": 0.2},
+                },
+            ]
+        }
+    )
+
+
 _BODY_FIELDS = set(_Body.model_fields) | {"kind"}
 
 

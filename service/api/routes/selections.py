@@ -6,7 +6,7 @@ and downloaded through the /v1/jobs routes.
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Body, Response
+from fastapi import APIRouter, Response
 
 from service.api.deps import CallerDep, EngineDep, PlanningDep, SettingsDep
 from service.api.errors import ProblemError
@@ -20,39 +20,11 @@ from service.selections import SelectionRequest, job_request, n_features_of, pla
 
 router = APIRouter(prefix="/v1", tags=["analyst"], responses=AUTHENTICATED)
 
-_EXAMPLES = {
-    "architecture": {
-        "summary": "Random search over small MLPs",
-        "value": {
-            "dataset": "adult",
-            "kind": "architecture",
-            "epsilon": 2.0,
-            "delta": 1e-6,
-            "space": {"depths": [1, 2], "widths": [8, 32]},
-            "search": {"algorithm": "rs", "trainings": 4},
-            "training": {"epochs": 2, "batch_size": 256},
-        },
-    },
-    "hyperparameters": {
-        "summary": "Papernot–Steinke random stopping over a learning-rate grid",
-        "value": {
-            "dataset": "adult",
-            "kind": "hyperparameters",
-            "epsilon": 2.0,
-            "delta": 1e-6,
-            "learning_rates": [0.5, 1.0, 2.0],
-            "epochs": [2],
-            "batch_sizes": [256],
-            "runs": {"kind": "truncated_negative_binomial", "eta": 1.0, "gamma": 0.2},
-        },
-    },
-}
-SelectionBody = Body(openapi_examples=_EXAMPLES)  # type: ignore[arg-type]
 
-
-def _planned(engine: EngineDep, body: SelectionRequest) -> tuple[JobRequest, Planned]:
+def _planned(engine: EngineDep, request_body: SelectionRequest) -> tuple[JobRequest, Planned]:
     """The stored job request (per-candidate budget resolved) and its plan, before any
     transaction that locks the budget. Bad input → 422, nothing charged."""
+    body = request_body.root
     with transaction(engine) as s:
         ds = dataset_or_404(s, body.dataset)
         n_rows, public_schema, dataset_id = ds.n_rows, ds.public_schema, ds.id
@@ -74,7 +46,7 @@ def quote_selection(
     caller: CallerDep,
     engine: EngineDep,
     _slot: PlanningDep,
-    body: SelectionRequest = SelectionBody,
+    body: SelectionRequest,
 ) -> QuoteResponse:
     """The whole workflow's cost, charging nothing: the stated (ε, δ) (``plan.epsilon``,
     ``plan.delta``), what the ledger charges (``charged_epsilon``, the plan's RDP curve),
@@ -82,7 +54,7 @@ def quote_selection(
     score's ε), and the number of trainings (``plan.mechanism.trainings``) or, for random
     stopping, the law of their number (``plan.mechanism.runs``)."""
     _, planned = _planned(engine, body)
-    return quote_for(engine, caller, body.dataset, planned.plan)
+    return quote_for(engine, caller, body.root.dataset, planned.plan)
 
 
 @router.post(
@@ -103,7 +75,7 @@ def create_selection(
     settings: SettingsDep,
     response: Response,
     _slot: PlanningDep,
-    body: SelectionRequest = SelectionBody,
+    body: SelectionRequest,
     idempotency_key: IdempotencyKey = None,
 ) -> JobPublic:
     """Submit a selection (architecture search or hyperparameter tuning). The whole
