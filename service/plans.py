@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from service.dataschema import CategoricalColumn, TabularSchema, parse_schema
-from service.modelspec import parameter_count
+from service.modelspec import ModelSpec, parameter_count
 from service.privacy.calibrate import Accountant, calibrate_noise_multiplier
 from service.privacy.events import (
     ComposedEvent,
@@ -507,6 +507,16 @@ def _expm_mcmc_plan(
     )
 
 
+def _model_json(model: ModelSpec) -> dict[str, Any]:
+    """The plan's model field. The default tanh activation is left out so that an MLP plan
+    stays identical, key for key, to the plans stored before activations existed (the
+    worker compares stored and re-derived plans)."""
+    out = model.model_dump()
+    if out.get("activation") == "tanh":
+        del out["activation"]
+    return out
+
+
 def build_plan(
     request: JobRequest,
     *,
@@ -569,7 +579,7 @@ def build_plan(
         method=request.method,
         dataset=request.dataset,
         n_rows=n_rows,
-        model=request.model.model_dump(),
+        model=_model_json(request.model),
         # k releases: basic composition of k (ε, δ) guarantees (Dwork & Roth 2014, Thm 3.16).
         epsilon=k * request.epsilon,
         delta=k * request.delta,

@@ -14,6 +14,8 @@ score is charged in full.
 
 * ``architecture`` with ``runs`` (RS only): random stopping as for hyperparameters
   below, each run a uniformly drawn architecture.
+* ``architecture`` with ``scoring = report_noisy_max`` (RS only): N trainings composed
+  with one Report-Noisy-Max selection (ε_fit once); no score is released.
 * ``architecture`` (RS, MGRS, PAAS): N = planned_trainings trainings and N scores,
   composed: N × (AnyOf(training events) + count_event(ε_fit)). The searches choose
   candidates adaptively from earlier noisy scores; composition of RDP holds under
@@ -117,10 +119,22 @@ class ArchitectureRequest(_In):
         ),
     )
 
+    scoring: Literal["noisy_scores", "report_noisy_max"] = Field(
+        default="noisy_scores",
+        description=(
+            "rs without runs only: report_noisy_max releases the winner and its weights but "
+            "no score, and charges one ε_fit for all N scores instead of N"
+        ),
+    )
+
     @model_validator(mode="after")
     def _runs_only_for_rs(self) -> ArchitectureRequest:
         if self.runs is not None and self.search.algorithm != "rs":
             raise ValueError("runs (random stopping) applies to random search (rs) only")
+        if self.scoring == "report_noisy_max" and (
+            self.search.algorithm != "rs" or self.runs is not None
+        ):
+            raise ValueError("report_noisy_max applies to random search (rs) without runs")
         return self
 
 
@@ -238,7 +252,16 @@ def architecture_plan(
             runs=runs,
         )
     n = planned_trainings(request.search)
-    event = per if n == 1 else SelfComposedEvent(event=per, count=n)
+    event: DpEvent = per if n == 1 else SelfComposedEvent(event=per, count=n)
+    if request.scoring == "report_noisy_max":
+        # RS's N candidates are drawn without looking at the data, so their N validation
+        # counts can be scored by Report Noisy Max: counts of one validation set move in
+        # the same direction under add/remove-one, so argmax_i (c_i + Lap(1/ε)) is ε-DP
+        # (Dwork & Roth 2014, Claim 3.9; with two-sided geometric noise the same proof
+        # holds since P[Z ≥ k + 1] ≥ e^{−ε} P[Z ≥ k]). Composed after the N trainings.
+        fit = count_event(epsilon=request.budget.fitness_epsilon)
+        trainings = train if n == 1 else SelfComposedEvent(event=train, count=n)
+        event = ComposedEvent(events=(trainings, fit))
     return SelectionPlan(
         event=event, trainings=n, n_train=n_train, n_val=n_val, mechanisms=mechanisms
     )

@@ -32,7 +32,7 @@ from worker.mechanisms.base import ProgressFn, TabularTrainingSet
 from worker.mechanisms.dpsgd import run_dpsgd
 from worker.mechanisms.search import noisy_accuracy, run_search, sample_candidate
 from worker.models import build_module
-from worker.noise import secure_rng
+from worker.noise import discrete_laplace, secure_rng
 
 __all__ = [
     "SelectionOutput",
@@ -77,17 +77,16 @@ def draw_runs(plan: SelectionPlan, rng: np.random.Generator) -> int:
         k += 1
 
 
-def _train_and_score(
+def _train_and_count(
     *,
     spec: ModelSpec,
     mechanism: dict[str, object],
     train: TabularTrainingSet,
     val: TabularTrainingSet,
-    n_val_public: int,
-    fitness_epsilon: float,
     device: torch.device,
-    rng: np.random.Generator,
-) -> tuple[dict[str, torch.Tensor], float]:
+) -> tuple[dict[str, torch.Tensor], int]:
+    """DP-SGD on the training part; the exact number of correct validation predictions
+    (private: it only leaves noised, see the callers)."""
     out = run_dpsgd(
         spec=spec,
         mechanism=dict(mechanism),
@@ -101,7 +100,23 @@ def _train_and_score(
     module.load_state_dict(weights)
     with torch.no_grad():
         pred = module.to(device)(val.x) > 0.0
-    correct = int((pred == (val.y > 0.5)).sum().item())
+    return weights, int((pred == (val.y > 0.5)).sum().item())
+
+
+def _train_and_score(
+    *,
+    spec: ModelSpec,
+    mechanism: dict[str, object],
+    train: TabularTrainingSet,
+    val: TabularTrainingSet,
+    n_val_public: int,
+    fitness_epsilon: float,
+    device: torch.device,
+    rng: np.random.Generator,
+) -> tuple[dict[str, torch.Tensor], float]:
+    weights, correct = _train_and_count(
+        spec=spec, mechanism=mechanism, train=train, val=val, device=device
+    )
     score = noisy_accuracy(
         correct=correct, n_val_public=n_val_public, epsilon=fitness_epsilon, rng=rng
     )
@@ -157,6 +172,31 @@ def run_architecture_selection(
             return SelectionOutput(None, None, None, None, trainings=0)
         best, best_fitness = max(scored, key=lambda h: h[1])
         evaluations = k
+    elif request.scoring == "report_noisy_max":
+        # Report Noisy Max (plan: service/selection_plans.py): the winner only, no score.
+        counts = {}
+        for _ in range(request.search.trainings):
+            c = sample_candidate(request.space, rng)
+            spec = MlpSpec(hidden=list(c.hidden), activation=c.activation)
+            mech = candidate_mechanism(
+                plan,
+                key=architecture_key(plan, c),
+                parameters=parameter_count(spec, train.n_features),
+                learning_rate=c.learning_rate or request.training.learning_rate,
+            )
+            weights, correct = _train_and_count(
+                spec=spec, mechanism=mech, train=train, val=val, device=device
+            )
+            models[c] = weights
+            counts[c] = correct
+            done += 1
+            progress(done, total)
+        noisy = {
+            c: n + int(discrete_laplace(rng, scale=1.0 / request.budget.fitness_epsilon, size=1)[0])
+            for c, n in counts.items()
+        }
+        best = max(noisy, key=noisy.__getitem__)
+        best_fitness, evaluations = None, request.search.trainings
     else:
         result = run_search(space=request.space, search=request.search, fitness=fitness, rng=rng)
         best, best_fitness, evaluations = result.best, result.best_fitness, result.evaluations

@@ -233,3 +233,64 @@ def test_kind_adapter_summary_states_the_whole_workflow_and_never_k() -> None:
     )
     released = released_summary(out)
     assert set(released) == {"selected", "model", "noisy_validation_accuracy"}
+
+
+def test_report_noisy_max_charges_one_score_and_releases_no_score() -> None:
+    rnm = ARCH.model_copy(
+        update={
+            "search": ArchitectureSearch(algorithm="rs", trainings=3),
+            "scoring": "report_noisy_max",
+        }
+    )
+    noisy = rnm.model_copy(update={"scoring": "noisy_scores"})
+    p_rnm = architecture_plan(rnm, dataset="toy", n_rows=600, n_features=4)
+    p_all = architecture_plan(noisy, dataset="toy", n_rows=600, n_features=4)
+    fit = count_event(epsilon=0.5).rdp(ORDERS)
+    np.testing.assert_allclose(
+        p_all.event.rdp(ORDERS) - p_rnm.event.rdp(ORDERS), 2 * fit, rtol=1e-9
+    )
+    out = run_architecture_selection(
+        request=rnm,
+        plan=p_rnm,
+        data=_data(),
+        device=torch.device("cpu"),
+        progress=lambda a, b: None,
+    )
+    assert out.noisy_accuracy is None and out.selected is not None and out.trainings == 3
+    with pytest.raises(ValueError, match="report_noisy_max"):
+        ARCH.model_validate({**ARCH.model_dump(), "scoring": "report_noisy_max"})
+
+
+@pytest.mark.parametrize("eps", [0.3, 1.0])
+def test_report_noisy_max_with_geometric_noise_is_epsilon_dp_exactly(eps: float) -> None:
+    # Exact winner probabilities of argmax(c + Z), Z two-sided geometric with scale 1/ε,
+    # ties to the lower index (as the worker's max over an insertion-ordered dict), for
+    # neighbouring count vectors (add one validation row: each count +0 or +1).
+    k = np.arange(-400, 401)
+    pmf = np.exp(-eps * np.abs(k))
+    pmf /= pmf.sum()
+
+    def winner_probs(c: tuple[int, int, int]) -> np.ndarray:
+        # P[i wins] = Σ_z P[Z_i = z] Π_{j<i} P[c_j + Z_j < c_i + z] Π_{j>i} P[c_j + Z_j ≤ c_i + z]
+        cdf = np.cumsum(pmf)  # P[Z ≤ k]
+
+        def below(v: np.ndarray, strict: bool) -> np.ndarray:
+            idx = v - (1 if strict else 0) + 400
+            return np.where(idx < 0, 0.0, cdf[np.clip(idx, 0, len(k) - 1)])
+
+        out = []
+        for i in range(3):
+            v = c[i] + k
+            p = pmf.copy()
+            for j in range(3):
+                if j != i:
+                    p = p * below(v - c[j], strict=j < i)
+            out.append(p.sum())
+        return np.array(out)
+
+    for base in [(5, 5, 5), (0, 3, 1), (10, 2, 9)]:
+        for delta in [(1, 0, 0), (0, 1, 1), (1, 1, 1), (0, 0, 1)]:
+            a = winner_probs(base)
+            b = winner_probs(tuple(x + d for x, d in zip(base, delta, strict=True)))  # type: ignore[arg-type]
+            assert a.sum() == pytest.approx(1.0) and b.sum() == pytest.approx(1.0)
+            assert np.all(np.abs(np.log(a / b)) <= eps + 1e-9)
