@@ -88,7 +88,16 @@ class ArchitectureSelection(_Body):
     space: ArchitectureSpace = Field(default_factory=ArchitectureSpace)
     search: ArchitectureSearch = Field(default_factory=ArchitectureSearch)
     training: DpsgdOptions = Field(default_factory=DpsgdOptions)
-    runs: TnbRunsSpec | PoissonRunsSpec | None = Field(default=None, discriminator="kind")
+    runs: TnbRunsSpec | PoissonRunsSpec | None = Field(
+        default=None,
+        discriminator="kind",
+        description="rs only: a random number of candidates (Papernot & Steinke 2022)",
+    )
+    scoring: Literal["noisy_scores", "report_noisy_max"] = Field(
+        default="noisy_scores",
+        description="rs without runs: report_noisy_max charges one score ε for all N, "
+        "releases no score",
+    )
 
 
 class HyperparameterSelection(_Body):

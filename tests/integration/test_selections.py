@@ -242,3 +242,14 @@ def test_hyperparameter_selection_end_to_end_hides_k(client: Any, keys: Any, set
     assert card["model"] == {**card["model"], "hidden": [4]}
     assert "trainings" not in card["selection"] and card["samples"] == 1
     assert load_release(weights, card).card["weights_sha256"] == card["weights_sha256"]
+
+
+def test_report_noisy_max_charges_one_score_not_n(client: Any, keys: Any) -> None:
+    body = {**ARCH, "training_epsilon": 1.0, "search": {"algorithm": "rs", "trainings": 4}}
+
+    def charged(extra: dict[str, Any]) -> float:
+        q = client.post("/v1/selections/quote", json={**body, **extra}, headers=auth(keys.alice))
+        assert q.status_code == 200, q.text
+        return float(q.json()["charged_epsilon"])
+
+    assert charged({"scoring": "report_noisy_max"}) < charged({})
