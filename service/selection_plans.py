@@ -60,13 +60,13 @@ from service.privacy.rdp import epsilon_from_rdp
 from service.privacy.sampling import count_event
 from service.privacy.tuning import PoissonRuns, RunsDistribution, TruncatedNegativeBinomialRuns
 from service.schemas import DpsgdOptions, JobRequest
-from service.selection_budget import SelectionBudget
 from service.search_space import (
     ArchitectureCandidate,
     ArchitectureSearch,
     ArchitectureSpace,
     planned_trainings,
 )
+from service.selection_budget import SelectionBudget
 
 __all__ = [
     "REQUEST_MODELS",
