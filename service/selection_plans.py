@@ -39,6 +39,14 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from service.dataschema import TabularSchema, parse_schema
+from service.feature_selection import (
+    FeatureLayout,
+    FeatureRequest,
+    column_layout,
+    feature_plan_parts,
+    pafs_event,
+)
 from service.modelspec import MlpSpec, ModelSpec
 from service.plans import PlanError, build_plan, resolve_dpsgd_options
 from service.privacy.events import (
@@ -60,6 +68,7 @@ from service.search_space import (
     ArchitectureSpace,
     planned_trainings,
 )
+from service.selection_budget import SelectionBudget
 
 __all__ = [
     "REQUEST_MODELS",
@@ -69,9 +78,11 @@ __all__ = [
     "SelectionBudget",
     "SelectionKind",
     "SelectionPlan",
+    "SelectionRequest",
     "architecture_key",
     "architecture_plan",
     "candidate_mechanism",
+    "feature_plan",
     "hyperparameter_plan",
     "plan_selection",
     "plan_summary",
@@ -83,15 +94,6 @@ __all__ = [
 
 class _In(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class SelectionBudget(_In):
-    """Per-candidate privacy: each training is (ε, δ)-DP-SGD, each score ε_fit-DP."""
-
-    training_epsilon: float = Field(gt=0, le=100)
-    training_delta: float = Field(gt=0, lt=1)
-    fitness_epsilon: float = Field(default=0.1, gt=0, le=100)
-    validation_fraction: float = Field(default=0.2, gt=0, lt=1)
 
 
 class TnbRunsSpec(_In):
@@ -172,6 +174,7 @@ class SelectionPlan:
     # privacy key (batch, epochs, noise decay) → DP-SGD mechanism of the largest model
     mechanisms: dict[tuple[int, int, float | None], dict[str, Any]]
     runs: RunsDistribution | None = None
+    features: FeatureLayout | None = None  # the ``features`` kind (service.feature_selection)
 
 
 def split_counts(n_public: int, validation_fraction: float) -> tuple[int, int]:
@@ -334,6 +337,61 @@ def architecture_key(
     raise PlanError("candidate batch size not in the plan")
 
 
+def feature_plan(
+    request: FeatureRequest,
+    *,
+    dataset: str,
+    schema: TabularSchema,
+    n_rows: int,
+    n_features: int,
+) -> SelectionPlan:
+    """The ``features`` kind: DP-CFS (one Gaussian charge on all histograms, no
+    trainings, all rows) or PAFS (population × generations trainings and noisy scores,
+    composed as for the architecture kind). See :mod:`service.feature_selection`."""
+    if schema.n_features != n_features:
+        raise PlanError("the schema does not match the dataset's feature count")
+    if request.method != "pafs":
+        event, layout = feature_plan_parts(request, schema=schema)
+        return SelectionPlan(
+            event=event, trainings=0, n_train=n_rows, n_val=0, mechanisms={}, features=layout
+        )
+    assert request.budget is not None
+    columns = column_layout(schema, numeric_bins=request.numeric_bins)
+    n_train, n_val = split_counts(n_rows, request.budget.validation_fraction)
+    options = resolve_dpsgd_options(request.training, n_rows=n_train)
+    assert options.batch_size is not None and options.epochs is not None
+    key = (options.batch_size, options.epochs, options.noise_decay)
+    train, mechanisms = _training_events(
+        dataset=dataset,
+        model=request.model,  # on all features: the largest candidate
+        keys={key},
+        options=options,
+        budget=request.budget,
+        n_train=n_train,
+        n_features=n_features,
+    )
+    n = request.ga.population * request.ga.generations
+    layout = FeatureLayout(
+        columns=columns,
+        target_bins=2,
+        histograms=0,
+        cells=0,
+        noise_multiplier=None,
+        cell_scale=None,
+        pafs_key=key,
+    )
+    return SelectionPlan(
+        event=pafs_event(
+            training=train, fitness_epsilon=request.budget.fitness_epsilon, trainings=n
+        ),
+        trainings=n,
+        n_train=n_train,
+        n_val=n_val,
+        mechanisms=mechanisms,
+        features=layout,
+    )
+
+
 def workflow_epsilon(plan: SelectionPlan, *, delta: float) -> float:
     """ε (nats) of the whole workflow at ``delta``, from the plan's RDP curve on the
     ledger's orders (Canonne, Kamath & Steinke 2020 conversion, as for every job)."""
@@ -388,26 +446,42 @@ def with_total_epsilon(
 
 # ------------------------------------------------------------------ kind adapter
 
-SelectionKind = Literal["architecture", "hyperparameters"]
-REQUEST_MODELS: dict[str, type[ArchitectureRequest] | type[HyperparameterRequest]] = {
+SelectionKind = Literal["architecture", "hyperparameters", "features"]
+SelectionRequest = ArchitectureRequest | HyperparameterRequest | FeatureRequest
+REQUEST_MODELS: dict[
+    str, type[ArchitectureRequest] | type[HyperparameterRequest] | type[FeatureRequest]
+] = {
     "architecture": ArchitectureRequest,
     "hyperparameters": HyperparameterRequest,
+    "features": FeatureRequest,
 }
 
 
 def plan_selection(
     kind: SelectionKind,
-    request: ArchitectureRequest | HyperparameterRequest,
+    request: SelectionRequest,
     *,
     dataset: str,
     n_rows: int,
     n_features: int,
+    schema: TabularSchema | dict[str, Any] | None = None,
 ) -> SelectionPlan:
-    """The one plan of a selection job of ``kind`` (raises :class:`PlanError`)."""
+    """The one plan of a selection job of ``kind`` (raises :class:`PlanError`).
+    ``schema`` (the dataset's public schema) is needed by the ``features`` kind only."""
     if kind == "architecture" and isinstance(request, ArchitectureRequest):
         return architecture_plan(request, dataset=dataset, n_rows=n_rows, n_features=n_features)
     if kind == "hyperparameters" and isinstance(request, HyperparameterRequest):
         return hyperparameter_plan(request, dataset=dataset, n_rows=n_rows, n_features=n_features)
+    if kind == "features" and isinstance(request, FeatureRequest):
+        if isinstance(schema, dict):
+            if schema.get("kind", "tabular") != "tabular":
+                raise PlanError("feature selection needs a tabular dataset")
+            schema = parse_schema(schema)
+        if not isinstance(schema, TabularSchema):
+            raise PlanError("feature selection needs the dataset's tabular schema")
+        return feature_plan(
+            request, dataset=dataset, schema=schema, n_rows=n_rows, n_features=n_features
+        )
     raise PlanError(f"request does not match selection kind {kind!r}")
 
 
@@ -416,7 +490,15 @@ def plan_summary(plan: SelectionPlan, *, delta: float) -> dict[str, Any]:
     event (what is charged), its RDP curve on the ledger's orders, (ε, δ) at ``delta``,
     and the public schedule (trainings, or the law of K: never K itself)."""
     curve = plan.event.rdp(ORDERS)
+    extra: dict[str, Any] = {}
+    if plan.features is not None and plan.features.noise_multiplier is not None:
+        extra = {  # DP-CFS: the public noise of the histograms (no trainings)
+            "histograms": plan.features.histograms,
+            "noise_multiplier": plan.features.noise_multiplier,
+            "cell_noise_std": plan.features.cell_scale,
+        }
     return {
+        **extra,
         "event": plan.event.to_json(),
         "rdp_orders": list(ORDERS),
         "rdp_curve": [float(v) for v in curve],

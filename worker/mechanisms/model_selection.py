@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from service.feature_selection import FeatureCandidate, FeatureRequest
 from service.modelspec import MlpSpec, ModelSpec, parameter_count
 from service.search_space import ArchitectureCandidate
 from service.selection_plans import (
@@ -47,7 +48,9 @@ __all__ = [
 
 @dataclass(frozen=True)
 class SelectionOutput:
-    selected: ArchitectureCandidate | HyperparameterCandidate | None  # None: K = 0
+    selected: (
+        ArchitectureCandidate | HyperparameterCandidate | FeatureCandidate | None
+    )  # None: K = 0
     model: dict[str, object] | None  # the selected model spec (JSON)
     weights: dict[str, torch.Tensor] | None
     noisy_accuracy: float | None
@@ -265,14 +268,21 @@ def run_hyperparameter_selection(
 
 
 def run_selection(
-    request: ArchitectureRequest | HyperparameterRequest,
+    request: ArchitectureRequest | HyperparameterRequest | FeatureRequest,
     plan: SelectionPlan,
     *,
     data: TabularTrainingSet,
     device: torch.device,
     progress: ProgressFn,
 ) -> SelectionOutput:
-    """Worker entry point of both kinds (the request's type picks the kind)."""
+    """Worker entry point of every kind (the request's type picks the kind)."""
+    if isinstance(request, FeatureRequest):
+        # Local import: worker.mechanisms.feature_selection reuses this module's helpers.
+        from worker.mechanisms.feature_selection import run_feature_selection
+
+        return run_feature_selection(
+            request=request, plan=plan, data=data, device=device, progress=progress
+        )
     if isinstance(request, ArchitectureRequest):
         return run_architecture_selection(
             request=request, plan=plan, data=data, device=device, progress=progress
