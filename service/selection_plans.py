@@ -399,29 +399,36 @@ def workflow_epsilon(plan: SelectionPlan, *, delta: float) -> float:
 
 
 def with_total_epsilon(
-    request: ArchitectureRequest | HyperparameterRequest,
+    request: SelectionRequest,
     *,
     epsilon: float,
     delta: float,
     dataset: str,
     n_rows: int,
     n_features: int,
-) -> ArchitectureRequest | HyperparameterRequest:
+    schema: TabularSchema | dict[str, Any] | None = None,
+) -> SelectionRequest:
     """The request with the largest per-training ε (bisection in log ε, 40 steps) whose
     whole workflow is within (``epsilon``, ``delta``); the score's ε is kept as given.
+    Any kind with per-candidate trainings (``schema``: as for :func:`plan_selection`).
     Raises PlanError if no calibratable per-training ε fits."""
+    if request.budget is None:
+        raise PlanError("this request has no per-training budget to calibrate")
+    kind = next(k for k, model in REQUEST_MODELS.items() if isinstance(request, model))
+    start = request.budget
 
     def cost(t: float) -> float | None:
         """Whole-workflow ε with per-training ε = t; None if t cannot be calibrated."""
-        budget = request.budget.model_copy(update={"training_epsilon": t})
+        budget = start.model_copy(update={"training_epsilon": t})
         candidate = request.model_copy(update={"budget": budget})
         try:
-            plan = (
-                architecture_plan(candidate, dataset=dataset, n_rows=n_rows, n_features=n_features)
-                if isinstance(candidate, ArchitectureRequest)
-                else hyperparameter_plan(
-                    candidate, dataset=dataset, n_rows=n_rows, n_features=n_features
-                )
+            plan = plan_selection(
+                kind,  # type: ignore[arg-type]
+                candidate,
+                dataset=dataset,
+                n_rows=n_rows,
+                n_features=n_features,
+                schema=schema,
             )
         except PlanError:
             return None
@@ -439,9 +446,7 @@ def with_total_epsilon(
         mid = (lo * hi) ** 0.5
         c = cost(mid)
         lo, hi = (mid, hi) if c is not None and c <= epsilon else (lo, mid)
-    return request.model_copy(
-        update={"budget": request.budget.model_copy(update={"training_epsilon": lo})}
-    )
+    return request.model_copy(update={"budget": start.model_copy(update={"training_epsilon": lo})})
 
 
 # ------------------------------------------------------------------ kind adapter

@@ -23,7 +23,8 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, RootModel, ValidationError
 
 from service.dataschema import parse_schema
-from service.modelspec import MlpSpec, ModelSpec
+from service.feature_selection import MAX_FEATURE_COLUMNS, FeatureGa, FeatureRequest
+from service.modelspec import LogisticSpec, MlpSpec, ModelSpec
 from service.plans import PlanError
 from service.schemas import EPSILON_FLOOR, DpsgdOptions, JobRequest, PrivacyPlan
 from service.search_space import ArchitectureSearch, ArchitectureSpace
@@ -43,6 +44,7 @@ from service.selection_plans import (
 
 __all__ = [
     "ArchitectureSelection",
+    "FeatureSelection",
     "HyperparameterSelection",
     "ResolvedSelection",
     "SelectionRequest",
@@ -113,11 +115,28 @@ class HyperparameterSelection(_Body):
     runs: TnbRunsSpec | PoissonRunsSpec = Field(default_factory=TnbRunsSpec, discriminator="kind")
 
 
+class FeatureSelection(_Body):
+    """Feature selection: DP-CFS (``cfs_greedy``, ``cfs_ga``: noisy histograms, one charge
+    of the whole (ε, δ), the search is post-processing) or PAFS (``pafs``: a genetic search
+    whose fitness is a DP-SGD model's noisy validation accuracy)."""
+
+    kind: Literal["features"]
+    method: Literal["cfs_greedy", "cfs_ga", "pafs"] = "cfs_greedy"
+    numeric_bins: int = Field(default=8, ge=2, le=32)
+    max_selected: int | None = Field(default=None, ge=1, le=MAX_FEATURE_COLUMNS)
+    ga: FeatureGa = Field(default_factory=FeatureGa)
+    model: MlpSpec = Field(default_factory=lambda: MlpSpec(hidden=[16]), description="pafs")
+    training: DpsgdOptions = Field(default_factory=DpsgdOptions, description="pafs")
+
+
 # One branch per kind: a new kind (``features``) is one more member here and in
 # service.selection_plans.REQUEST_MODELS.
 class SelectionRequest(
     RootModel[
-        Annotated[ArchitectureSelection | HyperparameterSelection, Field(discriminator="kind")]
+        Annotated[
+            ArchitectureSelection | HyperparameterSelection | FeatureSelection,
+            Field(discriminator="kind"),
+        ]
     ]
 ):
     """The body of POST /v1/selections and its quote, discriminated on ``kind``. ε in
@@ -145,6 +164,14 @@ class SelectionRequest(
                     "batch_sizes": [256],
                     "runs": {"kind": "truncated_negative_binomial", "eta": 1.0, "gamma": 0.2},
                 },
+                {
+                    "dataset": "adult",
+                    "kind": "features",
+                    "epsilon": 1.0,
+                    "delta": 1e-6,
+                    "method": "cfs_greedy",
+                    "max_selected": 5,
+                },
             ]
         }
     )
@@ -157,51 +184,60 @@ def _messages(exc: ValidationError) -> str:
     return "; ".join(str(e["msg"]) for e in exc.errors())
 
 
+Body = ArchitectureSelection | HyperparameterSelection | FeatureSelection
+KindRequest = ArchitectureRequest | HyperparameterRequest | FeatureRequest
+
+
 @dataclass(frozen=True)
 class ResolvedSelection:
     """A selection job's kind, its kind request (budget resolved) and its plan."""
 
     kind: SelectionKind
-    request: ArchitectureRequest | HyperparameterRequest
+    request: KindRequest
     plan: SelectionPlan
 
 
-def _kind_request(
-    body: ArchitectureSelection | HyperparameterSelection, training_epsilon: float
-) -> ArchitectureRequest | HyperparameterRequest:
-    budget = SelectionBudget(
-        training_epsilon=training_epsilon,
-        training_delta=body.delta,
-        fitness_epsilon=body.fitness_epsilon,
-        validation_fraction=body.validation_fraction,
-    )
+def _kind_request(body: Body, training_epsilon: float) -> KindRequest:
     fields = body.model_dump(exclude=_BODY_FIELDS)
+    if isinstance(body, FeatureSelection) and body.method != "pafs":
+        # DP-CFS: one Gaussian charge of the whole (ε, δ); no trainings, no scores.
+        if body.training_epsilon is not None:
+            raise PlanError(f"training_epsilon applies to pafs, not {body.method}")
+        fields |= {"epsilon": body.epsilon, "delta": body.delta}
+    else:
+        fields["budget"] = SelectionBudget(
+            training_epsilon=training_epsilon,
+            training_delta=body.delta,
+            fitness_epsilon=body.fitness_epsilon,
+            validation_fraction=body.validation_fraction,
+        )
     try:
-        return REQUEST_MODELS[body.kind].model_validate({**fields, "budget": budget})
+        return REQUEST_MODELS[body.kind].model_validate(fields)
     except ValidationError as exc:
         raise PlanError(_messages(exc)) from exc
 
 
-def job_request(
-    body: ArchitectureSelection | HyperparameterSelection, *, n_rows: int, n_features: int
-) -> JobRequest:
+def job_request(body: Body, *, n_rows: int, public_schema: dict[str, Any]) -> JobRequest:
     """The job request stored for ``body``: its per-candidate budget resolved (calibrated
     from the workflow's ε unless given). Raises :class:`PlanError` (→ 422)."""
     request = _kind_request(body, body.training_epsilon or body.epsilon)
-    if body.training_epsilon is None:
+    if body.training_epsilon is None and request.budget is not None:
         request = with_total_epsilon(
             request,
             epsilon=body.epsilon,
             delta=body.delta,
             dataset=body.dataset,
             n_rows=n_rows,
-            n_features=n_features,
+            n_features=n_features_of(public_schema),
+            schema=public_schema,
         )
-    model = (
-        request.model
-        if isinstance(request, HyperparameterRequest)
-        else MlpSpec(hidden=[max(request.space.widths)] * max(request.space.depths))
-    )
+    model: ModelSpec
+    if isinstance(request, ArchitectureRequest):
+        model = MlpSpec(hidden=[max(request.space.widths)] * max(request.space.depths))
+    elif isinstance(request, FeatureRequest) and request.method != "pafs":
+        model = LogisticSpec()  # DP-CFS trains nothing: the field is unused
+    else:
+        model = request.model
     return JobRequest(
         dataset=body.dataset,
         method="selection",
@@ -212,7 +248,9 @@ def job_request(
     )
 
 
-def resolved_selection(request: JobRequest, *, n_rows: int, n_features: int) -> ResolvedSelection:
+def resolved_selection(
+    request: JobRequest, *, n_rows: int, public_schema: dict[str, Any]
+) -> ResolvedSelection:
     """The kind request and plan of a stored selection job (API and worker alike)."""
     if request.method != "selection" or request.selection is None:
         raise PlanError("not a selection job")
@@ -224,7 +262,12 @@ def resolved_selection(request: JobRequest, *, n_rows: int, n_features: int) -> 
     except ValidationError as exc:
         raise PlanError(_messages(exc)) from exc
     plan = plan_selection(
-        kind, kind_request, dataset=request.dataset, n_rows=n_rows, n_features=n_features
+        kind,
+        kind_request,
+        dataset=request.dataset,
+        n_rows=n_rows,
+        n_features=n_features_of(public_schema),
+        schema=public_schema,
     )
     return ResolvedSelection(kind=kind, request=kind_request, plan=plan)
 
@@ -240,14 +283,22 @@ def privacy_plan(request: JobRequest, resolved: ResolvedSelection, *, n_rows: in
             "or the number of trainings"
         )
     budget = resolved.request.budget
-    mechanism: dict[str, Any] = {
-        "kind": resolved.kind,
-        "trainings": resolved.plan.trainings,
-        "runs": summary["runs"],
-        "n_train_public": resolved.plan.n_train,
-        "n_val_public": resolved.plan.n_val,
-        "validation_fraction": budget.validation_fraction,
-        "stages": {
+    stages: dict[str, Any]
+    if budget is None:  # DP-CFS: the noisy histograms are the only private access
+        stages = {
+            "statistics": {
+                "epsilon": request.epsilon,
+                "delta": request.delta,
+                "mechanism": "Gaussian noise on the histograms",
+                **{
+                    k: summary[k]
+                    for k in ("histograms", "noise_multiplier", "cell_noise_std")
+                    if k in summary
+                },
+            }
+        }
+    else:
+        stages = {
             "training": {
                 "epsilon": budget.training_epsilon,
                 "delta": budget.training_delta,
@@ -258,7 +309,15 @@ def privacy_plan(request: JobRequest, resolved: ResolvedSelection, *, n_rows: in
                 "delta": 0.0,
                 "mechanism": "noisy count",
             },
-        },
+        }
+    mechanism: dict[str, Any] = {
+        "kind": resolved.kind,
+        "trainings": resolved.plan.trainings,
+        "runs": summary["runs"],
+        "n_train_public": resolved.plan.n_train,
+        "n_val_public": resolved.plan.n_val,
+        "validation_fraction": None if budget is None else budget.validation_fraction,
+        "stages": stages,
         "candidates": [
             {"batch_size": b, "epochs": e, "noise_decay": d, **m}
             for (b, e, d), m in sorted(resolved.plan.mechanisms.items(), key=repr)
@@ -293,5 +352,5 @@ def plan_selection_job(
 ) -> tuple[ResolvedSelection, PrivacyPlan]:
     """The stored selection job's kind request, selection plan and privacy plan (the API
     before admission, the worker before it reads data; the worker refuses a mismatch)."""
-    resolved = resolved_selection(request, n_rows=n_rows, n_features=n_features_of(public_schema))
+    resolved = resolved_selection(request, n_rows=n_rows, public_schema=public_schema)
     return resolved, privacy_plan(request, resolved, n_rows=n_rows)

@@ -72,8 +72,8 @@ def model_card(
         "weights_sha256": weights_sha256,
     }
     if selection is not None:
-        if selection.get("model") is not None:
-            card["model"] = selection["model"]
+        # The selected model; {} when none was trained or none was run (DP-CFS; K = 0).
+        card["model"] = selection.get("model") or {}
         card["selection"] = selection
         privacy: dict[str, Any] = card["privacy"]
         privacy["statement"] = (

@@ -253,3 +253,52 @@ def test_report_noisy_max_charges_one_score_not_n(client: Any, keys: Any) -> Non
         return float(q.json()["charged_epsilon"])
 
     assert charged({"scoring": "report_noisy_max"}) < charged({})
+
+
+FEATURES = {
+    "dataset": "toy",
+    "kind": "features",
+    "epsilon": 2.0,
+    "delta": 1e-6,
+    "method": "cfs_greedy",
+    "numeric_bins": 4,
+    "max_selected": 2,
+}
+
+
+def test_feature_selection_cfs_end_to_end(client: Any, keys: Any, settings: Any) -> None:
+    """DP-CFS: one charge for the noisy histograms (the whole (ε, δ)), no trainings, the
+    selected columns released, no weights."""
+    q = client.post("/v1/selections/quote", json=FEATURES, headers=auth(keys.alice)).json()
+    assert q["plan"]["mechanism"]["trainings"] == 0
+    assert set(q["plan"]["mechanism"]["stages"]) == {"statistics"}
+    assert q["plan"]["epsilon"] <= FEATURES["epsilon"]
+    job, card, _ = _run_and_fetch(client, keys, settings, FEATURES)
+    (entry,) = _charges(settings)
+    assert entry.event == job["plan"]["event"] == card["privacy"]["event"]
+    _check_card_privacy(job, card)
+    selected = card["selection"]["selected"]
+    assert selected["method"] == "cfs_greedy"
+    assert 1 <= len(selected["features"]) <= 2 and set(selected["features"]) <= {"a", "b", "c"}
+    assert card["samples"] == 0 and card["model"] == {}
+
+
+def test_feature_selection_pafs_is_calibrated_to_the_workflow(client: Any, keys: Any) -> None:
+    body = {
+        **FEATURES,
+        "method": "pafs",
+        "ga": {"population": 2, "generations": 1},
+        "model": {"kind": "mlp", "hidden": [2]},
+        "training": {"epochs": 1, "batch_size": 50},
+    }
+    q = client.post("/v1/selections/quote", json=body, headers=auth(keys.alice))
+    assert q.status_code == 200, q.text
+    plan = q.json()["plan"]
+    assert plan["mechanism"]["trainings"] == 2
+    assert 0.9 * body["epsilon"] < plan["epsilon"] <= body["epsilon"]
+    cfs_with_training = {**FEATURES, "training_epsilon": 1.0}
+    _problem(
+        client.post("/v1/selections/quote", json=cfs_with_training, headers=auth(keys.alice)),
+        422,
+        "invalid-plan",
+    )

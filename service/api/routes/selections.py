@@ -16,7 +16,7 @@ from service.api.routes.jobs import IdempotencyKey, Planned, admit_and_enqueue, 
 from service.db import transaction
 from service.plans import PlanError
 from service.schemas import JobPublic, JobRequest, QuoteResponse
-from service.selections import SelectionRequest, job_request, n_features_of, plan_selection_job
+from service.selections import SelectionRequest, job_request, plan_selection_job
 
 router = APIRouter(prefix="/v1", tags=["analyst"], responses=AUTHENTICATED)
 
@@ -29,7 +29,7 @@ def _planned(engine: EngineDep, request_body: SelectionRequest) -> tuple[JobRequ
         ds = dataset_or_404(s, body.dataset)
         n_rows, public_schema, dataset_id = ds.n_rows, ds.public_schema, ds.id
     try:
-        request = job_request(body, n_rows=n_rows, n_features=n_features_of(public_schema))
+        request = job_request(body, n_rows=n_rows, public_schema=public_schema)
         _, plan = plan_selection_job(request, n_rows=n_rows, public_schema=public_schema)
     except PlanError as exc:
         raise ProblemError(422, "invalid-plan", str(exc)) from exc
