@@ -302,3 +302,38 @@ def test_feature_selection_pafs_is_calibrated_to_the_workflow(client: Any, keys:
         422,
         "invalid-plan",
     )
+
+
+def test_a_tampered_selection_is_refused_before_data(client: Any, keys: Any, settings: Any) -> None:
+    """The worker re-derives the selection's plan from the stored request and refuses a
+    mismatch before opening the data (here: a larger per-training ε than was charged)."""
+    from sqlalchemy import update
+
+    from service.ledger.tables import Job
+    from worker.runner import PLAN_FAILURE
+
+    job = client.post("/v1/selections", json=ARCH, headers=auth(keys.alice)).json()
+    request = job["request"]
+    request["selection"]["request"]["budget"]["training_epsilon"] *= 2
+    engine = engine_for(settings.resolved_database_url)
+    with transaction(engine) as s:
+        s.execute(update(Job).where(Job.id == job["id"]).values(request=request))
+    assert execute_job(job["id"], settings) == Outcome.failed
+    after = client.get(f"/v1/jobs/{job['id']}", headers=auth(keys.alice)).json()
+    assert after["status"] == "failed" and after["error"] == PLAN_FAILURE
+    with transaction(engine) as s:
+        assert s.get_one(Job, job["id"]).data_touched is False
+
+
+def test_random_stopping_architecture_search_hides_k(client: Any, keys: Any, settings: Any) -> None:
+    body = {
+        **ARCH,
+        "search": {"algorithm": "rs"},
+        "runs": {"kind": "truncated_negative_binomial", "eta": 1.0, "gamma": 0.9},
+    }
+    job, card, _ = _run_and_fetch(client, keys, settings, body)
+    assert job["plan"]["mechanism"]["trainings"] is None
+    assert job["plan"]["mechanism"]["runs"]["kind"] == "truncated_negative_binomial"
+    assert job["progress_step"] == job["progress_total"] == 1
+    assert card["privacy"]["event"]["type"] == "random_stopping"
+    assert set(card["selection"]) == {"selected", "model", "noisy_validation_accuracy"}
