@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, RootModel, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, RootModel, ValidationError, model_validator
 
 from service.dataschema import parse_schema
 from service.feature_selection import MAX_FEATURE_COLUMNS, FeatureGa, FeatureRequest
@@ -54,6 +54,20 @@ __all__ = [
     "privacy_plan",
     "resolved_selection",
 ]
+
+
+MAX_PRIVACY_SETTINGS = 8
+"""Most distinct DP-SGD privacy settings (batch size × epochs × noise decay) one selection
+may declare: each is calibrated separately, at every step of the per-training ε's
+bisection (about 0.03 s each, times some 50 steps), before the request is answered."""
+
+
+def _check_settings(count: int) -> None:
+    if count > MAX_PRIVACY_SETTINGS:
+        raise ValueError(
+            f"{count} distinct DP-SGD privacy settings (batch size × epochs × noise decay); "
+            f"at most {MAX_PRIVACY_SETTINGS} per selection"
+        )
 
 
 class _Body(BaseModel):
@@ -101,6 +115,11 @@ class ArchitectureSelection(_Body):
         "releases no score",
     )
 
+    @model_validator(mode="after")
+    def _few_settings(self) -> ArchitectureSelection:
+        _check_settings(len(set(self.space.batch_sizes)))
+        return self
+
 
 class HyperparameterSelection(_Body):
     """Hyperparameter tuning by Papernot & Steinke (2022) random stopping over a grid."""
@@ -113,6 +132,13 @@ class HyperparameterSelection(_Body):
     max_grad_norms: list[float] = Field(default=[1.0], min_length=1, max_length=8)
     noise_decays: list[float | None] = Field(default=[None], min_length=1, max_length=4)
     runs: TnbRunsSpec | PoissonRunsSpec = Field(default_factory=TnbRunsSpec, discriminator="kind")
+
+    @model_validator(mode="after")
+    def _few_settings(self) -> HyperparameterSelection:
+        _check_settings(
+            len(set(self.batch_sizes)) * len(set(self.epochs)) * len(set(self.noise_decays))
+        )
+        return self
 
 
 class FeatureSelection(_Body):

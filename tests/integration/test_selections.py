@@ -140,6 +140,11 @@ def test_over_budget_is_refused_and_charges_nothing(client: Any, keys: Any, sett
         ({"space": {"depths": [1], "widths": [0]}}, "validation-error"),
         ({"search": {"algorithm": "exhaustive"}}, "validation-error"),
         ({"delta": 0}, "validation-error"),
+        # More privacy settings than the planner calibrates in reasonable time.
+        (
+            {"space": {"depths": [1], "widths": [2], "batch_sizes": list(range(10, 100, 10))}},
+            "validation-error",
+        ),
         # Random stopping is for random search only (the kind request's own check).
         (
             {"runs": {"kind": "poisson", "mu": 3}, "search": {"algorithm": "paas"}},
