@@ -172,10 +172,10 @@ def main() -> None:
     train = TabularTrainingSet(data.x_train.float(), data.y_train.float())
     xte, yte = data.x_test.float(), data.y_test.float()
     n, d = train.n, train.n_features
-    grid = [0.1, 1.0] if args.quick else [0.1, 0.3, 1.0, 3.0, 10.0]
-    repeats = 1 if args.quick else 2
+    grid = [0.1, 1.0] if args.quick else [0.02, 0.05, 0.1, 0.3, 1.0, 3.0, 10.0]
+    repeats = 1 if args.quick else 3
     totals = [1.0] if args.quick else [0.5, 2.0]
-    workflow_repeats = 1 if args.quick else 2
+    workflow_repeats = 1 if args.quick else 3
 
     # ---- crossover
     curves: dict[str, list[float]] = {"simple": [], "complex": []}
@@ -258,7 +258,7 @@ def main() -> None:
         "2-core machine: timings are noisy). δ = 1e-5; test AUC on adult.test; DP noise "
         "from the CSPRNG (not reproducible bit for bit).",
         "",
-        "## Crossover (DP-SGD, 2 epochs, batch 256, lr 1.0; median of 2 runs per cell)",
+        "## Crossover (DP-SGD, 2 epochs, batch 256, lr 1.0; median of 3 runs per cell)",
         "",
         "| ε | simple MLP [4] | complex MLP [32, 32] |",
         "|---|---|---|",
