@@ -14,6 +14,7 @@ from service.dataschema import parse_schema
 from service.feature_selection import (
     FeatureGa,
     FeatureRequest,
+    FinalTraining,
     cfs_event,
     histogram_count,
 )
@@ -179,3 +180,37 @@ def test_bad_requests_are_refused() -> None:
         ).event
         == _plan(ok, 100).event
     )
+
+
+def test_final_model_is_charged_in_the_same_plan() -> None:
+    final = FinalTraining(
+        epsilon=2.0, delta=1e-6, model=MlpSpec(hidden=[8]), training=DpsgdOptions(epochs=2)
+    )
+    bare = _plan(FeatureRequest(epsilon=1.0, delta=1e-6))
+    plan = _plan(FeatureRequest(epsilon=1.0, delta=1e-6, final=final))
+    assert plan.features is not None and plan.features.training_key is not None
+    assert bare.features is not None
+    batch = plan.features.training_key[0]
+    arch = architecture_plan(
+        ArchitectureRequest.model_validate(
+            {
+                "space": {"depths": [1], "widths": [8], "activations": ["relu"]},
+                "search": {"algorithm": "rs", "trainings": 1},
+                "training": {"epochs": 2, "batch_size": batch},
+                "budget": {"training_epsilon": 2.0, "training_delta": 1e-6},
+            }
+        ),
+        dataset="toy",
+        n_rows=1250,  # its training part is 1000 rows, as the final model's
+        n_features=SCHEMA.n_features,
+    )
+    training = arch.event.events[0]  # type: ignore[attr-defined]
+    assert plan.event == ComposedEvent(events=(bare.event, training))
+    assert plan.trainings == 1
+    assert plan.features.noise_multiplier == bare.features.noise_multiplier
+    with pytest.raises(ValidationError):
+        FeatureRequest(
+            method="pafs",
+            budget=SelectionBudget(training_epsilon=1.0, training_delta=1e-6),
+            final=final,
+        )
