@@ -13,10 +13,16 @@
   and the test AUC of a non-private logistic regression trained on the picked columns of
   adult.data and scored on adult.test (measures the selection only; the downstream model
   is not private).
+* ``--workflows``: at equal total ε (0.5, 2; δ = 1e-5; 5 repeats), an MLP [8] by DP-SGD on
+  all columns (no selection); the standard workflow (non-private CFS, then DP-SGD at the
+  whole ε: its selection is NOT private); DP-CFS with 10% of the ε + the final model in
+  the same plan; PAFS 3 × 2 (noisy scores at 5% of the ε each, the selected subset's
+  model released). Per-training ε by bisection so that each plan's whole ε (ledger's
+  orders) is ≤ the total. Test AUC on adult.test.
 * Time: wall time of one worker run (discretise, count, noise, search), median over the
   repeats; noisy machine (shared CPU), compare within one run.
 
-    .venv/bin/python benchmarks/feature_selection.py            # ≈ 1–2 min on 2 cores
+    .venv/bin/python benchmarks/feature_selection.py --workflows   # ≈ 2–3 min on 2 cores
     .venv/bin/python benchmarks/feature_selection.py --quick    # smoke run
 """
 
@@ -41,7 +47,11 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from expm_adult import load_adult  # noqa: E402
 
 from service.dataschema import load_schema_yaml  # noqa: E402
-from service.feature_selection import FeatureGa, FeatureLayout, FeatureRequest  # noqa: E402
+from service.feature_selection import FeatureGa, FeatureLayout, FeatureRequest, FinalTraining  # noqa: E402
+from service.modelspec import MlpSpec  # noqa: E402
+from service.plans import PlanError  # noqa: E402
+from service.schemas import DpsgdOptions  # noqa: E402
+from service.selection_budget import SelectionBudget  # noqa: E402
 from service.selection_plans import plan_selection, workflow_epsilon  # noqa: E402
 from worker.mechanisms.base import TabularTrainingSet  # noqa: E402
 from worker.mechanisms.feature_selection import (  # noqa: E402
@@ -82,11 +92,164 @@ def downstream_auc(
     return float(value)
 
 
+HIDDEN = [8]
+WORKFLOW_OPTIONS = DpsgdOptions(batch_size=256, epochs=2, learning_rate=1.0)
+
+
+def cfs_final(total: float, e: float) -> FeatureRequest:
+    """DP-CFS with 10% of the total ε, then a final DP-SGD model at per-training ε ``e``."""
+    final = FinalTraining(
+        epsilon=e, delta=DELTA, model=MlpSpec(hidden=HIDDEN), training=WORKFLOW_OPTIONS
+    )
+    return FeatureRequest(epsilon=0.1 * total, delta=DELTA, final=final)
+
+
+def pafs(total: float, e: float) -> FeatureRequest:
+    """PAFS 3 × 2, per-training ε ``e``, each noisy score at 5% of the total ε."""
+    budget = SelectionBudget(training_epsilon=e, training_delta=DELTA, fitness_epsilon=0.05 * total)
+    return FeatureRequest(
+        method="pafs",
+        ga=FeatureGa(population=3, generations=2),
+        model=MlpSpec(hidden=HIDDEN),
+        training=WORKFLOW_OPTIONS,
+        budget=budget,
+    )
+
+
+def _fit_total(make_plan, total: float):  # type: ignore[no-untyped-def]
+    """Largest per-training ε (bisection in log ε, 30 steps) whose plan's whole ε at
+    δ = DELTA is ≤ ``total``; (ε, plan) or None."""
+    lo, hi, best = 1e-2, 50.0, None
+    for _ in range(30):
+        mid = (lo * hi) ** 0.5
+        try:
+            p = make_plan(mid)
+            ok = workflow_epsilon(p, delta=DELTA) <= total
+        except (PlanError, ValueError):
+            p, ok = None, False
+        if ok:
+            lo, best = mid, (mid, p)
+        else:
+            hi = mid
+    return best
+
+
+def workflows(data, schema, names, exact_greedy, totals, repeats):  # type: ignore[no-untyped-def]
+    """Standard (non-private CFS, then DP-SGD at the whole ε) vs privacy-aware workflows
+    (DP-CFS with 10% of the ε + final DP-SGD model in the same plan; PAFS 3 × 2 with the
+    selected subset's model released) vs no selection (DP-SGD on all columns), at equal
+    total ε; MLP [8], test AUC on adult.test, wall time."""
+    from selection import auc, dp_train
+
+    train = TabularTrainingSet(data.x_train.float(), data.y_train.float())
+    xte, yte = data.x_test.float(), data.y_test.float()
+    spec = MlpSpec(hidden=HIDDEN)
+
+    def plan_of(request: FeatureRequest):  # type: ignore[no-untyped-def]
+        return plan_selection(
+            "features",
+            request,
+            dataset="adult",
+            n_rows=train.n,
+            n_features=schema.n_features,
+            schema=schema,
+        )
+
+    def columns(layout: FeatureLayout, chosen: list[str]) -> list[int]:
+        return [
+            i for c in layout.columns if c.name in chosen for i in range(c.start, c.start + c.width)
+        ]
+
+    rows = []
+    for total in totals:
+        for rep in range(repeats):
+            t = time.perf_counter()
+            w = dp_train(HIDDEN, total, train)
+            rows.append(
+                (
+                    "all columns, DP-SGD (no selection)",
+                    total,
+                    auc(spec, w, xte, yte),
+                    len(names),
+                    time.perf_counter() - t,
+                )
+            )
+            t = time.perf_counter()
+            cols = columns(LAYOUT[0], exact_greedy)
+            w = dp_train(HIDDEN, total, TabularTrainingSet(train.x[:, cols], train.y))
+            rows.append(
+                (
+                    "standard: non-private CFS, then DP-SGD (selection NOT private)",
+                    total,
+                    auc(spec, w, xte[:, cols], yte),
+                    len(exact_greedy),
+                    time.perf_counter() - t,
+                )
+            )
+            fit = _fit_total(lambda e, t=total: plan_of(cfs_final(t, e)), total)
+            if fit is not None:
+                e, p = fit
+                request = cfs_final(total, e)
+                t = time.perf_counter()
+                out = run_selection(
+                    request, p, data=train, device=torch.device("cpu"), progress=lambda a, b: None
+                )
+                chosen = list(out.selected.features)  # type: ignore[union-attr]
+                cols = columns(LAYOUT[0], chosen)
+                assert out.weights is not None
+                rows.append(
+                    (
+                        f"private: DP-CFS (ε {0.1 * total:g}) + final DP-SGD",
+                        total,
+                        auc(spec, out.weights, xte[:, cols], yte),
+                        len(chosen),
+                        time.perf_counter() - t,
+                    )
+                )
+            fit = _fit_total(lambda e, t=total: plan_of(pafs(t, e)), total)
+            if fit is None:
+                rows.append(("private: PAFS 3 × 2", total, float("nan"), 0, 0.0))
+            else:
+                e, p = fit
+                t = time.perf_counter()
+                out = run_selection(
+                    pafs(total, e),
+                    p,
+                    data=train,
+                    device=torch.device("cpu"),
+                    progress=lambda a, b: None,
+                )
+                chosen = list(out.selected.features)  # type: ignore[union-attr]
+                cols = columns(LAYOUT[0], chosen)
+                assert out.weights is not None
+                rows.append(
+                    (
+                        f"private: PAFS 3 × 2 (per-training ε {e:.2g})",
+                        total,
+                        auc(spec, out.weights, xte[:, cols], yte),
+                        len(chosen),
+                        time.perf_counter() - t,
+                    )
+                )
+            for r in rows[-4:]:
+                print(
+                    f"T={total} rep {rep}: {r[0]}: AUC {r[2]:.3f}, {r[3]} cols, {r[4]:.1f}s",
+                    flush=True,
+                )
+    return rows
+
+
+LAYOUT: list[FeatureLayout] = []
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--repeats", type=int, default=10)
     ap.add_argument("--no-write", action="store_true")
+    ap.add_argument(
+        "--workflows", action="store_true", help="also: standard vs private workflows (minutes)"
+    )
     args = ap.parse_args()
     torch.set_num_threads(2)
     command = "python benchmarks/feature_selection.py " + shlex.join(sys.argv[1:])
@@ -116,6 +279,7 @@ def main() -> None:
     _, p0 = plan("cfs_greedy", 1.0)
     layout = p0.features
     assert layout is not None
+    LAYOUT.append(layout)
     names = [c.name for c in layout.columns]
     codes, y = discretise(train, layout)
     su_fy, su_ff = su_matrices(count_histograms(codes, y, [c.bins for c in layout.columns]))
@@ -222,6 +386,32 @@ def main() -> None:
     lines += [header, "|---" * (len(rows) + 1) + "|"]
     for n in names:
         lines.append(f"| {n} | " + " | ".join(f"{r['frequency'][n]:.1f}" for r in rows) + " |")
+    if args.workflows:
+        totals = [1.0] if args.quick else [0.5, 2.0]
+        wrows = workflows(
+            data,
+            schema,
+            names,
+            [names[i] for i in exact["cfs_greedy"]],
+            totals,
+            1 if args.quick else 5,
+        )
+        lines += [
+            "",
+            "## Workflows at equal total ε (δ = 1e-5), MLP [8], DP-SGD batch 256 × 2 epochs",
+            "",
+            "Median over the repeats of the test AUC; time = wall time of the workflow.",
+            "",
+            "| workflow | total ε | median test AUC | columns (median) | median time (s) |",
+            "|---|---|---|---|---|",
+        ]
+        for key in dict.fromkeys((r[0].split(" (per")[0], r[1]) for r in wrows):
+            sel = [r for r in wrows if (r[0].split(" (per")[0], r[1]) == key]
+            lines.append(
+                f"| {key[0]} | {key[1]:g} | {statistics.median(r[2] for r in sel):.3f} | "
+                f"{statistics.median(r[3] for r in sel):g} | "
+                f"{statistics.median(r[4] for r in sel):.1f} |"
+            )
     text = "\n".join(lines) + "\n"
     print(text)
     if args.no_write:
