@@ -38,7 +38,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from service.dataschema import CategoricalColumn, TabularSchema
-from service.modelspec import MlpSpec, ModelSpec
+from service.modelspec import LogisticSpec, MlpSpec
 from service.plans import PlanError
 from service.privacy.events import (
     ComposedEvent,
@@ -94,7 +94,9 @@ class FinalTraining(_In):
 
     epsilon: float = Field(gt=0, le=100)
     delta: float = Field(gt=0, lt=1)
-    model: ModelSpec = Field(default_factory=lambda: MlpSpec(hidden=[16]))
+    model: LogisticSpec | MlpSpec = Field(
+        default_factory=lambda: MlpSpec(hidden=[16]), discriminator="kind"
+    )
     training: DpsgdOptions = Field(default_factory=DpsgdOptions)
 
 

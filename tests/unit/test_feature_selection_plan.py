@@ -214,3 +214,15 @@ def test_final_model_is_charged_in_the_same_plan() -> None:
             budget=SelectionBudget(training_epsilon=1.0, training_delta=1e-6),
             final=final,
         )
+
+
+def test_final_model_is_tabular() -> None:
+    with pytest.raises(ValidationError):
+        FinalTraining.model_validate(
+            {"epsilon": 1.0, "delta": 1e-6, "model": {"kind": "grud", "hidden": 4}}
+        )
+    logistic = FinalTraining.model_validate(
+        {"epsilon": 1.0, "delta": 1e-6, "model": {"kind": "logistic"}}
+    )
+    plan = _plan(FeatureRequest(epsilon=1.0, delta=1e-6, final=logistic))
+    assert plan.trainings == 1
