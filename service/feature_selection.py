@@ -17,6 +17,10 @@ entropies, symmetrical uncertainties, merits and the search (greedy or GA, serve
 randomness) are post-processing of the noisy counts: the charge does not depend on how
 many subsets are scored.
 
+Optional final model (``final``, cfs_* only): a DP-SGD model trained on all rows'
+selected columns, charged in the same plan (composed after the histograms), its σ
+calibrated for the model on all features (the largest).
+
 PAFS (``pafs``). A genetic search over feature subsets whose fitness is the noisy
 validation accuracy of a DP-SGD model trained on the subset (worker's train-and-score of
 the architecture kind). Planned trainings N = population × generations (elitism keeps the
@@ -34,7 +38,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from service.dataschema import CategoricalColumn, TabularSchema
-from service.modelspec import MlpSpec
+from service.modelspec import LogisticSpec, MlpSpec
 from service.plans import PlanError
 from service.privacy.events import (
     ComposedEvent,
@@ -56,6 +60,7 @@ __all__ = [
     "FeatureGa",
     "FeatureLayout",
     "FeatureRequest",
+    "FinalTraining",
     "cfs_event",
     "column_layout",
     "feature_plan_parts",
@@ -83,6 +88,18 @@ class FeatureGa(_In):
     mutation_rate: float = Field(default=0.1, gt=0, le=1)
 
 
+class FinalTraining(_In):
+    """cfs_*: also train a DP-SGD model on the selected columns (on all rows), charged in
+    the same plan (its σ calibrated for the model on all features, the largest)."""
+
+    epsilon: float = Field(gt=0, le=100)
+    delta: float = Field(gt=0, lt=1)
+    model: LogisticSpec | MlpSpec = Field(
+        default_factory=lambda: MlpSpec(hidden=[16]), discriminator="kind"
+    )
+    training: DpsgdOptions = Field(default_factory=DpsgdOptions)
+
+
 class FeatureRequest(_In):
     method: Literal["cfs_greedy", "cfs_ga", "pafs"] = "cfs_greedy"
     epsilon: float | None = Field(
@@ -98,6 +115,9 @@ class FeatureRequest(_In):
     budget: SelectionBudget | None = Field(
         default=None, description="pafs: per-training ε, δ and the noisy fitness' ε"
     )
+    final: FinalTraining | None = Field(
+        default=None, description="cfs_*: a final DP-SGD model on the selected columns"
+    )
 
     @model_validator(mode="after")
     def _fields_for_method(self) -> FeatureRequest:
@@ -106,6 +126,8 @@ class FeatureRequest(_In):
                 raise ValueError("pafs needs budget (training_epsilon, training_delta)")
             if self.epsilon is not None or self.delta is not None:
                 raise ValueError("pafs is charged by budget; epsilon/delta are for cfs_*")
+            if self.final is not None:
+                raise ValueError("pafs releases the selected subset's model; final is for cfs_*")
         else:
             if self.epsilon is None or self.delta is None:
                 raise ValueError(f"{self.method} needs epsilon and delta")
@@ -143,7 +165,8 @@ class FeatureLayout:
     cells: int
     noise_multiplier: float | None  # z; None for pafs
     cell_scale: float | None  # σ_cell = max(1, z·√H) in counts; None for pafs
-    pafs_key: tuple[int, int, float | None] | None = None
+    # privacy key of the DP-SGD trainings (PAFS candidates, or the final model)
+    training_key: tuple[int, int, float | None] | None = None
 
 
 def column_layout(schema: TabularSchema, *, numeric_bins: int) -> tuple[ColumnBins, ...]:

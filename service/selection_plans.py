@@ -34,7 +34,7 @@ is smaller, so the charged event covers it), keyed by the privacy-relevant setti
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -352,8 +352,30 @@ def feature_plan(
         raise PlanError("the schema does not match the dataset's feature count")
     if request.method != "pafs":
         event, layout = feature_plan_parts(request, schema=schema)
+        if request.final is None:
+            return SelectionPlan(
+                event=event, trainings=0, n_train=n_rows, n_val=0, mechanisms={}, features=layout
+            )
+        final = request.final
+        opts = resolve_dpsgd_options(final.training, n_rows=n_rows)
+        assert opts.batch_size is not None and opts.epochs is not None
+        fkey = (opts.batch_size, opts.epochs, opts.noise_decay)
+        train, mechanisms = _training_events(
+            dataset=dataset,
+            model=final.model,  # on all features: the largest selection
+            keys={fkey},
+            options=opts,
+            budget=SelectionBudget(training_epsilon=final.epsilon, training_delta=final.delta),
+            n_train=n_rows,
+            n_features=n_features,
+        )
         return SelectionPlan(
-            event=event, trainings=0, n_train=n_rows, n_val=0, mechanisms={}, features=layout
+            event=ComposedEvent(events=(event, train)),
+            trainings=1,
+            n_train=n_rows,
+            n_val=0,
+            mechanisms=mechanisms,
+            features=replace(layout, training_key=fkey),
         )
     assert request.budget is not None
     columns = column_layout(schema, numeric_bins=request.numeric_bins)
@@ -378,7 +400,7 @@ def feature_plan(
         cells=0,
         noise_multiplier=None,
         cell_scale=None,
-        pafs_key=key,
+        training_key=key,
     )
     return SelectionPlan(
         event=pafs_event(

@@ -23,7 +23,12 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, RootModel, ValidationError, model_validator
 
 from service.dataschema import parse_schema
-from service.feature_selection import MAX_FEATURE_COLUMNS, FeatureGa, FeatureRequest
+from service.feature_selection import (
+    MAX_FEATURE_COLUMNS,
+    FeatureGa,
+    FeatureRequest,
+    FinalTraining,
+)
 from service.modelspec import LogisticSpec, MlpSpec, ModelSpec
 from service.plans import PlanError
 from service.schemas import EPSILON_FLOOR, DpsgdOptions, JobRequest, PrivacyPlan
@@ -153,6 +158,13 @@ class FeatureSelection(_Body):
     ga: FeatureGa = Field(default_factory=FeatureGa)
     model: MlpSpec = Field(default_factory=lambda: MlpSpec(hidden=[16]), description="pafs")
     training: DpsgdOptions = Field(default_factory=DpsgdOptions, description="pafs")
+    final: FinalTraining | None = Field(
+        default=None,
+        description=(
+            "cfs_*: also a DP-SGD model on the selected columns, at its own (ε, δ); the "
+            "histograms get the rest of epsilon (epsilon − final.epsilon)"
+        ),
+    )
 
 
 # One branch per kind: a new kind (``features``) is one more member here and in
@@ -229,7 +241,10 @@ def _kind_request(body: Body, training_epsilon: float) -> KindRequest:
         # DP-CFS: one Gaussian charge of the whole (ε, δ); no trainings, no scores.
         if body.training_epsilon is not None:
             raise PlanError(f"training_epsilon applies to pafs, not {body.method}")
-        fields |= {"epsilon": body.epsilon, "delta": body.delta}
+        statistics = body.epsilon - (0.0 if body.final is None else body.final.epsilon)
+        if statistics <= 0:
+            raise PlanError("final.epsilon leaves nothing of epsilon for the histograms")
+        fields |= {"epsilon": statistics, "delta": body.delta}
     else:
         fields["budget"] = SelectionBudget(
             training_epsilon=training_epsilon,
@@ -261,7 +276,8 @@ def job_request(body: Body, *, n_rows: int, public_schema: dict[str, Any]) -> Jo
     if isinstance(request, ArchitectureRequest):
         model = MlpSpec(hidden=[max(request.space.widths)] * max(request.space.depths))
     elif isinstance(request, FeatureRequest) and request.method != "pafs":
-        model = LogisticSpec()  # DP-CFS trains nothing: the field is unused
+        # DP-CFS trains nothing unless a final model is asked for
+        model = LogisticSpec() if request.final is None else request.final.model
     else:
         model = request.model
     return JobRequest(
@@ -310,10 +326,12 @@ def privacy_plan(request: JobRequest, resolved: ResolvedSelection, *, n_rows: in
         )
     budget = resolved.request.budget
     stages: dict[str, Any]
-    if budget is None:  # DP-CFS: the noisy histograms are the only private access
+    if isinstance(resolved.request, FeatureRequest) and budget is None:
+        # DP-CFS: the noisy histograms, and the final model's training if asked for
+        final = resolved.request.final
         stages = {
             "statistics": {
-                "epsilon": request.epsilon,
+                "epsilon": resolved.request.epsilon,
                 "delta": request.delta,
                 "mechanism": "Gaussian noise on the histograms",
                 **{
@@ -323,7 +341,10 @@ def privacy_plan(request: JobRequest, resolved: ResolvedSelection, *, n_rows: in
                 },
             }
         }
+        if final is not None:
+            stages["final"] = {"epsilon": final.epsilon, "delta": final.delta, "mechanism": "dpsgd"}
     else:
+        assert budget is not None
         stages = {
             "training": {
                 "epsilon": budget.training_epsilon,

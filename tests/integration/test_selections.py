@@ -342,3 +342,23 @@ def test_random_stopping_architecture_search_hides_k(client: Any, keys: Any, set
     assert job["progress_step"] == job["progress_total"] == 1
     assert card["privacy"]["event"]["type"] == "random_stopping"
     assert set(card["selection"]) == {"selected", "model", "noisy_validation_accuracy"}
+
+
+def test_feature_selection_cfs_with_a_final_model(client: Any, keys: Any, settings: Any) -> None:
+    body = {
+        **FEATURES,
+        "epsilon": 3.0,
+        "final": {
+            "epsilon": 1.0,
+            "delta": 1e-6,
+            "model": {"kind": "logistic"},
+            "training": {"epochs": 1, "batch_size": 50},
+        },
+    }
+    job, card, weights = _run_and_fetch(client, keys, settings, body)
+    stages = job["plan"]["mechanism"]["stages"]
+    assert stages["statistics"]["epsilon"] == pytest.approx(2.0)
+    assert stages["final"]["epsilon"] == 1.0
+    _check_card_privacy(job, card)  # the composed workflow fits the stated ε = 3
+    assert card["samples"] == 1 and card["model"]["kind"] == "logistic"
+    assert load_release(weights, card).card["weights_sha256"] == card["weights_sha256"]

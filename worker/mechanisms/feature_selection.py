@@ -3,11 +3,12 @@
 DP-CFS: discretise each schema column from the encoded rows by the public layout
 (numeric: ⌊v·B⌋ of the [0, 1]-scaled value, clipped to B − 1; categorical: the one-hot
 block's level), count the H joint histograms, add integer rounded-Gaussian noise of the
-planned σ_cell to every cell (server-side CSPRNG) — the only access to the rows. All
-that follows is post-processing of the noisy counts: plug-in entropies (negative counts
+planned σ_cell to every cell (server-side CSPRNG) — the search's only access to the
+rows. The search is post-processing of the noisy counts: plug-in entropies (negative counts
 clamped to 0, then normalised), symmetrical uncertainty SU(a, b) = 2·I(a; b)/(H(a) + H(b)),
 merit(S) = k·mean SU_fy / sqrt(k + k(k − 1)·mean SU_ff), searched greedily (forward
-selection) or by a GA over bit masks.
+selection) or by a GA over bit masks. With ``final``, the product's DP-SGD then trains
+one model on the selected columns with the planned mechanism.
 
 PAFS: the same GA, with fitness = the noisy validation accuracy of a DP-SGD model trained
 on the subset's encoded columns (the architecture kind's train-and-score); exactly
@@ -27,6 +28,7 @@ from service.feature_selection import FeatureCandidate, FeatureLayout, FeatureRe
 from service.modelspec import parameter_count
 from service.selection_plans import SelectionPlan, candidate_mechanism
 from worker.mechanisms.base import ProgressFn, TabularTrainingSet
+from worker.mechanisms.dpsgd import run_dpsgd
 from worker.mechanisms.model_selection import SelectionOutput, _train_and_score, split_rows
 from worker.noise import rounded_gaussian, secure_rng
 
@@ -266,19 +268,33 @@ def run_feature_selection(
                 max_size=request.max_selected,
             )
         progress(2, 2)
+        selected = FeatureCandidate(method=request.method, features=tuple(names[i] for i in chosen))
+        final = request.final
+        if final is None:
+            return SelectionOutput(selected, None, None, None, trainings=0)
+        assert layout.training_key is not None
+        cols = torch.as_tensor(_encoded_columns(layout, tuple(chosen)), device=data.x.device)
+        mech = candidate_mechanism(
+            plan,
+            key=layout.training_key,
+            parameters=parameter_count(final.model, len(cols)),
+            learning_rate=final.training.learning_rate,
+        )
+        out = run_dpsgd(
+            spec=final.model,
+            mechanism=mech,
+            samples=1,
+            data=TabularTrainingSet(data.x[:, cols], data.y, None),
+            device=device,
+            progress=lambda a, b: None,
+        )
         return SelectionOutput(
-            selected=FeatureCandidate(
-                method=request.method, features=tuple(names[i] for i in chosen)
-            ),
-            model=None,
-            weights=None,
-            noisy_accuracy=None,
-            trainings=0,
+            selected, final.model.model_dump(), out.releases[0], None, trainings=1
         )
 
     # PAFS
-    assert request.budget is not None and layout.pafs_key is not None
-    key, fitness_epsilon = layout.pafs_key, request.budget.fitness_epsilon
+    assert request.budget is not None and layout.training_key is not None
+    key, fitness_epsilon = layout.training_key, request.budget.fitness_epsilon
     train, val = split_rows(data, validation_fraction=request.budget.validation_fraction, rng=rng)
     total = plan.trainings or 0
     models: dict[tuple[int, ...], dict[str, torch.Tensor]] = {}

@@ -271,3 +271,29 @@ def test_pafs_trains_population_times_generations_and_releases_a_noisy_score() -
     widths = {"signal": 1, "kind": 3, "noise": 1, "junk": 2, "copy": 1}
     first = next(v for k, v in out.weights.items() if k.endswith("weight"))
     assert first.shape[1] == sum(widths[n] for n in names)
+
+
+def test_cfs_with_a_final_model_trains_it_on_the_selected_columns() -> None:
+    from service.feature_selection import FinalTraining
+
+    data = _toy(800)
+    request = FeatureRequest(
+        epsilon=20.0,
+        delta=1e-6,
+        final=FinalTraining(
+            epsilon=2.0,
+            delta=1e-6,
+            model=MlpSpec(hidden=[4]),
+            training=DpsgdOptions(epochs=1, learning_rate=1.0),
+        ),
+    )
+    plan = _plan(request, 800)
+    out = run_selection(
+        request, plan, data=data, device=torch.device("cpu"), progress=lambda a, b: None
+    )
+    summary = released_summary(out)
+    names = summary["selected"]["features"]  # type: ignore[index]
+    assert summary["model"] == MlpSpec(hidden=[4]).model_dump() and out.weights is not None
+    widths = {"signal": 1, "kind": 3, "noise": 1, "junk": 2, "copy": 1}
+    first = next(v for k, v in out.weights.items() if k.endswith("weight"))
+    assert first.shape == (4, sum(widths[n] for n in names))
