@@ -75,6 +75,10 @@ def model_card(
         # The selected model; {} when none was trained or none was run (DP-CFS; K = 0).
         card["model"] = selection.get("model") or {}
         card["selection"] = selection
+        chosen = (selection.get("selected") or {}).get("features")
+        if chosen is not None and samples > 0:
+            # Feature selection: the model reads only the chosen columns' encoded inputs.
+            card["preprocessing"]["model_inputs"] = _inputs_of(public_schema, set(chosen))
         privacy: dict[str, Any] = card["privacy"]
         privacy["statement"] = (
             f"{STATEMENTS[plan.guarantee]} The (ε, δ) is for the whole selection workflow: "
@@ -108,6 +112,23 @@ def _feature_names(public_schema: dict[str, Any]) -> list[str]:
     from service.dataschema import parse_dataset_schema
 
     return parse_dataset_schema(public_schema).feature_names
+
+
+def _inputs_of(public_schema: dict[str, Any], columns: set[str]) -> list[str]:
+    """The encoded input names of the chosen schema columns, in the schema's order (the
+    order worker.mechanisms.feature_selection slices the encoded rows in)."""
+    from service.dataschema import NumericColumn, parse_schema
+
+    out: list[str] = []
+    for col in parse_schema(public_schema).columns:
+        if col.name in columns:
+            names = (
+                [col.name]
+                if isinstance(col, NumericColumn)
+                else [f"{col.name}={level}" for level in col.levels]
+            )
+            out.extend(names)
+    return out
 
 
 def weights_bytes(releases: list[dict[str, torch.Tensor]]) -> bytes:
