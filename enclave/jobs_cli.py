@@ -236,6 +236,47 @@ def submit(
     typer.echo(job["id"])
 
 
+@jobs_app.command("select")
+def select(
+    body: Annotated[
+        Path,
+        typer.Argument(dir_okay=False, help="A JSON file: the body of POST /v1/selections."),
+    ],
+    url: Url = DEFAULT_URL,
+    key: Key = None,
+    quote_only: Annotated[
+        bool, typer.Option("--quote", help="Only show the whole workflow's cost.")
+    ] = False,
+    idempotency_key: Annotated[
+        str | None,
+        typer.Option(help="Send again safely: the same key and body return the first job."),
+    ] = None,
+) -> None:
+    """Quote or submit a selection job (architecture, hyperparameters, features); the job
+    is then watched and downloaded like any other. Prints the job id last."""
+    try:
+        request = json.loads(body.read_text())
+    except (OSError, UnicodeError, ValueError) as exc:
+        fail(f"cannot read the request body from {body}: {exc}")
+    api = Api(url, key)
+    if quote_only:
+        answer = api.json("POST", "/v1/selections/quote", json=request)
+        console.print(quote_table(answer))
+        mech = answer["plan"]["mechanism"]
+        for stage, values in mech["stages"].items():
+            console.print(f"stage {stage}: ε = {values['epsilon']:g}, δ = {values['delta']:g}")
+        console.print(f"trainings: {mech['trainings']}, runs: {mech['runs']}")
+        if not answer["admitted"]:
+            fail(f"not admitted: {answer.get('reason') or 'budget exceeded'}")
+        return
+    headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
+    job = api.call("POST", "/v1/selections", json=request, headers=headers).json()
+    console.print(
+        f"selection {job['status']}: ε = {job['epsilon']:g}, δ = {job['delta']:g} charged"
+    )
+    typer.echo(job["id"])
+
+
 @jobs_app.command("watch")
 def watch(
     job_id: JobId,

@@ -25,12 +25,14 @@ class LogisticSpec(_Spec):
 
 
 class MlpSpec(_Spec):
-    """A small MLP with tanh hidden layers and a sigmoid output in [0, 1]."""
+    """A small MLP with tanh (or ReLU) hidden layers and a sigmoid output in [0, 1]."""
 
     kind: Literal["mlp"] = "mlp"
     hidden: list[Annotated[int, Field(ge=1, le=256)]] = Field(
         default=[16], min_length=1, max_length=3
     )
+    # Does not change the parameter count or any sensitivity (the head is a sigmoid).
+    activation: Literal["tanh", "relu"] = "tanh"
 
 
 class GrudSpec(_Spec):

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from service.dataschema import CategoricalColumn, TabularSchema, parse_schema
-from service.modelspec import parameter_count
+from service.modelspec import ModelSpec, parameter_count
 from service.privacy.calibrate import Accountant, calibrate_noise_multiplier
 from service.privacy.events import (
     ComposedEvent,
@@ -610,6 +610,16 @@ def _expm_mcmc_plan(
     )
 
 
+def _model_json(model: ModelSpec) -> dict[str, Any]:
+    """The plan's model field. The default tanh activation is left out so that an MLP plan
+    stays identical, key for key, to the plans stored before activations existed (the
+    worker compares stored and re-derived plans)."""
+    out = model.model_dump()
+    if out.get("activation") == "tanh":
+        del out["activation"]
+    return out
+
+
 def build_plan(
     request: JobRequest,
     *,
@@ -636,6 +646,8 @@ def build_plan(
             f"model {request.model.kind!r} does not fit a {dataset_kind} dataset "
             "(GRU-D is for time-series datasets, the others for tabular ones)"
         )
+    if request.method == "selection":
+        raise PlanError("selection jobs are submitted through POST /v1/selections")
     given = {
         name
         for name in ("dpsgd", "expm_nf", "expm")
@@ -670,7 +682,7 @@ def build_plan(
         method=request.method,
         dataset=request.dataset,
         n_rows=n_rows,
-        model=request.model.model_dump(),
+        model=_model_json(request.model),
         # k releases: basic composition of k (ε, δ) guarantees (Dwork & Roth 2014, Thm 3.16).
         epsilon=k * request.epsilon,
         delta=k * request.delta,
@@ -711,5 +723,9 @@ def progress_total(plan: PrivacyPlan) -> int:
     steps the worker's mechanism counts. DP-SGD and the Langevin sampler count each
     released sample's steps (``steps × samples``); ``expm_nf`` trains one flow for all its
     samples (``steps``). Set on the job at admission, so it reads "0 of T" while queued."""
+    if plan.method == "selection":
+        # Trainings of a fixed-size search; 1 when their number is random (random
+        # stopping: K is never shown, so progress is 0 of 1 until the release).
+        return int(plan.mechanism.get("trainings") or 1)
     steps = int(plan.mechanism["steps"])
     return steps if plan.method == "expm_nf" else steps * plan.samples

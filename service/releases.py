@@ -82,6 +82,10 @@ def public_values(
     uses = {
         "dpsgd": "q = batch_size / row count and the expected batch q·row count",
         "expm": "the Langevin step: the noisy gradient sum is scaled by learning_rate / row count",
+        "selection": (
+            "the public training and validation counts it splits into (DP-SGD's "
+            "q = batch_size / training count; the noisy score's divisor, the validation count)"
+        ),
     }.get(method, "nothing (the exponential mechanism does not use it)")
     if sampler == "mcmc":
         uses = "nothing (the MCMC sampler's target does not depend on it)"

@@ -10,7 +10,9 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validat
 from service.ledger.tables import EntryKind, JobStatus, Role
 from service.modelspec import LogisticSpec, ModelSpec
 
-Method = Literal["dpsgd", "expm_nf", "expm"]
+TrainingMethod = Literal["dpsgd", "expm_nf", "expm"]
+Method = Literal[TrainingMethod, "selection"]
+"""``selection``: a selection job (POST /v1/selections), never submitted to POST /v1/jobs."""
 Guarantee = Literal["proven", "asymptotic", "nominal"]
 """How far a release's (ε, δ) is proven, strongest first: **proven** (a proof covers the run
 that executed, finite steps included), **asymptotic** (the sampler is exact only in the
@@ -308,6 +310,19 @@ class JobRequest(_In):
     dpsgd: DpsgdOptions | None = None
     expm_nf: ExpmNfOptions | None = None
     expm: ExpmOptions | None = None
+    selection: dict[str, Any] | None = Field(
+        default=None,
+        description=(
+            "Set by POST /v1/selections only (method 'selection'): the resolved selection "
+            "request, its kind and its per-candidate budget (service/selections.py)."
+        ),
+    )
+
+    @model_validator(mode="after")
+    def _selection_iff_method(self) -> JobRequest:
+        if (self.selection is None) != (self.method != "selection"):
+            raise ValueError("the selection field goes with method 'selection' and only with it")
+        return self
 
 
 class PrivacyPlan(BaseModel):

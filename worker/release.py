@@ -30,11 +30,16 @@ def model_card(
     count_epsilon: float | None,
     weights_sha256: str,
     samples: int,
+    selection: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The card states the guarantee, the neighbouring relation it is for, and the public
     values the mechanism was allowed to depend on. Nothing in it counts other people's
-    activity (no global ledger ids or sequence numbers): only this job's own values."""
-    return {
+    activity (no global ledger ids or sequence numbers): only this job's own values.
+
+    ``selection`` (selection jobs): the released choice (worker/mechanisms/model_selection
+    ``released_summary``); the card's model is then the selected one, and its privacy
+    section is the whole workflow's (every training and noisy score, one event)."""
+    card: dict[str, Any] = {
         "card_version": 1,
         "job_id": job_id,
         "run_token": run_token,
@@ -66,6 +71,22 @@ def model_card(
         },
         "weights_sha256": weights_sha256,
     }
+    if selection is not None:
+        # The selected model; {} when none was trained or none was run (DP-CFS; K = 0).
+        card["model"] = selection.get("model") or {}
+        card["selection"] = selection
+        chosen = (selection.get("selected") or {}).get("features")
+        if chosen is not None and samples > 0:
+            # Feature selection: the model reads only the chosen columns' encoded inputs.
+            card["preprocessing"]["model_inputs"] = _inputs_of(public_schema, set(chosen))
+        privacy: dict[str, Any] = card["privacy"]
+        privacy["statement"] = (
+            f"{STATEMENTS[plan.guarantee]} The (ε, δ) is for the whole selection workflow: "
+            "every candidate's DP-SGD training and noisy validation score, composed (or, for "
+            "a random number of runs, bounded by Papernot & Steinke 2022), charged "
+            "as one event; choosing the best noisy score is post-processing."
+        )
+    return card
 
 
 def _engine(plan: PrivacyPlan) -> dict[str, str]:
@@ -97,6 +118,23 @@ def _feature_names(public_schema: dict[str, Any]) -> list[str]:
     from service.dataschema import parse_dataset_schema
 
     return parse_dataset_schema(public_schema).feature_names
+
+
+def _inputs_of(public_schema: dict[str, Any], columns: set[str]) -> list[str]:
+    """The encoded input names of the chosen schema columns, in the schema's order (the
+    order worker.mechanisms.feature_selection slices the encoded rows in)."""
+    from service.dataschema import NumericColumn, parse_schema
+
+    out: list[str] = []
+    for col in parse_schema(public_schema).columns:
+        if col.name in columns:
+            names = (
+                [col.name]
+                if isinstance(col, NumericColumn)
+                else [f"{col.name}={level}" for level in col.levels]
+            )
+            out.extend(names)
+    return out
 
 
 def weights_bytes(releases: list[dict[str, torch.Tensor]]) -> bytes:

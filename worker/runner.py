@@ -39,6 +39,7 @@ from service.modelspec import ModelSpec
 from service.plans import PlanError, plan_for_dataset, progress_total
 from service.privacy.amounts import from_micro
 from service.schemas import JobRequest, PrivacyPlan
+from service.selections import ResolvedSelection, plan_selection_job
 from worker.data import load_training_set
 from worker.device import resolve_device
 from worker.mechanisms.base import MechanismOutput, ProgressFn, TabularTrainingSet
@@ -223,6 +224,26 @@ def run_mechanism(
     )
 
 
+def _run_selection(
+    selection: ResolvedSelection,
+    *,
+    data: TabularTrainingSet,
+    device: torch.device,
+    progress: ProgressFn,
+) -> tuple[MechanismOutput, dict[str, Any]]:
+    """A selection job: the kind's workflow, its selected model's weights (none if the
+    random number of runs was 0) and what the card states of the selection."""
+    from worker.mechanisms.model_selection import released_summary, run_selection
+
+    out = run_selection(
+        selection.request, selection.plan, data=data, device=device, progress=progress
+    )
+    # The number of trainings stays in the enclave (K is secret under random stopping).
+    log.info("selection: %d trainings", out.trainings)
+    releases = [] if out.weights is None else [out.weights]
+    return MechanismOutput(releases=releases), released_summary(out)
+
+
 def execute_job(job_id: str, settings: Settings | None = None) -> Outcome:
     settings = settings or get_settings()
     engine = engine_for(settings.resolved_database_url)
@@ -233,7 +254,13 @@ def execute_job(job_id: str, settings: Settings | None = None) -> Outcome:
     try:
         request = JobRequest.model_validate(job.request)
         stored = PrivacyPlan.model_validate(job.plan)
-        plan = plan_for_dataset(request, n_rows=ds.n_rows, public_schema=ds.public_schema)
+        selection: ResolvedSelection | None = None
+        if request.method == "selection":
+            selection, plan = plan_selection_job(
+                request, n_rows=ds.n_rows, public_schema=ds.public_schema
+            )
+        else:
+            plan = plan_for_dataset(request, n_rows=ds.n_rows, public_schema=ds.public_schema)
         if plan != stored:
             raise PlanError("stored plan differs from the recomputed plan")
     except Exception:
@@ -250,9 +277,15 @@ def execute_job(job_id: str, settings: Settings | None = None) -> Outcome:
                 device,
                 before_first_read=lambda: _mark_data_touched(engine, job_id, token),
             )
-            output = run_mechanism(
-                plan=plan, spec=request.model, data=data, device=device, progress=hb.progress
-            )
+            selected: dict[str, Any] | None = None
+            if selection is not None:
+                output, selected = _run_selection(
+                    selection, data=data, device=device, progress=hb.progress
+                )
+            else:
+                output = run_mechanism(
+                    plan=plan, spec=request.model, data=data, device=device, progress=hb.progress
+                )
             try:
                 hb.beat()  # the last progress; the release below checks ownership anyway
             except DBAPIError as exc:
@@ -271,6 +304,7 @@ def execute_job(job_id: str, settings: Settings | None = None) -> Outcome:
             ),
             weights_sha256=digest,
             samples=len(output.releases),
+            selection=selected,
         )
         if output.enclave_diagnostics:
             log.info("job %s enclave diagnostics: %s", job_id, output.enclave_diagnostics)

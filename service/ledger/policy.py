@@ -24,7 +24,8 @@ from service.ledger.admission import (
 from service.ledger.tables import Dataset
 from service.modelspec import GrudSpec, LogisticSpec
 from service.plans import PlanError, plan_for_dataset
-from service.schemas import EPSILON_FLOOR, JobRequest, Method
+from service.schemas import EPSILON_FLOOR, JobRequest
+from service.schemas import TrainingMethod as Method
 
 PROBE_EPSILON = 1.0
 """Largest ε (nats) of the probe requests (or the dataset's remaining ε where smaller)."""

@@ -23,11 +23,13 @@ from service.privacy.calibrate import (
 )
 from service.privacy.events import (
     EVENT_TYPES,
+    AnyOfEvent,
     ComposedEvent,
     DpEvent,
     ExponentialMechanismEvent,
     PoissonSubsampledGaussianEvent,
     PureDpEvent,
+    RandomStoppingEvent,
     SelfComposedEvent,
     event_from_json,
 )
@@ -56,11 +58,13 @@ __all__ = [
     "ORDERS",
     "ORDERS_VERSION",
     "Accountant",
+    "AnyOfEvent",
     "ComposedEvent",
     "DpEvent",
     "ExponentialMechanismEvent",
     "PoissonSubsampledGaussianEvent",
     "PureDpEvent",
+    "RandomStoppingEvent",
     "SelfComposedEvent",
     "bounded_range_rdp",
     "calibrate_noise_multiplier",

@@ -37,15 +37,24 @@ from service.privacy.rdp import (
     subsampled_gaussian_rdp,
     validate_orders,
 )
+from service.privacy.tuning import (
+    PoissonRuns,
+    RunsDistribution,
+    TruncatedNegativeBinomialRuns,
+    random_stopping_rdp,
+    runs_distribution_from_json,
+)
 
 __all__ = [
     "EVENT_TYPES",
+    "AnyOfEvent",
     "ComposedEvent",
     "DpEvent",
     "ExponentialMechanismEvent",
     "PmfSlackEvent",
     "PoissonSubsampledGaussianEvent",
     "PureDpEvent",
+    "RandomStoppingEvent",
     "SelfComposedEvent",
     "event_from_json",
     "leaf_counts",
@@ -379,6 +388,124 @@ class SelfComposedEvent(DpEvent):
         return cls(event=_decode(d["event"], depth + 1), count=d["count"])
 
 
+@dataclass(frozen=True)
+class AnyOfEvent(DpEvent):
+    """One run of *one* of ``events``, whichever is chosen, by a rule that depends only on
+    public values and on earlier released outputs (a search picking the next candidate's
+    batch size, or a random draw independent of the data).
+
+    RDP: the pointwise maximum of the curves. At a fixed order α each possible choice is
+    (α, max_i ρ_i(α))-RDP, and adaptive composition of RDP mechanisms (Mironov 2017,
+    Prop. 1) only needs that per-step bound; for a data-independent random choice the law
+    is a mixture with common weights, and D_α is jointly quasi-convex (van Erven &
+    Harremoës 2014, Thm. 13), so the mixture is within the maximum too. Pure iff every
+    member is pure, with the maximum ε. One leaf: k copies are k times its curve.
+    """
+
+    events: tuple[DpEvent, ...]
+
+    TYPE: ClassVar[str] = "any_of"
+    VERSION: ClassVar[int] = 1
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.events, list | tuple) or not self.events:
+            raise ValueError("an AnyOfEvent needs a non-empty tuple of events")
+        for e in self.events:
+            if not isinstance(e, DpEvent):
+                raise ValueError(f"events must be DpEvent instances, got {e!r}")
+        object.__setattr__(self, "events", tuple(self.events))
+
+    @property
+    def is_pure(self) -> bool:
+        return all(e.is_pure for e in self.events)
+
+    def pure_epsilon(self) -> float | None:
+        parts = [e.pure_epsilon() for e in self.events]
+        return None if any(p is None for p in parts) else max(p for p in parts if p is not None)
+
+    def _leaf_curve(self, orders: tuple[float, ...]) -> tuple[float, ...]:
+        curves = np.array([e.rdp(orders) for e in self.events])
+        return tuple(curves.max(axis=0).tolist())
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "type": self.TYPE,
+            "version": self.VERSION,
+            "events": [e.to_json() for e in self.events],
+        }
+
+    @classmethod
+    def _from_fields(cls, d: Mapping[str, Any], depth: int) -> DpEvent:
+        _expect_keys(d, {"events"})
+        raw = d["events"]
+        if not isinstance(raw, list | tuple):
+            raise ValueError(f"'events' must be a list, got {type(raw).__name__}")
+        return cls(events=tuple(_decode(e, depth + 1) for e in raw))
+
+
+@dataclass(frozen=True)
+class RandomStoppingEvent(DpEvent):
+    """Best of K independent runs of ``event``, K drawn server-side from the public
+    ``runs`` distribution, only the best run released (hyperparameter tuning by random
+    search). RDP: Papernot & Steinke 2022, Theorems 2 and 6 (formulas, citations and
+    the pure-DP case in :mod:`service.privacy.tuning`), the free order λ̂ ranging over
+    the fixed grid ORDERS so the curve at an order never depends on which other orders
+    are asked for. Pure iff the runs are pure and K is truncated negative binomial:
+    (2 + η)·ε (Liu & Talwar 2019 for η = 1: 3ε). One leaf: k copies are k charges
+    (k separate tuning jobs)."""
+
+    event: DpEvent
+    runs: RunsDistribution
+
+    TYPE: ClassVar[str] = "random_stopping"
+    VERSION: ClassVar[int] = 1
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.event, DpEvent):
+            raise ValueError(f"event must be a DpEvent, got {self.event!r}")
+        if not isinstance(self.runs, TruncatedNegativeBinomialRuns | PoissonRuns):
+            raise ValueError(f"runs must be a runs distribution, got {self.runs!r}")
+
+    @property
+    def is_pure(self) -> bool:
+        return self.event.is_pure and isinstance(self.runs, TruncatedNegativeBinomialRuns)
+
+    def pure_epsilon(self) -> float | None:
+        inner = self.event.pure_epsilon()
+        if inner is None or not isinstance(self.runs, TruncatedNegativeBinomialRuns):
+            return None
+        return (2.0 + self.runs.eta) * inner
+
+    def _leaf_curve(self, orders: tuple[float, ...]) -> tuple[float, ...]:
+        curve = random_stopping_rdp(
+            dist=self.runs,
+            base_rdp=self.event.rdp(orders),
+            orders=orders,
+            hat_rdp=self.event.rdp(ORDERS),
+            hat_orders=ORDERS,
+            base_pure_epsilon=self.event.pure_epsilon(),
+        )
+        pure = self.pure_epsilon()
+        if pure is not None:
+            curve = np.minimum(curve, randomized_response_rdp(epsilon=pure, orders=orders))
+        return tuple(curve.tolist())
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "type": self.TYPE,
+            "version": self.VERSION,
+            "event": self.event.to_json(),
+            "runs": self.runs.to_json(),
+        }
+
+    @classmethod
+    def _from_fields(cls, d: Mapping[str, Any], depth: int) -> DpEvent:
+        _expect_keys(d, {"event", "runs"})
+        return cls(
+            event=_decode(d["event"], depth + 1), runs=runs_distribution_from_json(d["runs"])
+        )
+
+
 # ---------------------------------------------------------------------- registry
 
 EVENT_TYPES: Final[Mapping[str, type[DpEvent]]] = {
@@ -390,6 +517,8 @@ EVENT_TYPES: Final[Mapping[str, type[DpEvent]]] = {
         PmfSlackEvent,
         ComposedEvent,
         SelfComposedEvent,
+        RandomStoppingEvent,
+        AnyOfEvent,
     )
 }
 """The explicit ``{type name: class}`` registry used to decode events."""

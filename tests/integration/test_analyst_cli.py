@@ -161,3 +161,25 @@ def test_admin_jobs_refund_nominal_and_analysts(client: Any, keys: Keys, setting
     assert analysts.exit_code == 0, analysts.output
     for name in ("admin", "alice", "bob", "live", "toy"):
         assert name in analysts.output
+
+
+def test_select_quotes_and_submits_a_selection(
+    live: str, keys: Keys, settings: Any, tmp_path: Path
+) -> None:
+    body = tmp_path / "selection.json"
+    body.write_text(json.dumps({
+        "dataset": "toy", "kind": "architecture", "epsilon": 2, "delta": 1e-6,
+        "space": {"depths": [1], "widths": [2]}, "search": {"algorithm": "rs", "trainings": 1},
+        "training": {"epochs": 1, "batch_size": 50},
+    }))  # fmt: skip
+    q = jobs(live, keys.alice, "select", str(body), "--quote")
+    assert q.exit_code == 0, q.output + q.stderr
+    assert "selection" in q.output and "stage training" in q.output and "trainings: 1" in q.output
+    s = jobs(live, keys.alice, "select", str(body))
+    assert s.exit_code == 0, s.output + s.stderr
+    job_id = s.output.strip().splitlines()[-1]
+    assert execute_job(job_id, settings) == Outcome.released
+    out = tmp_path / "release"
+    d = jobs(live, keys.alice, "download", job_id, "--out", str(out))
+    assert d.exit_code == 0, d.output + d.stderr
+    assert json.loads((out / "card.json").read_text())["selection"]["selected"]["hidden"] == [2]

@@ -43,7 +43,7 @@ API_RULES: list[tuple[str, Access]] = [
     (r"^/(healthz|readyz|problems/\{slug\})$", Access.public),
     (r"^/v1/admin/", Access.admin),
     (r"^/v1/jobs/\{job_id\}(/|$)", Access.owned),
-    (r"^/v1/(datasets|datasets/\{name\}|quote|jobs)$", Access.analyst),
+    (r"^/v1/(datasets|datasets/\{name\}|quote|jobs|selections|selections/quote)$", Access.analyst),
 ]
 DASHBOARD_RULES: list[tuple[str, Access]] = [
     (r"^/dashboard/(login|style\.css)$", Access.public),
@@ -139,7 +139,21 @@ def _fill(path: str, world: World) -> str:
     return re.sub(r"\{(\w+)\}", one, path)
 
 
-BODIES: dict[tuple[str, str], Any] = {("POST", "/v1/jobs"): DPSGD, ("POST", "/v1/quote"): DPSGD}
+SELECTION = {
+    "dataset": "toy",
+    "kind": "architecture",
+    "epsilon": 1.0,
+    "delta": 1e-6,
+    "space": {"depths": [1], "widths": [2]},
+    "search": {"algorithm": "rs", "trainings": 1},
+    "training": {"epochs": 1, "batch_size": 50},
+}
+BODIES: dict[tuple[str, str], Any] = {
+    ("POST", "/v1/jobs"): DPSGD,
+    ("POST", "/v1/quote"): DPSGD,
+    ("POST", "/v1/selections"): SELECTION,
+    ("POST", "/v1/selections/quote"): SELECTION,
+}
 
 
 def _check_leaks(world: World, caller: Caller, sent: str, body: str, label: str) -> None:

@@ -225,3 +225,16 @@ def test_defaults_come_from_the_public_row_count() -> None:
     assert resolved(10) == (10, 100)  # never a batch above n̂; epochs capped at 100
     assert resolved(750, batch_size=100, epochs=2) == (100, 2)  # what the analyst sent wins
     assert resolved(750, batch_size=100) == (100, 38)
+
+
+def test_mlp_plan_keeps_its_old_shape_unless_the_activation_is_not_the_default() -> None:
+    # Plans stored before MLP activations existed must still equal the re-derived plan.
+    def plan_model(model: dict[str, object]) -> dict[str, object]:
+        request = JobRequest.model_validate(
+            {"dataset": "x", "method": "dpsgd", "epsilon": 1, "delta": 1e-6, "model": model}
+        )
+        return build_plan(request, n_rows=1000, n_features=5).model
+
+    assert plan_model({"kind": "mlp", "hidden": [4]}) == {"kind": "mlp", "hidden": [4]}
+    relu = {"kind": "mlp", "hidden": [4], "activation": "relu"}
+    assert plan_model(relu) == relu

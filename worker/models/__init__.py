@@ -47,7 +47,7 @@ def build_module(
     if isinstance(spec, LogisticSpec):
         return Logistic(n_features)
     if isinstance(spec, MlpSpec):
-        return Mlp(n_features, spec.hidden)
+        return Mlp(n_features, spec.hidden, spec.activation)
     if isinstance(spec, GrudSpec):
         means = None if public_means is None else torch.tensor(list(public_means))
         return Grud(n_features, spec.hidden, means)

@@ -158,9 +158,16 @@ def quote(
 
     Uses the same evaluation as admission, on the ledger's current state.
     """
-    plan = _plan_for(engine, settings, body).plan
+    return quote_for(engine, caller, body.dataset, _plan_for(engine, settings, body).plan)
+
+
+def quote_for(
+    engine: EngineDep, caller: CallerDep, dataset: str, plan: PrivacyPlan
+) -> QuoteResponse:
+    """The quote of a planned job on the ledger's current state (POST /v1/quote and
+    POST /v1/selections/quote)."""
     with transaction(engine) as s:
-        ds = dataset_or_404(s, body.dataset)
+        ds = dataset_or_404(s, dataset)
         cap = s.get(AnalystCap, (caller.id, ds.id))
         ev = evaluate(dataset_filter(ds), cap_filter(cap) if cap else None, charge_for(plan))
         # Admission checks the nominal policy first, then the filters: so does the quote.
@@ -208,7 +215,21 @@ def create_job(
     """Submit a training job. Its plan is charged to the ledger at admission, before any
     private row is read. A job cancelled while queued is refunded; a failed job keeps its
     charge unless the admin refunds it (its failure is itself an output)."""
-    planned = _plan_for(engine, settings, body)
+    return admit_and_enqueue(
+        engine, settings, caller, response, body, _plan_for(engine, settings, body), idempotency_key
+    )
+
+
+def admit_and_enqueue(
+    engine: EngineDep,
+    settings: Settings,
+    caller: CallerDep,
+    response: Response,
+    body: JobRequest,
+    planned: Planned,
+    idempotency_key: str | None,
+) -> JobPublic:
+    """Admit (charge) a planned job and enqueue it: POST /v1/jobs and POST /v1/selections."""
     try:
         with transaction(engine) as s:
             admitted = admit_job(

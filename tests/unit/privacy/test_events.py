@@ -13,17 +13,20 @@ from service.privacy.amounts import curve_to_micro_up
 from service.privacy.events import (
     EVENT_TYPES,
     MAX_NESTING_DEPTH,
+    AnyOfEvent,
     ComposedEvent,
     DpEvent,
     ExponentialMechanismEvent,
     PmfSlackEvent,
     PoissonSubsampledGaussianEvent,
     PureDpEvent,
+    RandomStoppingEvent,
     SelfComposedEvent,
     event_from_json,
 )
 from service.privacy.orders import ORDERS
 from service.privacy.rdp import bounded_range_rdp, randomized_response_rdp
+from service.privacy.tuning import PoissonRuns, TruncatedNegativeBinomialRuns
 
 SGM = PoissonSubsampledGaussianEvent(sampling_rate=0.01, noise_multiplier=1.1, steps=5)
 
@@ -41,6 +44,13 @@ EXAMPLES: list[DpEvent] = [
     ComposedEvent(events=(PureDpEvent(epsilon=0.2), ExponentialMechanismEvent(epsilon=0.4))),
     SelfComposedEvent(event=ExponentialMechanismEvent(epsilon=0.5), count=3),
     SelfComposedEvent(event=ComposedEvent(events=(SGM, PureDpEvent(epsilon=1.0))), count=2),
+    RandomStoppingEvent(event=SGM, runs=TruncatedNegativeBinomialRuns(eta=1.0, gamma=0.1)),
+    RandomStoppingEvent(event=SGM, runs=PoissonRuns(mu=5.0)),
+    AnyOfEvent(events=(SGM, PureDpEvent(epsilon=0.3))),
+    AnyOfEvent(events=(PureDpEvent(epsilon=0.3), ExponentialMechanismEvent(epsilon=0.5))),
+    RandomStoppingEvent(
+        event=PureDpEvent(epsilon=0.3), runs=TruncatedNegativeBinomialRuns(eta=0.0, gamma=0.2)
+    ),
 ]
 
 # (type, valid JSON fields → list of invalid variants)
@@ -90,6 +100,27 @@ INVALID_FIELDS: dict[str, list[dict[str, Any]]] = {
         {"event": {"type": "pure_dp", "version": 1, "epsilon": 1.0}, "count": False},
         {"event": {"type": "nope", "version": 1}, "count": 2},
         {"event": "pure_dp", "count": 2},
+    ],
+    "any_of": [
+        {"events": []},
+        {"events": "x"},
+        {"events": [{"type": "pure_dp", "version": 1, "epsilon": -1.0}]},
+    ],
+    "random_stopping": [
+        {"event": SGM.to_json(), "runs": {"kind": "poisson", "mu": 0.5}},
+        {"event": SGM.to_json(), "runs": {"kind": "poisson", "mu": math.inf}},
+        {"event": SGM.to_json(), "runs": {"kind": "poisson"}},
+        {"event": SGM.to_json(), "runs": {"kind": "geometric", "gamma": 0.1}},
+        {
+            "event": SGM.to_json(),
+            "runs": {"kind": "truncated_negative_binomial", "eta": -1.0, "gamma": 0.1},
+        },
+        {
+            "event": SGM.to_json(),
+            "runs": {"kind": "truncated_negative_binomial", "eta": 1.0, "gamma": 1.0},
+        },
+        {"event": SGM.to_json(), "runs": "poisson"},
+        {"event": {"type": "nope", "version": 1}, "runs": {"kind": "poisson", "mu": 1.0}},
     ],
 }
 
@@ -290,3 +321,14 @@ def test_pmf_slack_curve_is_the_closed_form_bound() -> None:
         ph, qh = ph / ph.sum(), qh / qh.sum()
         # renormalising keeps each within e^{±2τ}; the bound at 2τ must hold
         assert renyi(ph, qh, a) <= renyi(p, q, a) + 2 * extra + 1e-12
+
+
+def test_any_of_is_the_pointwise_maximum() -> None:
+    small = PoissonSubsampledGaussianEvent(sampling_rate=0.01, noise_multiplier=2.0, steps=100)
+    big = PoissonSubsampledGaussianEvent(sampling_rate=0.05, noise_multiplier=1.0, steps=50)
+    pure = PureDpEvent(epsilon=0.2)
+    e = AnyOfEvent(events=(small, big, pure))
+    want = np.maximum(np.maximum(small.rdp(ORDERS), big.rdp(ORDERS)), pure.rdp(ORDERS))
+    np.testing.assert_array_equal(e.rdp(ORDERS), want)
+    assert AnyOfEvent(events=(pure, PureDpEvent(epsilon=0.5))).pure_epsilon() == 0.5
+    assert e.pure_epsilon() is None

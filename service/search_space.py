@@ -1,0 +1,83 @@
+"""Declared search spaces for architecture search, and how many trainings a search makes.
+
+Everything here is public: the analyst declares the space and the algorithm's sizes, and
+the number of trainings (hence the privacy charge) follows from them alone, before any
+data is read. The searches themselves run in the worker
+(:mod:`worker.mechanisms.search`) and only ever see *noisy* fitness values, so the
+choices they make are post-processing of those private releases.
+
+Algorithms (Bao, Bauer & Bindschaedler, privacy-aware architecture / feature selection
+for DP ML; the names follow the issue):
+
+* ``rs`` — random search: ``trainings`` candidates drawn uniformly from the space,
+  the one with the best noisy fitness is selected;
+* ``mgrs`` — multi-generation random search: ``generations`` rounds of
+  ``per_generation`` candidates; after the first round, half of each round's
+  candidates are mutations of the best candidate so far (by noisy fitness), half are
+  drawn uniformly;
+* ``paas`` — privacy-aware architecture search, a genetic algorithm: a population of
+  ``population`` candidates, ``generations`` generations; each new generation is
+  made by tournament selection on noisy fitness, uniform crossover and mutation.
+  Every member of every generation is trained and scored once.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+__all__ = ["ArchitectureCandidate", "ArchitectureSearch", "ArchitectureSpace", "planned_trainings"]
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ArchitectureSpace(_Frozen):
+    """MLP architectures: depth × width per layer × activation (× learning rate × batch)."""
+
+    depths: list[Annotated[int, Field(ge=1, le=3)]] = Field(default=[1, 2], min_length=1)
+    widths: list[Annotated[int, Field(ge=1, le=256)]] = Field(
+        default=[8, 16, 32], min_length=1, max_length=16
+    )
+    activations: list[Literal["tanh", "relu"]] = Field(default=["tanh"], min_length=1)
+    learning_rates: list[Annotated[float, Field(gt=0.0, le=100.0)]] = Field(
+        default=[], max_length=16
+    )
+    batch_sizes: list[Annotated[int, Field(ge=1, le=1_000_000)]] = Field(default=[], max_length=16)
+
+
+class ArchitectureCandidate(_Frozen):
+    """One point of the space; ``None`` learning rate / batch size: the request's own."""
+
+    hidden: tuple[int, ...]
+    activation: Literal["tanh", "relu"]
+    learning_rate: float | None = None
+    batch_size: int | None = None
+
+
+class ArchitectureSearch(_Frozen):
+    """Which search and its sizes (all public; they fix the number of trainings)."""
+
+    algorithm: Literal["rs", "mgrs", "paas"] = "paas"
+    trainings: int = Field(default=8, ge=1, le=200, description="rs: candidates trained")
+    generations: int = Field(default=3, ge=1, le=50, description="mgrs, paas")
+    per_generation: int = Field(default=4, ge=1, le=50, description="mgrs")
+    population: int = Field(default=4, ge=2, le=50, description="paas")
+    mutation_rate: float = Field(default=0.3, ge=0.0, le=1.0, description="paas, mgrs")
+
+    @model_validator(mode="after")
+    def _bounded(self) -> ArchitectureSearch:
+        if planned_trainings(self) > 200:
+            raise ValueError("a search may train at most 200 candidates")
+        return self
+
+
+def planned_trainings(search: ArchitectureSearch) -> int:
+    """Number of candidates the search trains and scores (each one charged)."""
+    if search.algorithm == "rs":
+        return search.trainings
+    if search.algorithm == "mgrs":
+        return search.generations * search.per_generation
+    return search.generations * search.population

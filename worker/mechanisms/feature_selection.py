@@ -1,0 +1,344 @@
+"""Worker side of the ``features`` selection kind (plan: :mod:`service.feature_selection`).
+
+DP-CFS: discretise each schema column from the encoded rows by the public layout
+(numeric: ⌊v·B⌋ of the [0, 1]-scaled value, clipped to B − 1; categorical: the one-hot
+block's level), count the H joint histograms, add integer rounded-Gaussian noise of the
+planned σ_cell to every cell (server-side CSPRNG) — the search's only access to the
+rows. The search is post-processing of the noisy counts: plug-in entropies (negative counts
+clamped to 0, then normalised), symmetrical uncertainty SU(a, b) = 2·I(a; b)/(H(a) + H(b)),
+merit(S) = k·mean SU_fy / sqrt(k + k(k − 1)·mean SU_ff), searched greedily (forward
+selection) or by a GA over bit masks. With ``final``, the product's DP-SGD then trains
+one model on the selected columns with the planned mechanism.
+
+PAFS: the same GA, with fitness = the noisy validation accuracy of a DP-SGD model trained
+on the subset's encoded columns (the architecture kind's train-and-score); exactly
+population × generations trainings, as planned.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from itertools import combinations
+
+import numpy as np
+import torch
+
+from service.feature_selection import FeatureCandidate, FeatureLayout, FeatureRequest
+from service.modelspec import parameter_count
+from service.selection_plans import SelectionPlan, candidate_mechanism
+from worker.mechanisms.base import ProgressFn, TabularTrainingSet
+from worker.mechanisms.dpsgd import run_dpsgd
+from worker.mechanisms.model_selection import SelectionOutput, _train_and_score, split_rows
+from worker.noise import rounded_gaussian, secure_rng
+
+__all__ = [
+    "Histograms",
+    "cfs_ga",
+    "cfs_greedy",
+    "count_histograms",
+    "discretise",
+    "entropy",
+    "mask_ga",
+    "merit",
+    "noisy_histograms",
+    "run_feature_selection",
+    "su_from_joint",
+    "su_matrices",
+]
+
+
+@dataclass(frozen=True)
+class Histograms:
+    """Joint counts: fy[i] (bins_i × 2), ff[(i, j)] (bins_i × bins_j) for i < j."""
+
+    fy: tuple[np.ndarray, ...]
+    ff: dict[tuple[int, int], np.ndarray]
+
+
+def discretise(data: TabularTrainingSet, layout: FeatureLayout) -> tuple[np.ndarray, np.ndarray]:
+    """Codes (n, F) int64 and target codes (n,) from the encoded rows, by the public layout."""
+    x = data.x.detach().cpu().numpy()
+    codes = np.empty((x.shape[0], len(layout.columns)), dtype=np.int64)
+    for i, c in enumerate(layout.columns):
+        block = x[:, c.start : c.start + c.width]
+        if c.categorical:
+            codes[:, i] = np.argmax(block, axis=1)
+        else:
+            codes[:, i] = np.clip(np.floor(block[:, 0] * c.bins), 0, c.bins - 1)
+    y = (data.y.detach().cpu().numpy() > 0.5).astype(np.int64)
+    return codes, y
+
+
+def _joint(a: np.ndarray, na: int, b: np.ndarray, nb: int) -> np.ndarray:
+    return np.bincount(a * nb + b, minlength=na * nb).reshape(na, nb).astype(np.int64)
+
+
+def count_histograms(codes: np.ndarray, y: np.ndarray, bins: list[int]) -> Histograms:
+    f = len(bins)
+    fy = tuple(_joint(codes[:, i], bins[i], y, 2) for i in range(f))
+    ff = {
+        (i, j): _joint(codes[:, i], bins[i], codes[:, j], bins[j])
+        for i, j in combinations(range(f), 2)
+    }
+    return Histograms(fy=fy, ff=ff)
+
+
+def noisy_histograms(h: Histograms, *, scale: float, rng: np.random.Generator) -> Histograms:
+    """Every cell + ⌊scale·Z + ½⌋ (exact integer sampler)."""
+
+    def noisy(a: np.ndarray) -> np.ndarray:
+        return a + rounded_gaussian(rng, scale=scale, size=a.size).reshape(a.shape)
+
+    return Histograms(fy=tuple(noisy(a) for a in h.fy), ff={k: noisy(v) for k, v in h.ff.items()})
+
+
+def entropy(counts: np.ndarray) -> float:
+    """Plug-in entropy (nats) of (noisy) counts: negatives clamped to 0, normalised;
+    0 for an all-zero histogram."""
+    c = np.clip(np.asarray(counts, dtype=np.float64).ravel(), 0.0, None)
+    total = c.sum()
+    if total <= 0.0:
+        return 0.0
+    p = c[c > 0] / total
+    return float(-(p * np.log(p)).sum())
+
+
+def su_from_joint(joint: np.ndarray) -> float:
+    """SU(a, b) = 2·(H(a) + H(b) − H(a, b)) / (H(a) + H(b)) from one (noisy) joint,
+    marginals summed from its clamped cells; clipped to [0, 1]."""
+    j = np.clip(np.asarray(joint, dtype=np.float64), 0.0, None)
+    ha, hb = entropy(j.sum(axis=1)), entropy(j.sum(axis=0))
+    if ha + hb <= 0.0:
+        return 0.0
+    return float(np.clip(2.0 * (ha + hb - entropy(j)) / (ha + hb), 0.0, 1.0))
+
+
+def su_matrices(h: Histograms) -> tuple[np.ndarray, np.ndarray]:
+    """SU_fy (F,) and the symmetric SU_ff (F, F) (diagonal 1)."""
+    f = len(h.fy)
+    fy = np.array([su_from_joint(a) for a in h.fy])
+    ff = np.eye(f)
+    for (i, j), a in h.ff.items():
+        ff[i, j] = ff[j, i] = su_from_joint(a)
+    return fy, ff
+
+
+def merit(subset: np.ndarray | list[int], su_fy: np.ndarray, su_ff: np.ndarray) -> float:
+    """k·mean SU_fy / sqrt(k + k(k − 1)·mean SU_ff); 0 for the empty set."""
+    s = np.asarray(subset, dtype=np.int64)
+    k = len(s)
+    if k == 0:
+        return 0.0
+    r_fy = float(su_fy[s].mean())
+    r_ff = 0.0 if k == 1 else float((su_ff[np.ix_(s, s)].sum() - k) / (k * (k - 1)))
+    return k * r_fy / float(np.sqrt(k + k * (k - 1) * r_ff))
+
+
+def cfs_greedy(su_fy: np.ndarray, su_ff: np.ndarray, *, max_size: int | None = None) -> list[int]:
+    """Forward selection: add the feature that raises the merit most; stop when none
+    raises it, or at ``max_size``. Ties: the lowest index."""
+    chosen: list[int] = []
+    best = 0.0
+    limit = len(su_fy) if max_size is None else min(max_size, len(su_fy))
+    while len(chosen) < limit:
+        scores = [
+            (merit([*chosen, i], su_fy, su_ff), -i) for i in range(len(su_fy)) if i not in chosen
+        ]
+        value, neg_i = max(scores)
+        if value <= best:
+            break
+        chosen.append(-neg_i)
+        best = value
+    return sorted(chosen)
+
+
+def mask_ga(
+    fitness: Callable[[tuple[int, ...]], float],
+    *,
+    n: int,
+    population: int,
+    generations: int,
+    mutation_rate: float,
+    rng: np.random.Generator,
+    max_size: int | None = None,
+) -> tuple[tuple[int, ...], float, int]:
+    """GA over non-empty subsets of range(n) (at most ``max_size``): random initial
+    population, then per generation ``population`` children by tournament selection,
+    uniform crossover and bit-flip mutation; elitism keeps the best scored so far in the
+    parents' pool (not re-scored). Calls ``fitness`` exactly population × generations
+    times. Returns (best subset, its fitness, calls)."""
+    limit = n if max_size is None else min(max_size, n)
+
+    def repair(m: np.ndarray) -> tuple[int, ...]:
+        idx = np.flatnonzero(m)
+        if len(idx) == 0:
+            idx = np.array([int(rng.integers(n))])
+        if len(idx) > limit:
+            idx = np.sort(rng.choice(idx, size=limit, replace=False))
+        return tuple(int(i) for i in idx)
+
+    def as_mask(s: tuple[int, ...]) -> np.ndarray:
+        m = np.zeros(n, dtype=bool)
+        m[list(s)] = True
+        return m
+
+    history: list[tuple[tuple[int, ...], float]] = []
+
+    def score(s: tuple[int, ...]) -> tuple[tuple[int, ...], float]:
+        out = (s, float(fitness(s)))
+        history.append(out)
+        return out
+
+    def tournament(pool: list[tuple[tuple[int, ...], float]]) -> np.ndarray:
+        i, j = rng.integers(len(pool), size=2)
+        return as_mask(pool[i][0] if pool[i][1] >= pool[j][1] else pool[j][0])
+
+    pool = [score(repair(rng.random(n) < 0.5)) for _ in range(population)]
+    for _ in range(generations - 1):
+        children = []
+        for _ in range(population):
+            a, b = tournament(pool), tournament(pool)
+            child = np.where(rng.random(n) < 0.5, a, b)
+            child ^= rng.random(n) < mutation_rate
+            children.append(repair(child))
+        pool = [score(c) for c in children] + [max(history, key=lambda h: h[1])]
+    best, value = max(history, key=lambda h: h[1])
+    return best, value, len(history)
+
+
+def cfs_ga(
+    su_fy: np.ndarray,
+    su_ff: np.ndarray,
+    *,
+    population: int,
+    generations: int,
+    mutation_rate: float,
+    rng: np.random.Generator,
+    max_size: int | None = None,
+) -> list[int]:
+    best, _, _ = mask_ga(
+        lambda s: merit(list(s), su_fy, su_ff),
+        n=len(su_fy),
+        population=population,
+        generations=generations,
+        mutation_rate=mutation_rate,
+        rng=rng,
+        max_size=max_size,
+    )
+    return sorted(best)
+
+
+def _encoded_columns(layout: FeatureLayout, subset: tuple[int, ...]) -> list[int]:
+    cols = [layout.columns[s] for s in subset]
+    return [i for c in cols for i in range(c.start, c.start + c.width)]
+
+
+def run_feature_selection(
+    *,
+    request: FeatureRequest,
+    plan: SelectionPlan,
+    data: TabularTrainingSet,
+    device: torch.device,
+    progress: ProgressFn,
+) -> SelectionOutput:
+    layout = plan.features
+    assert layout is not None
+    rng = secure_rng()
+    names = [c.name for c in layout.columns]
+    ga = request.ga
+    if request.method != "pafs":
+        assert layout.cell_scale is not None
+        codes, y = discretise(data, layout)
+        counts = count_histograms(codes, y, [c.bins for c in layout.columns])
+        noisy = noisy_histograms(counts, scale=layout.cell_scale, rng=rng)
+        del counts, codes, y
+        progress(1, 2)
+        su_fy, su_ff = su_matrices(noisy)
+        if request.method == "cfs_greedy":
+            chosen = cfs_greedy(su_fy, su_ff, max_size=request.max_selected)
+        else:
+            chosen = cfs_ga(
+                su_fy,
+                su_ff,
+                population=ga.population,
+                generations=ga.generations,
+                mutation_rate=ga.mutation_rate,
+                rng=rng,
+                max_size=request.max_selected,
+            )
+        progress(2, 2)
+        selected = FeatureCandidate(method=request.method, features=tuple(names[i] for i in chosen))
+        final = request.final
+        if final is None:
+            return SelectionOutput(selected, None, None, None, trainings=0)
+        assert layout.training_key is not None
+        cols = torch.as_tensor(_encoded_columns(layout, tuple(chosen)), device=data.x.device)
+        mech = candidate_mechanism(
+            plan,
+            key=layout.training_key,
+            parameters=parameter_count(final.model, len(cols)),
+            learning_rate=final.training.learning_rate,
+        )
+        out = run_dpsgd(
+            spec=final.model,
+            mechanism=mech,
+            samples=1,
+            data=TabularTrainingSet(data.x[:, cols], data.y, None),
+            device=device,
+            progress=lambda a, b: None,
+        )
+        return SelectionOutput(
+            selected, final.model.model_dump(), out.releases[0], None, trainings=1
+        )
+
+    # PAFS
+    assert request.budget is not None and layout.training_key is not None
+    key, fitness_epsilon = layout.training_key, request.budget.fitness_epsilon
+    train, val = split_rows(data, validation_fraction=request.budget.validation_fraction, rng=rng)
+    total = plan.trainings or 0
+    models: dict[tuple[int, ...], dict[str, torch.Tensor]] = {}
+    done = 0
+
+    def fitness(subset: tuple[int, ...]) -> float:
+        nonlocal done
+        cols = torch.as_tensor(_encoded_columns(layout, subset), device=train.x.device)
+        tr = TabularTrainingSet(train.x[:, cols], train.y, None)
+        va = TabularTrainingSet(val.x[:, cols], val.y, None)
+        mech = candidate_mechanism(
+            plan,
+            key=key,
+            parameters=parameter_count(request.model, len(cols)),
+            learning_rate=request.training.learning_rate,
+        )
+        weights, score = _train_and_score(
+            spec=request.model,
+            mechanism=mech,
+            train=tr,
+            val=va,
+            n_val_public=plan.n_val,
+            fitness_epsilon=fitness_epsilon,
+            device=device,
+            rng=rng,
+        )
+        models[subset] = weights
+        done += 1
+        progress(done, total)
+        return score
+
+    best, value, calls = mask_ga(
+        fitness,
+        n=len(names),
+        population=ga.population,
+        generations=ga.generations,
+        mutation_rate=ga.mutation_rate,
+        rng=rng,
+        max_size=request.max_selected,
+    )
+    return SelectionOutput(
+        selected=FeatureCandidate(method="pafs", features=tuple(names[i] for i in sorted(best))),
+        model=request.model.model_dump(),
+        weights=models[best],
+        noisy_accuracy=value,
+        trainings=calls,
+    )

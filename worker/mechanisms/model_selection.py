@@ -1,0 +1,303 @@
+"""Worker side of the ``architecture`` and ``hyperparameters`` selection kinds: split,
+train every candidate with the product's DP-SGD, score it with a noisy validation
+accuracy, select. Exactly the plan of :mod:`service.selection_plans`: the number of
+trainings (architecture) or the law of K (hyperparameters) and each candidate's σ and
+schedule come from the plan; K is drawn here from the CSPRNG, never by the caller.
+
+What is released: the selected candidate (architecture or settings), its noisy score and
+its DP-SGD weights. All of them are outputs the plan charged (each training and each
+score), and choosing among them looks at noisy scores only (post-processing). For
+hyperparameters the number of runs K is *not* released, not even as progress: the
+Papernot–Steinke bound covers the best run with K hidden.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from service.feature_selection import FeatureCandidate, FeatureRequest
+from service.modelspec import MlpSpec, ModelSpec, parameter_count
+from service.search_space import ArchitectureCandidate
+from service.selection_plans import (
+    ArchitectureRequest,
+    HyperparameterCandidate,
+    HyperparameterRequest,
+    SelectionPlan,
+    architecture_key,
+    candidate_mechanism,
+)
+from worker.mechanisms.base import ProgressFn, TabularTrainingSet
+from worker.mechanisms.dpsgd import run_dpsgd
+from worker.mechanisms.search import noisy_accuracy, run_search, sample_candidate
+from worker.models import build_module
+from worker.noise import discrete_laplace, secure_rng
+
+__all__ = [
+    "SelectionOutput",
+    "draw_runs",
+    "released_summary",
+    "run_architecture_selection",
+    "run_hyperparameter_selection",
+    "run_selection",
+    "split_rows",
+]
+
+
+@dataclass(frozen=True)
+class SelectionOutput:
+    selected: (
+        ArchitectureCandidate | HyperparameterCandidate | FeatureCandidate | None
+    )  # None: K = 0
+    model: dict[str, object] | None  # the selected model spec (JSON)
+    weights: dict[str, torch.Tensor] | None
+    noisy_accuracy: float | None
+    # Enclave log only for hyperparameters: K must not be released (see below).
+    trainings: int
+
+
+def split_rows(
+    data: TabularTrainingSet, *, validation_fraction: float, rng: np.random.Generator
+) -> tuple[TabularTrainingSet, TabularTrainingSet]:
+    """Each row goes to validation independently with the public probability."""
+    to_val = torch.as_tensor(rng.random(data.n) < validation_fraction, device=data.x.device)
+    part = lambda m: TabularTrainingSet(data.x[m], data.y[m], data.public_means)  # noqa: E731
+    return part(~to_val), part(to_val)
+
+
+def draw_runs(plan: SelectionPlan, rng: np.random.Generator) -> int:
+    """K from the plan's public law by inversion of its cdf (server-side CSPRNG)."""
+    assert plan.runs is not None
+    u = float(rng.random())
+    start = 0 if plan.runs.kind == "poisson" else 1
+    total, k = 0.0, start
+    while True:
+        total += float(np.exp(plan.runs.log_pmf(np.array([float(k)])))[0])
+        if u < total or k > 1_000_000:
+            return k
+        k += 1
+
+
+def _train_and_count(
+    *,
+    spec: ModelSpec,
+    mechanism: dict[str, object],
+    train: TabularTrainingSet,
+    val: TabularTrainingSet,
+    device: torch.device,
+) -> tuple[dict[str, torch.Tensor], int]:
+    """DP-SGD on the training part; the exact number of correct validation predictions
+    (private: it only leaves noised, see the callers)."""
+    out = run_dpsgd(
+        spec=spec,
+        mechanism=dict(mechanism),
+        samples=1,
+        data=train,
+        device=device,
+        progress=lambda a, b: None,
+    )
+    weights = out.releases[0]
+    module = build_module(spec, train.n_features, public_means=train.public_means)
+    module.load_state_dict(weights)
+    with torch.no_grad():
+        pred = module.to(device)(val.x) > 0.0
+    return weights, int((pred == (val.y > 0.5)).sum().item())
+
+
+def _train_and_score(
+    *,
+    spec: ModelSpec,
+    mechanism: dict[str, object],
+    train: TabularTrainingSet,
+    val: TabularTrainingSet,
+    n_val_public: int,
+    fitness_epsilon: float,
+    device: torch.device,
+    rng: np.random.Generator,
+) -> tuple[dict[str, torch.Tensor], float]:
+    weights, correct = _train_and_count(
+        spec=spec, mechanism=mechanism, train=train, val=val, device=device
+    )
+    score = noisy_accuracy(
+        correct=correct, n_val_public=n_val_public, epsilon=fitness_epsilon, rng=rng
+    )
+    return weights, score
+
+
+def run_architecture_selection(
+    *,
+    request: ArchitectureRequest,
+    plan: SelectionPlan,
+    data: TabularTrainingSet,
+    device: torch.device,
+    progress: ProgressFn,
+) -> SelectionOutput:
+    rng = secure_rng()
+    train, val = split_rows(data, validation_fraction=request.budget.validation_fraction, rng=rng)
+    models: dict[ArchitectureCandidate, dict[str, torch.Tensor]] = {}
+    total = plan.trainings or 0  # 0 (random stopping): no progress per training
+    done = 0
+
+    def fitness(c: ArchitectureCandidate) -> float:
+        nonlocal done
+        spec = MlpSpec(hidden=list(c.hidden), activation=c.activation)
+        mech = candidate_mechanism(
+            plan,
+            key=architecture_key(plan, c),
+            parameters=parameter_count(spec, train.n_features),
+            learning_rate=c.learning_rate or request.training.learning_rate,
+        )
+        weights, score = _train_and_score(
+            spec=spec,
+            mechanism=mech,
+            train=train,
+            val=val,
+            n_val_public=plan.n_val,
+            fitness_epsilon=request.budget.fitness_epsilon,
+            device=device,
+            rng=rng,
+        )
+        models[c] = weights  # same candidate twice: keep the latest (its score is latest too)
+        done += 1
+        if total > 0:
+            progress(done, total)
+        return score
+
+    if plan.runs is not None:
+        # Random stopping: K hidden (no progress per run), uniform candidates, best wins.
+        k = draw_runs(plan, rng)
+        progress(0, 1)
+        scored = [(c, fitness(c)) for c in (sample_candidate(request.space, rng) for _ in range(k))]
+        progress(1, 1)
+        if not scored:
+            return SelectionOutput(None, None, None, None, trainings=0)
+        best, best_fitness = max(scored, key=lambda h: h[1])
+        evaluations = k
+    elif request.scoring == "report_noisy_max":
+        # Report Noisy Max (plan: service/selection_plans.py): the winner only, no score.
+        counts = {}
+        for _ in range(request.search.trainings):
+            c = sample_candidate(request.space, rng)
+            spec = MlpSpec(hidden=list(c.hidden), activation=c.activation)
+            mech = candidate_mechanism(
+                plan,
+                key=architecture_key(plan, c),
+                parameters=parameter_count(spec, train.n_features),
+                learning_rate=c.learning_rate or request.training.learning_rate,
+            )
+            weights, correct = _train_and_count(
+                spec=spec, mechanism=mech, train=train, val=val, device=device
+            )
+            models[c] = weights
+            counts[c] = correct
+            done += 1
+            progress(done, total)
+        noisy = {
+            c: n + int(discrete_laplace(rng, scale=1.0 / request.budget.fitness_epsilon, size=1)[0])
+            for c, n in counts.items()
+        }
+        best = max(noisy, key=noisy.__getitem__)
+        best_fitness, evaluations = None, request.search.trainings
+    else:
+        result = run_search(space=request.space, search=request.search, fitness=fitness, rng=rng)
+        best, best_fitness, evaluations = result.best, result.best_fitness, result.evaluations
+    return SelectionOutput(
+        selected=best,
+        model=MlpSpec(hidden=list(best.hidden), activation=best.activation).model_dump(),
+        weights=models[best],
+        noisy_accuracy=best_fitness,
+        trainings=evaluations,
+    )
+
+
+def run_hyperparameter_selection(
+    *,
+    request: HyperparameterRequest,
+    plan: SelectionPlan,
+    data: TabularTrainingSet,
+    device: torch.device,
+    progress: ProgressFn,
+) -> SelectionOutput:
+    rng = secure_rng()
+    train, val = split_rows(data, validation_fraction=request.budget.validation_fraction, rng=rng)
+    k = draw_runs(plan, rng)
+    progress(0, 1)
+    best: tuple[float, HyperparameterCandidate, dict[str, torch.Tensor]] | None = None
+    parameters = parameter_count(request.model, train.n_features)
+    for _ in range(k):
+        c = HyperparameterCandidate(
+            learning_rate=request.learning_rates[int(rng.integers(len(request.learning_rates)))],
+            batch_size=request.batch_sizes[int(rng.integers(len(request.batch_sizes)))],
+            epochs=request.epochs[int(rng.integers(len(request.epochs)))],
+            max_grad_norm=request.max_grad_norms[int(rng.integers(len(request.max_grad_norms)))],
+            noise_decay=request.noise_decays[int(rng.integers(len(request.noise_decays)))],
+        )
+        mech = candidate_mechanism(
+            plan,
+            key=(c.batch_size, c.epochs, c.noise_decay),
+            parameters=parameters,
+            learning_rate=c.learning_rate,
+            max_grad_norm=c.max_grad_norm,
+        )
+        weights, score = _train_and_score(
+            spec=request.model,
+            mechanism=mech,
+            train=train,
+            val=val,
+            n_val_public=plan.n_val,
+            fitness_epsilon=request.budget.fitness_epsilon,
+            device=device,
+            rng=rng,
+        )
+        if best is None or score > best[0]:
+            best = (score, c, weights)
+        # No progress per run: K must stay secret. PS22's bound is for the best run alone;
+        # with K known the release would be best-of-k, whose cost grows with k.
+    progress(1, 1)
+    if best is None:
+        return SelectionOutput(None, None, None, None, trainings=0)
+    return SelectionOutput(
+        selected=best[1],
+        model=request.model.model_dump(),
+        weights=best[2],
+        noisy_accuracy=best[0],
+        trainings=k,
+    )
+
+
+def run_selection(
+    request: ArchitectureRequest | HyperparameterRequest | FeatureRequest,
+    plan: SelectionPlan,
+    *,
+    data: TabularTrainingSet,
+    device: torch.device,
+    progress: ProgressFn,
+) -> SelectionOutput:
+    """Worker entry point of every kind (the request's type picks the kind)."""
+    if isinstance(request, FeatureRequest):
+        # Local import: worker.mechanisms.feature_selection reuses this module's helpers.
+        from worker.mechanisms.feature_selection import run_feature_selection
+
+        return run_feature_selection(
+            request=request, plan=plan, data=data, device=device, progress=progress
+        )
+    if isinstance(request, ArchitectureRequest):
+        return run_architecture_selection(
+            request=request, plan=plan, data=data, device=device, progress=progress
+        )
+    return run_hyperparameter_selection(
+        request=request, plan=plan, data=data, device=device, progress=progress
+    )
+
+
+def released_summary(output: SelectionOutput) -> dict[str, object]:
+    """What the analyst receives besides the weights: the selected candidate, its model
+    spec and its noisy score (all charged). Never the number of trainings (K is secret
+    for random stopping)."""
+    return {
+        "selected": None if output.selected is None else output.selected.model_dump(),
+        "model": output.model,
+        "noisy_validation_accuracy": output.noisy_accuracy,
+    }

@@ -1,0 +1,150 @@
+"""Architecture searches (RS, MGRS, PAAS) as pure functions over a fitness callback.
+
+``fitness(candidate)`` trains one candidate with DP-SGD and returns its *noisy*
+validation accuracy (:func:`noisy_accuracy`); the searches look at nothing else, so
+every choice they make is post-processing of those releases, and each call is one
+training plus one noisy score that the plan charged. Each search calls ``fitness``
+exactly :func:`service.search_space.planned_trainings` times (tested), whatever the
+values it sees. ``rng`` drives the search's own choices (worker: ``secure_rng()``;
+tests may pass a seeded generator since the choices are not what protects privacy).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TypeVar
+
+import numpy as np
+
+from service.search_space import ArchitectureCandidate, ArchitectureSearch, ArchitectureSpace
+from worker.noise import discrete_laplace
+
+__all__ = ["SearchResult", "noisy_accuracy", "run_search", "sample_candidate"]
+
+T = TypeVar("T")
+Fitness = Callable[[ArchitectureCandidate], float]
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    best: ArchitectureCandidate
+    best_fitness: float  # noisy; releasable with the guarantee of the fitness events
+    evaluations: int
+    history: tuple[tuple[ArchitectureCandidate, float], ...]
+
+
+def noisy_accuracy(
+    *, correct: int, n_val_public: int, epsilon: float, rng: np.random.Generator
+) -> float:
+    """(correct + Lap(1/ε)) / n: ε-DP under add/remove-one (the count has sensitivity 1;
+    ``n_val_public`` is public, never the loaded row count). Discrete Laplace (Ghosh,
+    Roughgarden & Sundararajan 2009) drawn exactly by :func:`worker.noise.discrete_laplace`."""
+    if epsilon <= 0.0:
+        raise ValueError("epsilon must be > 0")
+    noise = int(discrete_laplace(rng, scale=1.0 / epsilon, size=1)[0])
+    return (correct + noise) / n_val_public
+
+
+def _pick(rng: np.random.Generator, values: Sequence[T]) -> T:
+    return values[int(rng.integers(len(values)))]
+
+
+def sample_candidate(space: ArchitectureSpace, rng: np.random.Generator) -> ArchitectureCandidate:
+    depth = _pick(rng, space.depths)
+    return ArchitectureCandidate(
+        hidden=tuple(_pick(rng, space.widths) for _ in range(depth)),
+        activation=_pick(rng, space.activations),
+        learning_rate=_pick(rng, space.learning_rates) if space.learning_rates else None,
+        batch_size=_pick(rng, space.batch_sizes) if space.batch_sizes else None,
+    )
+
+
+def _mutate(
+    c: ArchitectureCandidate, space: ArchitectureSpace, rate: float, rng: np.random.Generator
+) -> ArchitectureCandidate:
+    """Each gene is redrawn from the space with probability ``rate`` (depth changes add
+    or drop the last layer)."""
+    fresh = sample_candidate(space, rng)
+    hidden = list(c.hidden)
+    if rng.random() < rate:
+        depth = _pick(rng, space.depths)
+        hidden = (hidden + list(fresh.hidden) * 3)[:depth]
+    hidden = [_pick(rng, space.widths) if rng.random() < rate else h for h in hidden]
+    return ArchitectureCandidate(
+        hidden=tuple(hidden),
+        activation=fresh.activation if rng.random() < rate else c.activation,
+        learning_rate=fresh.learning_rate if rng.random() < rate else c.learning_rate,
+        batch_size=fresh.batch_size if rng.random() < rate else c.batch_size,
+    )
+
+
+def _crossover(
+    a: ArchitectureCandidate, b: ArchitectureCandidate, rng: np.random.Generator
+) -> ArchitectureCandidate:
+    """Uniform crossover; depth from one parent, each width from either where both have it."""
+    base, other = (a, b) if rng.random() < 0.5 else (b, a)
+    hidden = tuple(
+        other.hidden[i] if i < len(other.hidden) and rng.random() < 0.5 else h
+        for i, h in enumerate(base.hidden)
+    )
+    return ArchitectureCandidate(
+        hidden=hidden,
+        activation=a.activation if rng.random() < 0.5 else b.activation,
+        learning_rate=a.learning_rate if rng.random() < 0.5 else b.learning_rate,
+        batch_size=a.batch_size if rng.random() < 0.5 else b.batch_size,
+    )
+
+
+def _tournament(
+    scored: list[tuple[ArchitectureCandidate, float]], rng: np.random.Generator
+) -> ArchitectureCandidate:
+    i, j = rng.integers(len(scored), size=2)
+    return scored[i][0] if scored[i][1] >= scored[j][1] else scored[j][0]
+
+
+def run_search(
+    *,
+    space: ArchitectureSpace,
+    search: ArchitectureSearch,
+    fitness: Fitness,
+    rng: np.random.Generator,
+) -> SearchResult:
+    """Run the declared search; the best candidate by noisy fitness wins."""
+    history: list[tuple[ArchitectureCandidate, float]] = []
+
+    def score(c: ArchitectureCandidate) -> tuple[ArchitectureCandidate, float]:
+        out = (c, float(fitness(c)))
+        history.append(out)
+        return out
+
+    if search.algorithm == "rs":
+        for _ in range(search.trainings):
+            score(sample_candidate(space, rng))
+    elif search.algorithm == "mgrs":
+        for g in range(search.generations):
+            best = max(history, key=lambda h: h[1])[0] if history else None
+            for i in range(search.per_generation):
+                if best is not None and i % 2 == 0:
+                    score(_mutate(best, space, max(search.mutation_rate, 0.5), rng))
+                else:
+                    score(sample_candidate(space, rng))
+            del g
+    else:
+        population = [score(sample_candidate(space, rng)) for _ in range(search.population)]
+        for _ in range(search.generations - 1):
+            children = [
+                _mutate(
+                    _crossover(_tournament(population, rng), _tournament(population, rng), rng),
+                    space,
+                    search.mutation_rate,
+                    rng,
+                )
+                for _ in range(search.population)
+            ]
+            # Elitism: the best scored so far stays in the parents' pool (not retrained).
+            population = [score(c) for c in children] + [max(history, key=lambda h: h[1])]
+    best_c, best_f = max(history, key=lambda h: h[1])
+    return SearchResult(
+        best=best_c, best_fitness=best_f, evaluations=len(history), history=tuple(history)
+    )
