@@ -170,8 +170,9 @@ def test_redis_restart_with_a_job_queued(
     with running_stack(settings, tmp_path, broker.url, n=2000, heartbeat=4, env=env) as stack:
         stack.add_worker("w1")
         with stack.client(stack.keys.alice) as c:
-            # ~20,000 steps (≈ 6 s idle): busy through the Redis restart below.
-            busy = _submit(c, _job(epochs=100, batch_size=10))
+            # ~40,000 steps (≈ 4 s idle since DP-SGD got ~3× faster): busy through the
+            # Redis restart below.
+            busy = _submit(c, _job(epochs=100, batch_size=5))
             _wait_training(c, busy["id"])
             waiting = _submit(c, _job(epochs=1, batch_size=100))
             queue = redis.Redis.from_url(broker.url)
@@ -254,9 +255,10 @@ def test_postgres_outage_while_a_job_finishes(
         if spare_worker:
             stack.add_worker("spare")
         with stack.client(stack.keys.alice) as c:
-            # ~10,000 steps (≈ 3 s idle): running when PostgreSQL stops (the first heartbeat
+            # ~40,000 steps (≈ 4 s idle since DP-SGD got ~3× faster; 10,000 steps finished
+            # before the first heartbeat): running when PostgreSQL stops (the first heartbeat
             # comes after 1 s) and done training well inside the outage.
-            job = _submit(c, _job(epochs=50, batch_size=10))
+            job = _submit(c, _job(epochs=100, batch_size=5))
             _wait_training(c, job["id"])
             private_pg.stop_immediate()
             down = time.monotonic()
