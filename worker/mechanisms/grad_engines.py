@@ -84,26 +84,26 @@ from typing import Final
 
 import numpy as np
 import torch
-from torch.func import functional_call, jvp
+from torch.func import functional_call, grad, jvp, vmap
 
-from worker.mechanisms.dpsgd import (
-    DpsgdParams,
-    IntegerClipper,
-    PlanMismatch,
-    _linear_layers,
-)
+from worker.mechanisms.dpsgd import DpsgdParams, PlanMismatch, _linear_layers
+from worker.models import Logistic
 from worker.models.functional import ParamLayout
 
 __all__ = [
     "ROW_LIMIT",
+    "IntegerClipper",
     "LinearSignals",
     "capped_integer_sum",
+    "clipped_integer_sum",
+    "gradient_engine",
     "ghost_integer_sum",
     "integer_sum_for",
     "jl_integer_sum",
     "jl_norm_estimates",
     "jl_projections",
     "linear_signals",
+    "per_example_grads",
     "row_cap",
 ]
 
@@ -115,6 +115,8 @@ _UNIT_ROUNDOFF: Final[float] = 2.0**-53
 _MARGIN: Final[float] = 2.0**-20
 ROW_STABILITY: Final[float] = 2.0**-40
 """ε_row of assumption A1: relative drift of a row's float64 signals with its batch."""
+_CHUNK_ELEMENTS: Final[int] = 1 << 24
+"""Most per-example gradient entries the exact engine materialises at once (memory)."""
 
 IntegerSum = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -197,31 +199,44 @@ def _tree_sum(parts: list[torch.Tensor]) -> torch.Tensor:
     return parts[0]
 
 
+def reduced_integer_sum(
+    rows: int, chunk_sum: Callable[[int, int], torch.Tensor], *, parameters: int
+) -> torch.Tensor:
+    """round(Σ_i z_i) as int64 (parameters,), the one reduction every engine's proof
+    assumes: ``chunk_sum(start, stop)`` returns the float64 sum of the contributions z_i of
+    rows start … stop − 1 (≤ REDUCE_CHUNK rows, each entry a sum of its products in some
+    order: a GEMM or GEMV), the chunks' partials are summed pairwise, and the result is
+    rounded once. A non-finite result (impossible when every ‖z_i‖ ≤ c_row) fails the job."""
+    if rows > ROW_LIMIT:
+        raise PlanMismatch("a batch exceeded the reduction's row limit")
+    parts = [chunk_sum(s, min(s + REDUCE_CHUNK, rows)) for s in range(0, rows, REDUCE_CHUNK)]
+    if not parts:
+        return torch.zeros(parameters, dtype=torch.int64)
+    out = _tree_sum(parts)
+    if out.shape != (parameters,):
+        raise PlanMismatch("the model's parameter count differs from the plan's")
+    if not bool(torch.isfinite(out).all()):
+        raise PlanMismatch("a batch's clipped gradient sum was not finite")
+    return torch.round(out).to(torch.int64)
+
+
 def capped_integer_sum(
     signals: LinearSignals, weights: torch.Tensor, *, parameters: int
 ) -> torch.Tensor:
     """round(Σ_i weights_i · g_i) as int64 (parameters,), g_i from the signals; the caller
     makes weights_i·‖g_i‖ ≤ c_row(1 − 2^-20) (integer units). Float64 chunked GEMMs and a
-    pairwise sum over chunks, as the module docstring's proof needs."""
-    rows = int(weights.shape[0])
-    if rows > ROW_LIMIT:
-        raise PlanMismatch("a batch exceeded the reduction's row limit")
-    flat: list[torch.Tensor] = []
-    for a, b, has_bias in zip(signals.inputs, signals.grads, signals.bias, strict=True):
-        wb = weights.unsqueeze(1) * b
-        parts = [
-            wb[s : s + REDUCE_CHUNK].T @ a[s : s + REDUCE_CHUNK]
-            for s in range(0, rows, REDUCE_CHUNK)
-        ]
-        total = _tree_sum(parts) if parts else a.new_zeros(b.shape[1], a.shape[1])
-        if has_bias:
-            flat += [total[:, :-1].reshape(-1), total[:, -1]]
-        else:
-            flat.append(total.reshape(-1))
-    out = torch.cat(flat)
-    if out.shape[0] != parameters:
-        raise PlanMismatch("the model's parameter count differs from the plan's")
-    return torch.round(out).to(torch.int64)
+    pairwise sum over chunks (:func:`reduced_integer_sum`), as the module docstring's proof
+    needs."""
+    scaled = [weights.unsqueeze(1) * b for b in signals.grads]
+
+    def chunk_sum(start: int, stop: int) -> torch.Tensor:
+        flat: list[torch.Tensor] = []
+        for a, wb, has_bias in zip(signals.inputs, scaled, signals.bias, strict=True):
+            total = wb[start:stop].T @ a[start:stop]
+            flat += [total[:, :-1].reshape(-1), total[:, -1]] if has_bias else [total.reshape(-1)]
+        return torch.cat(flat)
+
+    return reduced_integer_sum(int(weights.shape[0]), chunk_sum, parameters=parameters)
 
 
 def _signals(module: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> LinearSignals:
@@ -320,6 +335,149 @@ def jl_integer_sum(
     )
     weights = units * torch.clamp(clip, max=1.0)
     return capped_integer_sum(signals, weights, parameters=parameters)
+
+
+# ------------------------------------------------------------------ the exact engine
+
+
+def _vmap_per_example_grads(
+    module: torch.nn.Module, x: torch.Tensor, y: torch.Tensor
+) -> torch.Tensor:
+    """(rows, parameters) float64: gradients of each row's BCE loss by torch.func, the model
+    run in float64 (any model)."""
+    params = {k: v.detach().double() for k, v in module.named_parameters()}
+    buffers = {k: v.double() for k, v in module.named_buffers()}
+
+    def loss_one(p: dict[str, torch.Tensor], xi: torch.Tensor, yi: torch.Tensor) -> torch.Tensor:
+        logit = functional_call(module, (p, buffers), (xi.unsqueeze(0),))
+        return torch.nn.functional.binary_cross_entropy_with_logits(
+            logit, yi.reshape(logit.shape), reduction="sum"
+        )
+
+    grads = vmap(grad(loss_one), in_dims=(None, 0, 0))(params, x.double(), y.double())
+    return torch.cat([grads[k].reshape(x.shape[0], -1) for k in params], dim=1)
+
+
+def _linear_per_example_grads(
+    module: torch.nn.Module, layers: list[torch.nn.Linear], x: torch.Tensor, y: torch.Tensor
+) -> torch.Tensor:
+    """(rows, parameters) float64 per-example gradients of a model whose parameters all sit
+    in Linear layers, from the float64 signals: grad_W[i] = b_i ⊗ a_i, grad_b[i] = b_i (the
+    hook method of Goodfellow 2015 / Opacus, without per-row autograd)."""
+    signals = linear_signals(module, layers, x, y)
+    parts: list[torch.Tensor] = []
+    for a, b, has_bias in zip(signals.inputs, signals.grads, signals.bias, strict=True):
+        g = torch.einsum("bo,bi->boi", b, a)
+        parts += [g[:, :, :-1].reshape(x.shape[0], -1), g[:, :, -1]] if has_bias else [
+            g.reshape(x.shape[0], -1)
+        ]
+    return torch.cat(parts, dim=1)
+
+
+def _logistic_per_example_grads(
+    layer: torch.nn.Linear, x: torch.Tensor, y: torch.Tensor
+) -> torch.Tensor:
+    """(rows, d + 1) float64 per-example gradients of logistic regression in closed form,
+    without autograd: row i's BCE-with-logits loss has gradient (σ(z_i) − y_i)·(x_i, 1),
+    z_i = w·x_i + b, all in float64 (assumption A1)."""
+    with torch.no_grad():
+        x64 = x.double()
+        logits = torch.addmv(layer.bias.double(), x64, layer.weight[0].double())
+        residual = (torch.sigmoid(logits) - y.double()).unsqueeze(1)
+        return torch.cat((x64 * residual, residual), dim=1)
+
+
+GradientEngine = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def gradient_engine(module: torch.nn.Module) -> GradientEngine:
+    """(x, y) → (rows, parameters) float64 per-example gradients in parameters() order, by
+    the cheapest method for ``module``, chosen once per run, every one computed in float64
+    (A1): the closed form for logistic regression, the Linear signals where every parameter
+    sits in a Linear layer, torch.func otherwise (all tested equal to a per-row reference)."""
+    if isinstance(module, Logistic):
+        layer = module.linear
+        return lambda x, y: _logistic_per_example_grads(layer, x, y)
+    layers = _linear_layers(module)
+    if layers is not None:
+        return lambda x, y: _linear_per_example_grads(module, layers, x, y)
+    return lambda x, y: _vmap_per_example_grads(module, x, y)
+
+
+def per_example_grads(module: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """(rows, parameters) float64 per-example gradients, in parameters() order."""
+    return gradient_engine(module)(x, y)
+
+
+class IntegerClipper:
+    """The exact engine for one run: (x, y) → round(Σ_i w_i·g_i) as int64 (parameters,),
+    g_i the materialised float64 per-example gradients, w_i = min(2^k/C, c/‖g_i‖) with
+    c = c_row·(1 − 2^-20) (integer units), reduced by :func:`reduced_integer_sum`.
+    Sensitivity ≤ 2^k by the module docstring's proof (z_i = w_i·g_i, ‖z_i‖ ≤ c_row).
+
+    A row whose gradient is not finite (NaN, ±inf, or a norm that overflows) gets weight 0
+    and is zeroed, so it contributes nothing and cannot break the bound. Memory: at most
+    2^24 gradient entries at once; a chunk of the reduction whose rows do not fit is
+    computed in slices whose GEMVs are added in turn (still a sum of the chunk's products
+    in some order, as A2 needs)."""
+
+    def __init__(
+        self, module: torch.nn.Module, *, grid_bits: int, max_grad_norm: float, parameters: int
+    ) -> None:
+        if not 0 < grid_bits <= 30:
+            raise PlanMismatch("the integer grid does not fit this model")
+        self.grads = gradient_engine(module)
+        self.parameters = parameters
+        self._units = 2.0**grid_bits / max_grad_norm  # integer units per gradient unit
+        self._cap = row_cap(parameters=parameters, sensitivity=2.0**grid_bits) * (1.0 - _MARGIN)
+        self._slice = max(1, _CHUNK_ELEMENTS // max(parameters, 1))
+
+    def weights(self, g: torch.Tensor) -> torch.Tensor:
+        """(rows,) float64 weights min(2^k/C, c/‖g_i‖); 0 where ‖g_i‖ is not finite (a zero
+        norm gives c/0 = inf, so 2^k/C)."""
+        norms = torch.linalg.vector_norm(g, dim=1)
+        w = torch.clamp(self._cap / norms, max=self._units)
+        return torch.where(torch.isfinite(norms), w, torch.zeros_like(w))
+
+    def chunk_sum(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """Σ_i w_i·g_i over the rows of (x, y) (≤ REDUCE_CHUNK rows), float64 (parameters,)."""
+        total: torch.Tensor | None = None
+        for s in range(0, x.shape[0], self._slice):
+            g = self.grads(x[s : s + self._slice], y[s : s + self._slice])
+            if g.shape[1] != self.parameters:
+                raise PlanMismatch("the model's parameter count differs from the plan's")
+            w = self.weights(g)  # 0 for a row with a non-finite entry; zero the entries too
+            if not bool(torch.isfinite(g).all()):
+                g = torch.nan_to_num(g, nan=0.0, posinf=0.0, neginf=0.0)
+            part = w @ g
+            total = part if total is None else total + part
+        assert total is not None
+        return total
+
+    def __call__(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        if x.shape[0] == 0:
+            return torch.zeros(self.parameters, dtype=torch.int64, device=x.device)
+        return reduced_integer_sum(
+            int(x.shape[0]),
+            lambda s, e: self.chunk_sum(x[s:e], y[s:e]),
+            parameters=self.parameters,
+        )
+
+
+def clipped_integer_sum(
+    module: torch.nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    *,
+    grid_bits: int,
+    max_grad_norm: float,
+    parameters: int,
+) -> torch.Tensor:
+    """The exact engine's int64 sum for one batch; see :class:`IntegerClipper`."""
+    clip = IntegerClipper(
+        module, grid_bits=grid_bits, max_grad_norm=max_grad_norm, parameters=parameters
+    )
+    return clip(x, y)
 
 
 def integer_sum_for(
