@@ -14,8 +14,8 @@ from service.plans import build_plan, dpsgd_schedule
 from service.privacy.sampling import GRID_BITS
 from service.schemas import DpsgdOptions, JobRequest
 from worker.mechanisms import dpsgd
-from worker.mechanisms.base import TabularTrainingSet
 from worker.mechanisms import grad_engines as ge
+from worker.mechanisms.base import TabularTrainingSet
 from worker.mechanisms.dpsgd import PoissonSampler, run_dpsgd
 from worker.mechanisms.grad_engines import clipped_integer_sum
 from worker.models import build_module
@@ -367,7 +367,9 @@ def test_integer_sum_equals_an_exact_rational_reference_within_the_proofs_bound(
     idx = torch.arange(37.0).unsqueeze(1)
     got = clip(idx, torch.zeros(37))
     wl, gl = w.tolist(), g.tolist()
-    exact = [sum(Fraction(wl[i]) * Fraction(gl[i][j]) for i in range(37)) for j in range(parameters)]
+    exact = [
+        sum(Fraction(wl[i]) * Fraction(gl[i][j]) for i in range(37)) for j in range(parameters)
+    ]
     gamma = 2 * (ge.REDUCE_CHUNK + 10) * 2.0**-53
     mass = contrib.abs().sum(dim=0).tolist()
     for j in range(parameters):

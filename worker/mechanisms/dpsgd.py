@@ -40,7 +40,7 @@ Timing side channels (a step's duration grows with the sampled batch) are out of
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 

@@ -96,8 +96,8 @@ __all__ = [
     "LinearSignals",
     "capped_integer_sum",
     "clipped_integer_sum",
-    "gradient_engine",
     "ghost_integer_sum",
+    "gradient_engine",
     "integer_sum_for",
     "jl_integer_sum",
     "jl_norm_estimates",
@@ -368,9 +368,11 @@ def _linear_per_example_grads(
     parts: list[torch.Tensor] = []
     for a, b, has_bias in zip(signals.inputs, signals.grads, signals.bias, strict=True):
         g = torch.einsum("bo,bi->boi", b, a)
-        parts += [g[:, :, :-1].reshape(x.shape[0], -1), g[:, :, -1]] if has_bias else [
-            g.reshape(x.shape[0], -1)
-        ]
+        parts += (
+            [g[:, :, :-1].reshape(x.shape[0], -1), g[:, :, -1]]
+            if has_bias
+            else [g.reshape(x.shape[0], -1)]
+        )
     return torch.cat(parts, dim=1)
 
 
