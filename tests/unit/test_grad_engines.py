@@ -457,8 +457,8 @@ def _drift_case(
     ("spec", "sizes"),
     [
         (LogisticSpec(), range(1, 513)),
-        (MlpSpec(hidden=[16]), [*range(1, 40), *range(40, 513, 9), 127, 128, 255, 256, 511]),
-        (GrudSpec(hidden=4), [1, 2, 3, 4, 7, 8, 15, 16, 31, 32, 63, 64, 127, 128, 255, 256]),
+        (MlpSpec(hidden=[16]), [*range(1, 24), *range(24, 513, 23), 127, 128, 255, 256, 511]),
+        (GrudSpec(hidden=4), [1, 2, 3, 4, 7, 8, 15, 16, 31, 32, 63, 64, 127, 128, 255]),
     ],
     ids=["logistic", "mlp", "grud"],
 )
@@ -480,13 +480,14 @@ def test_exact_sum_sensitivity_holds_when_other_rows_drift_with_the_batch(
         b = summed(x[:n], y[:n])
         return int(((a - b) ** 2).sum())
 
-    worst = 0
+    worst, searched = 0, list[int]()
     for n in sizes:
         xs, ys = x[n : n + 1], y[n : n + 1]
         worst = max(worst, moved(n, xs, ys))
         drift = summed(x[: n + 1], y[: n + 1]) - summed(x[:n], y[:n]) - summed(xs, ys)
-        if int(drift.abs().max()) == 0:
+        if int(drift.abs().max()) <= 1 or len(searched) >= 6:  # ±1: the rounding of 3 sums
             continue
+        searched.append(n)
         singles = torch.stack([summed(x[j : j + 1], y[j : j + 1]) for j in range(n)]).double()
         cos = (singles @ drift.double()).abs() / singles.norm(dim=1).clamp(min=1.0)
         for j in cos.argsort(descending=True)[:3].tolist():
@@ -519,3 +520,22 @@ def test_exact_sum_tolerates_other_rows_drifting_within_assumption_a1() -> None:
     moved = summed(torch.cat([d, x_star]), y) - summed(d, y[:10])
     assert int((moved * moved).sum()) <= 4**k
     assert int((moved * moved).sum()) > (0.99 * 2**k) ** 2
+
+
+@pytest.mark.parametrize("spec", [LogisticSpec(), MlpSpec(hidden=[16, 8]), GrudSpec(hidden=4)])
+def test_exact_engine_rows_drift_far_less_than_assumed_with_the_batch_around_them(
+    spec: Any,
+) -> None:
+    """Assumption A1 for the exact engine: a row's float64 per-example gradient (closed
+    form, Linear signals, or vmap for GRU-D) moves by less than 2^-40 relative across batch
+    sizes 1 … 300 and positions."""
+    module, _, x, y = _drift_case(spec)
+    engine = ge.gradient_engine(module)
+    base = engine(x[:300], y[:300])[0]
+    worst = 0.0
+    for n in (1, 2, 7, 17, 64, 100, 127, 128, 300):
+        for idx in (list(range(n)), [*range(1, n), 0], [0, *range(300, 300 + n - 1)]):
+            row = engine(x[idx], y[idx])[idx.index(0)]
+            assert row.dtype == torch.float64
+            worst = max(worst, float((row - base).norm() / base.norm()))
+    assert worst <= ge.ROW_STABILITY

@@ -6,9 +6,11 @@ one example changes S by at most Δ = κ·2^k in ℓ2 (k = the plan's grid_bits;
 for JL). The noise stage adds rounded Gaussian noise of scale σ·2^k, so the step is the
 Gaussian mechanism with noise multiplier σ/κ on a quantity of sensitivity Δ, post-processed.
 
-* ``exact`` (:class:`worker.mechanisms.dpsgd.IntegerClipper`): per-example gradients
-  materialised, clipped, quantised row by row, checked and summed exactly. Memory
-  O(rows × parameters). Any model.
+* ``exact`` (:class:`IntegerClipper`): per-example gradients materialised in float64 (the
+  closed form for logistic regression, the Linear signals below for MLPs, torch.func vmap
+  for any other model such as GRU-D), example i weighted by min(2^k/C, c/‖g_i‖) and the
+  weighted rows summed by the same reduction as ghost and jl. Memory O(rows × parameters).
+  Any model.
 * ``ghost`` (Li, Tramèr, Liang & Hashimoto 2021, "Large Language Models Can Be Strong
   Differentially Private Learners", ghost clipping; Bu, Mao & Xu 2022, "Scalable and
   Efficient Training of Large Convolutional Neural Networks with Differential Privacy"):
@@ -26,38 +28,48 @@ Gaussian mechanism with noise multiplier σ/κ on a quantity of sensitivity Δ, 
   makes the sensitivity κC surely (accounting and proof: service/privacy/jl.py). Same
   models as ghost (the cap needs the exact norm), and the same reduction.
 
-The sound reduction (ghost and jl). The exact engine can check each example's integer
-vector exactly; these engines only ever hold the float sum of the weighted contributions.
-Claim: :func:`capped_integer_sum` returns S with ‖S(D') − S(D)‖₂ ≤ Δ when D' is D plus one
-example in the batch, under assumptions A1–A3:
+The sound reduction (every engine). No engine rounds a row on its own: each only holds the
+float64 sum of the weighted contributions, rounded once. (Issue 12: the exact engine used
+to truncate each row to the grid and sum integers, which assumed a row's integer vector did
+not depend on the other rows; it does, since float kernels depend on the batch, and adding
+one row moved three others' vectors, exceeding 2^k.) Claim: :func:`reduced_integer_sum`
+(through :func:`capped_integer_sum` for ghost and jl, :class:`IntegerClipper` for exact)
+returns S with ‖S(D') − S(D)‖₂ ≤ Δ when D' is D plus one example in the batch, under
+assumptions A1–A3:
 
   A1 (row stability) a row's float64 signals (layer inputs, output gradients, JL
-     projections), as computed inside any batch, are within relative ε_row = 2^-40 (ℓ2, per
-     layer) of batch-independent values. Row *invariance* (bit-identical results whatever
-     the other rows) is false on this machine: MKL/oneDNN pick kernels by batch size and a
-     row's float32 result changes with its batch and its position in it (measured; the
-     exact engine, which computes in float32 and assumes invariance implicitly, is exposed
-     to this, see the report of issue 12). In float64 the measured deviation is ≤ 2.1e-16
-     relative (a unit test checks ≤ 2^-40 over batch sizes and positions); the standard
-     dot-product bound γ_d·|W||a| supports it, but it is not proven for the whole network.
+     projections; for the exact engine its per-example gradient g_i), as computed inside
+     any batch, are within relative ε_row = 2^-40 (ℓ2, per layer) of batch-independent
+     values. Row *invariance* (bit-identical results whatever the other rows) is false on
+     this machine: MKL/oneDNN pick kernels by batch size and a row's float32 result
+     changes with its batch and its position in it (measured, issue 12), so every engine
+     computes the model's forward and backward in float64. There the measured deviation is
+     ≤ 2.1e-16 relative (unit tests check ≤ 2^-40 over batch sizes and positions, for the
+     signals and for the exact engine's gradients of logistic regression, MLP and GRU-D);
+     the dot-product bound γ_d·|W||a| supports it, but it is not proven for the network.
   A2 (IEEE float64) each float64 operation below is correctly rounded (unit roundoff
      u = 2^-53), and a matrix product computes every entry as a sum of its products in
      some order, with or without FMA (no Strassen-type algorithm; true of MKL/OpenBLAS
-     dgemm). Then an entry of a chunk's product over m rows has error at most
-     γ_m·Σ_i |products| (Higham 2002, "Accuracy and Stability of Numerical Algorithms",
-     eq. (3.5), γ_m = m·u/(1 − m·u)), and a pairwise (tree) sum of K partials adds γ_⌈log₂K⌉
+     dgemm and dgemv; the exact engine's GEMV wᵀG, and, when a chunk's gradients are
+     materialised in slices, the slices' GEMVs added in turn, are such sums). Then an
+     entry of a chunk's product over m rows has error at most γ_m·Σ_i |products|
+     (Higham 2002, "Accuracy and Stability of Numerical Algorithms", eq. (3.5),
+     γ_m = m·u/(1 − m·u)), and a pairwise (tree) sum of K partials adds γ_⌈log₂K⌉
      (Higham §4.2), so every entry of the reduced sum is within γ_G·Σ_i |z_i| of the exact
      Σ_i z_i, G = m + ⌈log₂ K⌉ (Higham Lemma 3.3).
   A3 at most ROW_LIMIT = 2^24 rows per batch (a larger batch raises before reducing).
 
 Proof. Let z_i ∈ R^P (integer units, i.e. gradient · 2^k/C) be row i's contribution as the
-reduction sees it: per layer fl(w_i·b_i) ⊗ â_i. Its norm is √(Σ_l ‖fl(w_i b_i^l)‖²‖â_i^l‖²)
-≤ (1 + u)·w_i·N_i with N_i the exact ghost norm of the computed signals, and the weights
-make w_i·N̂_i ≤ c_row·(1 − 2^-20) with N̂_i the float64 ghost norm; 2^-20 covers
-(1 + u)·N_i/N̂_i ≤ 1 + 1e-12, so ‖z_i‖ ≤ c_row. By A1, z_i (its weight, which is a min of
-ratios of signals' norms, and the signals) moves by at most η = 8·ε_row relative when the
-batch around row i changes: ‖z_i(D') − z_i(D)‖ ≤ 2η·c_row. The computed sum is
-Ŝ = Σ_i z_i + E with ‖E‖₂ ≤ γ_G·‖Σ_i |z_i|‖₂ ≤ γ_G·Σ_i ‖z_i‖₂ ≤ γ_G·n·c_row (A2, triangle
+reduction sees it. Exact engine: z_i = w_i·g_i, ‖z_i‖ = w_i‖g_i‖ ≤ c_row(1 − 2^-20)·‖g_i‖/N̂_i
+≤ c_row with N̂_i the float64 norm of g_i (within γ_P of ‖g_i‖), the GEMV's product
+roundings being inside γ_m below; a row with a non-finite entry or norm gets w_i = 0 and
+its entries are zeroed: z_i = 0. Ghost and jl: per layer fl(w_i·b_i) ⊗ â_i, of norm
+√(Σ_l ‖fl(w_i b_i^l)‖²‖â_i^l‖²) ≤ (1 + u)·w_i·N_i with N_i the exact ghost norm of the
+computed signals, and the weights make w_i·N̂_i ≤ c_row·(1 − 2^-20) with N̂_i the float64
+ghost norm; 2^-20 covers (1 + u)·N_i/N̂_i ≤ 1 + 1e-12, so ‖z_i‖ ≤ c_row. By A1, z_i (its
+weight, which is a min of ratios of signals' norms, and the signals) moves by at most
+η = 8·ε_row relative when the batch around row i changes: ‖z_i(D') − z_i(D)‖ ≤ 2η·c_row.
+The computed sum is Ŝ = Σ_i z_i + E with ‖E‖₂ ≤ γ_G·‖Σ_i |z_i|‖₂ ≤ γ_G·Σ_i ‖z_i‖₂ ≤ γ_G·n·c_row (A2, triangle
 inequality), and S = round(Ŝ) = Ŝ + ρ with |ρ_j| ≤ ½. For D' = D + x*:
 
     S(D') − S(D) = z_* + Σ_{i∈D} (z_i(D') − z_i(D)) + E' − E + ρ' − ρ,
@@ -66,10 +78,11 @@ inequality), and S = round(Ŝ) = Ŝ + ρ with |ρ_j| ≤ ½. For D' = D + x*:
     c_row = (Δ − √P) / (1 + 2·(η + γ_G)·(ROW_LIMIT + 1)),  G = 1024 + ⌈log₂(ROW_LIMIT/1024)⌉. ∎
 
 The price: c_row/Δ ≈ 1 − √P/Δ − 2.5e-4 (clipping at 0.9997·C instead of C·(1 − 2^-20)
-for P = 10⁴ at k = 20). The ghost and JL forward/backward run in float64 for A1 (twice the
-activation memory of float32, still O(rows × widths)).
+for P = 10⁴ at k = 20). Every engine's forward/backward runs in float64 for A1 (twice the
+activation memory of float32).
 
-What is NOT proven here: A1 (measured, not derived). GRU-D (recurrent layers, whose
+What is NOT proven here: A1 (measured, not derived; on other CPUs/GPUs it should be
+re-measured: the unit tests do so wherever they run). GRU-D (recurrent layers, whose
 per-example gradient is a sum over time steps, and elementwise decay parameters) is not
 supported by ghost or jl: the plan refuses it (422); the JL estimator itself
 (:func:`jl_projections`) runs on GRU-D and is tested there.
@@ -108,7 +121,7 @@ __all__ = [
 ]
 
 ROW_LIMIT: Final[int] = 1 << 24
-"""Most rows one batch may hold under ghost or jl (assumption A3)."""
+"""Most rows one batch may hold, any engine (assumption A3)."""
 REDUCE_CHUNK: Final[int] = 1024
 """Rows per float64 GEMM of the reduction (m in the proof)."""
 _UNIT_ROUNDOFF: Final[float] = 2.0**-53
@@ -435,8 +448,9 @@ class IntegerClipper:
         self._slice = max(1, _CHUNK_ELEMENTS // max(parameters, 1))
 
     def weights(self, g: torch.Tensor) -> torch.Tensor:
-        """(rows,) float64 weights min(2^k/C, c/‖g_i‖); 0 where ‖g_i‖ is not finite (a zero
-        norm gives c/0 = inf, so 2^k/C)."""
+        """(rows,) float64 weights min(2^k/C, c/‖g_i‖) (a zero norm gives c/0 = inf, so
+        2^k/C); 0 where ‖g_i‖ is not finite, i.e. g_i has a NaN or ±inf entry or its norm
+        overflows."""
         norms = torch.linalg.vector_norm(g, dim=1)
         w = torch.clamp(self._cap / norms, max=self._units)
         return torch.where(torch.isfinite(norms), w, torch.zeros_like(w))
@@ -448,9 +462,9 @@ class IntegerClipper:
             g = self.grads(x[s : s + self._slice], y[s : s + self._slice])
             if g.shape[1] != self.parameters:
                 raise PlanMismatch("the model's parameter count differs from the plan's")
-            w = self.weights(g)  # 0 for a row with a non-finite entry; zero the entries too
-            if not bool(torch.isfinite(g).all()):
-                g = torch.nan_to_num(g, nan=0.0, posinf=0.0, neginf=0.0)
+            w = self.weights(g)  # > 0 exactly where the row's norm, so every entry, is finite
+            if not bool((w > 0).all()):
+                g = torch.nan_to_num(g, nan=0.0, posinf=0.0, neginf=0.0)  # 0·inf would be NaN
             part = w @ g
             total = part if total is None else total + part
         assert total is not None
