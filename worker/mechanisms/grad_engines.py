@@ -69,8 +69,9 @@ computed signals, and the weights make w_i·N̂_i ≤ c_row·(1 − 2^-20) with 
 ghost norm; 2^-20 covers (1 + u)·N_i/N̂_i ≤ 1 + 1e-12, so ‖z_i‖ ≤ c_row. By A1, z_i (its
 weight, which is a min of ratios of signals' norms, and the signals) moves by at most
 η = 8·ε_row relative when the batch around row i changes: ‖z_i(D') − z_i(D)‖ ≤ 2η·c_row.
-The computed sum is Ŝ = Σ_i z_i + E with ‖E‖₂ ≤ γ_G·‖Σ_i |z_i|‖₂ ≤ γ_G·Σ_i ‖z_i‖₂ ≤ γ_G·n·c_row (A2, triangle
-inequality), and S = round(Ŝ) = Ŝ + ρ with |ρ_j| ≤ ½. For D' = D + x*:
+The computed sum is Ŝ = Σ_i z_i + E with
+‖E‖₂ ≤ γ_G·‖Σ_i |z_i|‖₂ ≤ γ_G·Σ_i ‖z_i‖₂ ≤ γ_G·n·c_row (A2, triangle inequality), and
+S = round(Ŝ) = Ŝ + ρ with |ρ_j| ≤ ½. For D' = D + x*:
 
     S(D') − S(D) = z_* + Σ_{i∈D} (z_i(D') − z_i(D)) + E' − E + ρ' − ρ,
     ‖S(D') − S(D)‖ ≤ c_row·(1 + 2η·n + γ_G·(2n + 1)) + √P ≤ Δ   for n + 1 ≤ ROW_LIMIT, with
