@@ -174,7 +174,6 @@ def _step_fn(setup: dict[str, Any], engine: str) -> Callable[[int], object] | No
 
     from service.privacy.sampling import GRID_BITS
     from worker.mechanisms import grad_engines as ge
-    from worker.mechanisms.dpsgd import clipped_integer_sum
     from worker.models import build_module
     from worker.noise import secure_rng
 
@@ -194,7 +193,7 @@ def _step_fn(setup: dict[str, Any], engine: str) -> Callable[[int], object] | No
 
         return step
     if engine == "exact":
-        return lambda b: clipped_integer_sum(module, x[:b], y[:b], **kw)
+        return lambda b: ge.clipped_integer_sum(module, x[:b], y[:b], **kw)
     if setup["spec"].kind == "grud":
         return None
     if engine == "ghost":

@@ -32,7 +32,7 @@ from expm_adult import load_adult  # noqa: E402
 from service.modelspec import LogisticSpec  # noqa: E402
 from service.plans import build_plan  # noqa: E402
 from service.schemas import DpsgdOptions, JobRequest  # noqa: E402
-from worker.mechanisms import dpsgd  # noqa: E402
+from worker.mechanisms import dpsgd, grad_engines  # noqa: E402
 from worker.mechanisms.base import TabularTrainingSet  # noqa: E402
 from worker.models import build_module  # noqa: E402
 from worker.noise import secure_rng  # noqa: E402
@@ -42,8 +42,8 @@ STAGES = (
     "Poisson coins (all steps)",
     "gather rows",
     "per-example gradients",
-    "clip + quantise + check",
-    "integer sum",
+    "clip weights",
+    "weighted sum + round",
     "noise draw + add",
     "scale + step",
 )
@@ -54,7 +54,7 @@ def staged_run(params: dpsgd.DpsgdParams, data: TabularTrainingSet) -> dict[str,
     spent: dict[str, float] = defaultdict(float)
     module = build_module(LogisticSpec(), data.n_features)
     theta = dpsgd._flat_parameters(module)
-    clip = dpsgd.IntegerClipper(
+    clip = grad_engines.IntegerClipper(
         module,
         grid_bits=params.grid_bits,
         max_grad_norm=params.max_grad_norm,
@@ -78,9 +78,9 @@ def staged_run(params: dpsgd.DpsgdParams, data: TabularTrainingSet) -> dict[str,
         t1 = time.perf_counter()
         g = clip.grads(x, y)
         t2 = time.perf_counter()
-        ints = clip.quantise(g) if len(idx) else g
+        w = clip.weights(g)
         t3 = time.perf_counter()
-        summed = ints.sum(dim=0).to(torch.int64)
+        summed = torch.round(w @ g).to(torch.int64)  # one chunk: what reduced_integer_sum does
         t4 = time.perf_counter()
         scale = params.sigma_at(step) * 2.0**params.grid_bits
         summed += noise.draw(scale=scale, same_scale_ahead=params.steps_with_same_sigma(step))

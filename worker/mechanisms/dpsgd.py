@@ -11,13 +11,16 @@ that mechanism, post-processed:
    draw), for exactly T steps. The coins of many steps are drawn at once. Empty batches
    take their noise step. Nothing here looks at how many rows were loaded except to draw
    one coin per row and step.
-2. **Clip and quantise** (:class:`IntegerClipper`): per-example gradients (the closed form
-   for logistic regression, Linear-layer hooks for MLPs, torch.func vmap of grad
-   otherwise; all exact) are scaled to ℓ2 norm ≤ C·(1 − 2^−20) in float64, divided by C,
-   scaled by 2^k (k = the plan's grid_bits) and rounded toward zero, so every example's
-   integer vector has ℓ2 norm ≤ 2^k; this is checked exactly (integer values held in
-   float64 where every sum of them is exact, in int64 otherwise). The sum over the batch
-   is exact: the quantity whose sensitivity is 2^k.
+2. **Clip and sum** (the plan's engine, worker/mechanisms/grad_engines.py; ``exact`` is
+   :class:`~worker.mechanisms.grad_engines.IntegerClipper`): per-example gradients in
+   float64 (the closed form for logistic regression, Linear-layer signals for MLPs,
+   torch.func vmap of grad otherwise), each weighted to ℓ2 norm ≤ c_row (integer units,
+   2^k per C; c_row = grad_engines.row_cap, a little under 2^k), summed in float64 in
+   chunks and a pairwise tree, and rounded ONCE to int64. Adding or removing one example
+   moves that integer vector S by ≤ 2^k in ℓ2 (grad_engines' proof, assumptions A1–A3:
+   it tolerates the other rows' float results moving with the batch, which they do).
+   Rounding each row to the grid separately (the engine before issue 12) cannot tolerate
+   any such drift: a row's integer vector could change when another row joined.
 3. **Noise** (:func:`worker.noise.rounded_gaussian`): integer noise N = round(s·Z),
    s = σ·2^k, added in exact integer arithmetic. S + round(s·Z) = round(S + s·Z) for an
    integer S, so the output is a deterministic post-processing of the Gaussian mechanism
@@ -37,22 +40,19 @@ Timing side channels (a step's duration grows with the sampled batch) are out of
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 import torch
-from torch.func import functional_call, grad, vmap
 
 from service.modelspec import ModelSpec
 from worker.mechanisms.base import MechanismOutput, ProgressFn, TabularTrainingSet
-from worker.models import Logistic, build_module
+from worker.models import build_module
 from worker.noise import rounded_gaussian, secure_rng
 
-# Rows per vmap chunk: bounds the (rows × parameters) per-example gradient buffer.
-_CHUNK_ELEMENTS = 1 << 24
 # Noise coordinates drawn per call of the sampler (amortises its per-call overhead).
 _NOISE_BLOCK_ELEMENTS = 1 << 20
 # (row, step) coins drawn and compared per call: the Poisson sampling of many steps at once.
@@ -222,22 +222,6 @@ class PoissonSampler:
             yield SampledBlock(rows=rows, sizes=sizes.tolist())
 
 
-def _vmap_per_example_grads(
-    module: torch.nn.Module, x: torch.Tensor, y: torch.Tensor
-) -> torch.Tensor:
-    """(rows, parameters): gradients of each row's BCE loss by torch.func (any model)."""
-    params = {k: v.detach() for k, v in module.named_parameters()}
-
-    def loss_one(p: dict[str, torch.Tensor], xi: torch.Tensor, yi: torch.Tensor) -> torch.Tensor:
-        logit = functional_call(module, p, (xi.unsqueeze(0),))
-        return torch.nn.functional.binary_cross_entropy_with_logits(
-            logit, yi.reshape(logit.shape), reduction="sum"
-        )
-
-    grads = vmap(grad(loss_one), in_dims=(None, 0, 0))(params, x, y)
-    return torch.cat([grads[k].reshape(x.shape[0], -1) for k in params], dim=1)
-
-
 def _linear_layers(module: torch.nn.Module) -> list[torch.nn.Linear] | None:
     """The module's Linear layers, if they hold every parameter in parameters() order."""
     layers = [m for m in module.modules() if isinstance(m, torch.nn.Linear)]
@@ -246,145 +230,6 @@ def _linear_layers(module: torch.nn.Module) -> list[torch.nn.Linear] | None:
     if len(owned) != len(mine) or any(a is not b for a, b in zip(owned, mine, strict=True)):
         return None
     return layers
-
-
-def _linear_per_example_grads(
-    module: torch.nn.Module, layers: list[torch.nn.Linear], x: torch.Tensor, y: torch.Tensor
-) -> torch.Tensor:
-    """(rows, parameters): exact per-example gradients of a model whose parameters all sit
-    in Linear layers (logistic regression, the MLPs): one forward, one backward of the summed
-    loss to each layer's output, then grad_W[i] = δ_i ⊗ a_i and grad_b[i] = δ_i (the hook
-    method of Goodfellow 2015 / Opacus, without per-row autograd)."""
-    seen: list[tuple[torch.Tensor, torch.Tensor]] = []
-
-    def keep(_m: torch.nn.Module, inputs: tuple[torch.Tensor, ...], out: torch.Tensor) -> None:
-        seen.append((inputs[0].detach(), out))
-
-    handles = [layer.register_forward_hook(keep) for layer in layers]
-    try:
-        logit = module(x)
-    finally:
-        for h in handles:
-            h.remove()
-    loss = torch.nn.functional.binary_cross_entropy_with_logits(logit, y, reduction="sum")
-    deltas = torch.autograd.grad(loss, [out for _, out in seen])
-    parts: list[torch.Tensor] = []
-    for layer, (a, _), d in zip(layers, seen, deltas, strict=True):
-        parts.append(torch.einsum("bo,bi->boi", d, a).reshape(x.shape[0], -1))
-        if layer.bias is not None:
-            parts.append(d)
-    return torch.cat(parts, dim=1)
-
-
-def _logistic_per_example_grads(
-    layer: torch.nn.Linear, x: torch.Tensor, y: torch.Tensor
-) -> torch.Tensor:
-    """(rows, d + 1) per-example gradients of logistic regression in closed form, without
-    autograd: row i's BCE-with-logits loss has gradient (σ(z_i) − y_i)·(x_i, 1), where
-    z_i = w·x_i + b."""
-    with torch.no_grad():
-        logits = torch.addmv(layer.bias, x, layer.weight[0])
-        residual = (torch.sigmoid(logits) - y).double().unsqueeze(1)
-        return torch.cat((x * residual, residual), dim=1)  # float64 (x promoted)
-
-
-GradientEngine = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
-
-
-def gradient_engine(module: torch.nn.Module) -> GradientEngine:
-    """(x, y) → (rows, parameters) float64 per-example gradients in parameters() order, by
-    the cheapest exact method for ``module``, chosen once per run: the closed form for
-    logistic regression, the Linear hooks where every parameter sits in a Linear layer,
-    torch.func otherwise (all tested equal to a per-row reference)."""
-    if isinstance(module, Logistic):
-        layer = module.linear
-        return lambda x, y: _logistic_per_example_grads(layer, x, y)
-    layers = _linear_layers(module)
-    if layers is not None:
-        return lambda x, y: _linear_per_example_grads(module, layers, x, y).double()
-    return lambda x, y: _vmap_per_example_grads(module, x, y).double()
-
-
-def per_example_grads(module: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """(rows, parameters) float64 per-example gradients, in parameters() order."""
-    return gradient_engine(module)(x, y)
-
-
-class IntegerClipper:
-    """Stage 2 for one run: (x, y) → Σ over rows of trunc(2^k · clip_C(g_i)/C) as int64
-    (shape (parameters,)), with the gradient engine and the constants fixed once.
-
-    Every summand has ℓ2 norm ≤ 2^k, checked exactly; zero rows give the zero vector.
-    The quantised coordinates are integers (truncated toward zero into int32: k ≤ 30).
-    Their squares and sums are computed exactly, in float64 where that is exact and faster
-    and in int64 otherwise: with P parameters and P·4^k < 2^53, a row whose coordinates all
-    have q² ≤ 4^k has every partial sum of squares an integer below 2^53, so none is
-    rounded; a row with some q² > 4^k has a float sum ≥ fl(q²) > 4^k (rounding is monotone
-    and the terms are non-negative), so the comparison with 4^k is exact either way. The
-    sum over a chunk of rows (≤ 2^24/P rows of magnitude ≤ 2^k) stays below 2^53 as well.
-    """
-
-    def __init__(
-        self, module: torch.nn.Module, *, grid_bits: int, max_grad_norm: float, parameters: int
-    ) -> None:
-        if not 0 < grid_bits <= 30 or parameters << (2 * grid_bits) >= 1 << 62:
-            raise PlanMismatch("the integer grid does not fit this model")
-        self.grads = gradient_engine(module)
-        self.parameters = parameters
-        # Clip to C' = C·(1 − 2^−20): float64 norm errors are ~1e-16·√d, far inside this
-        # margin. In grid units (2^k per C) that is C'·2^k/C; unclipped rows scale by 2^k/C.
-        self._per_unit = 2.0**grid_bits / max_grad_norm
-        self._clip = max_grad_norm * (1.0 - 2.0**-20) * self._per_unit
-        self._grid = 1 << grid_bits
-        self._exact = torch.float64 if parameters << (2 * grid_bits) < 1 << 53 else torch.int64
-        self._chunk = max(1, _CHUNK_ELEMENTS // max(parameters, 1))
-
-    def quantise(self, g: torch.Tensor) -> torch.Tensor:
-        """(rows ≥ 1, parameters) float64 gradients → the rows trunc(2^k·clip_C(g_i)/C),
-        as exact integers in float64 or int64 (see the class docstring), each checked to
-        have ℓ2 norm ≤ 2^k. C' = C·(1 − 2^−20) is the clipping norm actually used."""
-        norms = torch.linalg.vector_norm(g, dim=1, keepdim=True)
-        # factor = min(1, C'/‖g_i‖)·2^k/C. A zero norm gives C'/0 = inf, so 2^k/C; a NaN
-        # gradient gives arbitrary integers, which the check below bounds like any others.
-        factor = torch.clamp(self._clip / norms, max=self._per_unit)
-        ints = (g * factor).to(torch.int32).to(self._exact)  # the cast truncates toward 0
-        if self._exact == torch.int64 and int(ints.abs().max()) > self._grid:
-            raise PlanMismatch("a quantised per-example gradient exceeded the clipping norm")
-        squares = (ints * ints).sum(dim=1)  # then < P·4^k ≤ 2^62: no int64 overflow
-        if not float(squares.max()) <= self._grid * self._grid:
-            raise PlanMismatch("a quantised per-example gradient exceeded the clipping norm")
-        return ints
-
-    def _chunk_sum(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        g = self.grads(x, y)
-        if g.shape[1] != self.parameters:
-            raise PlanMismatch("the model's parameter count differs from the plan's")
-        return self.quantise(g).sum(dim=0).to(torch.int64)
-
-    def __call__(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        if 0 < x.shape[0] <= self._chunk:  # the usual batch: one chunk
-            return self._chunk_sum(x, y)
-        total = torch.zeros(self.parameters, dtype=torch.int64, device=x.device)
-        for start in range(0, x.shape[0], self._chunk):
-            total += self._chunk_sum(x[start : start + self._chunk], y[start : start + self._chunk])
-        return total
-
-
-def clipped_integer_sum(
-    module: torch.nn.Module,
-    x: torch.Tensor,
-    y: torch.Tensor,
-    *,
-    grid_bits: int,
-    max_grad_norm: float,
-    parameters: int,
-) -> torch.Tensor:
-    """Σ over rows of trunc(2^k · clip_C(g_i)/C) as int64 (shape (parameters,)); see
-    :class:`IntegerClipper`."""
-    clip = IntegerClipper(
-        module, grid_bits=grid_bits, max_grad_norm=max_grad_norm, parameters=parameters
-    )
-    return clip(x, y)
 
 
 def _flat_parameters(module: torch.nn.Module) -> torch.Tensor:
@@ -425,7 +270,7 @@ def _train_one(
         * 2.0**-params.grid_bits
         / params.expected_batch_size
     )
-    # The plan's engine (exact: IntegerClipper); imported here, it imports this module.
+    # The plan's engine (grad_engines imports this module, hence the late import).
     from worker.mechanisms.grad_engines import integer_sum_for
 
     integer_sum = integer_sum_for(params, module=module, rng=rng)

@@ -6,9 +6,11 @@ one example changes S by at most Δ = κ·2^k in ℓ2 (k = the plan's grid_bits;
 for JL). The noise stage adds rounded Gaussian noise of scale σ·2^k, so the step is the
 Gaussian mechanism with noise multiplier σ/κ on a quantity of sensitivity Δ, post-processed.
 
-* ``exact`` (:class:`worker.mechanisms.dpsgd.IntegerClipper`): per-example gradients
-  materialised, clipped, quantised row by row, checked and summed exactly. Memory
-  O(rows × parameters). Any model.
+* ``exact`` (:class:`IntegerClipper`): per-example gradients materialised in float64 (the
+  closed form for logistic regression, the Linear signals below for MLPs, torch.func vmap
+  for any other model such as GRU-D), example i weighted by min(2^k/C, c/‖g_i‖) and the
+  weighted rows summed by the same reduction as ghost and jl. Memory O(rows × parameters).
+  Any model.
 * ``ghost`` (Li, Tramèr, Liang & Hashimoto 2021, "Large Language Models Can Be Strong
   Differentially Private Learners", ghost clipping; Bu, Mao & Xu 2022, "Scalable and
   Efficient Training of Large Convolutional Neural Networks with Differential Privacy"):
@@ -26,39 +28,50 @@ Gaussian mechanism with noise multiplier σ/κ on a quantity of sensitivity Δ, 
   makes the sensitivity κC surely (accounting and proof: service/privacy/jl.py). Same
   models as ghost (the cap needs the exact norm), and the same reduction.
 
-The sound reduction (ghost and jl). The exact engine can check each example's integer
-vector exactly; these engines only ever hold the float sum of the weighted contributions.
-Claim: :func:`capped_integer_sum` returns S with ‖S(D') − S(D)‖₂ ≤ Δ when D' is D plus one
-example in the batch, under assumptions A1–A3:
+The sound reduction (every engine). No engine rounds a row on its own: each only holds the
+float64 sum of the weighted contributions, rounded once. (Issue 12: the exact engine used
+to truncate each row to the grid and sum integers, which assumed a row's integer vector did
+not depend on the other rows; it does, since float kernels depend on the batch, and adding
+one row moved three others' vectors, exceeding 2^k.) Claim: :func:`reduced_integer_sum`
+(through :func:`capped_integer_sum` for ghost and jl, :class:`IntegerClipper` for exact)
+returns S with ‖S(D') − S(D)‖₂ ≤ Δ when D' is D plus one example in the batch, under
+assumptions A1–A3:
 
   A1 (row stability) a row's float64 signals (layer inputs, output gradients, JL
-     projections), as computed inside any batch, are within relative ε_row = 2^-40 (ℓ2, per
-     layer) of batch-independent values. Row *invariance* (bit-identical results whatever
-     the other rows) is false on this machine: MKL/oneDNN pick kernels by batch size and a
-     row's float32 result changes with its batch and its position in it (measured; the
-     exact engine, which computes in float32 and assumes invariance implicitly, is exposed
-     to this, see the report of issue 12). In float64 the measured deviation is ≤ 2.1e-16
-     relative (a unit test checks ≤ 2^-40 over batch sizes and positions); the standard
-     dot-product bound γ_d·|W||a| supports it, but it is not proven for the whole network.
+     projections; for the exact engine its per-example gradient g_i), as computed inside
+     any batch, are within relative ε_row = 2^-40 (ℓ2, per layer) of batch-independent
+     values. Row *invariance* (bit-identical results whatever the other rows) is false on
+     this machine: MKL/oneDNN pick kernels by batch size and a row's float32 result
+     changes with its batch and its position in it (measured, issue 12), so every engine
+     computes the model's forward and backward in float64. There the measured deviation is
+     ≤ 2.1e-16 relative (unit tests check ≤ 2^-40 over batch sizes and positions, for the
+     signals and for the exact engine's gradients of logistic regression, MLP and GRU-D);
+     the dot-product bound γ_d·|W||a| supports it, but it is not proven for the network.
   A2 (IEEE float64) each float64 operation below is correctly rounded (unit roundoff
      u = 2^-53), and a matrix product computes every entry as a sum of its products in
      some order, with or without FMA (no Strassen-type algorithm; true of MKL/OpenBLAS
-     dgemm). Then an entry of a chunk's product over m rows has error at most
-     γ_m·Σ_i |products| (Higham 2002, "Accuracy and Stability of Numerical Algorithms",
-     eq. (3.5), γ_m = m·u/(1 − m·u)), and a pairwise (tree) sum of K partials adds γ_⌈log₂K⌉
+     dgemm and dgemv; the exact engine's GEMV wᵀG, and, when a chunk's gradients are
+     materialised in slices, the slices' GEMVs added in turn, are such sums). Then an
+     entry of a chunk's product over m rows has error at most γ_m·Σ_i |products|
+     (Higham 2002, "Accuracy and Stability of Numerical Algorithms", eq. (3.5),
+     γ_m = m·u/(1 − m·u)), and a pairwise (tree) sum of K partials adds γ_⌈log₂K⌉
      (Higham §4.2), so every entry of the reduced sum is within γ_G·Σ_i |z_i| of the exact
      Σ_i z_i, G = m + ⌈log₂ K⌉ (Higham Lemma 3.3).
   A3 at most ROW_LIMIT = 2^24 rows per batch (a larger batch raises before reducing).
 
 Proof. Let z_i ∈ R^P (integer units, i.e. gradient · 2^k/C) be row i's contribution as the
-reduction sees it: per layer fl(w_i·b_i) ⊗ â_i. Its norm is √(Σ_l ‖fl(w_i b_i^l)‖²‖â_i^l‖²)
-≤ (1 + u)·w_i·N_i with N_i the exact ghost norm of the computed signals, and the weights
-make w_i·N̂_i ≤ c_row·(1 − 2^-20) with N̂_i the float64 ghost norm; 2^-20 covers
-(1 + u)·N_i/N̂_i ≤ 1 + 1e-12, so ‖z_i‖ ≤ c_row. By A1, z_i (its weight, which is a min of
-ratios of signals' norms, and the signals) moves by at most η = 8·ε_row relative when the
-batch around row i changes: ‖z_i(D') − z_i(D)‖ ≤ 2η·c_row. The computed sum is
-Ŝ = Σ_i z_i + E with ‖E‖₂ ≤ γ_G·‖Σ_i |z_i|‖₂ ≤ γ_G·Σ_i ‖z_i‖₂ ≤ γ_G·n·c_row (A2, triangle
-inequality), and S = round(Ŝ) = Ŝ + ρ with |ρ_j| ≤ ½. For D' = D + x*:
+reduction sees it. Exact engine: z_i = w_i·g_i, ‖z_i‖ = w_i‖g_i‖ ≤ c_row(1 − 2^-20)·‖g_i‖/N̂_i
+≤ c_row with N̂_i the float64 norm of g_i (within γ_P of ‖g_i‖), the GEMV's product
+roundings being inside γ_m below; a row with a non-finite entry or norm gets w_i = 0 and
+its entries are zeroed: z_i = 0. Ghost and jl: per layer fl(w_i·b_i) ⊗ â_i, of norm
+√(Σ_l ‖fl(w_i b_i^l)‖²‖â_i^l‖²) ≤ (1 + u)·w_i·N_i with N_i the exact ghost norm of the
+computed signals, and the weights make w_i·N̂_i ≤ c_row·(1 − 2^-20) with N̂_i the float64
+ghost norm; 2^-20 covers (1 + u)·N_i/N̂_i ≤ 1 + 1e-12, so ‖z_i‖ ≤ c_row. By A1, z_i (its
+weight, which is a min of ratios of signals' norms, and the signals) moves by at most
+η = 8·ε_row relative when the batch around row i changes: ‖z_i(D') − z_i(D)‖ ≤ 2η·c_row.
+The computed sum is Ŝ = Σ_i z_i + E with
+‖E‖₂ ≤ γ_G·‖Σ_i |z_i|‖₂ ≤ γ_G·Σ_i ‖z_i‖₂ ≤ γ_G·n·c_row (A2, triangle inequality), and
+S = round(Ŝ) = Ŝ + ρ with |ρ_j| ≤ ½. For D' = D + x*:
 
     S(D') − S(D) = z_* + Σ_{i∈D} (z_i(D') − z_i(D)) + E' − E + ρ' − ρ,
     ‖S(D') − S(D)‖ ≤ c_row·(1 + 2η·n + γ_G·(2n + 1)) + √P ≤ Δ   for n + 1 ≤ ROW_LIMIT, with
@@ -66,10 +79,11 @@ inequality), and S = round(Ŝ) = Ŝ + ρ with |ρ_j| ≤ ½. For D' = D + x*:
     c_row = (Δ − √P) / (1 + 2·(η + γ_G)·(ROW_LIMIT + 1)),  G = 1024 + ⌈log₂(ROW_LIMIT/1024)⌉. ∎
 
 The price: c_row/Δ ≈ 1 − √P/Δ − 2.5e-4 (clipping at 0.9997·C instead of C·(1 − 2^-20)
-for P = 10⁴ at k = 20). The ghost and JL forward/backward run in float64 for A1 (twice the
-activation memory of float32, still O(rows × widths)).
+for P = 10⁴ at k = 20). Every engine's forward/backward runs in float64 for A1 (twice the
+activation memory of float32).
 
-What is NOT proven here: A1 (measured, not derived). GRU-D (recurrent layers, whose
+What is NOT proven here: A1 (measured, not derived; on other CPUs/GPUs it should be
+re-measured: the unit tests do so wherever they run). GRU-D (recurrent layers, whose
 per-example gradient is a sum over time steps, and elementwise decay parameters) is not
 supported by ghost or jl: the plan refuses it (422); the JL estimator itself
 (:func:`jl_projections`) runs on GRU-D and is tested there.
@@ -84,37 +98,39 @@ from typing import Final
 
 import numpy as np
 import torch
-from torch.func import functional_call, jvp
+from torch.func import functional_call, grad, jvp, vmap
 
-from worker.mechanisms.dpsgd import (
-    DpsgdParams,
-    IntegerClipper,
-    PlanMismatch,
-    _linear_layers,
-)
+from worker.mechanisms.dpsgd import DpsgdParams, PlanMismatch, _linear_layers
+from worker.models import Logistic
 from worker.models.functional import ParamLayout
 
 __all__ = [
     "ROW_LIMIT",
+    "IntegerClipper",
     "LinearSignals",
     "capped_integer_sum",
+    "clipped_integer_sum",
     "ghost_integer_sum",
+    "gradient_engine",
     "integer_sum_for",
     "jl_integer_sum",
     "jl_norm_estimates",
     "jl_projections",
     "linear_signals",
+    "per_example_grads",
     "row_cap",
 ]
 
 ROW_LIMIT: Final[int] = 1 << 24
-"""Most rows one batch may hold under ghost or jl (assumption A3)."""
+"""Most rows one batch may hold, any engine (assumption A3)."""
 REDUCE_CHUNK: Final[int] = 1024
 """Rows per float64 GEMM of the reduction (m in the proof)."""
 _UNIT_ROUNDOFF: Final[float] = 2.0**-53
 _MARGIN: Final[float] = 2.0**-20
 ROW_STABILITY: Final[float] = 2.0**-40
 """ε_row of assumption A1: relative drift of a row's float64 signals with its batch."""
+_CHUNK_ELEMENTS: Final[int] = 1 << 24
+"""Most per-example gradient entries the exact engine materialises at once (memory)."""
 
 IntegerSum = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -197,31 +213,44 @@ def _tree_sum(parts: list[torch.Tensor]) -> torch.Tensor:
     return parts[0]
 
 
+def reduced_integer_sum(
+    rows: int, chunk_sum: Callable[[int, int], torch.Tensor], *, parameters: int
+) -> torch.Tensor:
+    """round(Σ_i z_i) as int64 (parameters,), the one reduction every engine's proof
+    assumes: ``chunk_sum(start, stop)`` returns the float64 sum of the contributions z_i of
+    rows start … stop − 1 (≤ REDUCE_CHUNK rows, each entry a sum of its products in some
+    order: a GEMM or GEMV), the chunks' partials are summed pairwise, and the result is
+    rounded once. A non-finite result (impossible when every ‖z_i‖ ≤ c_row) fails the job."""
+    if rows > ROW_LIMIT:
+        raise PlanMismatch("a batch exceeded the reduction's row limit")
+    parts = [chunk_sum(s, min(s + REDUCE_CHUNK, rows)) for s in range(0, rows, REDUCE_CHUNK)]
+    if not parts:
+        return torch.zeros(parameters, dtype=torch.int64)
+    out = _tree_sum(parts)
+    if out.shape != (parameters,):
+        raise PlanMismatch("the model's parameter count differs from the plan's")
+    if not bool(torch.isfinite(out).all()):
+        raise PlanMismatch("a batch's clipped gradient sum was not finite")
+    return torch.round(out).to(torch.int64)
+
+
 def capped_integer_sum(
     signals: LinearSignals, weights: torch.Tensor, *, parameters: int
 ) -> torch.Tensor:
     """round(Σ_i weights_i · g_i) as int64 (parameters,), g_i from the signals; the caller
     makes weights_i·‖g_i‖ ≤ c_row(1 − 2^-20) (integer units). Float64 chunked GEMMs and a
-    pairwise sum over chunks, as the module docstring's proof needs."""
-    rows = int(weights.shape[0])
-    if rows > ROW_LIMIT:
-        raise PlanMismatch("a batch exceeded the reduction's row limit")
-    flat: list[torch.Tensor] = []
-    for a, b, has_bias in zip(signals.inputs, signals.grads, signals.bias, strict=True):
-        wb = weights.unsqueeze(1) * b
-        parts = [
-            wb[s : s + REDUCE_CHUNK].T @ a[s : s + REDUCE_CHUNK]
-            for s in range(0, rows, REDUCE_CHUNK)
-        ]
-        total = _tree_sum(parts) if parts else a.new_zeros(b.shape[1], a.shape[1])
-        if has_bias:
-            flat += [total[:, :-1].reshape(-1), total[:, -1]]
-        else:
-            flat.append(total.reshape(-1))
-    out = torch.cat(flat)
-    if out.shape[0] != parameters:
-        raise PlanMismatch("the model's parameter count differs from the plan's")
-    return torch.round(out).to(torch.int64)
+    pairwise sum over chunks (:func:`reduced_integer_sum`), as the module docstring's proof
+    needs."""
+    scaled = [weights.unsqueeze(1) * b for b in signals.grads]
+
+    def chunk_sum(start: int, stop: int) -> torch.Tensor:
+        flat: list[torch.Tensor] = []
+        for a, wb, has_bias in zip(signals.inputs, scaled, signals.bias, strict=True):
+            total = wb[start:stop].T @ a[start:stop]
+            flat += [total[:, :-1].reshape(-1), total[:, -1]] if has_bias else [total.reshape(-1)]
+        return torch.cat(flat)
+
+    return reduced_integer_sum(int(weights.shape[0]), chunk_sum, parameters=parameters)
 
 
 def _signals(module: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> LinearSignals:
@@ -320,6 +349,152 @@ def jl_integer_sum(
     )
     weights = units * torch.clamp(clip, max=1.0)
     return capped_integer_sum(signals, weights, parameters=parameters)
+
+
+# ------------------------------------------------------------------ the exact engine
+
+
+def _vmap_per_example_grads(
+    module: torch.nn.Module, x: torch.Tensor, y: torch.Tensor
+) -> torch.Tensor:
+    """(rows, parameters) float64: gradients of each row's BCE loss by torch.func, the model
+    run in float64 (any model)."""
+    params = {k: v.detach().double() for k, v in module.named_parameters()}
+    buffers = {k: v.double() for k, v in module.named_buffers()}
+
+    def loss_one(p: dict[str, torch.Tensor], xi: torch.Tensor, yi: torch.Tensor) -> torch.Tensor:
+        logit = functional_call(module, (p, buffers), (xi.unsqueeze(0),))
+        return torch.nn.functional.binary_cross_entropy_with_logits(
+            logit, yi.reshape(logit.shape), reduction="sum"
+        )
+
+    grads = vmap(grad(loss_one), in_dims=(None, 0, 0))(params, x.double(), y.double())
+    return torch.cat([grads[k].reshape(x.shape[0], -1) for k in params], dim=1)
+
+
+def _linear_per_example_grads(
+    module: torch.nn.Module, layers: list[torch.nn.Linear], x: torch.Tensor, y: torch.Tensor
+) -> torch.Tensor:
+    """(rows, parameters) float64 per-example gradients of a model whose parameters all sit
+    in Linear layers, from the float64 signals: grad_W[i] = b_i ⊗ a_i, grad_b[i] = b_i (the
+    hook method of Goodfellow 2015 / Opacus, without per-row autograd)."""
+    signals = linear_signals(module, layers, x, y)
+    parts: list[torch.Tensor] = []
+    for a, b, has_bias in zip(signals.inputs, signals.grads, signals.bias, strict=True):
+        g = torch.einsum("bo,bi->boi", b, a)
+        parts += (
+            [g[:, :, :-1].reshape(x.shape[0], -1), g[:, :, -1]]
+            if has_bias
+            else [g.reshape(x.shape[0], -1)]
+        )
+    return torch.cat(parts, dim=1)
+
+
+def _logistic_per_example_grads(
+    layer: torch.nn.Linear, x: torch.Tensor, y: torch.Tensor
+) -> torch.Tensor:
+    """(rows, d + 1) float64 per-example gradients of logistic regression in closed form,
+    without autograd: row i's BCE-with-logits loss has gradient (σ(z_i) − y_i)·(x_i, 1),
+    z_i = w·x_i + b, all in float64 (assumption A1)."""
+    with torch.no_grad():
+        x64 = x.double()
+        logits = torch.addmv(layer.bias.double(), x64, layer.weight[0].double())
+        residual = (torch.sigmoid(logits) - y.double()).unsqueeze(1)
+        return torch.cat((x64 * residual, residual), dim=1)
+
+
+GradientEngine = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def gradient_engine(module: torch.nn.Module) -> GradientEngine:
+    """(x, y) → (rows, parameters) float64 per-example gradients in parameters() order, by
+    the cheapest method for ``module``, chosen once per run, every one computed in float64
+    (A1): the closed form for logistic regression, the Linear signals where every parameter
+    sits in a Linear layer, torch.func otherwise (all tested equal to a per-row reference)."""
+    if isinstance(module, Logistic):
+        layer = module.linear
+        return lambda x, y: _logistic_per_example_grads(layer, x, y)
+    layers = _linear_layers(module)
+    if layers is not None:
+        return lambda x, y: _linear_per_example_grads(module, layers, x, y)
+    return lambda x, y: _vmap_per_example_grads(module, x, y)
+
+
+def per_example_grads(module: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """(rows, parameters) float64 per-example gradients, in parameters() order."""
+    return gradient_engine(module)(x, y)
+
+
+class IntegerClipper:
+    """The exact engine for one run: (x, y) → round(Σ_i w_i·g_i) as int64 (parameters,),
+    g_i the materialised float64 per-example gradients, w_i = min(2^k/C, c/‖g_i‖) with
+    c = c_row·(1 − 2^-20) (integer units), reduced by :func:`reduced_integer_sum`.
+    Sensitivity ≤ 2^k by the module docstring's proof (z_i = w_i·g_i, ‖z_i‖ ≤ c_row).
+
+    A row whose gradient is not finite (NaN, ±inf, or a norm that overflows) gets weight 0
+    and is zeroed, so it contributes nothing and cannot break the bound. Memory: at most
+    2^24 gradient entries at once; a chunk of the reduction whose rows do not fit is
+    computed in slices whose GEMVs are added in turn (still a sum of the chunk's products
+    in some order, as A2 needs)."""
+
+    def __init__(
+        self, module: torch.nn.Module, *, grid_bits: int, max_grad_norm: float, parameters: int
+    ) -> None:
+        if not 0 < grid_bits <= 30:
+            raise PlanMismatch("the integer grid does not fit this model")
+        self.grads = gradient_engine(module)
+        self.parameters = parameters
+        self._units = 2.0**grid_bits / max_grad_norm  # integer units per gradient unit
+        self._cap = row_cap(parameters=parameters, sensitivity=2.0**grid_bits) * (1.0 - _MARGIN)
+        self._slice = max(1, _CHUNK_ELEMENTS // max(parameters, 1))
+
+    def weights(self, g: torch.Tensor) -> torch.Tensor:
+        """(rows,) float64 weights min(2^k/C, c/‖g_i‖) (a zero norm gives c/0 = inf, so
+        2^k/C); 0 where ‖g_i‖ is not finite, i.e. g_i has a NaN or ±inf entry or its norm
+        overflows."""
+        norms = torch.linalg.vector_norm(g, dim=1)
+        w = torch.clamp(self._cap / norms, max=self._units)
+        return torch.where(torch.isfinite(norms), w, torch.zeros_like(w))
+
+    def chunk_sum(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """Σ_i w_i·g_i over the rows of (x, y) (≤ REDUCE_CHUNK rows), float64 (parameters,)."""
+        total: torch.Tensor | None = None
+        for s in range(0, x.shape[0], self._slice):
+            g = self.grads(x[s : s + self._slice], y[s : s + self._slice])
+            if g.shape[1] != self.parameters:
+                raise PlanMismatch("the model's parameter count differs from the plan's")
+            w = self.weights(g)  # > 0 exactly where the row's norm, so every entry, is finite
+            if not bool((w > 0).all()):
+                g = torch.nan_to_num(g, nan=0.0, posinf=0.0, neginf=0.0)  # 0·inf would be NaN
+            part = w @ g
+            total = part if total is None else total + part
+        assert total is not None
+        return total
+
+    def __call__(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        if x.shape[0] == 0:
+            return torch.zeros(self.parameters, dtype=torch.int64, device=x.device)
+        return reduced_integer_sum(
+            int(x.shape[0]),
+            lambda s, e: self.chunk_sum(x[s:e], y[s:e]),
+            parameters=self.parameters,
+        )
+
+
+def clipped_integer_sum(
+    module: torch.nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    *,
+    grid_bits: int,
+    max_grad_norm: float,
+    parameters: int,
+) -> torch.Tensor:
+    """The exact engine's int64 sum for one batch; see :class:`IntegerClipper`."""
+    clip = IntegerClipper(
+        module, grid_bits=grid_bits, max_grad_norm=max_grad_norm, parameters=parameters
+    )
+    return clip(x, y)
 
 
 def integer_sum_for(
