@@ -303,22 +303,18 @@ class PmfSlackEvent(DpEvent):
 
 
 @dataclass(frozen=True)
-class ComposedEvent(DpEvent):
-    """A heterogeneous sequence of events run one after another (e.g. a decaying
-    noise schedule as a list of PoissonSubsampledGaussianEvent runs). A list given
-    for ``events`` is stored as a tuple. RDP: the sum (Mironov 2017, Prop. 1)."""
+class _EventList(DpEvent):
+    """An event made of a non-empty list of events (stored as a tuple), JSON
+    ``{"events": [...]}``; pure iff every member is. Not registered itself."""
 
     events: tuple[DpEvent, ...]
-
-    TYPE: ClassVar[str] = "composed"
-    VERSION: ClassVar[int] = 1
 
     def __post_init__(self) -> None:
         if not isinstance(self.events, list | tuple):
             raise ValueError(f"events must be a tuple of DpEvent, got {self.events!r}")
         events = tuple(self.events)
         if not events:
-            raise ValueError("a ComposedEvent needs at least one event")
+            raise ValueError(f"a {type(self).__name__} needs at least one event")
         for e in events:
             if not isinstance(e, DpEvent):
                 raise ValueError(f"events must be DpEvent instances, got {e!r}")
@@ -327,13 +323,6 @@ class ComposedEvent(DpEvent):
     @property
     def is_pure(self) -> bool:
         return all(e.is_pure for e in self.events)
-
-    def pure_epsilon(self) -> float | None:
-        parts = [e.pure_epsilon() for e in self.events]
-        if any(p is None for p in parts):
-            return None
-        # Basic composition (Dwork et al. 2006): ε adds up. fsum: correctly rounded.
-        return math.fsum(p for p in parts if p is not None)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -349,6 +338,23 @@ class ComposedEvent(DpEvent):
         if not isinstance(raw, list | tuple):
             raise ValueError(f"'events' must be a list, got {type(raw).__name__}")
         return cls(events=tuple(_decode(e, depth + 1) for e in raw))
+
+
+@dataclass(frozen=True)
+class ComposedEvent(_EventList):
+    """A heterogeneous sequence of events run one after another (e.g. a decaying
+    noise schedule as a list of PoissonSubsampledGaussianEvent runs). A list given
+    for ``events`` is stored as a tuple. RDP: the sum (Mironov 2017, Prop. 1)."""
+
+    TYPE: ClassVar[str] = "composed"
+    VERSION: ClassVar[int] = 1
+
+    def pure_epsilon(self) -> float | None:
+        parts = [e.pure_epsilon() for e in self.events]
+        if any(p is None for p in parts):
+            return None
+        # Basic composition (Dwork et al. 2006): ε adds up. fsum: correctly rounded.
+        return math.fsum(p for p in parts if p is not None)
 
 
 @dataclass(frozen=True)
@@ -389,7 +395,7 @@ class SelfComposedEvent(DpEvent):
 
 
 @dataclass(frozen=True)
-class AnyOfEvent(DpEvent):
+class AnyOfEvent(_EventList):
     """One run of *one* of ``events``, whichever is chosen, by a rule that depends only on
     public values and on earlier released outputs (a search picking the next candidate's
     batch size, or a random draw independent of the data).
@@ -402,22 +408,8 @@ class AnyOfEvent(DpEvent):
     member is pure, with the maximum ε. One leaf: k copies are k times its curve.
     """
 
-    events: tuple[DpEvent, ...]
-
     TYPE: ClassVar[str] = "any_of"
     VERSION: ClassVar[int] = 1
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.events, list | tuple) or not self.events:
-            raise ValueError("an AnyOfEvent needs a non-empty tuple of events")
-        for e in self.events:
-            if not isinstance(e, DpEvent):
-                raise ValueError(f"events must be DpEvent instances, got {e!r}")
-        object.__setattr__(self, "events", tuple(self.events))
-
-    @property
-    def is_pure(self) -> bool:
-        return all(e.is_pure for e in self.events)
 
     def pure_epsilon(self) -> float | None:
         parts = [e.pure_epsilon() for e in self.events]
@@ -426,21 +418,6 @@ class AnyOfEvent(DpEvent):
     def _leaf_curve(self, orders: tuple[float, ...]) -> tuple[float, ...]:
         curves = np.array([e.rdp(orders) for e in self.events])
         return tuple(curves.max(axis=0).tolist())
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "type": self.TYPE,
-            "version": self.VERSION,
-            "events": [e.to_json() for e in self.events],
-        }
-
-    @classmethod
-    def _from_fields(cls, d: Mapping[str, Any], depth: int) -> DpEvent:
-        _expect_keys(d, {"events"})
-        raw = d["events"]
-        if not isinstance(raw, list | tuple):
-            raise ValueError(f"'events' must be a list, got {type(raw).__name__}")
-        return cls(events=tuple(_decode(e, depth + 1) for e in raw))
 
 
 @dataclass(frozen=True)
