@@ -98,8 +98,9 @@ DPSGD_STEP_OVERHEAD_S = 0.02
 DPSGD_GRID_STEP_OVERHEAD_S = 0.01
 DPSGD_ELEMENTS_PER_S = 5e6  # Linear path (logistic, MLP)
 DPSGD_GRUD_ELEMENTS_PER_S = 1e7  # torch.func vmap over GRU-D, elements = B·P·T
-# Rows per per-example-gradient chunk: mirrors worker/mechanisms/dpsgd.py's
-# _CHUNK_ELEMENTS (a unit test checks they agree).
+# Elements per per-example-gradient slice: mirrors worker/mechanisms/grad_engines.py's
+# _CHUNK_ELEMENTS (a unit test checks they agree; the worker's slice is also at most
+# REDUCE_CHUNK rows, so this stays on the high side).
 DPSGD_CHUNK_ELEMENTS = 1 << 24
 
 

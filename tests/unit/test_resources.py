@@ -21,7 +21,7 @@ from service.resources import (
 from service.schemas import JobRequest, PrivacyPlan
 from service.timeseries import deltas_from_masks, pack_grud_inputs
 from tests.unit.test_timeseries import TINY
-from worker.mechanisms import dpsgd
+from worker.mechanisms import dpsgd, grad_engines
 from worker.mechanisms.base import TabularTrainingSet
 
 # The estimate is a ceiling set for a busy machine (benchmarks/results/dpsgd_work.md:
@@ -52,7 +52,7 @@ def _measured(plan: PrivacyPlan, spec: ModelSpec, data: TabularTrainingSet) -> f
 
 
 def test_chunk_mirrors_the_workers() -> None:
-    assert DPSGD_CHUNK_ELEMENTS == dpsgd._CHUNK_ELEMENTS
+    assert DPSGD_CHUNK_ELEMENTS == grad_engines._CHUNK_ELEMENTS
 
 
 def test_tabular_estimate_is_within_its_stated_factor_of_the_run() -> None:
