@@ -14,6 +14,7 @@ Papernot–Steinke bound covers the best run with K hidden.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -140,8 +141,8 @@ def run_architecture_selection(
     total = plan.trainings or 0  # 0 (random stopping): no progress per training
     done = 0
 
-    def fitness(c: ArchitectureCandidate) -> float:
-        nonlocal done
+    def spec_and_mechanism(c: ArchitectureCandidate) -> tuple[MlpSpec, dict[str, Any]]:
+        """The candidate's model and the charged DP-SGD mechanism it runs."""
         spec = MlpSpec(hidden=list(c.hidden), activation=c.activation)
         mech = candidate_mechanism(
             plan,
@@ -149,6 +150,11 @@ def run_architecture_selection(
             parameters=parameter_count(spec, train.n_features),
             learning_rate=c.learning_rate or request.training.learning_rate,
         )
+        return spec, mech
+
+    def fitness(c: ArchitectureCandidate) -> float:
+        nonlocal done
+        spec, mech = spec_and_mechanism(c)
         weights, score = _train_and_score(
             spec=spec,
             mechanism=mech,
@@ -180,13 +186,7 @@ def run_architecture_selection(
         counts = {}
         for _ in range(request.search.trainings):
             c = sample_candidate(request.space, rng)
-            spec = MlpSpec(hidden=list(c.hidden), activation=c.activation)
-            mech = candidate_mechanism(
-                plan,
-                key=architecture_key(plan, c),
-                parameters=parameter_count(spec, train.n_features),
-                learning_rate=c.learning_rate or request.training.learning_rate,
-            )
+            spec, mech = spec_and_mechanism(c)
             weights, correct = _train_and_count(
                 spec=spec, mechanism=mech, train=train, val=val, device=device
             )
