@@ -11,12 +11,15 @@ guarantee that an admitted plan fits.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from pydantic import TypeAdapter
 
 from service.dataschema import DatasetSchema
 from service.modelspec import GrudSpec, MlpSpec, ModelSpec, parameter_count
+from service.privacy.tuning import runs_distribution_from_json, runs_quantile
 from service.schemas import PrivacyPlan
 from service.timeseries import TimeSeriesSchema
 
@@ -108,11 +111,11 @@ def _series_steps(schema: DatasetSchema) -> int | None:
     return schema.grid.steps if isinstance(schema, TimeSeriesSchema) else None
 
 
-def _dpsgd_batch_ceiling(plan: PrivacyPlan) -> int:
+def _dpsgd_batch_ceiling(m: Mapping[str, Any]) -> int:
     """A Poisson batch size that is practically never exceeded: B + 10√B + 10 rows (B the
-    expected batch), at most the public row count."""
-    b = float(plan.mechanism["expected_batch_size"])
-    n = int(plan.mechanism["public_n_rows"])
+    expected batch), at most the public row count (``m``: a DP-SGD plan's mechanism)."""
+    b = float(m["expected_batch_size"])
+    n = int(m["public_n_rows"])
     return min(n, math.ceil(b + 10 * math.sqrt(b) + 10))
 
 
@@ -120,8 +123,14 @@ def dpsgd_seconds(plan: PrivacyPlan, *, series_steps: int | None = None) -> floa
     """Estimated worker time (s) of a ``dpsgd`` plan, from public values only: samples ×
     steps × (per-step cost [+ T × per-grid-step cost for GRU-D] + expected batch ×
     parameters [× T for GRU-D] / the path's element rate)."""
-    m = plan.mechanism
     spec: ModelSpec = TypeAdapter(ModelSpec).validate_python(plan.model)
+    return plan.samples * _training_seconds(spec, plan.mechanism, series_steps=series_steps)
+
+
+def _training_seconds(
+    spec: ModelSpec, m: Mapping[str, Any], *, series_steps: int | None = None
+) -> float:
+    """One DP-SGD training of ``spec`` with mechanism ``m`` (see :func:`dpsgd_seconds`)."""
     elements = float(m["expected_batch_size"]) * int(m["parameters"])
     per_step = DPSGD_STEP_OVERHEAD_S
     if isinstance(spec, GrudSpec):
@@ -129,7 +138,7 @@ def dpsgd_seconds(plan: PrivacyPlan, *, series_steps: int | None = None) -> floa
         per_step += t * DPSGD_GRID_STEP_OVERHEAD_S + elements * t / DPSGD_GRUD_ELEMENTS_PER_S
     else:
         per_step += elements / DPSGD_ELEMENTS_PER_S
-    return plan.samples * int(m["steps"]) * per_step
+    return int(m["steps"]) * per_step
 
 
 def dpsgd_memory_bytes(
@@ -140,11 +149,18 @@ def dpsgd_memory_bytes(
     with their clipped and integer copies (4 buffers), plus GRU-D's autograd activations
     for every row and grid step (as for expm_nf). Rows per chunk: the worker's chunk
     (``DPSGD_CHUNK_ELEMENTS`` / P) or a batch ceiling, whichever is smaller."""
-    m = plan.mechanism
     spec: ModelSpec = TypeAdapter(ModelSpec).validate_python(plan.model)
+    return _training_memory_bytes(
+        spec, plan.mechanism, n_features=n_features, series_steps=series_steps
+    )
+
+
+def _training_memory_bytes(
+    spec: ModelSpec, m: Mapping[str, Any], *, n_features: int, series_steps: int | None
+) -> int:
     p = int(m["parameters"])
     n = int(m["public_n_rows"])
-    rows = min(max(1, DPSGD_CHUNK_ELEMENTS // p), _dpsgd_batch_ceiling(plan))
+    rows = min(max(1, DPSGD_CHUNK_ELEMENTS // p), _dpsgd_batch_ceiling(m))
     grads = 4 * 8 * rows * p
     if isinstance(spec, GrudSpec):
         t = series_steps or 1
@@ -157,6 +173,43 @@ def dpsgd_memory_bytes(
         widths = n_features + (sum(spec.hidden) if isinstance(spec, MlpSpec) else 0) + 1
         activations = _FLOAT * rows * 3 * widths
     return data + grads + activations + _FLOAT * _WITH_GRAD_AND_ADAM * p
+
+
+SELECTION_RUNS_QUANTILE = 0.999
+"""Random stopping without a cap: the work is estimated at this quantile of K."""
+
+
+def selection_trainings(plan: PrivacyPlan) -> int:
+    """How many candidate trainings a ``selection`` plan's work estimate counts: the fixed
+    number, or the cap on K (random stopping), or K's ``SELECTION_RUNS_QUANTILE`` quantile
+    where the law is uncapped (a larger K then runs into the job's hard time limit, and
+    the job fails with its charge kept: its data was read)."""
+    m = plan.mechanism
+    if m.get("trainings") is not None:
+        return int(m["trainings"])
+    runs = runs_distribution_from_json(m["runs"])
+    if runs.max_runs is not None:
+        return runs.max_runs
+    return runs_quantile(runs, SELECTION_RUNS_QUANTILE)
+
+
+def selection_estimate(
+    plan: PrivacyPlan, *, n_features: int, series_steps: int | None = None
+) -> tuple[float, int]:
+    """(seconds, peak bytes) of a ``selection`` plan: the counted trainings (see
+    :func:`selection_trainings`) each at the costliest candidate's DP-SGD estimate, its
+    memory at the costliest candidate's. Scoring and the features kind's histogram pass
+    are single passes over the rows, small beside one training, and not counted."""
+    spec: ModelSpec = TypeAdapter(ModelSpec).validate_python(plan.model)
+    candidates = plan.mechanism.get("candidates") or []
+    if not candidates:
+        return 0.0, 0
+    per = max(_training_seconds(spec, c, series_steps=series_steps) for c in candidates)
+    memory = max(
+        _training_memory_bytes(spec, c, n_features=n_features, series_steps=series_steps)
+        for c in candidates
+    )
+    return selection_trainings(plan) * per, memory
 
 
 @dataclass(frozen=True)
@@ -182,22 +235,28 @@ def resource_refusal(
         seconds = dpsgd_seconds(plan, series_steps=steps)
     elif plan.method == "expm" and plan.mechanism.get("sampler") == "langevin":
         seconds = expm_langevin_seconds(plan)
+    elif plan.method == "selection":
+        seconds, memory = selection_estimate(plan, n_features=schema.n_features, series_steps=steps)
     if memory is not None and memory > limits.memory_bytes:
-        hint = (
-            "use fewer samples per step or a smaller batch"
-            if plan.method == "dpsgd"
-            else "use the planar flow, fewer layers, a smaller model or fewer samples per step"
+        hint = {
+            "dpsgd": "use fewer samples per step or a smaller batch",
+            "selection": "use smaller batches or smaller models",
+        }.get(
+            plan.method,
+            "use the planar flow, fewer layers, a smaller model or fewer samples per step",
         )
         return (
             f"this plan needs about {memory / 2**30:.3g} GiB in the worker (estimate), "
             f"more than the {limits.memory_bytes / 2**30:.3g} GiB it may use: {hint}"
         )
     if seconds is not None and seconds > limits.seconds:
-        hint = (
-            "use fewer epochs, a smaller batch or a smaller model"
-            if plan.method == "dpsgd"
-            else "use fewer steps or samples"
-        )
+        hint = {
+            "dpsgd": "use fewer epochs, a smaller batch or a smaller model",
+            "selection": (
+                "train fewer candidates (or cap the number of runs with max_runs), with "
+                "fewer epochs, smaller batches or smaller models"
+            ),
+        }.get(plan.method, "use fewer steps or samples")
         return (
             f"this plan needs about {seconds:.3g} s of worker time (estimate), more than "
             f"the {limits.seconds:g} s a job may run: {hint}"

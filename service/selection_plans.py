@@ -60,7 +60,12 @@ from service.privacy.events import (
 from service.privacy.orders import ORDERS
 from service.privacy.rdp import epsilon_from_rdp
 from service.privacy.sampling import count_event
-from service.privacy.tuning import PoissonRuns, RunsDistribution, TruncatedNegativeBinomialRuns
+from service.privacy.tuning import (
+    MAX_RUNS_CAP,
+    PoissonRuns,
+    RunsDistribution,
+    TruncatedNegativeBinomialRuns,
+)
 from service.schemas import DpsgdOptions, JobRequest
 from service.search_space import (
     ArchitectureCandidate,
@@ -96,15 +101,30 @@ class _In(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+_MAX_RUNS = Field(
+    default=None,
+    ge=1,
+    le=MAX_RUNS_CAP,
+    description=(
+        "Cap on the number of runs K: K is drawn from the law conditioned on K ≤ max_runs, "
+        "so the work is bounded; charged by Papernot & Steinke's generic bound (Lemma 7), "
+        "which costs more than the uncapped law's. Without it the quote estimates the work "
+        "at K's 99.9% quantile."
+    ),
+)
+
+
 class TnbRunsSpec(_In):
     kind: Literal["truncated_negative_binomial"] = "truncated_negative_binomial"
     eta: float = Field(default=1.0, gt=-1, le=100)
     gamma: float = Field(default=0.2, gt=0, lt=1)
+    max_runs: int | None = _MAX_RUNS
 
 
 class PoissonRunsSpec(_In):
     kind: Literal["poisson"] = "poisson"
     mu: float = Field(default=5.0, ge=1, le=1000)
+    max_runs: int | None = _MAX_RUNS
 
 
 class ArchitectureRequest(_In):
@@ -272,8 +292,8 @@ def architecture_plan(
 
 def _runs(spec: TnbRunsSpec | PoissonRunsSpec) -> RunsDistribution:
     if isinstance(spec, PoissonRunsSpec):
-        return PoissonRuns(mu=spec.mu)
-    return TruncatedNegativeBinomialRuns(eta=spec.eta, gamma=spec.gamma)
+        return PoissonRuns(mu=spec.mu, max_runs=spec.max_runs)
+    return TruncatedNegativeBinomialRuns(eta=spec.eta, gamma=spec.gamma, max_runs=spec.max_runs)
 
 
 def hyperparameter_plan(

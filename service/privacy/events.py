@@ -427,8 +427,9 @@ class RandomStoppingEvent(DpEvent):
     search). RDP: Papernot & Steinke 2022, Theorems 2 and 6 (formulas, citations and
     the pure-DP case in :mod:`service.privacy.tuning`), the free order λ̂ ranging over
     the fixed grid ORDERS so the curve at an order never depends on which other orders
-    are asked for. Pure iff the runs are pure and K is truncated negative binomial:
-    (2 + η)·ε (Liu & Talwar 2019 for η = 1: 3ε). One leaf: k copies are k charges
+    are asked for; a law capped at ``max_runs`` uses PS22's generic Lemma 7 instead. Pure
+    iff the runs are pure and K is uncapped truncated negative binomial: (2 + η)·ε (Liu &
+    Talwar 2019 for η = 1: 3ε). One leaf: k copies are k charges
     (k separate tuning jobs)."""
 
     event: DpEvent
@@ -443,14 +444,18 @@ class RandomStoppingEvent(DpEvent):
         if not isinstance(self.runs, TruncatedNegativeBinomialRuns | PoissonRuns):
             raise ValueError(f"runs must be a runs distribution, got {self.runs!r}")
 
+    def _pure_law(self) -> bool:
+        return isinstance(self.runs, TruncatedNegativeBinomialRuns) and self.runs.max_runs is None
+
     @property
     def is_pure(self) -> bool:
-        return self.event.is_pure and isinstance(self.runs, TruncatedNegativeBinomialRuns)
+        return self.event.is_pure and self._pure_law()
 
     def pure_epsilon(self) -> float | None:
         inner = self.event.pure_epsilon()
-        if inner is None or not isinstance(self.runs, TruncatedNegativeBinomialRuns):
+        if inner is None or not self._pure_law():
             return None
+        assert isinstance(self.runs, TruncatedNegativeBinomialRuns)
         return (2.0 + self.runs.eta) * inner
 
     def _leaf_curve(self, orders: tuple[float, ...]) -> tuple[float, ...]:

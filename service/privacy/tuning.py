@@ -34,10 +34,24 @@ the free parameter where there is one):
   conversion of Canonne, Kamath & Steinke 2020 (Prop. 12; see
   :func:`delta_from_rdp`), or δ̂ = 0 if Q is ε₀-DP with ε₀ ≤ ε̂.
 
-No truncation: the number of runs is unbounded (its law is public; a large K is only
-slow, never a privacy failure). Capping K at a maximum changes the distribution and the
-bounds above would no longer apply as stated, so we do not cap; the plan publishes
-quantiles of K instead (:func:`runs_quantile`).
+* a law capped at ``max_runs`` (K drawn from the law *conditioned* on K ≤ max_runs, so
+  the work is bounded): the theorems above are for the uncapped laws and do not apply as
+  stated. We use PS22's generic bound instead (Lemma 7: for any K on {0, 1, 2, ...} with
+  probability generating function f, there are q, q' ∈ [0, 1] with
+  e^{(λ−1)D_λ(A(x)‖A(x'))} ≤ e^{(λ−1)D_λ(Q(x)‖Q(x'))} · f'(q)^λ · f'(q')^{1−λ}).
+  f' is increasing on [0, 1], so f'(q) ≤ f'(1) = E[K] and f'(q') ≥ f'(0) = P[K = 1]:
+
+      ε' = ε + log(E[K] / P[K = 1]) + log(E[K]) / (λ − 1),
+
+  with E[K] and P[K = 1] those of the capped law. For the capped geometric this is at
+  most Theorem 2's value at λ̂ = 1 (E[K]/P[K = 1] ≤ 1/γ², against 2·log(1/γ)); the
+  λ̂ > 1 terms are lost. A capped law is never claimed pure. The exact best-of-K check in
+  tests/unit/privacy/test_tuning.py would catch this bound (or our reading of the
+  lemma) undercutting the true RDP.
+
+Without a cap the number of runs is unbounded (its law is public; a large K is only
+slow, never a privacy failure); the plan publishes quantiles of K (:func:`runs_quantile`)
+and the service estimates the work at a high quantile (service/resources.py).
 """
 
 from __future__ import annotations
@@ -53,6 +67,7 @@ from scipy import special
 from service.privacy.rdp import validate_orders
 
 __all__ = [
+    "MAX_RUNS_CAP",
     "PoissonRuns",
     "RunsDistribution",
     "TruncatedNegativeBinomialRuns",
@@ -72,8 +87,62 @@ def _finite(name: str, value: object) -> float:
     return out
 
 
+MAX_RUNS_CAP = 10_000
+"""The largest ``max_runs`` accepted (the capped law's moments are summed term by term)."""
+
+
+class _RunsLaw:
+    """What both laws share: the cap (``max_runs``; None: uncapped) applied to the
+    uncapped pmf ``_log_pmf0``, and the moments the bounds need."""
+
+    max_runs: int | None
+    _start: int  # the smallest K with positive probability
+
+    def _log_pmf0(self, k: np.ndarray) -> np.ndarray:
+        raise NotImplementedError
+
+    def _expected_runs0(self) -> float:
+        raise NotImplementedError
+
+    def _check_cap(self) -> None:
+        cap = self.max_runs
+        if cap is None:
+            return
+        if isinstance(cap, bool) or not isinstance(cap, int) or not 1 <= cap <= MAX_RUNS_CAP:
+            raise ValueError(f"max_runs must be an integer in [1, {MAX_RUNS_CAP}], got {cap!r}")
+
+    def _support(self) -> np.ndarray:
+        assert self.max_runs is not None
+        return np.arange(self._start, self.max_runs + 1, dtype=np.float64)
+
+    def _log_mass(self) -> float:
+        """log P[K ≤ max_runs] under the uncapped law."""
+        return float(special.logsumexp(self._log_pmf0(self._support())))
+
+    def log_pmf(self, k: np.ndarray) -> np.ndarray:
+        k = np.asarray(k, dtype=np.float64)
+        out = self._log_pmf0(k)
+        if self.max_runs is None:
+            return out
+        return np.where(k <= self.max_runs, out - self._log_mass(), -np.inf)
+
+    def expected_runs(self) -> float:
+        """E[K] (of the capped law where there is a cap)."""
+        if self.max_runs is None:
+            return self._expected_runs0()
+        ks = self._support()
+        return float(np.sum(ks * np.exp(self.log_pmf(ks))))
+
+    def prob_one(self) -> float:
+        """P[K = 1] (= f'(0), PS22 Lemma 7's smallest pgf slope)."""
+        return float(np.exp(self.log_pmf(np.array([1.0])))[0])
+
+    def _cap_json(self) -> dict[str, Any]:
+        return {} if self.max_runs is None else {"max_runs": self.max_runs}
+
+
 @dataclass(frozen=True)
-class TruncatedNegativeBinomialRuns:
+class TruncatedNegativeBinomialRuns(_RunsLaw):
     """K ~ D_{η,γ} on {1, 2, ...} (PS22 Definition 1):
 
     P[K = k] = (1 − γ)^k / (γ^{−η} − 1) · Γ(k + η) / (Γ(η) k!)  (η ≠ 0),
@@ -83,6 +152,8 @@ class TruncatedNegativeBinomialRuns:
     eta: float
     gamma: float
     kind: Literal["truncated_negative_binomial"] = "truncated_negative_binomial"
+    max_runs: int | None = None
+    _start = 1
 
     def __post_init__(self) -> None:
         eta = _finite("eta", self.eta)
@@ -93,15 +164,16 @@ class TruncatedNegativeBinomialRuns:
             raise ValueError(f"gamma must be in (0, 1), got {self.gamma!r}")
         object.__setattr__(self, "eta", eta)
         object.__setattr__(self, "gamma", gamma)
+        self._check_cap()
 
-    def expected_runs(self) -> float:
+    def _expected_runs0(self) -> float:
         """E[K] (PS22, after Definition 1)."""
         eta, gamma = self.eta, self.gamma
         if eta == 0.0:
             return (1.0 / gamma - 1.0) / math.log(1.0 / gamma)
         return eta * (1.0 - gamma) / (gamma * -math.expm1(eta * math.log(gamma)))
 
-    def log_pmf(self, k: np.ndarray) -> np.ndarray:
+    def _log_pmf0(self, k: np.ndarray) -> np.ndarray:
         k = np.asarray(k, dtype=np.float64)
         eta, gamma = self.eta, self.gamma
         base = k * math.log1p(-gamma)
@@ -114,15 +186,17 @@ class TruncatedNegativeBinomialRuns:
         return base + coef - norm
 
     def to_json(self) -> dict[str, Any]:
-        return {"kind": self.kind, "eta": self.eta, "gamma": self.gamma}
+        return {"kind": self.kind, "eta": self.eta, "gamma": self.gamma, **self._cap_json()}
 
 
 @dataclass(frozen=True)
-class PoissonRuns:
+class PoissonRuns(_RunsLaw):
     """K ~ Poisson(μ) on {0, 1, ...}, μ ≥ 1; K = 0 releases nothing (PS22 Sec. 3.3)."""
 
     mu: float
     kind: Literal["poisson"] = "poisson"
+    max_runs: int | None = None
+    _start = 0
 
     def __post_init__(self) -> None:
         mu = _finite("mu", self.mu)
@@ -132,16 +206,17 @@ class PoissonRuns:
             # so we do not claim it there (we may be misreading a condition of Thm 6).
             raise ValueError(f"mu must be >= 1, got {self.mu!r}")
         object.__setattr__(self, "mu", mu)
+        self._check_cap()
 
-    def expected_runs(self) -> float:
+    def _expected_runs0(self) -> float:
         return self.mu
 
-    def log_pmf(self, k: np.ndarray) -> np.ndarray:
+    def _log_pmf0(self, k: np.ndarray) -> np.ndarray:
         k = np.asarray(k, dtype=np.float64)
         return k * math.log(self.mu) - self.mu - special.gammaln(k + 1.0)
 
     def to_json(self) -> dict[str, Any]:
-        return {"kind": self.kind, "mu": self.mu}
+        return {"kind": self.kind, "mu": self.mu, **self._cap_json()}
 
 
 RunsDistribution = TruncatedNegativeBinomialRuns | PoissonRuns
@@ -151,11 +226,12 @@ def runs_distribution_from_json(d: object) -> RunsDistribution:
     """Decode ``to_json`` output; ValueError on anything else."""
     if not isinstance(d, dict):
         raise ValueError(f"a runs distribution must be an object, got {type(d).__name__}")
-    kind = d.get("kind")
-    if kind == "truncated_negative_binomial" and set(d) == {"kind", "eta", "gamma"}:
-        return TruncatedNegativeBinomialRuns(eta=d["eta"], gamma=d["gamma"])
-    if kind == "poisson" and set(d) == {"kind", "mu"}:
-        return PoissonRuns(mu=d["mu"])
+    kind, cap = d.get("kind"), d.get("max_runs")
+    keys = set(d) - {"max_runs"}
+    if kind == "truncated_negative_binomial" and keys == {"kind", "eta", "gamma"}:
+        return TruncatedNegativeBinomialRuns(eta=d["eta"], gamma=d["gamma"], max_runs=cap)
+    if kind == "poisson" and keys == {"kind", "mu"}:
+        return PoissonRuns(mu=d["mu"], max_runs=cap)
     raise ValueError(f"unknown or malformed runs distribution {d!r}")
 
 
@@ -221,7 +297,10 @@ def random_stopping_rdp(
     if np.any(~(base >= 0.0)) or np.any(~(hat >= 0.0)):
         raise ValueError("RDP values must be >= 0")
     log_ek = math.log(dist.expected_runs())
-    if isinstance(dist, TruncatedNegativeBinomialRuns):
+    if dist.max_runs is not None:
+        # PS22 Lemma 7 with f'(q) ≤ E[K], f'(q') ≥ P[K = 1] (module docstring).
+        out = base + (log_ek - math.log(dist.prob_one())) + log_ek / (lams - 1.0)
+    elif isinstance(dist, TruncatedNegativeBinomialRuns):
         c = 1.0 + dist.eta
         log_inv_gamma = -math.log(dist.gamma)
         # λ̂ = 1: only the log(1/γ) term; λ̂ ∈ grid: all three.

@@ -330,6 +330,50 @@ def test_a_tampered_selection_is_refused_before_data(client: Any, keys: Any, set
         assert s.get_one(Job, job["id"]).data_touched is False
 
 
+@pytest.mark.parametrize("body", [ARCH, HYPER], ids=["architecture", "hyperparameters"])
+def test_a_selection_over_the_work_limit_is_refused_and_charges_nothing(
+    client: Any, keys: Any, settings: Any, body: Any, monkeypatch: Any
+) -> None:
+    # The same selection fits the default limit and not a 1 ms one: the estimate counts
+    # every training (service/resources.py), at quote and at submission, before any charge.
+    ok = client.post("/v1/selections/quote", json=body, headers=auth(keys.alice))
+    assert ok.status_code == 200, ok.text
+    monkeypatch.setattr(settings, "job_time_limit_s", 1e-3)
+    before = client.get("/v1/datasets/toy", headers=auth(keys.alice)).json()
+    for path in ("/v1/selections/quote", "/v1/selections"):
+        problem = _problem(
+            client.post(path, json=body, headers=auth(keys.alice)), 422, "invalid-plan"
+        )
+        assert "worker time" in problem["detail"]
+    assert client.get("/v1/datasets/toy", headers=auth(keys.alice)).json() == before
+    assert _charges(settings) == []
+
+
+def test_selection_work_counts_trainings_the_cap_or_a_high_quantile(client: Any, keys: Any) -> None:
+    from service.privacy.tuning import TruncatedNegativeBinomialRuns, runs_quantile
+    from service.resources import SELECTION_RUNS_QUANTILE, selection_estimate, selection_trainings
+    from service.schemas import PrivacyPlan
+
+    def plan_of(body: dict[str, Any]) -> PrivacyPlan:
+        q = client.post("/v1/selections/quote", json=body, headers=auth(keys.alice))
+        assert q.status_code == 200, q.text
+        return PrivacyPlan.model_validate(q.json()["plan"])
+
+    four = plan_of({**ARCH, "search": {"algorithm": "rs", "trainings": 4}})
+    two = plan_of(ARCH)
+    assert selection_trainings(four) == 4 and selection_trainings(two) == 2
+    assert selection_estimate(four, n_features=5)[0] == pytest.approx(
+        2 * selection_estimate(two, n_features=5)[0]
+    )
+    free = plan_of({**HYPER, "runs": {**HYPER["runs"], "gamma": 0.1}})
+    law = TruncatedNegativeBinomialRuns(eta=1.0, gamma=0.1)
+    assert selection_trainings(free) == runs_quantile(law, SELECTION_RUNS_QUANTILE) > 10
+    capped = plan_of({**HYPER, "runs": {**HYPER["runs"], "gamma": 0.1, "max_runs": 5}})
+    assert capped.mechanism["runs"]["max_runs"] == 5
+    assert capped.event["runs"]["max_runs"] == 5  # type: ignore[index]
+    assert selection_trainings(capped) == 5
+
+
 def test_random_stopping_architecture_search_hides_k(client: Any, keys: Any, settings: Any) -> None:
     body = {
         **ARCH,

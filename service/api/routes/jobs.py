@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Response
 from fastapi.responses import FileResponse
@@ -119,6 +119,14 @@ def _plan_for(engine: EngineDep, settings: Settings, body: JobRequest) -> Planne
         plan = plan_for_dataset(body, n_rows=n_rows, public_schema=public_schema)
     except PlanError as exc:
         raise ProblemError(422, "invalid-plan", str(exc)) from exc
+    refuse_over_limits(plan, public_schema, settings)
+    return Planned(plan, dataset_id)
+
+
+def refuse_over_limits(
+    plan: PrivacyPlan, public_schema: dict[str, Any], settings: Settings
+) -> None:
+    """422 (nothing charged) where the worker could not run ``plan`` within its limits."""
     refused = resource_refusal(
         plan,
         schema=parse_dataset_schema(public_schema),
@@ -126,7 +134,6 @@ def _plan_for(engine: EngineDep, settings: Settings, body: JobRequest) -> Planne
     )
     if refused:
         raise ProblemError(422, "invalid-plan", refused)
-    return Planned(plan, dataset_id)
 
 
 def _budget_problem(ev: Evaluation) -> ProblemError:

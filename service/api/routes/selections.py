@@ -12,7 +12,14 @@ from service.api.deps import CallerDep, EngineDep, PlanningDep, SettingsDep
 from service.api.errors import ProblemError
 from service.api.lookups import dataset_or_404
 from service.api.openapi import AUTHENTICATED, JSON_BODY, problem_responses
-from service.api.routes.jobs import IdempotencyKey, Planned, admit_and_enqueue, quote_for
+from service.api.routes.jobs import (
+    IdempotencyKey,
+    Planned,
+    admit_and_enqueue,
+    quote_for,
+    refuse_over_limits,
+)
+from service.config import Settings
 from service.db import transaction
 from service.plans import PlanError
 from service.schemas import JobPublic, JobRequest, QuoteResponse
@@ -21,9 +28,12 @@ from service.selections import SelectionRequest, job_request, plan_selection_job
 router = APIRouter(prefix="/v1", tags=["analyst"], responses=AUTHENTICATED)
 
 
-def _planned(engine: EngineDep, request_body: SelectionRequest) -> tuple[JobRequest, Planned]:
+def _planned(
+    engine: EngineDep, settings: Settings, request_body: SelectionRequest
+) -> tuple[JobRequest, Planned]:
     """The stored job request (per-candidate budget resolved) and its plan, before any
-    transaction that locks the budget. Bad input → 422, nothing charged."""
+    transaction that locks the budget. Bad input, or a workflow the worker could not run
+    within its limits (service.resources), → 422, nothing charged."""
     body = request_body.root
     with transaction(engine) as s:
         ds = dataset_or_404(s, body.dataset)
@@ -33,6 +43,7 @@ def _planned(engine: EngineDep, request_body: SelectionRequest) -> tuple[JobRequ
         _, plan = plan_selection_job(request, n_rows=n_rows, public_schema=public_schema)
     except PlanError as exc:
         raise ProblemError(422, "invalid-plan", str(exc)) from exc
+    refuse_over_limits(plan, public_schema, settings)
     return request, Planned(plan, dataset_id)
 
 
@@ -45,6 +56,7 @@ def _planned(engine: EngineDep, request_body: SelectionRequest) -> tuple[JobRequ
 def quote_selection(
     caller: CallerDep,
     engine: EngineDep,
+    settings: SettingsDep,
     _slot: PlanningDep,
     body: SelectionRequest,
 ) -> QuoteResponse:
@@ -53,7 +65,7 @@ def quote_selection(
     the split between stages (``plan.mechanism.stages``: each training's and each noisy
     score's ε), and the number of trainings (``plan.mechanism.trainings``) or, for random
     stopping, the law of their number (``plan.mechanism.runs``)."""
-    _, planned = _planned(engine, body)
+    _, planned = _planned(engine, settings, body)
     return quote_for(engine, caller, body.root.dataset, planned.plan)
 
 
@@ -84,5 +96,5 @@ def create_selection(
     POST /v1/jobs/{id}/cancel (refunded while queued) and its release (the selected
     candidate and, when there is one, its DP-SGD model) read from /v1/jobs/{id}/release.
     A failed job keeps its charge unless the admin refunds it."""
-    request, planned = _planned(engine, body)
+    request, planned = _planned(engine, settings, body)
     return admit_and_enqueue(engine, settings, caller, response, request, planned, idempotency_key)

@@ -34,9 +34,19 @@ DISTS: list[RunsDistribution] = [
     PoissonRuns(mu=3.0),
     PoissonRuns(mu=1.0),
 ]
+# Laws capped at max_runs (K conditioned on K ≤ max_runs): PS22's generic Lemma 7 bound.
+CAPPED: list[RunsDistribution] = [
+    TruncatedNegativeBinomialRuns(eta=1.0, gamma=0.1, max_runs=20),
+    TruncatedNegativeBinomialRuns(eta=0.0, gamma=0.05, max_runs=5),
+    TruncatedNegativeBinomialRuns(eta=-0.5, gamma=0.2, max_runs=3),
+    TruncatedNegativeBinomialRuns(eta=2.0, gamma=0.3, max_runs=40),
+    TruncatedNegativeBinomialRuns(eta=1.0, gamma=0.5, max_runs=1),
+    PoissonRuns(mu=3.0, max_runs=4),
+    PoissonRuns(mu=10.0, max_runs=12),
+]
 
 
-@pytest.mark.parametrize("dist", DISTS, ids=repr)
+@pytest.mark.parametrize("dist", DISTS + CAPPED, ids=repr)
 def test_pmf_sums_to_one_and_mean_is_expected_runs(dist: RunsDistribution) -> None:
     k = np.arange(0 if isinstance(dist, PoissonRuns) else 1, 200_000, dtype=np.float64)
     p = np.exp(dist.log_pmf(k))
@@ -103,7 +113,7 @@ def _renyi(p: np.ndarray, q: np.ndarray, lam: float) -> float:
     return float(special.logsumexp(lam * np.log(p) + (1 - lam) * np.log(q)) / (lam - 1))
 
 
-@pytest.mark.parametrize("dist", DISTS, ids=repr)
+@pytest.mark.parametrize("dist", DISTS + CAPPED, ids=repr)
 @pytest.mark.parametrize("eps", [0.1, 0.5, 1.0, 2.0])
 def test_bound_dominates_the_exact_rdp_of_best_of_k(dist: RunsDistribution, eps: float) -> None:
     # Q = binary randomized response, score = the output bit; best-of-K releases 1 iff some
@@ -128,6 +138,84 @@ def test_bound_dominates_the_exact_rdp_of_best_of_k(dist: RunsDistribution, eps:
         pure = e.pure_epsilon()
         assert pure is not None
         assert float(np.max(np.abs(np.log(a / b)))) <= pure + 1e-12
+
+
+@pytest.mark.parametrize("dist", CAPPED, ids=repr)
+def test_capped_bound_dominates_exact_best_of_k_on_random_score_laws(
+    dist: RunsDistribution,
+) -> None:
+    # Q: a random pair of laws on 6 ordered scores (neighbouring datasets), the release the
+    # best of K runs: P[best ≤ j] = f(F(j)) with f the capped law's pgf (a polynomial, so
+    # this is exact). The bound is evaluated on Q's own exact RDP curve, at every order and
+    # in both directions; a wrong reading of PS22's Lemma 7 would show up here.
+    rng = np.random.default_rng(7)
+    ks = np.arange(0 if isinstance(dist, PoissonRuns) else 1, (dist.max_runs or 0) + 1)
+    pmf = np.exp(dist.log_pmf(ks.astype(np.float64)))
+
+    def best_law(q: np.ndarray) -> np.ndarray:
+        cdf = np.cumsum(q)
+        f = np.array([float(np.sum(pmf * c**ks)) for c in cdf])  # f(F(j))
+        p0 = float(pmf[0]) if ks[0] == 0 else 0.0  # K = 0: ⊥
+        return np.concatenate(([p0], np.diff(np.concatenate(([p0], f)))))
+
+    orders = tuple(o for o in ORDERS if o <= 64)
+    for _ in range(25):
+        spread = rng.uniform(0.2, 3.0)
+        a = rng.dirichlet(np.ones(6))
+        b = a * np.exp(rng.uniform(-spread, spread, 6))
+        b /= b.sum()
+        base = [max(_renyi(a, b, o), _renyi(b, a, o)) for o in orders]
+        hat = [max(_renyi(a, b, o), _renyi(b, a, o)) for o in ORDERS]
+        bound = random_stopping_rdp(
+            dist=dist,
+            base_rdp=base,
+            orders=orders,
+            hat_rdp=hat,
+            hat_orders=ORDERS,
+        )
+        la, lb = best_law(a), best_law(b)
+        keep = (la > 1e-300) & (lb > 1e-300)
+        la, lb = la[keep], lb[keep]
+        for n, lam in enumerate(orders):
+            exact = max(_renyi(la, lb, lam), _renyi(lb, la, lam))
+            assert exact <= bound[n] + 1e-9, (lam, exact, bound[n])
+
+
+def test_capped_law_is_the_conditioned_law_and_never_pure() -> None:
+    free = TruncatedNegativeBinomialRuns(eta=1.0, gamma=0.25)
+    capped = TruncatedNegativeBinomialRuns(eta=1.0, gamma=0.25, max_runs=3)
+    k = np.arange(1, 10, dtype=np.float64)
+    mass = np.exp(free.log_pmf(k[:3])).sum()
+    np.testing.assert_allclose(
+        np.exp(capped.log_pmf(k)), np.where(k <= 3, np.exp(free.log_pmf(k)) / mass, 0.0)
+    )
+    assert capped.prob_one() == pytest.approx(0.25 / mass)
+    assert runs_quantile(capped, 0.999999) == 3
+    e = RandomStoppingEvent(event=PureDpEvent(epsilon=0.4), runs=capped)
+    assert not e.is_pure and e.pure_epsilon() is None
+    # the cap is part of the law's public description and survives a JSON round trip
+    from service.privacy.tuning import runs_distribution_from_json
+
+    assert runs_distribution_from_json(capped.to_json()) == capped
+    assert "max_runs" not in free.to_json()  # uncapped plans keep their old JSON
+    with pytest.raises(ValueError, match="max_runs"):
+        TruncatedNegativeBinomialRuns(eta=1.0, gamma=0.25, max_runs=0)
+
+
+def test_capped_geometric_costs_at_most_theorem_two_at_lambda_hat_one() -> None:
+    # ε' − ε for the capped geometric is log(E[K]/P[K = 1]) + log(E[K])/(λ − 1) ≤
+    # 2·log(1/γ) + log(1/γ)/(λ − 1): the λ̂ = 1 value of Theorem 2 for the uncapped law.
+    g = 0.1
+    capped = TruncatedNegativeBinomialRuns(eta=1.0, gamma=g, max_runs=50)
+    lams = np.asarray(ORDERS)
+    extra = random_stopping_rdp(
+        dist=capped,
+        base_rdp=np.zeros(len(ORDERS)),
+        orders=ORDERS,
+        hat_rdp=np.zeros(len(ORDERS)),
+        hat_orders=ORDERS,
+    )
+    assert np.all(extra <= (2 * math.log(1 / g) + math.log(1 / g) / (lams - 1)) * (1 + 1e-9))
 
 
 def test_pure_epsilon_is_liu_talwar_three_epsilon_for_geometric() -> None:

@@ -4,6 +4,8 @@ what was charged, and nothing about K leaves through progress."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -145,6 +147,25 @@ def test_hyperparameter_run_hides_k_and_k_follows_the_declared_law() -> None:
     )
     assert seen == [(0, 1), (1, 1)]  # progress says nothing about K
     assert out.selected is not None and out.selected.learning_rate in (0.5, 2.0)
+
+
+def test_capped_runs_never_exceed_the_cap_and_follow_the_conditioned_law() -> None:
+    capped = HYPER.model_copy(update={"runs": TnbRunsSpec(eta=1.0, gamma=0.5, max_runs=2)})
+    plan = hyperparameter_plan(capped, dataset="toy", n_rows=600, n_features=4)
+    assert plan.runs is not None and plan.runs.max_runs == 2
+    rng = np.random.default_rng(6)
+    ks = np.array([draw_runs(plan, rng) for _ in range(4000)])
+    # Geometric γ = 0.5 conditioned on K ≤ 2: P[K = 1] = 0.5/0.75 = 2/3.
+    assert set(ks.tolist()) == {1, 2}
+    assert float(np.mean(ks == 1)) == pytest.approx(2 / 3, abs=0.03)
+    # charged by PS22's generic bound: one run + log(E[K]/P[K = 1]) + log(E[K])/(λ − 1),
+    # with E[K] = 4/3 and P[K = 1] = 2/3 for this capped law
+    assert isinstance(plan.event, RandomStoppingEvent)
+    lams = np.asarray(ORDERS)
+    one = np.asarray(plan.event.event.rdp(ORDERS))
+    expected = one + math.log(2.0) + math.log(4 / 3) / (lams - 1)
+    np.testing.assert_allclose(plan.event.rdp(ORDERS), expected, rtol=1e-9)
+    assert event_from_json(plan.event.to_json()) == plan.event
 
 
 def test_self_composed_architecture_event_equals_separate_charges() -> None:
