@@ -117,10 +117,11 @@ def main() -> None:
         plan = build_plan(req, n_rows=30000, n_features=104)
 
         def admit(_: int) -> None:
+            # As the API admits (service/api/routes/jobs.py): a Core connection's transaction.
             try:
-                with transaction(engine) as s:
+                with engine.begin() as c:
                     admit_job(
-                        s,
+                        c,
                         analyst_id=a_id,
                         dataset_id=ds_id,
                         request=req,

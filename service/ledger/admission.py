@@ -94,16 +94,28 @@ class Charge:
 
 
 def charge_for(plan: PrivacyPlan) -> Charge:
-    event = event_from_json(plan.event)
+    """The plan's charge: its RDP curve recomputed from its event (never taken from the
+    plan's own ``rdp_curve``), in micro-units rounded up."""
     if list(plan.rdp_orders) != list(ORDERS):
         raise InvalidLedgerOperation("the plan was made for another grid of Rényi orders")
+    key = json.dumps(plan.event, sort_keys=True, separators=(",", ":"), allow_nan=False)
+    rdp_micro, pure = _event_charge(key)
     return Charge(
         epsilon_micro=to_micro_up(plan.epsilon),
-        rdp_micro=curve_to_micro_up(event.rdp(ORDERS)),
+        rdp_micro=list(rdp_micro),
         delta=_decimal_str(plan.delta),
-        pure=event.is_pure,
+        pure=pure,
         event=plan.event,
     )
+
+
+@lru_cache(maxsize=1024)
+def _event_charge(event_json: str) -> tuple[tuple[int, ...], bool]:
+    """An event's curve in micro-units and its purity: a pure function of the event's
+    canonical JSON, cached because every quote and admission of the same plan shape asks
+    for it (0.4 ms of a 2 ms admission, benchmarks/results/ledger_admission.md)."""
+    event = event_from_json(json.loads(event_json))
+    return tuple(curve_to_micro_up(event.rdp(ORDERS))), event.is_pure
 
 
 def _decimal_str(x: float) -> str:
@@ -594,7 +606,7 @@ def _write_admission(
 
 
 def admit_job(
-    session: Session,
+    db: Session | Connection,
     *,
     analyst_id: int,
     dataset_id: int,
@@ -615,9 +627,11 @@ def admit_job(
     on the dataset row, and 64 such lockers beside the admission lock made PostgreSQL
     build multixacts and halved throughput.)
 
-    The statements are Core, on the session's connection: the same locks, rows and
-    values as the ORM writers (refunds, budget changes use them), at a fraction of the
-    cost. ORM objects of the dataset or cap loaded earlier in this session are expired.
+    The statements are Core: the same locks, rows and values as the ORM writers (refunds,
+    budget changes use them), at a fraction of the cost. ``db`` is the caller's Session
+    (ORM objects of the dataset or cap it loaded earlier are expired) or, cheaper still, a
+    Core Connection in a transaction (the API's path: an ORM session's own begin/commit
+    cost about 0.35 ms of a 1.8 ms admission, benchmarks/results/ledger_admission.md).
     """
     digest = request_digest(request)
     charge = charge_for(plan)
@@ -636,14 +650,20 @@ def admit_job(
         "data_touched": False,
         "created_at": datetime.now(UTC),
     }
-    conn = session.connection()
+    conn = db.connection() if isinstance(db, Session) else db
     ds = conn.execute(_LOCK_DATASET, {"dataset_id": dataset_id}).one()
     # Under the lock: a concurrent request with the same key has either committed (we
     # see it) or not started its charge yet (it will see ours and replay it).
     if idempotency_key is not None:
-        existing = find_idempotent(
-            session, analyst_id=analyst_id, key=idempotency_key, request_hash=digest
-        )
+        if isinstance(db, Session):
+            existing = find_idempotent(
+                db, analyst_id=analyst_id, key=idempotency_key, request_hash=digest
+            )
+        else:
+            with Session(bind=conn, expire_on_commit=False) as lookup:
+                existing = find_idempotent(
+                    lookup, analyst_id=analyst_id, key=idempotency_key, request_hash=digest
+                )
         if existing is not None:
             return Admitted(existing, ds.name, created=False)
     if plan.guarantee != "proven" and not ds.allow_nominal:
@@ -708,7 +728,8 @@ def admit_job(
             "c_spent_rdp_micro": list(ev.analyst_after.spent_rdp_micro),
         },
     )
-    session.expire_all()
+    if isinstance(db, Session):
+        db.expire_all()
     return Admitted(Job(**job_row), ds.name, created=True)
 
 

@@ -238,9 +238,9 @@ def admit_and_enqueue(
 ) -> JobPublic:
     """Admit (charge) a planned job and enqueue it: POST /v1/jobs and POST /v1/selections."""
     try:
-        with transaction(engine) as s:
+        with engine.begin() as conn:  # Core: the admission path (service.ledger.admission)
             admitted = admit_job(
-                s,
+                conn,
                 analyst_id=caller.id,
                 dataset_id=planned.dataset_id,
                 request=body,
