@@ -36,6 +36,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import lru_cache
 
 from service.privacy.calibrate import (
     NOISE_MULTIPLIER_MAX,
@@ -117,6 +118,7 @@ def decaying_event(
     )
 
 
+@lru_cache(maxsize=512)
 def calibrate_sigma0(
     *,
     sampling_rate: float,
@@ -130,7 +132,10 @@ def calibrate_sigma0(
     rel_tol: float = 1e-3,
 ) -> float:
     """Smallest σ₀ (up to ``rel_tol``, rounded towards more noise) such that
-    ComposedEvent(decaying_event(σ₀), slack) is (ε, δ)-DP under ``accountant``.
+    ComposedEvent(decaying_event(σ₀), slack) is (ε, δ)-DP under ``accountant``. Cached
+    per exact input (bounded LRU, 512 entries; a pure function, so a hit is the float a
+    fresh call returns): a repeated quote with the decaying schedule recomputed it, 45 to
+    65 ms each (benchmarks/results/quote_latency.md).
 
     ε in nats, δ a probability. ε(σ₀) is non-increasing in σ₀ (every σ_e grows with σ₀,
     and more Gaussian noise is a post-processing), so a monotone bisection applies (the
