@@ -26,6 +26,7 @@ from worker.mechanisms.feature_selection import (
     entropy,
     mask_ga,
     merit,
+    noisy_entropies,
     noisy_histograms,
     su_matrices,
 )
@@ -136,6 +137,43 @@ def test_noisy_entropy_bias_and_spread_shrink_as_epsilon_grows() -> None:
         assert abs(float(noise.mean())) < 5.0 * scale / np.sqrt(noise.size)
     assert bias[0] > bias[1] > bias[2] and spread[0] > spread[1] > spread[2]
     assert bias[2] < 0.01
+
+
+def test_bootstrap_correction_removes_most_of_the_noisy_mutual_informations_bias() -> None:
+    """The issue asks for unbiased noisy entropy estimates. What we reach, measured here: a
+    40-level column weakly tied to y (n = 30,000, true MI ≈ 0.002 nats) at the plan's σ;
+    over 80 noise draws the plug-in MI of the noisy joint is too high (the issue's
+    many-level bias: ≈ 0.06 nats at ε = 0.1, ≈ 0.003 at ε = 1); the bootstrap-corrected MI
+    keeps under half of that bias (measured 0.03 and 0.001: about 35–55 %), so it is
+    less biased but NOT unbiased, and its spread shrinks as ε grows."""
+    rng = np.random.default_rng(3)
+    p = rng.dirichlet(np.full(40, 0.5))
+    counts = rng.multinomial(30_000, p)
+    pos = rng.binomial(counts, 0.3 + 0.1 * rng.random(40))
+    joint = np.stack([counts - pos, pos], axis=1)
+
+    def mi(h: tuple[float, float, float]) -> float:
+        return h[0] + h[1] - h[2]
+
+    truth = mi(noisy_entropies(joint, noise_scale=None))
+    spreads = []
+    for eps in (0.1, 1.0, 10.0):
+        plan = _plan(FeatureRequest(epsilon=eps, delta=1e-6), 30_000)
+        assert plan.features is not None and plan.features.cell_scale is not None
+        scale = plan.features.cell_scale
+        plug, corr = [], []
+        for _ in range(80):
+            noisy = noisy_histograms(_one(joint), scale=scale, rng=rng).fy[0]
+            plug.append(mi(noisy_entropies(noisy, noise_scale=None)))
+            corr.append(mi(noisy_entropies(noisy, noise_scale=scale, rng=rng)))
+        plug_bias = float(np.mean(plug)) - truth
+        corr_bias = float(np.mean(corr)) - truth
+        se = float(np.std(corr)) / np.sqrt(len(corr))
+        spreads.append(float(np.std(corr)))
+        if eps < 10.0:
+            assert plug_bias > 10 * se  # the plug-in's bias is real, not sampling error
+            assert abs(corr_bias) < 0.6 * plug_bias
+    assert spreads[0] > spreads[1] > spreads[2]
 
 
 def _one(joint: np.ndarray):  # type: ignore[no-untyped-def]
