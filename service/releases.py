@@ -150,8 +150,29 @@ def _sigmoid(z: np.ndarray) -> np.ndarray:
     return 0.5 * (1.0 + np.tanh(0.5 * z))
 
 
+def input_columns(release: LoadedRelease) -> list[int] | None:
+    """Where the model's inputs sit in the schema's full encoding: the card's
+    ``preprocessing.model_inputs`` (a model trained on selected features reads only
+    their encoded columns), or None when it reads them all."""
+    inputs = release.card["preprocessing"].get("model_inputs")
+    if inputs is None:
+        return None
+    position = {name: i for i, name in enumerate(release.schema.feature_names)}
+    return [position[name] for name in inputs]
+
+
 def predict_proba(release: LoadedRelease, x: np.ndarray, sample: int = 0) -> np.ndarray:
-    """P(y = 1 | x) for encoded features x (see :func:`encode_for`), logistic or MLP."""
+    """P(y = 1 | x) for encoded features x (see :func:`encode_for`), logistic or MLP. For a
+    model trained on selected features, x may hold every encoded column (it is sliced to
+    the card's ``model_inputs``) or only those inputs."""
+    cols = input_columns(release)
+    if cols is not None and x.shape[1] != len(cols):
+        if x.shape[1] != release.schema.n_features:
+            raise ValueError(
+                f"x has {x.shape[1]} columns: expected the schema's {release.schema.n_features} "
+                f"encoded features or the model's {len(cols)} inputs"
+            )
+        x = x[:, cols]
     w = release.sample_weights(sample)
     kind = release.card["model"]["kind"]
     h = x.astype(np.float64)

@@ -412,3 +412,14 @@ def test_feature_selection_cfs_with_a_final_model(client: Any, keys: Any, settin
     assert inputs and {name.split("=")[0] for name in inputs} == set(chosen)
     widths = {t.shape[-1] for t in release.tensors.values() if t.ndim == 2}
     assert widths == {len(inputs)}
+    # Scoring takes the schema's full encoding and slices it to the model's inputs itself.
+    from service.releases import input_columns
+
+    cols = input_columns(release)
+    assert cols is not None and [release.schema.feature_names[i] for i in cols] == inputs
+    full = np.random.default_rng(0).random((7, release.schema.n_features))
+    np.testing.assert_array_equal(
+        predict_proba(release, full), predict_proba(release, full[:, cols])
+    )
+    with pytest.raises(ValueError, match="encoded features"):
+        predict_proba(release, np.hstack([full, full[:, :1]]))  # neither width
