@@ -27,6 +27,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from service.modelspec import GrudSpec, MlpSpec, ModelSpec
+
 __all__ = ["ArchitectureCandidate", "ArchitectureSearch", "ArchitectureSpace", "planned_trainings"]
 
 
@@ -35,8 +37,11 @@ class _Frozen(BaseModel):
 
 
 class ArchitectureSpace(_Frozen):
-    """MLP architectures: depth × width per layer × activation (× learning rate × batch)."""
+    """MLP architectures: depth × width per layer × activation (× learning rate × batch);
+    or, with ``model: grud`` (time-series datasets), GRU-D's hidden sizes (``widths``;
+    one recurrent layer, its own gates: depth 1, no activation choice)."""
 
+    model: Literal["mlp", "grud"] = "mlp"
     depths: list[Annotated[int, Field(ge=1, le=3)]] = Field(default=[1, 2], min_length=1)
     widths: list[Annotated[int, Field(ge=1, le=256)]] = Field(
         default=[8, 16, 32], min_length=1, max_length=16
@@ -46,6 +51,28 @@ class ArchitectureSpace(_Frozen):
         default=[], max_length=16
     )
     batch_sizes: list[Annotated[int, Field(ge=1, le=1_000_000)]] = Field(default=[], max_length=16)
+
+    @model_validator(mode="after")
+    def _grud_shape(self) -> ArchitectureSpace:
+        if self.model == "grud":
+            if self.depths != [1] or self.activations != ["tanh"]:
+                raise ValueError("a GRU-D space has depths [1] and no activations to choose")
+            if max(self.widths) > 128:
+                raise ValueError("GRU-D hidden sizes are at most 128")
+        return self
+
+    def spec_of(self, candidate: ArchitectureCandidate) -> ModelSpec:
+        """The model a candidate of this space trains."""
+        if self.model == "grud":
+            return GrudSpec(hidden=candidate.hidden[0])
+        return MlpSpec(hidden=list(candidate.hidden), activation=candidate.activation)
+
+    def largest(self) -> ModelSpec:
+        """The space's largest model (most parameters): its DP-SGD plan is the one charged
+        for every candidate (a smaller model's σ and slack are covered by it)."""
+        if self.model == "grud":
+            return GrudSpec(hidden=max(self.widths))
+        return MlpSpec(hidden=[max(self.widths)] * max(self.depths))
 
 
 class ArchitectureCandidate(_Frozen):

@@ -215,6 +215,7 @@ def _training_events(
     budget: SelectionBudget,
     n_train: int,
     n_features: int,
+    dataset_kind: str = "tabular",
 ) -> tuple[DpEvent, dict[tuple[int, int, float | None], dict[str, Any]]]:
     events: list[DpEvent] = []
     mechanisms: dict[tuple[int, int, float | None], dict[str, Any]] = {}
@@ -235,19 +236,20 @@ def _training_events(
             delta=budget.training_delta,
             dpsgd=opts,
         )
-        plan = build_plan(request, n_rows=n_train, n_features=n_features)
+        plan = build_plan(request, n_rows=n_train, n_features=n_features, dataset_kind=dataset_kind)
         events.append(event_from_json(plan.event))
         mechanisms[(batch, epochs, decay)] = dict(plan.mechanism)
     one = events[0] if len(events) == 1 else AnyOfEvent(events=tuple(events))
     return one, mechanisms
 
 
-def _largest(space: ArchitectureSpace) -> MlpSpec:
-    return MlpSpec(hidden=[max(space.widths)] * max(space.depths))
-
-
 def architecture_plan(
-    request: ArchitectureRequest, *, dataset: str, n_rows: int, n_features: int
+    request: ArchitectureRequest,
+    *,
+    dataset: str,
+    n_rows: int,
+    n_features: int,
+    dataset_kind: str = "tabular",
 ) -> SelectionPlan:
     n_train, n_val = split_counts(n_rows, request.budget.validation_fraction)
     options = resolve_dpsgd_options(request.training, n_rows=n_train)
@@ -256,12 +258,13 @@ def architecture_plan(
     keys = {(b, options.epochs, options.noise_decay) for b in batches}
     train, mechanisms = _training_events(
         dataset=dataset,
-        model=_largest(request.space),
+        model=request.space.largest(),
         keys=keys,
         options=options,
         budget=request.budget,
         n_train=n_train,
         n_features=n_features,
+        dataset_kind=dataset_kind,
     )
     per = ComposedEvent(events=(train, count_event(epsilon=request.budget.fitness_epsilon)))
     if request.runs is not None:
@@ -297,7 +300,12 @@ def _runs(spec: TnbRunsSpec | PoissonRunsSpec) -> RunsDistribution:
 
 
 def hyperparameter_plan(
-    request: HyperparameterRequest, *, dataset: str, n_rows: int, n_features: int
+    request: HyperparameterRequest,
+    *,
+    dataset: str,
+    n_rows: int,
+    n_features: int,
+    dataset_kind: str = "tabular",
 ) -> SelectionPlan:
     n_train, n_val = split_counts(n_rows, request.budget.validation_fraction)
     keys = {
@@ -311,6 +319,7 @@ def hyperparameter_plan(
         budget=request.budget,
         n_train=n_train,
         n_features=n_features,
+        dataset_kind=dataset_kind,
     )
     q = ComposedEvent(events=(train, count_event(epsilon=request.budget.fitness_epsilon)))
     runs = _runs(request.runs)
@@ -458,6 +467,7 @@ def with_total_epsilon(
         raise PlanError("this request has no per-training budget to calibrate")
     kind = next(k for k, model in REQUEST_MODELS.items() if isinstance(request, model))
     start = request.budget
+    refusals: list[PlanError] = []
 
     def cost(t: float) -> float | None:
         """Whole-workflow ε with per-training ε = t; None if t cannot be calibrated."""
@@ -472,16 +482,21 @@ def with_total_epsilon(
                 n_features=n_features,
                 schema=schema,
             )
-        except PlanError:
+        except PlanError as exc:
+            refusals.append(exc)
             return None
         return workflow_epsilon(plan, delta=delta)
 
     # Very small t cannot be calibrated (σ would exceed its cap): start at the smallest
-    # calibratable t on a doubling grid; the cost grows with t from there.
-    lo = 1e-3
-    while (low_cost := cost(lo)) is None and lo < 100.0:
+    # calibratable t on a doubling grid up to the largest ε a training may ask for (100);
+    # the cost grows with t from there.
+    lo, low_cost = 1e-3, None
+    while lo <= 100.0 and (low_cost := cost(lo)) is None:
         lo *= 2.0
-    if low_cost is None or low_cost > epsilon:
+    if low_cost is None:
+        # Never plannable: say why (e.g. a model that does not fit the dataset).
+        raise PlanError(f"no per-training ε can be planned: {refusals[-1]}")
+    if low_cost > epsilon:
         raise PlanError(f"no per-training ε fits a whole-workflow ε of {epsilon:g}")
     hi = 100.0
     for _ in range(40):
@@ -515,10 +530,25 @@ def plan_selection(
 ) -> SelectionPlan:
     """The one plan of a selection job of ``kind`` (raises :class:`PlanError`).
     ``schema`` (the dataset's public schema) is needed by the ``features`` kind only."""
+    dataset_kind = (
+        str(schema.get("kind", "tabular")) if isinstance(schema, dict) else "tabular"
+    )  # the model must fit the dataset's kind (GRU-D on time series): build_plan checks
     if kind == "architecture" and isinstance(request, ArchitectureRequest):
-        return architecture_plan(request, dataset=dataset, n_rows=n_rows, n_features=n_features)
+        return architecture_plan(
+            request,
+            dataset=dataset,
+            n_rows=n_rows,
+            n_features=n_features,
+            dataset_kind=dataset_kind,
+        )
     if kind == "hyperparameters" and isinstance(request, HyperparameterRequest):
-        return hyperparameter_plan(request, dataset=dataset, n_rows=n_rows, n_features=n_features)
+        return hyperparameter_plan(
+            request,
+            dataset=dataset,
+            n_rows=n_rows,
+            n_features=n_features,
+            dataset_kind=dataset_kind,
+        )
     if kind == "features" and isinstance(request, FeatureRequest):
         if isinstance(schema, dict):
             if schema.get("kind", "tabular") != "tabular":

@@ -46,6 +46,7 @@ from service.selection_plans import (
     plan_summary,
     with_total_epsilon,
 )
+from service.timeseries import TimeSeriesSchema
 
 __all__ = [
     "ArchitectureSelection",
@@ -274,7 +275,7 @@ def job_request(body: Body, *, n_rows: int, public_schema: dict[str, Any]) -> Jo
         )
     model: ModelSpec
     if isinstance(request, ArchitectureRequest):
-        model = MlpSpec(hidden=[max(request.space.widths)] * max(request.space.depths))
+        model = request.space.largest()
     elif isinstance(request, FeatureRequest) and request.method != "pafs":
         # DP-CFS trains nothing unless a final model is asked for
         model = LogisticSpec() if request.final is None else request.final.model
@@ -388,9 +389,13 @@ def privacy_plan(request: JobRequest, resolved: ResolvedSelection, *, n_rows: in
 
 
 def n_features_of(public_schema: dict[str, Any]) -> int:
-    """The encoded width of a tabular dataset (selection jobs train MLPs on tabular rows)."""
-    if str(public_schema.get("kind", "tabular")) != "tabular":
-        raise PlanError("selection jobs run on tabular datasets")
+    """The width candidates are built with: a tabular dataset's encoded width, or a time
+    series' number of variables V (GRU-D candidates; the features kind refuses those)."""
+    kind = str(public_schema.get("kind", "tabular"))
+    if kind == "timeseries":
+        return TimeSeriesSchema.model_validate(public_schema).n_features
+    if kind != "tabular":
+        raise PlanError(f"unknown dataset kind {kind!r}")
     return parse_schema(public_schema).n_features
 
 

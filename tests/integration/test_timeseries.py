@@ -257,3 +257,56 @@ def test_dpsgd_grud_plans_beyond_the_job_time_limit_are_refused_before_any_charg
     plan = PrivacyPlan.model_validate(quote.json()["plan"])
     assert dpsgd_seconds(plan, series_steps=TINY["grid"]["steps"]) < 20.0
     assert client.post("/v1/jobs", json=small, headers=auth(keys.alice)).status_code == 202
+
+
+def test_grud_architecture_search_through_the_api_and_the_worker(
+    client: Any, keys: Any, settings: Any, tmp_path: Path
+) -> None:
+    """Issue 10: architecture search on time series. GRU-D candidates (hidden sizes of a
+    declared space) trained by DP-SGD on a per-stay training part, scored by the noisy
+    accuracy on the rest, the whole search charged once at admission; mismatched spaces
+    and the features kind are 422s with nothing charged."""
+    from service.releases import load_release
+    from tests.conftest import auth
+    from worker.models import build_module
+    from worker.runner import Outcome, execute_job
+
+    _register_tiny(settings, tmp_path)
+    body = {"dataset": "tiny-icu", "kind": "architecture", "epsilon": 4.0, "delta": 1e-5,
+            "space": {"model": "grud", "depths": [1], "widths": [2, 3]},
+            "search": {"algorithm": "rs", "trainings": 2},
+            "training": {"epochs": 1, "batch_size": 10}}  # fmt: skip
+    before = client.get("/v1/datasets/tiny-icu", headers=auth(keys.alice)).json()["budget"]
+    for wrong, needle in (
+        ({**body, "space": {"depths": [1], "widths": [2, 3]}}, "does not fit"),  # MLP
+        ({**body, "dataset": "toy"}, "does not fit"),  # GRU-D on tabular rows
+        ({**body, "space": {"model": "grud", "depths": [2], "widths": [2]}}, "depths [1]"),
+        (
+            {"dataset": "tiny-icu", "kind": "features", "epsilon": 1.0, "delta": 1e-6},
+            "tabular",
+        ),
+    ):
+        r = client.post("/v1/selections/quote", json=wrong, headers=auth(keys.alice))
+        assert r.status_code == 422, r.text
+        assert needle in r.text, r.text
+    assert client.get("/v1/datasets/tiny-icu", headers=auth(keys.alice)).json()["budget"] == before
+
+    quote = client.post("/v1/selections/quote", json=body, headers=auth(keys.alice))
+    assert quote.status_code == 200, quote.text
+    plan = quote.json()["plan"]
+    assert plan["model"] == {"kind": "grud", "hidden": 3}  # the charged (largest) candidate
+    assert plan["mechanism"]["trainings"] == 2 and plan["guarantee"] == "proven"
+    r = client.post("/v1/selections", json=body, headers=auth(keys.alice))
+    assert r.status_code == 202, r.text
+    job_id = r.json()["id"]
+    assert execute_job(job_id, settings) == Outcome.released
+    job = client.get(f"/v1/jobs/{job_id}", headers=auth(keys.alice)).json()
+    assert job["status"] == "released" and job["progress_step"] == 2
+    card = client.get(f"/v1/jobs/{job_id}/release", headers=auth(keys.alice)).json()
+    hidden = card["selection"]["selected"]["hidden"]
+    assert hidden in ([2], [3]) and card["model"] == {"kind": "grud", "hidden": hidden[0]}
+    assert card["privacy"]["epsilon"] <= 4.0 and card["privacy"]["guarantee"] == "proven"
+    weights = client.get(f"/v1/jobs/{job_id}/release/weights", headers=auth(keys.alice))
+    release = load_release(weights.content, card)
+    module = build_module(GrudSpec(hidden=hidden[0]), 2)
+    module.load_state_dict({k: torch.as_tensor(v) for k, v in release.sample_weights(0).items()})

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from service.feature_selection import FeatureCandidate, FeatureRequest
-from service.modelspec import MlpSpec, ModelSpec, parameter_count
+from service.modelspec import ModelSpec, parameter_count
 from service.search_space import ArchitectureCandidate
 from service.selection_plans import (
     ArchitectureRequest,
@@ -141,9 +141,9 @@ def run_architecture_selection(
     total = plan.trainings or 0  # 0 (random stopping): no progress per training
     done = 0
 
-    def spec_and_mechanism(c: ArchitectureCandidate) -> tuple[MlpSpec, dict[str, Any]]:
+    def spec_and_mechanism(c: ArchitectureCandidate) -> tuple[ModelSpec, dict[str, Any]]:
         """The candidate's model and the charged DP-SGD mechanism it runs."""
-        spec = MlpSpec(hidden=list(c.hidden), activation=c.activation)
+        spec = request.space.spec_of(c)
         mech = candidate_mechanism(
             plan,
             key=architecture_key(plan, c),
@@ -205,7 +205,7 @@ def run_architecture_selection(
         best, best_fitness, evaluations = result.best, result.best_fitness, result.evaluations
     return SelectionOutput(
         selected=best,
-        model=MlpSpec(hidden=list(best.hidden), activation=best.activation).model_dump(),
+        model=request.space.spec_of(best).model_dump(),
         weights=models[best],
         noisy_accuracy=best_fitness,
         trainings=evaluations,
