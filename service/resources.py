@@ -199,8 +199,16 @@ def selection_estimate(
     """(seconds, peak bytes) of a ``selection`` plan: the counted trainings (see
     :func:`selection_trainings`) each at the costliest candidate's DP-SGD estimate, its
     memory at the costliest candidate's. Scoring and the features kind's histogram pass
-    are single passes over the rows, small beside one training, and not counted."""
+    are single passes over the rows, small beside one training, and not counted. ExpM+NF
+    candidates: the flow's memory only (0 s: no time estimate)."""
     spec: ModelSpec = TypeAdapter(ModelSpec).validate_python(plan.model)
+    expm = plan.mechanism.get("expm_nf")
+    if expm is not None:
+        # ExpM+NF candidates: the flow's memory for the largest model; no time estimate
+        # exists for the flow (as for expm_nf jobs): the hard time limit is the backstop.
+        flow = plan.model_copy(update={"method": "expm_nf", "mechanism": expm})
+        memory = expm_memory_bytes(flow, n_features=n_features, series_steps=series_steps)
+        return 0.0, memory or 0
     candidates = plan.mechanism.get("candidates") or []
     if not candidates:
         return 0.0, 0

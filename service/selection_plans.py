@@ -66,7 +66,7 @@ from service.privacy.tuning import (
     RunsDistribution,
     TruncatedNegativeBinomialRuns,
 )
-from service.schemas import DpsgdOptions, JobRequest
+from service.schemas import DpsgdOptions, ExpmNfOptions, JobRequest
 from service.search_space import (
     ArchitectureCandidate,
     ArchitectureSearch,
@@ -130,7 +130,16 @@ class PoissonRunsSpec(_In):
 class ArchitectureRequest(_In):
     space: ArchitectureSpace = Field(default_factory=ArchitectureSpace)
     search: ArchitectureSearch = Field(default_factory=ArchitectureSearch)
+    method: Literal["dpsgd", "expm_nf"] = Field(
+        default="dpsgd",
+        description=(
+            "how each candidate is trained: DP-SGD (proven), or ExpM+NF (the exponential "
+            "mechanism sampled through a normalizing flow: its ε is NOMINAL, so the whole "
+            "workflow is labelled nominal and needs the dataset's nominal switch)"
+        ),
+    )
     training: DpsgdOptions = Field(default_factory=DpsgdOptions)
+    expm_nf: ExpmNfOptions | None = Field(default=None, description="method expm_nf only")
     budget: SelectionBudget
     runs: TnbRunsSpec | PoissonRunsSpec | None = Field(
         default=None,
@@ -151,6 +160,10 @@ class ArchitectureRequest(_In):
 
     @model_validator(mode="after")
     def _runs_only_for_rs(self) -> ArchitectureRequest:
+        if self.method == "expm_nf" and (self.space.batch_sizes or self.space.learning_rates):
+            raise ValueError("batch sizes and learning rates in the space are DP-SGD's")
+        if self.method != "expm_nf" and self.expm_nf is not None:
+            raise ValueError("expm_nf options apply to method expm_nf")
         if self.runs is not None and self.search.algorithm != "rs":
             raise ValueError("runs (random stopping) applies to random search (rs) only")
         if self.scoring == "report_noisy_max" and (
@@ -195,6 +208,14 @@ class SelectionPlan:
     mechanisms: dict[tuple[int, int, float | None], dict[str, Any]]
     runs: RunsDistribution | None = None
     features: FeatureLayout | None = None  # the ``features`` kind (service.feature_selection)
+    # ExpM+NF candidates (architecture kind): the charged (largest) candidate's mechanism;
+    # every candidate runs the exponential mechanism at the same ε (its sensitivity does
+    # not depend on the model), so the charge is the same for all. Nominal guarantee.
+    expm_mechanism: dict[str, Any] | None = None
+
+    @property
+    def guarantee(self) -> Literal["proven", "nominal"]:
+        return "nominal" if self.expm_mechanism is not None else "proven"
 
 
 def split_counts(n_public: int, validation_fraction: float) -> tuple[int, int]:
@@ -243,6 +264,30 @@ def _training_events(
     return one, mechanisms
 
 
+def expm_candidate_plan(
+    request: ArchitectureRequest,
+    *,
+    dataset: str,
+    model: ModelSpec,
+    n_train: int,
+    n_features: int,
+    dataset_kind: str = "tabular",
+) -> tuple[DpEvent, dict[str, Any]]:
+    """One ExpM+NF candidate's event and mechanism (service.plans, method expm_nf) at the
+    budget's training ε (pure: δ = 0). The API plans it for the largest model; the worker
+    for each candidate's own model, with the same event."""
+    job = JobRequest(
+        dataset=dataset,
+        model=model,
+        method="expm_nf",
+        epsilon=request.budget.training_epsilon,
+        delta=0.0,
+        expm_nf=request.expm_nf or ExpmNfOptions(),
+    )
+    plan = build_plan(job, n_rows=n_train, n_features=n_features, dataset_kind=dataset_kind)
+    return event_from_json(plan.event), dict(plan.mechanism)
+
+
 def architecture_plan(
     request: ArchitectureRequest,
     *,
@@ -252,20 +297,32 @@ def architecture_plan(
     dataset_kind: str = "tabular",
 ) -> SelectionPlan:
     n_train, n_val = split_counts(n_rows, request.budget.validation_fraction)
-    options = resolve_dpsgd_options(request.training, n_rows=n_train)
-    assert options.batch_size is not None and options.epochs is not None
-    batches = request.space.batch_sizes or [options.batch_size]
-    keys = {(b, options.epochs, options.noise_decay) for b in batches}
-    train, mechanisms = _training_events(
-        dataset=dataset,
-        model=request.space.largest(),
-        keys=keys,
-        options=options,
-        budget=request.budget,
-        n_train=n_train,
-        n_features=n_features,
-        dataset_kind=dataset_kind,
-    )
+    expm_mechanism: dict[str, Any] | None = None
+    mechanisms: dict[tuple[int, int, float | None], dict[str, Any]] = {}
+    if request.method == "expm_nf":
+        train, expm_mechanism = expm_candidate_plan(
+            request,
+            dataset=dataset,
+            model=request.space.largest(),
+            n_train=n_train,
+            n_features=n_features,
+            dataset_kind=dataset_kind,
+        )
+    else:
+        options = resolve_dpsgd_options(request.training, n_rows=n_train)
+        assert options.batch_size is not None and options.epochs is not None
+        batches = request.space.batch_sizes or [options.batch_size]
+        keys = {(b, options.epochs, options.noise_decay) for b in batches}
+        train, mechanisms = _training_events(
+            dataset=dataset,
+            model=request.space.largest(),
+            keys=keys,
+            options=options,
+            budget=request.budget,
+            n_train=n_train,
+            n_features=n_features,
+            dataset_kind=dataset_kind,
+        )
     per = ComposedEvent(events=(train, count_event(epsilon=request.budget.fitness_epsilon)))
     if request.runs is not None:
         runs = _runs(request.runs)
@@ -276,6 +333,7 @@ def architecture_plan(
             n_val=n_val,
             mechanisms=mechanisms,
             runs=runs,
+            expm_mechanism=expm_mechanism,
         )
     n = planned_trainings(request.search)
     event: DpEvent = per if n == 1 else SelfComposedEvent(event=per, count=n)
@@ -289,7 +347,12 @@ def architecture_plan(
         trainings = train if n == 1 else SelfComposedEvent(event=train, count=n)
         event = ComposedEvent(events=(trainings, fit))
     return SelectionPlan(
-        event=event, trainings=n, n_train=n_train, n_val=n_val, mechanisms=mechanisms
+        event=event,
+        trainings=n,
+        n_train=n_train,
+        n_val=n_val,
+        mechanisms=mechanisms,
+        expm_mechanism=expm_mechanism,
     )
 
 
@@ -581,7 +644,7 @@ def plan_summary(plan: SelectionPlan, *, delta: float) -> dict[str, Any]:
         "rdp_curve": [float(v) for v in curve],
         "epsilon": epsilon_from_rdp(rdp=curve, orders=ORDERS, delta=delta),
         "delta": delta,
-        "guarantee": "proven",
+        "guarantee": plan.guarantee,
         "accountant": "rdp",
         "trainings": plan.trainings,
         "runs": None if plan.runs is None else plan.runs.to_json(),

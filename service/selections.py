@@ -31,7 +31,7 @@ from service.feature_selection import (
 )
 from service.modelspec import LogisticSpec, MlpSpec, ModelSpec
 from service.plans import PlanError
-from service.schemas import EPSILON_FLOOR, DpsgdOptions, JobRequest, PrivacyPlan
+from service.schemas import EPSILON_FLOOR, DpsgdOptions, ExpmNfOptions, JobRequest, PrivacyPlan
 from service.search_space import ArchitectureSearch, ArchitectureSpace
 from service.selection_plans import (
     REQUEST_MODELS,
@@ -109,7 +109,12 @@ class ArchitectureSelection(_Body):
     kind: Literal["architecture"]
     space: ArchitectureSpace = Field(default_factory=ArchitectureSpace)
     search: ArchitectureSearch = Field(default_factory=ArchitectureSearch)
+    method: Literal["dpsgd", "expm_nf"] = Field(
+        default="dpsgd",
+        description="dpsgd (proven) or expm_nf (NOMINAL ε: needs the nominal switch)",
+    )
     training: DpsgdOptions = Field(default_factory=DpsgdOptions)
+    expm_nf: ExpmNfOptions | None = Field(default=None, description="method expm_nf only")
     runs: TnbRunsSpec | PoissonRunsSpec | None = Field(
         default=None,
         discriminator="kind",
@@ -346,11 +351,12 @@ def privacy_plan(request: JobRequest, resolved: ResolvedSelection, *, n_rows: in
             stages["final"] = {"epsilon": final.epsilon, "delta": final.delta, "mechanism": "dpsgd"}
     else:
         assert budget is not None
+        expm = resolved.plan.expm_mechanism is not None
         stages = {
             "training": {
                 "epsilon": budget.training_epsilon,
-                "delta": budget.training_delta,
-                "mechanism": "dpsgd",
+                "delta": 0.0 if expm else budget.training_delta,
+                "mechanism": "expm_nf" if expm else "dpsgd",
             },
             "fitness": {
                 "epsilon": budget.fitness_epsilon,
@@ -371,6 +377,8 @@ def privacy_plan(request: JobRequest, resolved: ResolvedSelection, *, n_rows: in
             for (b, e, d), m in sorted(resolved.plan.mechanisms.items(), key=repr)
         ],
     }
+    if resolved.plan.expm_mechanism is not None:
+        mechanism["expm_nf"] = resolved.plan.expm_mechanism
     return PrivacyPlan(
         method="selection",
         dataset=request.dataset,
@@ -378,7 +386,7 @@ def privacy_plan(request: JobRequest, resolved: ResolvedSelection, *, n_rows: in
         model=request.model.model_dump(),
         epsilon=float(summary["epsilon"]),
         delta=request.delta,
-        guarantee="proven",
+        guarantee=resolved.plan.guarantee,
         accountant="rdp",
         samples=1,
         event=summary["event"],

@@ -82,7 +82,8 @@ def model_card(
         privacy: dict[str, Any] = card["privacy"]
         privacy["statement"] = (
             f"{STATEMENTS[plan.guarantee]} The (ε, δ) is for the whole selection workflow: "
-            "every candidate's DP-SGD training and noisy validation score, composed (or, for "
+            "every candidate's training (DP-SGD, or ExpM+NF whose ε is nominal) and noisy "
+            "validation score, composed (or, for "
             "a random number of runs, bounded by Papernot & Steinke 2022), charged "
             "as one event; choosing the best noisy score is post-processing."
         )

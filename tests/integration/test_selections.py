@@ -423,3 +423,61 @@ def test_feature_selection_cfs_with_a_final_model(client: Any, keys: Any, settin
     )
     with pytest.raises(ValueError, match="encoded features"):
         predict_proba(release, np.hstack([full, full[:, :1]]))  # neither width
+
+
+EXPM_ARCH = {
+    **ARCH,
+    "method": "expm_nf",
+    "expm_nf": {"steps": 3, "n_samples_per_step": 4, "batch_size": 8},
+}
+
+
+def test_expm_nf_candidates_are_nominal_need_the_switch_and_run(
+    client: Any, keys: Any, settings: Any
+) -> None:
+    """Issue 10: architecture candidates trained by ExpM+NF. Each candidate is one flow
+    sample of the exponential mechanism at the calibrated training ε (a pure event, the
+    same for every model), composed with the noisy scores; the flow's ε is nominal, so the
+    workflow is labelled nominal in the quote, the job and the card, and it needs the
+    dataset's nominal switch (403, nothing charged, without it)."""
+    admin = auth(keys.admin)
+    client.put("/v1/admin/datasets/toy/nominal", json={"allow_nominal": False}, headers=admin)
+    refused = client.post("/v1/selections", json=EXPM_ARCH, headers=auth(keys.alice))
+    _problem(refused, 403, "nominal-not-allowed")
+    q = client.post("/v1/selections/quote", json=EXPM_ARCH, headers=auth(keys.alice)).json()
+    assert q["admitted"] is False and "nominal" in q["reason"]
+    assert _charges(settings) == []
+    client.put("/v1/admin/datasets/toy/nominal", json={"allow_nominal": True}, headers=admin)
+
+    plan = client.post("/v1/selections/quote", json=EXPM_ARCH, headers=auth(keys.alice)).json()[
+        "plan"
+    ]
+    assert plan["guarantee"] == "nominal"
+    stages = plan["mechanism"]["stages"]
+    assert stages["training"]["mechanism"] == "expm_nf" and stages["training"]["delta"] == 0.0
+    assert plan["mechanism"]["candidates"] == [] and plan["mechanism"]["expm_nf"]["flow"]
+    # The charge: 2 × (ExpM at the training ε + one noisy count), pure composition.
+    event = event_from_json(plan["event"])
+    per = event_from_json(plan["event"]["event"])  # type: ignore[arg-type]
+    assert plan["event"]["count"] == 2
+    eps_t, eps_f = stages["training"]["epsilon"], stages["fitness"]["epsilon"]
+    assert per.pure_epsilon() == pytest.approx(eps_t + eps_f)
+    assert event.pure_epsilon() == pytest.approx(2 * (eps_t + eps_f))
+
+    job, card, weights = _run_and_fetch(client, keys, settings, EXPM_ARCH)
+    assert job["guarantee"] == "nominal" and card["privacy"]["guarantee"] == "nominal"
+    assert "nominal" in card["privacy"]["statement"]
+    selected = card["selection"]["selected"]
+    assert selected["hidden"] in ([2], [4]) and card["model"]["hidden"] == selected["hidden"]
+    release = load_release(weights, card)
+    p = predict_proba(release, np.random.default_rng(0).uniform(size=(3, 5)))
+    assert p.shape == (3,) and np.all((p >= 0) & (p <= 1))
+
+
+def test_an_expm_nf_search_too_large_for_the_worker_is_refused(client: Any, keys: Any) -> None:
+    huge = {**EXPM_ARCH, "expm_nf": {"flow": "sylvester", "layers": 8,
+            "n_samples_per_step": 4096, "batch_size": 100_000},
+            "space": {"depths": [3], "widths": [256]}}  # fmt: skip
+    r = client.post("/v1/selections/quote", json=huge, headers=auth(keys.alice))
+    body = _problem(r, 422, "invalid-plan")
+    assert "GiB" in body["detail"]

@@ -7,6 +7,8 @@ calibration is refused rather than run under a different mechanism.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from service.modelspec import GrudSpec, ModelSpec
@@ -24,14 +26,23 @@ GRUD_DIAGNOSTIC_SAMPLES = 16
 def params_from_plan(
     plan: PrivacyPlan, *, grud_public_means: tuple[float, ...] | None = None
 ) -> ExpmNfParams:
-    m = plan.mechanism
+    return params_from_mechanism(
+        plan.mechanism, samples=plan.samples, grud_public_means=grud_public_means
+    )
+
+
+def params_from_mechanism(
+    m: dict[str, Any], *, samples: int, grud_public_means: tuple[float, ...] | None = None
+) -> ExpmNfParams:
+    """The flow sampler's parameters from an ``expm_nf`` plan's mechanism (a job's, or an
+    ExpM+NF candidate's in an architecture search)."""
     if float(m["sensitivity"]) != SENSITIVITY:
         raise ValueError("the plan's sensitivity is not the one this worker implements")
     if m.get("calibration") != CALIBRATION:
         raise ValueError("the plan's calibration is not the one this worker implements")
     return ExpmNfParams(
         epsilon=float(m["epsilon"]),
-        samples=plan.samples,
+        samples=samples,
         flow=m["flow"],
         layers=int(m["layers"]),
         base_std=float(m["base_std"]),

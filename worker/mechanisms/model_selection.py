@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from service.feature_selection import FeatureCandidate, FeatureRequest
-from service.modelspec import ModelSpec, parameter_count
+from service.modelspec import GrudSpec, ModelSpec, parameter_count
 from service.search_space import ArchitectureCandidate
 from service.selection_plans import (
     ArchitectureRequest,
@@ -88,17 +88,34 @@ def _train_and_count(
     train: TabularTrainingSet,
     val: TabularTrainingSet,
     device: torch.device,
+    method: str = "dpsgd",
 ) -> tuple[dict[str, torch.Tensor], int]:
-    """DP-SGD on the training part; the exact number of correct validation predictions
-    (private: it only leaves noised, see the callers)."""
-    out = run_dpsgd(
-        spec=spec,
-        mechanism=dict(mechanism),
-        samples=1,
-        data=train,
-        device=device,
-        progress=lambda a, b: None,
-    )
+    """DP-SGD (or, ``method`` expm_nf, one ExpM+NF sample) on the training part; the exact
+    number of correct validation predictions (private: it only leaves noised, see the
+    callers)."""
+    if method == "expm_nf":
+        from worker.mechanisms.expm_job import params_from_mechanism
+        from worker.mechanisms.expm_nf import run_expm_nf
+        from worker.rng import secure_generator
+
+        grud_means = train.public_means if isinstance(spec, GrudSpec) else None
+        out = run_expm_nf(
+            spec=spec,
+            params=params_from_mechanism(dict(mechanism), samples=1, grud_public_means=grud_means),
+            data=train,
+            device=device,
+            generator=secure_generator(device),
+            progress=lambda a, b: None,
+        )
+    else:
+        out = run_dpsgd(
+            spec=spec,
+            mechanism=dict(mechanism),
+            samples=1,
+            data=train,
+            device=device,
+            progress=lambda a, b: None,
+        )
     weights = out.releases[0]
     module = build_module(spec, train.n_features, public_means=train.public_means)
     module.load_state_dict(weights)
@@ -117,9 +134,10 @@ def _train_and_score(
     fitness_epsilon: float,
     device: torch.device,
     rng: np.random.Generator,
+    method: str = "dpsgd",
 ) -> tuple[dict[str, torch.Tensor], float]:
     weights, correct = _train_and_count(
-        spec=spec, mechanism=mechanism, train=train, val=val, device=device
+        spec=spec, mechanism=mechanism, train=train, val=val, device=device, method=method
     )
     score = noisy_accuracy(
         correct=correct, n_val_public=n_val_public, epsilon=fitness_epsilon, rng=rng
@@ -142,8 +160,11 @@ def run_architecture_selection(
     done = 0
 
     def spec_and_mechanism(c: ArchitectureCandidate) -> tuple[ModelSpec, dict[str, Any]]:
-        """The candidate's model and the charged DP-SGD mechanism it runs."""
+        """The candidate's model and the charged mechanism it runs (ExpM+NF: the same
+        exponential mechanism at the same ε for every model, see the plan)."""
         spec = request.space.spec_of(c)
+        if plan.expm_mechanism is not None:
+            return spec, dict(plan.expm_mechanism)
         mech = candidate_mechanism(
             plan,
             key=architecture_key(plan, c),
@@ -164,6 +185,7 @@ def run_architecture_selection(
             fitness_epsilon=request.budget.fitness_epsilon,
             device=device,
             rng=rng,
+            method=request.method,
         )
         models[c] = weights  # same candidate twice: keep the latest (its score is latest too)
         done += 1
@@ -188,7 +210,12 @@ def run_architecture_selection(
             c = sample_candidate(request.space, rng)
             spec, mech = spec_and_mechanism(c)
             weights, correct = _train_and_count(
-                spec=spec, mechanism=mech, train=train, val=val, device=device
+                spec=spec,
+                mechanism=mech,
+                train=train,
+                val=val,
+                device=device,
+                method=request.method,
             )
             models[c] = weights
             counts[c] = correct
