@@ -31,6 +31,7 @@ from service.selection_plans import SelectionPlan, candidate_mechanism
 from worker.mechanisms.base import ProgressFn, TabularTrainingSet
 from worker.mechanisms.dpsgd import run_dpsgd
 from worker.mechanisms.model_selection import SelectionOutput, _train_and_score, split_rows
+from worker.mechanisms.search import genetic_search
 from worker.noise import rounded_gaussian, secure_rng
 
 __all__ = [
@@ -219,11 +220,10 @@ def mask_ga(
     rng: np.random.Generator,
     max_size: int | None = None,
 ) -> tuple[tuple[int, ...], float, int]:
-    """GA over non-empty subsets of range(n) (at most ``max_size``): random initial
-    population, then per generation ``population`` children by tournament selection,
-    uniform crossover and bit-flip mutation; elitism keeps the best scored so far in the
-    parents' pool (not re-scored). Calls ``fitness`` exactly population × generations
-    times. Returns (best subset, its fitness, calls)."""
+    """The product's GA (:func:`worker.mechanisms.search.genetic_search`) over non-empty
+    subsets of range(n) (at most ``max_size``): random initial masks, uniform crossover,
+    bit-flip mutation, each child repaired to a valid subset. Calls ``fitness`` exactly
+    population × generations times. Returns (best subset, its fitness, calls)."""
     limit = n if max_size is None else min(max_size, n)
 
     def repair(m: np.ndarray) -> tuple[int, ...]:
@@ -239,27 +239,23 @@ def mask_ga(
         m[list(s)] = True
         return m
 
-    history: list[tuple[tuple[int, ...], float]] = []
+    def crossover(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, ...]:
+        # uniform crossover; the child may be empty or too large until mutate repairs it
+        child = np.where(rng.random(n) < 0.5, as_mask(a), as_mask(b))
+        return tuple(int(i) for i in np.flatnonzero(child))
 
-    def score(s: tuple[int, ...]) -> tuple[tuple[int, ...], float]:
-        out = (s, float(fitness(s)))
-        history.append(out)
-        return out
+    def mutate(child: tuple[int, ...]) -> tuple[int, ...]:
+        return repair(as_mask(child) ^ (rng.random(n) < mutation_rate))
 
-    def tournament(pool: list[tuple[tuple[int, ...], float]]) -> np.ndarray:
-        i, j = rng.integers(len(pool), size=2)
-        return as_mask(pool[i][0] if pool[i][1] >= pool[j][1] else pool[j][0])
-
-    pool = [score(repair(rng.random(n) < 0.5)) for _ in range(population)]
-    for _ in range(generations - 1):
-        children = []
-        for _ in range(population):
-            a, b = tournament(pool), tournament(pool)
-            child = np.where(rng.random(n) < 0.5, a, b)
-            child ^= rng.random(n) < mutation_rate
-            children.append(repair(child))
-        pool = [score(c) for c in children] + [max(history, key=lambda h: h[1])]
-    best, value = max(history, key=lambda h: h[1])
+    best, value, history = genetic_search(
+        sample=lambda: repair(rng.random(n) < 0.5),
+        crossover=crossover,
+        mutate=mutate,
+        fitness=fitness,
+        population=population,
+        generations=generations,
+        rng=rng,
+    )
     return best, value, len(history)
 
 

@@ -20,7 +20,7 @@ import numpy as np
 from service.search_space import ArchitectureCandidate, ArchitectureSearch, ArchitectureSpace
 from worker.noise import discrete_laplace
 
-__all__ = ["SearchResult", "noisy_accuracy", "run_search", "sample_candidate"]
+__all__ = ["SearchResult", "genetic_search", "noisy_accuracy", "run_search", "sample_candidate"]
 
 T = TypeVar("T")
 Fitness = Callable[[ArchitectureCandidate], float]
@@ -96,11 +96,43 @@ def _crossover(
     )
 
 
-def _tournament(
-    scored: list[tuple[ArchitectureCandidate, float]], rng: np.random.Generator
-) -> ArchitectureCandidate:
+def _tournament(scored: list[tuple[T, float]], rng: np.random.Generator) -> T:
     i, j = rng.integers(len(scored), size=2)
     return scored[i][0] if scored[i][1] >= scored[j][1] else scored[j][0]
+
+
+def genetic_search(
+    *,
+    sample: Callable[[], T],
+    crossover: Callable[[T, T], T],
+    mutate: Callable[[T], T],
+    fitness: Callable[[T], float],
+    population: int,
+    generations: int,
+    rng: np.random.Generator,
+) -> tuple[T, float, list[tuple[T, float]]]:
+    """The one genetic algorithm of the product (PAAS over architectures, PAFS and CFS-GA
+    over feature subsets): ``population`` sampled genomes, then per further generation
+    ``population`` children, each by two binary tournaments on fitness, ``crossover`` and
+    ``mutate``; elitism keeps the best scored so far in the parents' pool (not re-scored).
+    Calls ``fitness`` exactly population × generations times, whatever it returns.
+    Returns (best genome, its fitness, every (genome, fitness) scored, in order)."""
+    history: list[tuple[T, float]] = []
+
+    def score(g: T) -> tuple[T, float]:
+        out = (g, float(fitness(g)))
+        history.append(out)
+        return out
+
+    pool = [score(sample()) for _ in range(population)]
+    for _ in range(generations - 1):
+        children = [
+            mutate(crossover(_tournament(pool, rng), _tournament(pool, rng)))
+            for _ in range(population)
+        ]
+        pool = [score(c) for c in children] + [max(history, key=lambda h: h[1])]
+    best, value = max(history, key=lambda h: h[1])
+    return best, value, history
 
 
 def run_search(
@@ -131,19 +163,15 @@ def run_search(
                     score(sample_candidate(space, rng))
             del g
     else:
-        population = [score(sample_candidate(space, rng)) for _ in range(search.population)]
-        for _ in range(search.generations - 1):
-            children = [
-                _mutate(
-                    _crossover(_tournament(population, rng), _tournament(population, rng), rng),
-                    space,
-                    search.mutation_rate,
-                    rng,
-                )
-                for _ in range(search.population)
-            ]
-            # Elitism: the best scored so far stays in the parents' pool (not retrained).
-            population = [score(c) for c in children] + [max(history, key=lambda h: h[1])]
+        genetic_search(
+            sample=lambda: sample_candidate(space, rng),
+            crossover=lambda a, b: _crossover(a, b, rng),
+            mutate=lambda c: _mutate(c, space, search.mutation_rate, rng),
+            fitness=lambda c: score(c)[1],
+            population=search.population,
+            generations=search.generations,
+            rng=rng,
+        )
     best_c, best_f = max(history, key=lambda h: h[1])
     return SearchResult(
         best=best_c, best_fitness=best_f, evaluations=len(history), history=tuple(history)
