@@ -123,8 +123,14 @@ class TnbRunsSpec(_In):
 
 class PoissonRunsSpec(_In):
     kind: Literal["poisson"] = "poisson"
-    mu: float = Field(default=5.0, ge=1, le=1000)
+    mu: float = Field(default=5.0, gt=0, le=1000, description="at least 1 without max_runs")
     max_runs: int | None = _MAX_RUNS
+
+    @model_validator(mode="after")
+    def _small_mu_needs_a_cap(self) -> PoissonRunsSpec:
+        if self.mu < 1 and self.max_runs is None:
+            raise ValueError("a Poisson law with mu < 1 needs max_runs (service/privacy/tuning.py)")
+        return self
 
 
 class ArchitectureRequest(_In):

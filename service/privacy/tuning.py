@@ -39,11 +39,18 @@ the free parameter where there is one):
   stated. We use PS22's generic bound instead (Lemma 7: for any K on {0, 1, 2, ...} with
   probability generating function f, there are q, q' ∈ [0, 1] with
   e^{(λ−1)D_λ(A(x)‖A(x'))} ≤ e^{(λ−1)D_λ(Q(x)‖Q(x'))} · f'(q)^λ · f'(q')^{1−λ}).
-  f' is increasing on [0, 1], so f'(q) ≤ f'(1) = E[K] and f'(q') ≥ f'(0) = P[K = 1]:
+  f' is increasing on [0, 1], so f'(q) ≤ f'(1) = E[K] and f'(q') ≥ f'(0) = P[K = 1].
+  That factor bounds the outputs of a run (by the mean value theorem on
+  P[best ≤ y] = f(F(y)), F the run's cdf); the output ⊥ of K = 0 has the same mass
+  P[K = 0] on both datasets and adds to the sum, so
 
-      ε' = ε + log(E[K] / P[K = 1]) + log(E[K]) / (λ − 1),
+      ε' = log(P[K = 0] + E[K]^λ · P[K = 1]^{1−λ} · e^{(λ−1)ε}) / (λ − 1),
 
-  with E[K] and P[K = 1] those of the capped law. For the capped geometric this is at
+  which for laws on {1, 2, ...} is ε + log(E[K] / P[K = 1]) + log(E[K]) / (λ − 1); E[K],
+  P[K = 0] and P[K = 1] are those of the capped law. (Leaving the ⊥ term out would
+  undercut the true RDP when P[K = 0] is large: K ∈ {0, 1} with P[K = 1] = p gives
+  log((1 − p) + p·e^{(λ−1)ε})/(λ − 1), which is above ε + log(p)/(λ − 1).) A capped
+  Poisson law may therefore have μ < 1. For the capped geometric this is at
   most Theorem 2's value at λ̂ = 1 (E[K]/P[K = 1] ≤ 1/γ², against 2·log(1/γ)); the
   λ̂ > 1 terms are lost. A capped law is never claimed pure. The exact best-of-K check in
   tests/unit/privacy/test_tuning.py would catch this bound (or our reading of the
@@ -137,6 +144,10 @@ class _RunsLaw:
         """P[K = 1] (= f'(0), PS22 Lemma 7's smallest pgf slope)."""
         return float(np.exp(self.log_pmf(np.array([1.0])))[0])
 
+    def prob_zero(self) -> float:
+        """P[K = 0]: the probability of releasing nothing (⊥), the same on both datasets."""
+        return float(np.exp(self.log_pmf(np.array([0.0])))[0]) if self._start == 0 else 0.0
+
     def _cap_json(self) -> dict[str, Any]:
         return {} if self.max_runs is None else {"max_runs": self.max_runs}
 
@@ -191,7 +202,8 @@ class TruncatedNegativeBinomialRuns(_RunsLaw):
 
 @dataclass(frozen=True)
 class PoissonRuns(_RunsLaw):
-    """K ~ Poisson(μ) on {0, 1, ...}, μ ≥ 1; K = 0 releases nothing (PS22 Sec. 3.3)."""
+    """K ~ Poisson(μ) on {0, 1, ...}, μ ≥ 1 (or any μ > 0 with a cap); K = 0 releases
+    nothing (PS22 Sec. 3.3)."""
 
     mu: float
     kind: Literal["poisson"] = "poisson"
@@ -200,11 +212,14 @@ class PoissonRuns(_RunsLaw):
 
     def __post_init__(self) -> None:
         mu = _finite("mu", self.mu)
-        if mu < 1.0:
-            # Below 1 the bound's log μ term is negative; our exact best-of-K check
-            # (tests/unit/privacy/test_tuning.py) found it below the true RDP at μ = 0.5,
-            # so we do not claim it there (we may be misreading a condition of Thm 6).
-            raise ValueError(f"mu must be >= 1, got {self.mu!r}")
+        if mu <= 0.0:
+            raise ValueError(f"mu must be > 0, got {self.mu!r}")
+        if mu < 1.0 and self.max_runs is None:
+            # Below 1 Theorem 6's log μ term is negative; our exact best-of-K check
+            # (tests/unit/privacy/test_tuning.py) found it below the true RDP at μ = 0.5
+            # (the mass of K = 0 must add to the sum; see the module docstring), so we do
+            # not claim it there. With a cap the generic bound, ⊥ term included, applies.
+            raise ValueError(f"mu must be >= 1 without max_runs, got {self.mu!r}")
         object.__setattr__(self, "mu", mu)
         self._check_cap()
 
@@ -298,8 +313,13 @@ def random_stopping_rdp(
         raise ValueError("RDP values must be >= 0")
     log_ek = math.log(dist.expected_runs())
     if dist.max_runs is not None:
-        # PS22 Lemma 7 with f'(q) ≤ E[K], f'(q') ≥ P[K = 1] (module docstring).
-        out = base + (log_ek - math.log(dist.prob_one())) + log_ek / (lams - 1.0)
+        # PS22 Lemma 7 with f'(q) ≤ E[K], f'(q') ≥ P[K = 1], plus the ⊥ output's mass
+        # P[K = 0] on both sides (module docstring).
+        scaled = (lams - 1.0) * (base + log_ek - math.log(dist.prob_one())) + log_ek
+        p0 = dist.prob_zero()
+        if p0 > 0.0:
+            scaled = np.logaddexp(math.log(p0), scaled)
+        out = scaled / (lams - 1.0)
     elif isinstance(dist, TruncatedNegativeBinomialRuns):
         c = 1.0 + dist.eta
         log_inv_gamma = -math.log(dist.gamma)

@@ -43,6 +43,9 @@ CAPPED: list[RunsDistribution] = [
     TruncatedNegativeBinomialRuns(eta=1.0, gamma=0.5, max_runs=1),
     PoissonRuns(mu=3.0, max_runs=4),
     PoissonRuns(mu=10.0, max_runs=12),
+    # μ < 1: K = 0 (⊥) is likely; the bound must count its mass on both sides
+    PoissonRuns(mu=0.5, max_runs=1),
+    PoissonRuns(mu=0.5, max_runs=3),
 ]
 
 
@@ -265,3 +268,16 @@ def test_poisson_below_one_is_refused() -> None:
     # above at μ = 0.5), so such a distribution is not accepted.
     with pytest.raises(ValueError, match="mu must be >= 1"):
         PoissonRuns(mu=0.5)
+
+
+def test_poisson_below_one_is_accepted_with_a_cap_only() -> None:
+    from pydantic import ValidationError
+
+    from service.selection_plans import PoissonRunsSpec
+
+    with pytest.raises(ValidationError, match="needs max_runs"):
+        PoissonRunsSpec(mu=0.5)
+    assert PoissonRunsSpec(mu=0.5, max_runs=2).max_runs == 2
+    capped = PoissonRuns(mu=0.5, max_runs=2)
+    # P[K = 0 | K ≤ 2] = 1 / (1 + μ + μ²/2)
+    assert capped.prob_zero() == pytest.approx(1 / (1 + 0.5 + 0.125))
