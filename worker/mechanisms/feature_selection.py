@@ -142,11 +142,9 @@ def noisy_entropies(
     estimate is 2Ĥ − H̄ (the bias of H at ĉ estimates the bias at the true counts; the
     first-order correction of Efron & Tibshirani 1993, ch. 10). It removes about half to
     two thirds of the bias of a many-level column's mutual information, not all of it
-    (tests/unit/worker/test_feature_selection.py measures it). An exactly unbiased
-    estimator is not to be had: none exists for the entropy of multinomial counts even
-    without noise (Paninski 2003, "Estimation of entropy and mutual information", Neural
-    Computation 15), and x·log x is not analytic at 0, so no function of
-    Gaussian-noised counts has expectation x·log x at every count. Post-processing of the
+    (tests/unit/worker/test_feature_selection.py measures it); we have no exactly unbiased
+    estimator (a second bootstrap level, i.e. SIMEX's quadratic extrapolation, removed a
+    little more bias for more variance in our trials, and was not kept). Post-processing of the
     released noisy counts only: no privacy cost. ``noise_scale`` None: plug-in values
     (no noise, test-only ε = ∞). The bootstrap's randomness is not a privacy mechanism;
     it comes from ``rng`` (the worker passes its CSPRNG)."""
