@@ -310,3 +310,29 @@ def test_grud_architecture_search_through_the_api_and_the_worker(
     release = load_release(weights.content, card)
     module = build_module(GrudSpec(hidden=hidden[0]), 2)
     module.load_state_dict({k: torch.as_tensor(v) for k, v in release.sample_weights(0).items()})
+
+
+def test_grud_hyperparameter_tuning_through_the_api_and_the_worker(
+    client: Any, keys: Any, settings: Any, tmp_path: Path
+) -> None:
+    """Random-stopping hyperparameter tuning of a GRU-D on time series, with a cap on K:
+    planned for the series dataset, charged once, released with K hidden."""
+    from tests.conftest import auth
+    from worker.runner import Outcome, execute_job
+
+    _register_tiny(settings, tmp_path)
+    body = {"dataset": "tiny-icu", "kind": "hyperparameters", "epsilon": 4.0, "delta": 1e-5,
+            "model": {"kind": "grud", "hidden": 3}, "learning_rates": [0.5, 2.0],
+            "batch_sizes": [10], "epochs": [1],
+            "runs": {"kind": "truncated_negative_binomial", "eta": 1.0, "gamma": 0.9,
+                     "max_runs": 2}}  # fmt: skip
+    r = client.post("/v1/selections", json=body, headers=auth(keys.alice))
+    assert r.status_code == 202, r.text
+    job = r.json()
+    assert job["plan"]["model"] == {"kind": "grud", "hidden": 3}
+    assert job["plan"]["event"]["runs"]["max_runs"] == 2
+    assert execute_job(job["id"], settings) == Outcome.released
+    card = client.get(f"/v1/jobs/{job['id']}/release", headers=auth(keys.alice)).json()
+    assert card["selection"]["selected"]["learning_rate"] in (0.5, 2.0)
+    assert card["model"]["kind"] == "grud" and card["privacy"]["guarantee"] == "proven"
+    assert set(card["selection"]) == {"selected", "model", "noisy_validation_accuracy"}
