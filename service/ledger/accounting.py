@@ -21,7 +21,7 @@ from sqlalchemy.orm import Session
 from service.ledger.admission import charges_in_force, dataset_filter
 from service.ledger.tables import Dataset, EntryKind, Job, LedgerEntry
 from service.privacy.amounts import from_micro
-from service.privacy.calibrate import pld_epsilon
+from service.privacy.calibrate import PldUnavailable, pld_epsilon
 from service.privacy.events import DpEvent, event_from_json
 from service.schemas import GUARANTEE_ORDER, Guarantee, LedgerEntryPublic, weakest_guarantee
 
@@ -68,8 +68,9 @@ class AccountingSummary(BaseModel):
             "advance. INFORMATION ONLY: not proven valid when analysts choose requests "
             "adaptively, never used to admit, and it may be tighter or looser than "
             "epsilon_spent (pure and ExpM events enter as randomized response, without the "
-            "bounded-range refinement of their RDP charge). Null for pure datasets or when "
-            "nothing is charged."
+            "bounded-range refinement of their RDP charge). Null (not available) for pure "
+            "datasets, when nothing is charged, or when a charge in force has an event type "
+            "with no PLD here (random stopping, any-of)."
         )
     )
     remaining_epsilon: float = Field(
@@ -117,11 +118,14 @@ def accounting_summary(session: Session, dataset: Dataset) -> AccountingSummary:
     view = dataset_filter(dataset).view(guarantee=guarantee)
     events = charged_events(session, dataset)
     delta = float(Decimal(dataset.delta_total))
-    pld_eps = None
+    pld_eps: float | None = None
     if delta > 0 and events:
+        # Information only, never used to admit: an event type without a PLD (random
+        # stopping, any-of) makes it "not available". Nothing else is caught: any other
+        # error here is a bug and must show.
         try:
             pld_eps = pld_epsilon(events=events, delta=delta)
-        except ValueError:
+        except PldUnavailable:
             pld_eps = None
     return AccountingSummary(
         dataset=dataset.name,
@@ -139,7 +143,8 @@ def accounting_summary(session: Session, dataset: Dataset) -> AccountingSummary:
             "budget ε at δ_total whose filter would have admitted every charge in force "
             "(valid under adaptive choice in that sense). `pld_epsilon` composes the same "
             "events by PLD as if they had been fixed in advance: information only, not valid "
-            "under adaptive choice, and it may be tighter or looser than `epsilon_spent`. "
+            "under adaptive choice, and it may be tighter or looser than `epsilon_spent`; null "
+            "where a charge's event type has no PLD. "
             "`remaining_epsilon` is the largest ε of one further pure ε-DP request the filter "
             "would admit; under the RDP rule it is below ε_total even before any charge."
         ),

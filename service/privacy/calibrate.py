@@ -102,6 +102,7 @@ __all__ = [
     "PLD_VALUE_DISCRETIZATION_MIN",
     "Accountant",
     "NoiseCalibration",
+    "PldUnavailable",
     "calibrate",
     "calibrate_noise_multiplier",
     "epsilon_for",
@@ -163,6 +164,13 @@ def pld_value_discretization(*, epsilon: float, steps: int) -> float:
         raise ValueError(f"steps must be an int >= 1, got {steps!r}")
     h = eps / (16.0 * math.sqrt(steps))
     return min(PLD_VALUE_DISCRETIZATION_MAX, max(PLD_VALUE_DISCRETIZATION_MIN, h))
+
+
+class PldUnavailable(ValueError):
+    """The event tree has a leaf type with no PLD here (random stopping, any-of): the PLD
+    ε is not available for it. Only informational figures use PLD over arbitrary events
+    (admission and charges use RDP curves), so callers showing one report "not available"
+    rather than fail; calibration never sees such trees."""
 
 
 # ------------------------------------------------------------------ fast PLD engine
@@ -554,7 +562,9 @@ class _EventPld:
 
 
 def _pld_of(event: DpEvent, value_discretization_interval: float) -> _EventPld:
-    """dp_accounting PLD (pessimistic) of an event tree, add/remove-one neighbours."""
+    """dp_accounting PLD (pessimistic) of an event tree, add/remove-one neighbours;
+    raises :class:`PldUnavailable` for a tree with a leaf other than pure, DP-SGD or
+    slack leaves (RandomStoppingEvent, AnyOfEvent: no PLD is implemented for them)."""
     from dp_accounting.pld import common, privacy_loss_distribution
 
     pld = privacy_loss_distribution.identity(
@@ -582,8 +592,8 @@ def _pld_of(event: DpEvent, value_discretization_interval: float) -> _EventPld:
                 sampling_prob=leaf.sampling_rate,
                 value_discretization_interval=value_discretization_interval,
             )
-        else:  # pragma: no cover - leaf_counts only yields the leaf types above
-            raise TypeError(f"no PLD for {type(leaf).__name__}")
+        else:
+            raise PldUnavailable(f"no PLD for {type(leaf).__name__}")
         pld = pld.compose(part.self_compose(count) if count > 1 else part)
     return _EventPld(pld=pld, slack_tau=tau)
 
@@ -659,6 +669,8 @@ def pld_epsilon(
     than the filter's. PmfSlackEvent leaves (a sampler's pointwise e^{±τ} gap) add
     up to one τ, and the result is ε' + 2τ with ε' taken at δ·e^{−τ}.
     Lists of DP-SGD events alone use the fast PLD (see :func:`_pld_epsilon_of`).
+    Raises :class:`PldUnavailable` (a ValueError) where an event's tree holds a leaf with
+    no PLD here (RandomStoppingEvent, AnyOfEvent): the figure is then not available.
     """
     d = _check_delta(delta)
     evs = list(events)
