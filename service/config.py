@@ -57,12 +57,24 @@ class Settings(BaseSettings):
     # (service/logs.py), or plain text.
     log_format: Literal["json", "text"] = "json"
     # A running job whose heartbeat is older than this is presumed lost and re-enqueued.
-    heartbeat_timeout_s: float = Field(default=120.0, gt=0)
-    sweep_interval_s: float = Field(default=15.0, gt=0)
+    # Worst case for a killed worker's job (service/jobs.py, recovery_deadline_s): its last
+    # heartbeat at most at the kill, stale heartbeat_timeout_s later, seen by the next sweep
+    # at most sweep_interval_s after that, then sent and claimed by an idle worker:
+    # 40 s + 10 s = 50 s, leaving 10 s of the 60 s target for the send and the pickup
+    # (was 120 s + 15 s = 135 s; measured 137 s). The worker beats every
+    # min(5 s, timeout / 4) (worker/runner.py): 5 s, so 7 beats in a row must be missed
+    # before a busy but alive worker would be taken for dead.
+    heartbeat_timeout_s: float = Field(default=40.0, gt=0)
+    sweep_interval_s: float = Field(default=10.0, gt=0)
     # A queued job whose message was sent this long ago and that no worker has started is
-    # sent again (a lost message: Redis without persistence, or consumed while the ledger
-    # was down). Duplicates are harmless: the worker's claim runs a job once.
+    # sent again if its message is lost (a lost message: Redis without persistence, or
+    # consumed while the ledger was down). On Redis the sweeper looks in the queue and
+    # re-sends only a job whose message is not waiting there; where it cannot tell (another
+    # broker, a queue too long to read), it backs off: the wait before the next re-send is
+    # the job's age at its last send (doubling), at least requeue_after_s and at most
+    # requeue_backoff_max_s. Duplicates are harmless: the worker's claim runs a job once.
     requeue_after_s: float = Field(default=45.0, gt=0)
+    requeue_backoff_max_s: float = Field(default=1800.0, gt=0)
     max_attempts: int = Field(default=3, ge=1)
     # Hard wall-clock limit of one run of a job in the worker (Celery's task_time_limit): a
     # run past it is killed; its job is re-sent (a new attempt) until max_attempts, then

@@ -1,21 +1,25 @@
 """Job bookkeeping outside the enclave: enqueueing, the sweeper, public views.
 
 Accepted work is never lost: a job is committed (and charged) before its message is
-sent. If sending fails, or a worker dies mid-run (its heartbeat goes stale), the sweeper
-sends the job again; the worker's claim step makes duplicate messages harmless.
+sent. If sending fails, or a worker dies mid-run (its heartbeat goes stale), or a
+message is lost, the sweeper sends the job again; the worker's claim step makes duplicate
+messages harmless. The sweeper does not send again a job whose message is still waiting in
+the broker, and backs off where it cannot tell, so a backlog does not grow the queue.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Collection
 from datetime import UTC, datetime, timedelta
+from functools import partial
 
 from sqlalchemy import Engine, or_, select, update
 
 from service.config import Settings
 from service.db import transaction
 from service.ledger.tables import Job, JobStatus
-from service.queue import send_run_job
+from service.queue import Waiting, send_run_job, waiting_in_broker
 from service.schemas import JobPublic, PrivacyPlan
 
 log = logging.getLogger("enclave.jobs")
@@ -28,49 +32,118 @@ def as_utc(ts: datetime | None) -> datetime | None:
     return ts
 
 
-def enqueue(engine: Engine, settings: Settings, job_id: str) -> bool:
+def enqueue(engine: Engine, settings: Settings, job_id: str, now: datetime | None = None) -> bool:
     try:
         send_run_job(settings, job_id)
     except Exception:  # broker down: the job stays queued and the sweeper retries
         log.warning("could not enqueue job %s; the sweeper will retry", job_id, exc_info=True)
         return False
     with transaction(engine) as s:
-        s.execute(update(Job).where(Job.id == job_id).values(enqueued_at=datetime.now(UTC)))
+        s.execute(update(Job).where(Job.id == job_id).values(enqueued_at=now or datetime.now(UTC)))
     return True
 
 
-def jobs_to_resend(engine: Engine, settings: Settings, now: datetime | None = None) -> list[str]:
+def recovery_deadline_s(settings: Settings) -> float:
+    """Worst case, from a worker's death to its running job being sent again: the last
+    heartbeat is at most at the death; the job is stale `heartbeat_timeout_s` after it;
+    the sweeper runs every `sweep_interval_s`, so the next sweep is at most that later.
+    (An idle worker then takes the message and claims the stale job at once.)"""
+    return settings.heartbeat_timeout_s + settings.sweep_interval_s
+
+
+def backoff_s(settings: Settings, waited_s: float, base_s: float) -> float:
+    """Wait before re-sending a job (when the broker cannot tell whether its message is
+    still queued) that had been waiting `waited_s` when it was last sent: that same time
+    again (so the sends' spacing doubles), at least `base_s`, at most
+    `requeue_backoff_max_s`. A job that waits W seconds is thus sent about
+    2 + log2(W / base_s) times until the cap, then once per cap."""
+    return min(settings.requeue_backoff_max_s, max(base_s, waited_s))
+
+
+# What the sweeper asks of the broker: which of these jobs have a message waiting
+# (service/queue.py, Redis only); None where it cannot tell.
+BrokerLook = Callable[[Collection[str]], Waiting | None]
+
+
+def jobs_to_resend(
+    engine: Engine,
+    settings: Settings,
+    now: datetime | None = None,
+    broker: BrokerLook | None = None,
+) -> list[str]:
+    """Jobs to send again: queued and never sent; queued and sent `requeue_after_s` ago
+    without being started; running with a heartbeat older than `heartbeat_timeout_s`.
+
+    Of the last two, a job whose message is still waiting in the broker (``broker``'s
+    answer) is not sent again: the message will reach a worker. One the broker has
+    lost (a complete look did not find it) is sent again. Where the broker cannot tell,
+    the re-sends back off (:func:`backoff_s`), so a long backlog is not sent again and
+    again every sweep: this used to turn 880 queued jobs into 5,017 messages in 3.5 min.
+    """
     now = now or datetime.now(UTC)
     stale = now - timedelta(seconds=settings.heartbeat_timeout_s)
+    requeue = timedelta(seconds=settings.requeue_after_s)
     with transaction(engine) as s:
-        rows = s.scalars(
-            select(Job).where(
-                or_(
-                    Job.status == JobStatus.queued,
-                    Job.status == JobStatus.running,
-                )
-            )
+        rows = s.execute(
+            select(
+                Job.id,
+                Job.status,
+                Job.created_at,
+                Job.enqueued_at,
+                Job.heartbeat_at,
+                Job.started_at,
+            ).where(or_(Job.status == JobStatus.queued, Job.status == JobStatus.running))
         ).all()
-        out = []
-        for job in rows:
-            if job.status == JobStatus.queued:
-                enq = as_utc(job.enqueued_at)
-                # Never sent, or sent a while ago and still not picked up (lost message).
-                if enq is None or enq < now - timedelta(seconds=settings.requeue_after_s):
-                    out.append(job.id)
-            else:
-                beat = as_utc(job.heartbeat_at) or as_utc(job.started_at)
-                enq = as_utc(job.enqueued_at)
-                if (beat is None or beat < stale) and (enq is None or enq < stale):
-                    out.append(job.id)
+    out: list[str] = []
+    # Sent before and now overdue: (job id, last send, when it began to wait, base wait).
+    overdue: list[tuple[str, datetime, datetime, float]] = []
+    for job_id, status, created, enqueued, heartbeat, started in rows:
+        enq = as_utc(enqueued)
+        if status == JobStatus.queued:
+            if enq is None:  # never sent (the broker was down at submission)
+                out.append(job_id)
+            elif enq < now - requeue:  # sent a while ago and not started: lost?
+                since = as_utc(created) or enq
+                overdue.append((job_id, enq, min(since, enq), settings.requeue_after_s))
+        else:
+            beat = as_utc(heartbeat) or as_utc(started)
+            if beat is not None and beat >= stale:
+                continue  # alive
+            if enq is None or beat is None or enq < beat:
+                # Its worker went quiet and nobody sent the job since: send it now.
+                if enq is None or enq < stale:
+                    out.append(job_id)
+            elif enq < stale:  # sent after it went quiet and still not claimed
+                overdue.append((job_id, enq, beat, settings.heartbeat_timeout_s))
+    if not overdue:
         return out
+    look = broker([job_id for job_id, *_ in overdue]) if broker is not None else None
+    for job_id, enq, since, base_s in overdue:
+        if look is not None and job_id in look.job_ids:
+            continue  # its message is waiting in the broker: a worker will get it
+        if look is not None and look.complete:
+            out.append(job_id)  # the broker lost its message
+        elif now - enq >= timedelta(
+            seconds=backoff_s(settings, (enq - since).total_seconds(), base_s)
+        ):
+            out.append(job_id)
+    return out
 
 
-def sweep(engine: Engine, settings: Settings) -> int:
-    """Re-send every job that is queued but unsent, or running with a stale heartbeat."""
+def sweep(
+    engine: Engine,
+    settings: Settings,
+    now: datetime | None = None,
+    broker: BrokerLook | None = None,
+) -> int:
+    """Send again the jobs :func:`jobs_to_resend` names; by default it looks in the
+    broker's queue (Redis) for messages still waiting. ``now`` and ``broker`` are for tests
+    (an injected clock and broker)."""
+    if broker is None:
+        broker = partial(waiting_in_broker, settings)
     sent = 0
-    for job_id in jobs_to_resend(engine, settings):
-        sent += enqueue(engine, settings, job_id)
+    for job_id in jobs_to_resend(engine, settings, now, broker):
+        sent += enqueue(engine, settings, job_id, now)
     return sent
 
 
