@@ -8,13 +8,14 @@ from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from contextlib import asynccontextmanager
 from typing import Any
 
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI
 
 from service.api.docs import install_docs
 from service.api.errors import install_handlers, problem_response
 from service.api.limits import Limiter
 from service.api.metrics import Metrics, MetricsMiddleware
 from service.api.metrics import router as metrics_router
+from service.api.middleware import ServerErrors, reject_hostile_input
 from service.api.openapi import install_openapi
 from service.api.routes import admin, health, jobs, selections
 from service.config import Settings, get_settings
@@ -131,6 +132,9 @@ def create_app(settings: Settings | None = None, *, run_sweeper: bool = True) ->
             "`type` URI per kind of error, described at `/problems/{slug}`."
         ),
         lifespan=lifespan,
+        # Every route's first dependency: NUL characters and JSON integers beyond int64
+        # are a 422 before anything else runs (service.api.middleware).
+        dependencies=[Depends(reject_hostile_input)],
         docs_url=None,
         redoc_url=None,
     )
@@ -150,6 +154,8 @@ def create_app(settings: Settings | None = None, *, run_sweeper: bool = True) ->
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)  # type: ignore[arg-type]
     # Outside BodyLimit: it also counts the requests BodyLimit refuses.
     app.add_middleware(MetricsMiddleware, metrics=app.state.metrics)  # type: ignore[arg-type]
+    # Inside the request log: any escaped exception is a logged 500 with the request id.
+    app.add_middleware(ServerErrors)  # type: ignore[arg-type]
     # Outermost: every response, refusals included, carries its request id and is logged.
     app.add_middleware(RequestLog)  # type: ignore[arg-type]
     return app

@@ -3,16 +3,50 @@ with a stable `type` URI (relative to the service; `GET /problems/{slug}` descri
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from sqlalchemy.exc import DBAPIError, OperationalError
+from sqlalchemy.exc import DataError, DBAPIError, OperationalError, StatementError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from service.logs import request_id
+
 PROBLEM_JSON = "application/problem+json"
+log = logging.getLogger("enclave.api")
+
+# Set per request by service.api.middleware.ServerErrors: whether this request's 5xx has
+# been logged already (a handler logs it with its traceback; the middleware logs the rest).
+_logged_5xx: ContextVar[list[bool] | None] = ContextVar("logged_5xx", default=None)
+
+
+@contextmanager
+def server_error_scope() -> Iterator[Callable[[], bool]]:
+    """Track, for one request, whether its 5xx was logged; yields the question."""
+    flag = [False]
+    token = _logged_5xx.set(flag)
+    try:
+        yield lambda: flag[0]
+    finally:
+        _logged_5xx.reset(token)
+
+
+def log_server_error(
+    message: str, *, status: int = 500, exc_info: BaseException | bool = True
+) -> None:
+    """Log a 5xx with the request id and the exception's traceback (``True``: the one
+    being handled). Call it where the error is handled; each request's 5xx is then
+    logged once."""
+    log.error(message, exc_info=exc_info, extra={"request_id": request_id.get(), "status": status})
+    flag = _logged_5xx.get()
+    if flag is not None:
+        flag[0] = True
 
 
 @dataclass(frozen=True)
@@ -118,7 +152,7 @@ def problem_response(
         "detail": detail,
     }
     if instance:
-        body["instance"] = instance
+        body["instance"] = instance.replace("\x00", "%00")  # a hostile path, echoed safely
     body.update(extra)
     out = dict(headers or {})
     if status == 401:
@@ -173,7 +207,10 @@ def install_handlers(app: FastAPI) -> None:
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         slug = _STATUS_SLUG.get(exc.status_code, "bad-request" if exc.status_code < 500 else "")
         if not slug:
-            return _internal_response()
+            log_server_error(
+                f"HTTP {exc.status_code}: {exc.detail}", status=exc.status_code, exc_info=exc
+            )
+            return internal_response()
         # Keep the exception's headers (a 405's Allow, for one).
         return problem_response(
             exc.status_code,
@@ -183,11 +220,17 @@ def install_handlers(app: FastAPI) -> None:
             headers=dict(exc.headers or {}),
         )
 
-    @app.exception_handler(DBAPIError)
-    async def _database(request: Request, exc: DBAPIError) -> JSONResponse:
+    @app.exception_handler(StatementError)
+    async def _database(request: Request, exc: StatementError) -> JSONResponse:
         # A lost connection or an unreachable server is an outage, not a bug: 503 and
-        # Retry-After. Other database errors stay 500s (they are bugs).
-        if exc.connection_invalidated or isinstance(exc, OperationalError):
+        # Retry-After. A value the database refuses (PostgreSQL's NUL in text, an integer
+        # out of range: DataError; a value no bind parameter takes) came from the request:
+        # 422, the transaction rolled back, nothing charged. Other database errors stay
+        # 500s (they are bugs). Every 5xx is logged with the request id.
+        if isinstance(exc, DBAPIError) and (
+            exc.connection_invalidated or isinstance(exc, OperationalError)
+        ):
+            log_server_error("ledger database unavailable", status=503, exc_info=exc)
             return problem_response(
                 503,
                 "service-unavailable",
@@ -195,14 +238,30 @@ def install_handlers(app: FastAPI) -> None:
                 request.url.path,
                 headers={"Retry-After": "5"},
             )
-        return _internal_response()
+        if isinstance(exc, DataError) or (
+            not isinstance(exc, DBAPIError) and isinstance(exc.orig, OverflowError | ValueError)
+        ):
+            log.info("database refused a request value: %s", type(exc.orig).__name__)
+            return problem_response(
+                422,
+                "validation-error",
+                "A value in the request cannot be stored (out of range, or a character the "
+                "database does not accept).",
+                request.url.path,
+                errors=[],
+            )
+        log_server_error("database error", exc_info=exc)
+        return internal_response()
 
     @app.exception_handler(Exception)
     async def _internal(request: Request, exc: Exception) -> JSONResponse:
-        return _internal_response()
+        # Reached only from outside the middleware (service.api.middleware.ServerErrors
+        # answers everything from inside it, with the request id).
+        log_server_error("unhandled exception", exc_info=exc)
+        return internal_response()
 
 
-def _internal_response() -> JSONResponse:
+def internal_response() -> JSONResponse:
     # A 5xx is a bug. Say nothing about it (it could carry enclave detail).
     return JSONResponse(
         {"type": "about:blank", "title": "Internal Server Error", "status": 500},

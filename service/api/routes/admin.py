@@ -175,7 +175,7 @@ def ledger(
     _: AdminDep,
     engine: EngineDep,
     dataset: str | None = None,
-    after_id: Annotated[int, Query(ge=0)] = 0,
+    after_id: Annotated[int, Query(ge=0, le=2**63 - 1)] = 0,
     limit: Annotated[int, Query(ge=1, le=1000)] = 200,
 ) -> list[LedgerEntryPublic]:
     """Ledger entries in order (append-only; each carries the previous entry's hash)."""
