@@ -17,7 +17,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated, Protocol, TypeVar
+from typing import Annotated, Any, Protocol, TypeVar
 
 import typer
 from pydantic import ValidationError
@@ -25,10 +25,11 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Column, Table
 from sqlalchemy import select
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import ArgumentError, IntegrityError, OperationalError, ProgrammingError
 from sqlalchemy.orm import Session
+from typer.core import TyperGroup
 
-from enclave.errors import fail
+from enclave.errors import database_setup_error, fail
 from enclave.jobs_cli import jobs_app
 from service import admin as ops
 from service.auth import expiry, hash_api_key, new_api_key, revoke_key, rotate_key
@@ -42,14 +43,30 @@ from service.ledger.admission import (
     set_dataset_budget,
 )
 from service.ledger.audit import check_totals, verify_all
-from service.ledger.tables import Analyst, Dataset, LedgerEntry, Role
+from service.ledger.tables import Analyst, Dataset, Role
 from service.migrate import upgrade
-from service.privacy.amounts import from_micro
 from service.schemas import AnalystCreate, BudgetUpdate, CapUpdate, KeyRotate, RefundRequest
 from service.timeseries import TimeSeriesSchema
 from service.version import __version__
 
+
+class _Commands(TyperGroup):
+    """The root command: an admin setup mistake (the ledger database unreachable, missing,
+    or not upgraded) raised by any subcommand is one line on stderr and exit 1, like every
+    other user error, instead of a traceback of hundreds of lines."""
+
+    def invoke(self, ctx: Any) -> Any:  # typer.Context (typer vendors its click)
+        try:
+            return super().invoke(ctx)
+        except (OperationalError, ProgrammingError, ArgumentError) as exc:
+            message = database_setup_error(exc)
+            if message is None:
+                raise
+            fail(message)
+
+
 app = typer.Typer(
+    cls=_Commands,
     help="Private-data enclave: train models under a differential-privacy budget.",
     no_args_is_help=True,
     # A crash must not print local variables: they can hold API keys.
@@ -481,27 +498,10 @@ def ledger_table(rows: list[dict]) -> Table:
 
 @ledger_app.command("show")
 def ledger_show(limit: int = 50) -> None:
+    """The newest entries, oldest first (amounts signed as in GET /v1/admin/ledger)."""
     with transaction(_engine()) as s:
-        rows = s.execute(
-            select(LedgerEntry, Dataset.name)
-            .join(Dataset, Dataset.id == LedgerEntry.dataset_id)
-            .order_by(LedgerEntry.id.desc())
-            .limit(limit)
-        ).all()
-        data = [
-            {
-                "id": e.id,
-                "dataset": n,
-                "kind": str(e.kind),
-                "job_id": e.job_id,
-                "epsilon": from_micro(e.epsilon_micro),
-                "delta": e.delta,
-                "reason": e.reason,
-                "hash": e.hash,
-            }
-            for e, n in reversed(rows)
-        ]
-    console.print(ledger_table(data))
+        entries = ops.ledger_newest_first(s, limit=limit)
+    console.print(ledger_table([e.model_dump(mode="json") for e in reversed(entries)]))
 
 
 @ledger_app.command("verify")

@@ -171,6 +171,32 @@ def count_jobs(s: Session) -> int:
     return int(s.scalar(select(func.count()).select_from(Job)) or 0)
 
 
+def signed_delta(kind: EntryKind, epsilon_micro: int, delta: str) -> str:
+    """A ledger entry's δ with the sign its ε has.
+
+    The ledger stores a refund's ε negative (the amount returned) but its δ as the
+    charge's unsigned decimal string; the stored row is hashed into the chain and stays
+    as it is. Every view of the ledger (``GET /v1/admin/ledger``, ``enclave ledger
+    show``, the dashboard) shows a refund that returned budget with both amounts
+    negative; an information-only refund returns nothing and shows ε = 0, δ = 0.
+    """
+    if (
+        kind == EntryKind.refund
+        and epsilon_micro < 0
+        and delta not in ("0", "")
+        and not (delta.startswith("-"))
+    ):
+        return "-" + delta
+    return delta
+
+
+def ledger_entry_shown(entry: LedgerEntry, dataset_name: str) -> LedgerEntryPublic:
+    """A ledger entry as every view shows it: :func:`signed_delta`'s sign convention."""
+    public = ledger_entry_public(entry, dataset_name)
+    delta = signed_delta(EntryKind(entry.kind), entry.epsilon_micro, entry.delta)
+    return public if delta == public.delta else public.model_copy(update={"delta": delta})
+
+
 def ledger_in_order(
     s: Session, *, dataset: str | None = None, after_id: int = 0, limit: int
 ) -> list[LedgerEntryPublic]:
@@ -184,7 +210,7 @@ def ledger_in_order(
     )
     if dataset is not None:
         stmt = stmt.where(Dataset.id == dataset_named(s, dataset).id)
-    return [ledger_entry_public(e, name) for e, name in s.execute(stmt).all()]
+    return [ledger_entry_shown(e, name) for e, name in s.execute(stmt).all()]
 
 
 def ledger_newest_first(s: Session, *, limit: int, offset: int = 0) -> list[LedgerEntryPublic]:
@@ -196,7 +222,7 @@ def ledger_newest_first(s: Session, *, limit: int, offset: int = 0) -> list[Ledg
         .limit(limit)
         .offset(offset)
     ).all()
-    return [ledger_entry_public(e, name) for e, name in rows]
+    return [ledger_entry_shown(e, name) for e, name in rows]
 
 
 def count_ledger_entries(s: Session) -> int:

@@ -1,24 +1,17 @@
-"""How the dashboard shows figures: signed ledger amounts, timestamps, guarantee labels and
-paging. Display only; every figure comes from the ledger's query functions."""
+"""How the dashboard shows figures: timestamps, guarantee labels and paging. Display only;
+every figure comes from the ledger's query functions (signed ledger amounts from
+:func:`service.admin.signed_delta`, as in the API and the CLI)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
 
-from service.ledger.tables import EntryKind, JobStatus
-from service.schemas import JobPublic, LedgerEntryPublic
+from service.ledger.tables import JobStatus
+from service.schemas import JobPublic
 
 PAGE_SIZE = 50
 MAX_PAGE = 10**6
-
-
-def signed_delta(entry: LedgerEntryPublic) -> str:
-    """The entry's δ with the sign its ε has: a refund returns both (the ledger stores the
-    refunded δ unsigned, as a decimal string, and its ε negative)."""
-    if entry.kind == EntryKind.refund.value and entry.epsilon < 0 and entry.delta != "0":
-        return "-" + entry.delta
-    return entry.delta
 
 
 def timestamp(value: str | datetime | None) -> str:

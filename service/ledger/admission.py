@@ -24,8 +24,19 @@ from decimal import Decimal
 from functools import lru_cache
 from typing import Any, Literal, cast
 
-from sqlalchemy import Connection, Select, Table, bindparam, func, insert, or_, select, update
-from sqlalchemy.orm import Session
+from sqlalchemy import (
+    Connection,
+    Select,
+    Table,
+    bindparam,
+    event,
+    func,
+    insert,
+    or_,
+    select,
+    update,
+)
+from sqlalchemy.orm import Session, object_session
 
 from service.ledger.chain import GENESIS, append_entry, chained_row
 from service.ledger.tables import (
@@ -863,6 +874,53 @@ def cancel_job(session: Session, *, job: Job) -> Job:
     job.finished_at = datetime.now(UTC)
     refund_job(session, job=job, reason="cancelled by the analyst before any private row was read")
     return job
+
+
+AUTOMATIC_REFUND_REASON = "automatic: the job failed before it read any private row"
+_FAILED_JOBS = "enclave.jobs_marked_failed"  # Session.info key: jobs this transaction failed
+
+
+def refund_unread_failure(session: Session, job: Job) -> LedgerEntry | None:
+    """The automatic refund of a failed job that never read a private row (``data_touched``
+    is set by the worker, in its own transaction, just before the first read).
+
+    Such a job was never a round of the filter, so its charge goes back to both filters,
+    as an admin refund would (:func:`refund_job`), with :data:`AUTOMATIC_REFUND_REASON`.
+    Exactly once: :func:`refund_job` checks under the dataset lock that the job has no
+    refund yet (an earlier automatic or admin one); then nothing is written. A job that
+    read rows is never refunded here (only an admin's information-only override can
+    record a refund for it).
+    """
+    if job.status != JobStatus.failed or job.data_touched or job.charge_entry_id is None:
+        return None
+    try:
+        return refund_job(session, job=job, reason=AUTOMATIC_REFUND_REASON)
+    except InvalidLedgerOperation:  # already refunded, or no charge to return
+        return None
+
+
+@event.listens_for(Job.status, "set")
+def _note_failure(job: Job, value: object, oldvalue: object, _initiator: object) -> None:
+    """Remember, on the session, a job set to ``failed`` (by the worker's failure paths in
+    worker/runner.py, or any other ORM write); it is refunded when the transaction commits."""
+    if value == JobStatus.failed and oldvalue != JobStatus.failed:
+        session = object_session(job)
+        if session is not None:
+            session.info.setdefault(_FAILED_JOBS, []).append(job)
+
+
+@event.listens_for(Session, "before_commit")
+def _refund_unread_failures(session: Session) -> None:
+    """Before the transaction that failed a job commits, refund it if it read no private
+    row: in the same transaction as the failure, so the two are written together or not
+    at all."""
+    for job in session.info.pop(_FAILED_JOBS, []):
+        refund_unread_failure(session, job)
+
+
+@event.listens_for(Session, "after_rollback")
+def _forget_failures(session: Session) -> None:
+    session.info.pop(_FAILED_JOBS, None)
 
 
 def record_release(session: Session, *, job: Job, weights_sha256: str) -> LedgerEntry:

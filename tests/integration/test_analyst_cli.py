@@ -11,11 +11,14 @@ from typing import Any
 
 import httpx
 import pytest
+from sqlalchemy import update
 from typer.testing import CliRunner
 
 from enclave.analyst import open_release
 from enclave.cli import app
 from enclave.processes import free_port
+from service.db import engine_for, transaction
+from service.ledger.tables import Job, JobStatus
 from tests.conftest import Keys, auth
 from worker.data import ROWS_FILE, dataset_dir
 from worker.runner import Outcome, execute_job
@@ -136,9 +139,17 @@ def test_admin_jobs_refund_nominal_and_analysts(client: Any, keys: Keys, setting
     assert listing.exit_code == 0, listing.output
     assert job_id in listing.output and "alice" in listing.output and "failed" in listing.output
     assert "the job failed inside the enclave" in listing.output
+    # It failed before reading a row: refunded automatically, so the admin's refund is
+    # refused; the admin refunds a job marked failed by hand instead.
+    assert "(refunded)" in listing.output
+    auto = runner.invoke(app, ["admin", "refund", job_id, "--reason", "rows file was missing"])
+    assert "already refunded" in one_error_line(auto)
+    job_id = client.post("/v1/jobs", json=body, headers=auth(keys.alice)).json()["id"]
+    with transaction(engine_for(settings.resolved_database_url)) as s:
+        s.execute(update(Job).where(Job.id == job_id).values(status=JobStatus.failed))
     r = runner.invoke(app, ["admin", "refund", job_id, "--reason", "rows file was missing"])
     assert r.exit_code == 0, r.output + r.stderr
-    assert "(refunded)" in runner.invoke(app, ["admin", "jobs"], env=env).output
+    assert runner.invoke(app, ["admin", "jobs"], env=env).output.count("(refunded)") == 2
     assert one_error_line(
         runner.invoke(app, ["admin", "refund", "nope", "--reason", "why not"])
     ) == ("error: no job 'nope'")

@@ -64,7 +64,7 @@ def test_failure_before_the_first_read_keeps_data_untouched_and_is_refundable(
     client: Any, keys: Any, settings: Any
 ) -> None:
     """Audit defect 4: a missing data file fails the job before any row is read; its
-    charge goes back to the filter without an override."""
+    charge goes back to the filter without an override (automatically, when it fails)."""
     before = client.get("/v1/datasets/toy", headers=auth(keys.alice)).json()["budget"]
     job_id = client.post("/v1/jobs", json=DPSGD, headers=auth(keys.alice)).json()["id"]
     (dataset_dir(settings.resolved_data_dir, "toy") / ROWS_FILE).unlink()
@@ -72,13 +72,13 @@ def test_failure_before_the_first_read_keeps_data_untouched_and_is_refundable(
     with transaction(engine_for(settings.resolved_database_url)) as s:
         job = s.get_one(Job, job_id)
         assert job.data_touched is False and job.error == GENERIC_FAILURE
+    assert client.get("/v1/datasets/toy", headers=auth(keys.alice)).json()["budget"] == before
     r = client.post(
         f"/v1/admin/jobs/{job_id}/refund",
         json={"reason": "the data volume was not mounted"},
         headers=auth(keys.admin),
     )
-    assert r.status_code == 200, r.text
-    assert client.get("/v1/datasets/toy", headers=auth(keys.alice)).json()["budget"] == before
+    assert r.status_code == 409 and "already refunded" in r.text, r.text
     with transaction(engine_for(settings.resolved_database_url)) as s:
         assert check_totals(s) == []
         assert all(v.ok for v in verify_all(s))
