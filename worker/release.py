@@ -2,14 +2,23 @@
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
+import logging
+import os
+import shutil
+import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
 import torch
+from pydantic import TypeAdapter
 from safetensors.torch import load as load_safetensors_torch
 from safetensors.torch import save as save_safetensors
 
+from service.modelspec import ModelSpec, parameter_count
 from service.releases import (
     NEIGHBOURING_RELATION,
     STATEMENTS,
@@ -19,6 +28,8 @@ from service.releases import (
     sha256_bytes,
 )
 from service.schemas import PrivacyPlan
+
+log = logging.getLogger("enclave.worker")
 
 
 def model_card(
@@ -147,13 +158,145 @@ def weights_bytes(releases: list[dict[str, torch.Tensor]]) -> bytes:
     return save_safetensors(tensors)
 
 
+class ReleaseSpaceError(Exception):
+    """The release folder cannot take this job's release: it is missing and cannot be
+    made, it is not writable, or it has too little free space. Raised before any private
+    row is read, so the job fails with its charge refundable (and refunded automatically,
+    service/ledger/admission.py ``refund_unread_failure``)."""
+
+
+RELEASE_SPACE_FAILURE = (
+    "the worker's release folder cannot take this job's release (not writable or too "
+    "little free space); the job was not run and no private row was read"
+)
+
+# The bound is on the high side: every parameter counted as float64 (the weights are
+# float32 today), every tensor given a generous safetensors header entry.
+_BYTES_PER_PARAMETER = 8
+_TENSORS_PER_MODEL = 32  # logistic 2, MLP at most 8, GRU-D 9
+_HEADER_BYTES_PER_TENSOR = 512
+_CARD_ALLOWANCE = 1 << 20  # fixed text, statements, feature names, selection summary
+# Free space needed: SPACE_SAFETY_FACTOR × the bound + SPACE_RESERVE_BYTES (the file
+# system keeps working for logs and the ledger after the release is written).
+SPACE_SAFETY_FACTOR = 2
+SPACE_RESERVE_BYTES = 16 << 20
+
+
+def release_size_bound(plan: PrivacyPlan, public_schema: dict[str, Any]) -> int:
+    """An upper bound on the bytes of a job's release (weights file + model card), from
+    public values only: the plan's model and sample count, the public schema's encoded
+    width, and the sizes of the plan and schema the card repeats. A selection plan's
+    model is its largest candidate (service/selections.py), and it releases at most one."""
+    from service.dataschema import parse_dataset_schema
+
+    n_features = parse_dataset_schema(public_schema).n_features
+    spec: ModelSpec = TypeAdapter(ModelSpec).validate_python(plan.model)
+    # + n_features: buffers saved with the parameters (GRU-D's public means, V floats)
+    elements = parameter_count(spec, n_features) + n_features
+    per_model = _BYTES_PER_PARAMETER * elements + _TENSORS_PER_MODEL * _HEADER_BYTES_PER_TENSOR
+    weights = max(plan.samples, 1) * per_model + (64 << 10)
+    # The card repeats the schema (and its feature and input names) and the plan's values.
+    schema_text = len(json.dumps(public_schema))
+    plan_text = len(plan.model_dump_json())
+    card = _CARD_ALLOWANCE + 4 * schema_text + 2 * plan_text
+    return weights + card
+
+
+def check_release_space(release_dir: Path, needed_bytes: int) -> None:
+    """Fail (:class:`ReleaseSpaceError`) unless ``release_dir`` exists (it is made if
+    missing), takes a file (a small one is written and removed), and has at least
+    ``SPACE_SAFETY_FACTOR × needed_bytes + SPACE_RESERVE_BYTES`` free. The worker calls
+    this before any private row is read: a release that could not be written after
+    training would keep the charge of a job whose data was read."""
+    try:
+        release_dir.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(dir=release_dir, prefix=".space-check-")
+        try:
+            os.write(fd, b"0" * 4096)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+            os.unlink(probe)
+        free = shutil.disk_usage(release_dir).free
+    except OSError as exc:
+        raise ReleaseSpaceError(f"release folder {release_dir} is not writable: {exc}") from exc
+    wanted = SPACE_SAFETY_FACTOR * needed_bytes + SPACE_RESERVE_BYTES
+    if free < wanted:
+        raise ReleaseSpaceError(
+            f"release folder {release_dir} has {free} bytes free; this release needs "
+            f"{wanted} ({SPACE_SAFETY_FACTOR} x a bound of {needed_bytes} + "
+            f"{SPACE_RESERVE_BYTES} reserve)"
+        )
+
+
+# Write errors worth another try: interrupted or momentarily unavailable (EIO too: each
+# try writes a fresh temporary file from the start and fsyncs it, so a try that got an
+# I/O error leaves nothing behind). ENOSPC, EDQUOT, EROFS, EACCES... fail at once.
+TRANSIENT_WRITE_ERRNOS = frozenset({errno.EINTR, errno.EAGAIN, errno.EBUSY, errno.EIO})
+WRITE_RETRY_DELAYS_S = (0.05, 0.2, 0.5, 1.0, 2.0)
+
+
+def _fsync_dir(directory: Path) -> None:
+    """Make the renames durable (best effort: not every platform opens directories)."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _write_atomically(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` all or nothing: a temporary file in the same folder,
+    flushed and fsynced, then renamed over ``path``. Transient errors are retried with a
+    short backoff; on any failure the temporary file is removed."""
+    for delay in (*WRITE_RETRY_DELAYS_S, None):
+        tmp: str | None = None
+        try:
+            with tempfile.NamedTemporaryFile(
+                dir=path.parent, prefix=f".{path.name}.", suffix=".tmp", delete=False
+            ) as f:
+                tmp = f.name
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+            return
+        except OSError as exc:
+            if tmp is not None:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(tmp)
+            if delay is None or exc.errno not in TRANSIENT_WRITE_ERRNOS:
+                raise
+            log.warning("writing %s failed (%s); retrying in %gs", path.name, exc, delay)
+            time.sleep(delay)
+
+
 def write_release(
     release_dir: Path, job_id: str, run_token: str, payload: bytes, card: dict[str, Any]
 ) -> ReleasePaths:
+    """Write the weights, then the card, each atomically (see :func:`_write_atomically`):
+    a card in the folder means the release is complete. If either cannot be written,
+    nothing of this run's release is left (the weights are removed, and the run's folder
+    if it is then empty) and the error is raised."""
     paths = release_paths(release_dir, job_id, run_token)
     paths.directory.mkdir(parents=True, exist_ok=True)
-    paths.weights.write_bytes(payload)
-    paths.card.write_text(json.dumps(card, indent=2, sort_keys=True))
+    text = json.dumps(card, indent=2, sort_keys=True).encode()
+    try:
+        _write_atomically(paths.weights, payload)
+        _write_atomically(paths.card, text)
+    except BaseException:
+        for leftover in (paths.card, paths.weights):
+            with contextlib.suppress(OSError):
+                leftover.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            paths.directory.rmdir()  # only if empty
+        raise
+    _fsync_dir(paths.directory)
     return paths
 
 
@@ -166,4 +309,14 @@ def load_state_dicts(payload: bytes, samples: int) -> list[dict[str, torch.Tenso
     return out
 
 
-__all__ = ["load_state_dicts", "model_card", "sha256_bytes", "weights_bytes", "write_release"]
+__all__ = [
+    "RELEASE_SPACE_FAILURE",
+    "ReleaseSpaceError",
+    "check_release_space",
+    "load_state_dicts",
+    "model_card",
+    "release_size_bound",
+    "sha256_bytes",
+    "weights_bytes",
+    "write_release",
+]
