@@ -10,7 +10,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -89,6 +89,21 @@ class Settings(BaseSettings):
     rate_limit_burst: int = Field(default=100, ge=1)
     planning_per_key: int = Field(default=2, ge=1)
     planning_global: int = Field(default=4, ge=1)
+    # Per client address (issue 19), for traffic with no key to charge: calls with a missing
+    # or invalid API key, and GET /metrics (a bucket each), and dashboard sign-in attempts,
+    # successful or not (a small burst, then one attempt a minute). Off only where a proxy in
+    # front already limits by address. The address is the TCP peer's unless
+    # trust_forwarded_for: then the last X-Forwarded-For entry (set that only behind a proxy
+    # that appends it, or clients choose their own address).
+    address_rate_limits: bool = True
+    unauth_rate_limit_per_s: float = Field(default=1.0, gt=0)
+    unauth_rate_limit_burst: int = Field(default=30, ge=1)
+    login_rate_limit_per_s: float = Field(default=1 / 60, gt=0)
+    login_rate_limit_burst: int = Field(default=10, ge=1)
+    trust_forwarded_for: bool = False
+    # When set (non-empty), GET /metrics requires `Authorization: Bearer <token>`; unset, it
+    # is public as before.
+    metrics_token: SecretStr | None = None
     # Lifetime of an admin's dashboard session (service/dashboard/sessions.py), from sign-in.
     dashboard_session_ttl_s: float = Field(default=8 * 3600.0, gt=0, le=30 * 86400.0)
 

@@ -69,6 +69,7 @@ def settings(tmp_path: Path, db_url: str, monkeypatch: pytest.MonkeyPatch) -> It
     monkeypatch.setenv("ENCLAVE_RATE_LIMIT_BURST", "100000")
     monkeypatch.setenv("ENCLAVE_PLANNING_PER_KEY", "1000")
     monkeypatch.setenv("ENCLAVE_PLANNING_GLOBAL", "1000")
+    monkeypatch.setenv("ENCLAVE_ADDRESS_RATE_LIMITS", "false")
     get_settings.cache_clear()
     s = get_settings()
     s.home.mkdir(parents=True, exist_ok=True)

@@ -47,17 +47,22 @@ LimiterDep = Annotated[Limiter, Depends(get_limiter_dep)]
 
 
 def current_caller(
+    request: Request,
     engine: EngineDep,
     limiter: LimiterDep,
     creds: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
 ) -> Caller:
+    # A call without a valid key spends a token of its address's bucket (a 429 once empty,
+    # issue 19); a valid key spends only its own, never slowed by others' bad guesses.
     if creds is None or creds.scheme.lower() != "bearer" or not creds.credentials:
+        limiter.take_unauthenticated(request)
         raise ProblemError(401, "unauthorized", "missing API key")
     with transaction(engine) as s:
         analyst = analyst_for_key(s, creds.credentials)
-        if analyst is None:
-            raise ProblemError(401, "unauthorized", "invalid, revoked or expired API key")
-        caller = Caller(analyst.id, analyst.name, Role(analyst.role))
+        caller = None if analyst is None else Caller(analyst.id, analyst.name, Role(analyst.role))
+    if caller is None:
+        limiter.take_unauthenticated(request)
+        raise ProblemError(401, "unauthorized", "invalid, revoked or expired API key")
     limiter.take(caller.id)
     return caller
 

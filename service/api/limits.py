@@ -1,16 +1,24 @@
 """Rate limits: nobody gets free CPU (issue 11: sixteen concurrent uncached quotes from one
-analyst took 28–32 s each).
+analyst took 28–32 s each), and nobody guesses keys for free (issue 19).
 
-Two limits, both answered with 429 problem+json and ``Retry-After``:
+All are answered with 429 problem+json and ``Retry-After``:
 
 * a token bucket per API key on every authenticated call (``rate_limit_per_s`` tokens per
   second, bursts up to ``rate_limit_burst``);
 * caps on concurrent *planning* (quotes and submissions, whose noise calibration is the
   expensive part): at most ``planning_per_key`` at once per key and
-  ``planning_global`` at once for the whole process.
+  ``planning_global`` at once for the whole process;
+* token buckets per *client address* for traffic that has no identity to charge: calls
+  with a missing or invalid API key, and ``/metrics`` (``unauth_rate_limit_per_s`` /
+  ``unauth_rate_limit_burst``, one bucket each), and dashboard sign-in attempts, failed or
+  not (``login_rate_limit_per_s`` / ``login_rate_limit_burst``: a small burst, then a slow
+  refill). These buckets are separate from every key's: a valid key is never slowed by
+  bad guesses made from its address. The address is the TCP peer's; the last
+  ``X-Forwarded-For`` entry (the one the nearest proxy appended) is used instead only when
+  ``trust_forwarded_for`` is set.
 
 The state is per API process (several processes each enforce their own limits); it holds
-only key ids and counters, nothing about data.
+only key ids, client addresses and counters, nothing about data.
 """
 
 from __future__ import annotations
@@ -21,9 +29,16 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Any
+
+from fastapi import Request
 
 from service.api.errors import ProblemError
 from service.config import Settings
+
+# Address buckets kept at most (per kind); beyond it, full (idle) buckets are dropped, then
+# the least recently used ones, so a flood of addresses cannot grow memory without bound.
+MAX_ADDRESSES = 65536
 
 
 @dataclass
@@ -32,14 +47,49 @@ class _Bucket:
     stamp: float
 
 
+def _spend(buckets: dict[Any, _Bucket], key: object, rate_per_s: float, burst: int) -> float:
+    """Spend one token of ``key``'s bucket: 0 if there was one, else the seconds until there
+    will be. The caller holds the lock."""
+    now = time.monotonic()
+    b = buckets.get(key)
+    if b is None:
+        b = buckets[key] = _Bucket(float(burst), now)
+    b.tokens = min(float(burst), b.tokens + (now - b.stamp) * rate_per_s)
+    b.stamp = now
+    if b.tokens >= 1.0:
+        b.tokens -= 1.0
+        return 0.0
+    return (1.0 - b.tokens) / rate_per_s
+
+
+def _prune(buckets: dict[Any, _Bucket], rate_per_s: float, burst: int) -> None:
+    """Drop buckets that have refilled (a new one starts full: nothing is forgotten), then,
+    if still too many, the least recently used half."""
+    now = time.monotonic()
+    for key in [k for k, b in buckets.items() if b.tokens + (now - b.stamp) * rate_per_s >= burst]:
+        del buckets[key]
+    if len(buckets) > MAX_ADDRESSES:
+        for key in sorted(buckets, key=lambda k: buckets[k].stamp)[: len(buckets) // 2]:
+            del buckets[key]
+
+
 @dataclass
 class Limiter:
     rate_per_s: float
     burst: int
     planning_per_key: int
     planning_global: int
+    # Per client address, for traffic without a valid key (see the module's docstring).
+    unauth_rate_per_s: float = 1.0
+    unauth_burst: int = 30
+    login_rate_per_s: float = 1 / 60
+    login_burst: int = 10
+    address_limits: bool = True
+    trust_forwarded_for: bool = False
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _buckets: dict[int, _Bucket] = field(default_factory=dict)
+    _addresses: dict[tuple[str, str], _Bucket] = field(default_factory=dict)
+    _logins: dict[str, _Bucket] = field(default_factory=dict)
     _planning: dict[int, int] = field(default_factory=dict)
     _planning_total: int = 0
 
@@ -50,22 +100,55 @@ class Limiter:
             burst=settings.rate_limit_burst,
             planning_per_key=settings.planning_per_key,
             planning_global=settings.planning_global,
+            unauth_rate_per_s=settings.unauth_rate_limit_per_s,
+            unauth_burst=settings.unauth_rate_limit_burst,
+            login_rate_per_s=settings.login_rate_limit_per_s,
+            login_burst=settings.login_rate_limit_burst,
+            address_limits=settings.address_rate_limits,
+            trust_forwarded_for=settings.trust_forwarded_for,
         )
 
     def take(self, key: int) -> None:
         """Spend one token of ``key``'s bucket, or raise a 429."""
-        now = time.monotonic()
         with self._lock:
-            b = self._buckets.get(key)
-            if b is None:
-                b = self._buckets[key] = _Bucket(float(self.burst), now)
-            b.tokens = min(float(self.burst), b.tokens + (now - b.stamp) * self.rate_per_s)
-            b.stamp = now
-            if b.tokens >= 1.0:
-                b.tokens -= 1.0
-                return
-            wait = (1.0 - b.tokens) / self.rate_per_s
-        raise _limited(wait, "too many requests with this API key")
+            wait = _spend(self._buckets, key, self.rate_per_s, self.burst)
+        if wait:
+            raise _limited(wait, "too many requests with this API key")
+
+    def client_address(self, request: Request) -> str:
+        """The client's address: the TCP peer, or the nearest proxy's ``X-Forwarded-For``
+        entry where ``trust_forwarded_for`` says a proxy sets it."""
+        if self.trust_forwarded_for:
+            forwarded = request.headers.get("x-forwarded-for", "").split(",")[-1].strip()
+            if forwarded:
+                return forwarded
+        return request.client.host if request.client is not None else "unknown"
+
+    def take_unauthenticated(self, request: Request, kind: str = "unauthenticated") -> None:
+        """Spend one token of the client address's bucket for ``kind`` (``unauthenticated``:
+        a missing or invalid key; ``metrics``), or raise a 429."""
+        if not self.address_limits:
+            return
+        key = (kind, self.client_address(request))
+        with self._lock:
+            if len(self._addresses) > MAX_ADDRESSES:
+                _prune(self._addresses, self.unauth_rate_per_s, self.unauth_burst)
+            wait = _spend(self._addresses, key, self.unauth_rate_per_s, self.unauth_burst)
+        if wait:
+            what = "requests to /metrics" if kind == "metrics" else "requests without a valid key"
+            raise _limited(wait, f"too many {what} from this address")
+
+    def take_login(self, request: Request) -> None:
+        """Spend one token of the client address's sign-in bucket, or raise a 429."""
+        if not self.address_limits:
+            return
+        key = self.client_address(request)
+        with self._lock:
+            if len(self._logins) > MAX_ADDRESSES:
+                _prune(self._logins, self.login_rate_per_s, self.login_burst)
+            wait = _spend(self._logins, key, self.login_rate_per_s, self.login_burst)
+        if wait:
+            raise _limited(wait, "too many dashboard sign-in attempts from this address")
 
     @contextmanager
     def planning(self, key: int) -> Iterator[None]:

@@ -5,6 +5,10 @@ method, route *template* (``/v1/jobs/{job_id}``, never the job id) and status, t
 latency, and the number of jobs in each status (read from the ledger at scrape time).
 No loss, row count, norm or ε of any job appears here.
 
+Public unless ``ENCLAVE_METRICS_TOKEN`` is set: then a scrape must send
+``Authorization: Bearer <token>`` (compared in constant time), else 401. Either way each
+scrape spends a token of its client address's rate-limit bucket (service/api/limits.py).
+
 Each app has its own registry (tests build many apps in one process). With several
 uvicorn worker processes, set ``PROMETHEUS_MULTIPROC_DIR`` to an empty folder shared by
 them (prometheus-client's multiprocess mode) so that a scrape sums every process.
@@ -12,6 +16,7 @@ them (prometheus-client's multiprocess mode) so that a scrape sums every process
 
 from __future__ import annotations
 
+import hmac
 import os
 import time
 from collections.abc import Awaitable, Callable, Iterator, MutableMapping
@@ -30,6 +35,8 @@ from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 from sqlalchemy import Engine, func, select
 
+from service.api.deps import LimiterDep, SettingsDep
+from service.api.errors import ProblemError
 from service.db import transaction
 from service.ledger.tables import Job, JobStatus
 
@@ -118,7 +125,18 @@ class MetricsMiddleware:
 router = APIRouter()
 
 
+def _bearer_token(request: Request) -> str:
+    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    return token.strip() if scheme.lower() == "bearer" else ""
+
+
 @router.get("/metrics", include_in_schema=False)
-def metrics(request: Request) -> Response:
+def metrics(request: Request, settings: SettingsDep, limiter: LimiterDep) -> Response:
+    # Every scrape spends a token of its address's bucket (issue 19); with
+    # ENCLAVE_METRICS_TOKEN set, only `Authorization: Bearer <token>` is served.
+    limiter.take_unauthenticated(request, "metrics")
+    expected = settings.metrics_token.get_secret_value() if settings.metrics_token else ""
+    if expected and not hmac.compare_digest(_bearer_token(request).encode(), expected.encode()):
+        raise ProblemError(401, "unauthorized", "/metrics requires its bearer token")
     body = request.app.state.metrics.exposition()
     return Response(body, media_type=CONTENT_TYPE_LATEST)

@@ -20,7 +20,7 @@ from pydantic import ValidationError
 from sqlalchemy import select
 
 from service import admin as ops
-from service.api.deps import EngineDep, SettingsDep
+from service.api.deps import EngineDep, LimiterDep, SettingsDep
 from service.dashboard.chart import build_chart
 from service.dashboard.security import DashboardHeaders
 from service.dashboard.sessions import (
@@ -146,8 +146,12 @@ def login(
     request: Request,
     engine: EngineDep,
     settings: SettingsDep,
+    limiter: LimiterDep,
     api_key: Annotated[str, Form()] = "",
 ) -> Response:
+    # Every attempt, failed or not, spends a token of the address's sign-in bucket: a
+    # burst of ENCLAVE_LOGIN_RATE_LIMIT_BURST, then a slow refill (429 problem+json).
+    limiter.take_login(request)
     with transaction(engine) as s:
         token = open_session(s, api_key, ttl_s=settings.dashboard_session_ttl_s)
     if token is None:
