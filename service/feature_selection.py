@@ -35,10 +35,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
 from service.dataschema import CategoricalColumn, TabularSchema
 from service.modelspec import LogisticSpec, MlpSpec
+from service.params import Epsilon, InputModel, PositiveDelta
 from service.plans import PlanError
 from service.privacy.events import (
     ComposedEvent,
@@ -75,8 +76,8 @@ MAX_CELLS = 2_000_000
 """Public cap on the total number of noisy cells (time and memory of the worker)."""
 
 
-class _In(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+class _In(InputModel):
+    pass
 
 
 class FeatureGa(_In):
@@ -92,8 +93,8 @@ class FinalTraining(_In):
     """cfs_*: also train a DP-SGD model on the selected columns (on all rows), charged in
     the same plan (its σ calibrated for the model on all features, the largest)."""
 
-    epsilon: float = Field(gt=0, le=100)
-    delta: float = Field(gt=0, lt=1)
+    epsilon: Epsilon
+    delta: PositiveDelta
     model: LogisticSpec | MlpSpec = Field(
         default_factory=lambda: MlpSpec(hidden=[16]), discriminator="kind"
     )
@@ -102,10 +103,8 @@ class FinalTraining(_In):
 
 class FeatureRequest(_In):
     method: Literal["cfs_greedy", "cfs_ga", "pafs"] = "cfs_greedy"
-    epsilon: float | None = Field(
-        default=None, gt=0, le=100, description="cfs_*: ε of the noisy histograms"
-    )
-    delta: float | None = Field(default=None, gt=0, lt=1, description="cfs_*: δ")
+    epsilon: Epsilon | None = Field(default=None, description="cfs_*: ε of the noisy histograms")
+    delta: PositiveDelta | None = Field(default=None, description="cfs_*: δ")
     numeric_bins: int = Field(default=8, ge=2, le=32)
     max_selected: int | None = Field(default=None, ge=1, le=MAX_FEATURE_COLUMNS)
     ga: FeatureGa = Field(default_factory=FeatureGa)

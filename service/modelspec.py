@@ -5,7 +5,9 @@ from __future__ import annotations
 from itertools import pairwise
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
+
+from service.params import InputModel, Width
 
 
 def _kind_required(schema: dict[str, Any]) -> None:
@@ -14,8 +16,8 @@ def _kind_required(schema: dict[str, Any]) -> None:
     schema["required"] = ["kind", *(r for r in schema.get("required", []) if r != "kind")]
 
 
-class _Spec(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, json_schema_extra=_kind_required)
+class _Spec(InputModel):
+    model_config = ConfigDict(json_schema_extra=_kind_required)
 
 
 class LogisticSpec(_Spec):
@@ -28,9 +30,7 @@ class MlpSpec(_Spec):
     """A small MLP with tanh (or ReLU) hidden layers and a sigmoid output in [0, 1]."""
 
     kind: Literal["mlp"] = "mlp"
-    hidden: list[Annotated[int, Field(ge=1, le=256)]] = Field(
-        default=[16], min_length=1, max_length=3
-    )
+    hidden: list[Width] = Field(default=[16], min_length=1, max_length=3)
     # Does not change the parameter count or any sensitivity (the head is a sigmoid).
     activation: Literal["tanh", "relu"] = "tanh"
 

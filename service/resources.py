@@ -19,7 +19,7 @@ from pydantic import TypeAdapter
 
 from service.dataschema import DatasetSchema
 from service.modelspec import GrudSpec, MlpSpec, ModelSpec, parameter_count
-from service.privacy.tuning import runs_distribution_from_json, runs_quantile
+from service.privacy.tuning import padded_runs, runs_distribution_from_json
 from service.schemas import PrivacyPlan
 from service.timeseries import TimeSeriesSchema
 
@@ -175,22 +175,15 @@ def _training_memory_bytes(
     return data + grads + activations + _FLOAT * _WITH_GRAD_AND_ADAM * p
 
 
-SELECTION_RUNS_QUANTILE = 0.999
-"""Random stopping without a cap: the work is estimated at this quantile of K."""
-
-
 def selection_trainings(plan: PrivacyPlan) -> int:
     """How many candidate trainings a ``selection`` plan's work estimate counts: the fixed
-    number, or the cap on K (random stopping), or K's ``SELECTION_RUNS_QUANTILE`` quantile
+    number, or the cap on K (random stopping), or K's ``RUNS_WORK_QUANTILE`` quantile
     where the law is uncapped (a larger K then runs into the job's hard time limit, and
     the job fails with its charge kept: its data was read)."""
     m = plan.mechanism
     if m.get("trainings") is not None:
         return int(m["trainings"])
-    runs = runs_distribution_from_json(m["runs"])
-    if runs.max_runs is not None:
-        return runs.max_runs
-    return runs_quantile(runs, SELECTION_RUNS_QUANTILE)
+    return padded_runs(runs_distribution_from_json(m["runs"]))
 
 
 def selection_estimate(

@@ -3,12 +3,24 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from service.ledger.tables import EntryKind, JobStatus, Role
 from service.modelspec import LogisticSpec, ModelSpec
+from service.params import (
+    BatchSize,
+    BudgetEpsilon,
+    ClipNorm,
+    Delta,
+    Epochs,
+    Epsilon,
+    InputModel,
+    JlProjections,
+    LearningRate,
+    NoiseDecay,
+)
 
 TrainingMethod = Literal["dpsgd", "expm_nf", "expm"]
 Method = Literal[TrainingMethod, "selection"]
@@ -26,27 +38,8 @@ def weakest_guarantee(*labels: Guarantee) -> Guarantee:
     return max(labels, key=GUARANTEE_ORDER.index, default="proven")
 
 
-EPSILON_FLOOR = 1e-6
-"""Smallest ε (nats) a request, budget or cap may name: the ledger's unit (amounts are
-integer micro-nats; a smaller ε would round to a free charge or an empty budget)."""
-DELTA_FLOOR = 1e-20
-"""Smallest non-zero δ: below it δ means nothing in practice, and the ledger's exact
-decimal strings (≤ 40 characters) stay within their column on every database."""
-
-
-def _check_delta(value: float) -> float:
-    if value != 0 and not DELTA_FLOOR <= value < 1:
-        raise ValueError(f"δ must be 0 or in [{DELTA_FLOOR:g}, 1), got {value!r}")
-    return value
-
-
-Delta = Annotated[float, Field(ge=0, lt=1), AfterValidator(_check_delta)]
-
-
-class _In(BaseModel):
-    """Inputs: unknown fields, NaN and infinities are errors, not silently dropped."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+class _In(InputModel):
+    """Inputs: unknown fields, NaN, infinities and booleans for numbers are errors."""
 
 
 class _Out(BaseModel):
@@ -73,32 +66,26 @@ class DpsgdOptions(_In):
     decay r is R = r^{steps per epoch}.
     """
 
-    epochs: int | None = Field(
+    epochs: Epochs | None = Field(
         default=None,
-        ge=1,
-        le=100,
         description=(
             "Passes over the data. Default: from the public row count n̂, enough epochs for "
             "about 300 steps, at least 3 (service.plans.resolve_dpsgd_options)."
         ),
     )
-    batch_size: int | None = Field(
+    batch_size: BatchSize | None = Field(
         default=None,
-        ge=1,
-        le=1_000_000,
         description="Expected batch size. Default: n̂/20 clamped to [16, 256].",
     )
-    max_grad_norm: float = Field(default=1.0, gt=0, le=1e3)
-    learning_rate: float = Field(default=1.0, gt=0, le=1e3)
+    max_grad_norm: ClipNorm = 1.0
+    learning_rate: LearningRate = 1.0
     accountant: Literal["rdp", "pld"] = "rdp"
     noise_schedule: Literal["constant", "exponential"] = Field(
         default="constant",
         description="constant σ, or σ_e² = σ₀²·R^e per epoch e (needs noise_decay).",
     )
-    noise_decay: float | None = Field(
+    noise_decay: NoiseDecay | None = Field(
         default=None,
-        gt=0,
-        lt=1,
         description="R in (0, 1), per epoch: required iff noise_schedule is 'exponential'.",
     )
 
@@ -115,10 +102,8 @@ class DpsgdOptions(_In):
             "constant noise only."
         ),
     )
-    jl_projections: int | None = Field(
+    jl_projections: JlProjections | None = Field(
         default=None,
-        ge=1,
-        le=64,
         description="r, the number of random projections of the 'jl' engine (required for it).",
     )
 
@@ -296,9 +281,7 @@ class JobRequest(_In):
     dataset: str = Field(min_length=1, max_length=64)
     model: ModelSpec = Field(default_factory=LogisticSpec)
     method: Method
-    epsilon: float = Field(
-        ge=EPSILON_FLOOR,
-        le=100,
+    epsilon: Epsilon = Field(
         description="Requested ε (nats) for one release; at least 1e-6, the ledger's unit.",
     )
     delta: Delta = Field(
@@ -503,14 +486,14 @@ class BudgetUpdate(_In):
         json_schema_extra={"examples": [{"epsilon_total": 10.0, "delta_total": 1e-5}]}
     )
 
-    epsilon_total: float = Field(ge=EPSILON_FLOOR, le=1e4)
+    epsilon_total: BudgetEpsilon
     delta_total: Delta
 
 
 class CapUpdate(_In):
     model_config = ConfigDict(json_schema_extra={"examples": [{"epsilon": 2.0, "delta": 1e-6}]})
 
-    epsilon: float = Field(ge=EPSILON_FLOOR, le=1e4)
+    epsilon: BudgetEpsilon
     delta: Delta
 
 

@@ -23,17 +23,18 @@ for DP ML; the names follow the issue):
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
 from service.modelspec import GrudSpec, MlpSpec, ModelSpec
+from service.params import BatchSize, Depth, InputModel, LearningRate, Width
 
 __all__ = ["ArchitectureCandidate", "ArchitectureSearch", "ArchitectureSpace", "planned_trainings"]
 
 
-class _Frozen(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+class _Frozen(InputModel):
+    pass
 
 
 class ArchitectureSpace(_Frozen):
@@ -42,15 +43,11 @@ class ArchitectureSpace(_Frozen):
     one recurrent layer, its own gates: depth 1, no activation choice)."""
 
     model: Literal["mlp", "grud"] = "mlp"
-    depths: list[Annotated[int, Field(ge=1, le=3)]] = Field(default=[1, 2], min_length=1)
-    widths: list[Annotated[int, Field(ge=1, le=256)]] = Field(
-        default=[8, 16, 32], min_length=1, max_length=16
-    )
+    depths: list[Depth] = Field(default=[1, 2], min_length=1)
+    widths: list[Width] = Field(default=[8, 16, 32], min_length=1, max_length=16)
     activations: list[Literal["tanh", "relu"]] = Field(default=["tanh"], min_length=1)
-    learning_rates: list[Annotated[float, Field(gt=0.0, le=100.0)]] = Field(
-        default=[], max_length=16
-    )
-    batch_sizes: list[Annotated[int, Field(ge=1, le=1_000_000)]] = Field(default=[], max_length=16)
+    learning_rates: list[LearningRate] = Field(default=[], max_length=16)
+    batch_sizes: list[BatchSize] = Field(default=[], max_length=16)
 
     @model_validator(mode="after")
     def _grud_shape(self) -> ArchitectureSpace:

@@ -4,17 +4,17 @@ hyperparameters, PAFS feature selection); its own module so that both
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
+
+from service.params import Epsilon, InputModel, PositiveDelta, Probability
 
 __all__ = ["SelectionBudget"]
 
 
-class SelectionBudget(BaseModel):
+class SelectionBudget(InputModel):
     """Per-candidate privacy: each training is (ε, δ)-DP-SGD, each score ε_fit-DP."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    training_epsilon: float = Field(gt=0, le=100)
-    training_delta: float = Field(gt=0, lt=1)
-    fitness_epsilon: float = Field(default=0.1, gt=0, le=100)
-    validation_fraction: float = Field(default=0.2, gt=0, lt=1)
+    training_epsilon: Epsilon
+    training_delta: PositiveDelta
+    fitness_epsilon: Epsilon = 0.1
+    validation_fraction: Probability = Field(default=0.2)

@@ -37,7 +37,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
 from service.dataschema import TabularSchema, parse_schema
 from service.feature_selection import (
@@ -48,6 +48,7 @@ from service.feature_selection import (
     pafs_event,
 )
 from service.modelspec import MlpSpec, ModelSpec
+from service.params import BatchSize, ClipNorm, Epochs, InputModel, LearningRate, NoiseDecay
 from service.plans import PlanError, build_plan, resolve_dpsgd_options
 from service.privacy.events import (
     AnyOfEvent,
@@ -97,8 +98,8 @@ __all__ = [
 ]
 
 
-class _In(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+class _In(InputModel):
+    pass
 
 
 _MAX_RUNS = Field(
@@ -183,11 +184,11 @@ class HyperparameterRequest(_In):
     """A grid of DP-SGD settings; each run draws one setting uniformly (PS22 random search)."""
 
     model: ModelSpec = Field(default_factory=lambda: MlpSpec())
-    learning_rates: list[float] = Field(default=[0.5, 1.0, 2.0], min_length=1, max_length=16)
-    batch_sizes: list[int] = Field(default=[128], min_length=1, max_length=8)
-    epochs: list[int] = Field(default=[3], min_length=1, max_length=8)
-    max_grad_norms: list[float] = Field(default=[1.0], min_length=1, max_length=8)
-    noise_decays: list[float | None] = Field(
+    learning_rates: list[LearningRate] = Field(default=[0.5, 1.0, 2.0], min_length=1, max_length=16)
+    batch_sizes: list[BatchSize] = Field(default=[128], min_length=1, max_length=8)
+    epochs: list[Epochs] = Field(default=[3], min_length=1, max_length=8)
+    max_grad_norms: list[ClipNorm] = Field(default=[1.0], min_length=1, max_length=8)
+    noise_decays: list[NoiseDecay | None] = Field(
         default=[None], min_length=1, max_length=4, description="None: constant σ"
     )
     runs: TnbRunsSpec | PoissonRunsSpec = Field(default_factory=TnbRunsSpec, discriminator="kind")

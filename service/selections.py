@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, RootModel, ValidationError, model_validator
+from pydantic import ConfigDict, Field, RootModel, ValidationError, model_validator
 
 from service.dataschema import parse_schema
 from service.feature_selection import (
@@ -30,8 +30,19 @@ from service.feature_selection import (
     FinalTraining,
 )
 from service.modelspec import LogisticSpec, MlpSpec, ModelSpec
+from service.params import (
+    BatchSize,
+    ClipNorm,
+    Epochs,
+    Epsilon,
+    InputModel,
+    LearningRate,
+    NoiseDecay,
+    PositiveDelta,
+    Probability,
+)
 from service.plans import PlanError
-from service.schemas import EPSILON_FLOOR, DpsgdOptions, ExpmNfOptions, JobRequest, PrivacyPlan
+from service.schemas import DpsgdOptions, ExpmNfOptions, JobRequest, PrivacyPlan
 from service.search_space import ArchitectureSearch, ArchitectureSpace
 from service.selection_plans import (
     REQUEST_MODELS,
@@ -76,30 +87,22 @@ def _check_settings(count: int) -> None:
         )
 
 
-class _Body(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
-
+class _Body(InputModel):
     dataset: str = Field(min_length=1, max_length=64)
-    epsilon: float = Field(
-        ge=EPSILON_FLOOR, le=100, description="ε (nats) of the whole workflow, at most."
+    epsilon: Epsilon = Field(description="ε (nats) of the whole workflow, at most.")
+    delta: PositiveDelta = Field(
+        description="δ of the whole workflow (the trainings are DP-SGD: > 0)."
     )
-    delta: float = Field(
-        ge=1e-20, lt=1, description="δ of the whole workflow (the trainings are DP-SGD: > 0)."
-    )
-    training_epsilon: float | None = Field(
+    training_epsilon: Epsilon | None = Field(
         default=None,
-        gt=0,
-        le=100,
         description=(
             "ε of each DP-SGD training. Default: the largest whose whole workflow fits "
             "epsilon. Given: the workflow's ε must still fit epsilon."
         ),
     )
-    fitness_epsilon: float = Field(
-        default=0.1, gt=0, le=100, description="ε of each noisy validation score."
-    )
-    validation_fraction: float = Field(
-        default=0.2, gt=0, lt=1, description="Public probability that a row is for validation."
+    fitness_epsilon: Epsilon = Field(default=0.1, description="ε of each noisy validation score.")
+    validation_fraction: Probability = Field(
+        default=0.2, description="Public probability that a row is for validation."
     )
 
 
@@ -137,11 +140,11 @@ class HyperparameterSelection(_Body):
 
     kind: Literal["hyperparameters"]
     model: ModelSpec = Field(default_factory=lambda: MlpSpec())
-    learning_rates: list[float] = Field(default=[0.5, 1.0, 2.0], min_length=1, max_length=16)
-    batch_sizes: list[int] = Field(default=[128], min_length=1, max_length=8)
-    epochs: list[int] = Field(default=[3], min_length=1, max_length=8)
-    max_grad_norms: list[float] = Field(default=[1.0], min_length=1, max_length=8)
-    noise_decays: list[float | None] = Field(default=[None], min_length=1, max_length=4)
+    learning_rates: list[LearningRate] = Field(default=[0.5, 1.0, 2.0], min_length=1, max_length=16)
+    batch_sizes: list[BatchSize] = Field(default=[128], min_length=1, max_length=8)
+    epochs: list[Epochs] = Field(default=[3], min_length=1, max_length=8)
+    max_grad_norms: list[ClipNorm] = Field(default=[1.0], min_length=1, max_length=8)
+    noise_decays: list[NoiseDecay | None] = Field(default=[None], min_length=1, max_length=4)
     runs: TnbRunsSpec | PoissonRunsSpec = Field(default_factory=TnbRunsSpec, discriminator="kind")
 
     @model_validator(mode="after")

@@ -14,9 +14,9 @@ from service.db import transaction
 from service.ledger.admission import count_refusal, new_dataset
 from service.ledger.policy import no_method_warning
 from service.ledger.tables import Dataset
+from service.params import DELTA_FLOOR, EPSILON_FLOOR
 from service.privacy.filters import EPSILON_TOTAL_MAX
 from service.privacy.sampling import default_count_epsilon
-from service.schemas import DELTA_FLOOR, EPSILON_FLOOR
 from service.timeseries import TimeSeriesReport
 from worker.data import CsvReadError, prepare_dataset, store_prepared
 from worker.noise import discrete_laplace, secure_rng

@@ -43,7 +43,16 @@ from service.selections import ResolvedSelection, plan_selection_job
 from worker.data import load_training_set
 from worker.device import resolve_device
 from worker.mechanisms.base import MechanismOutput, ProgressFn, TabularTrainingSet
-from worker.release import model_card, sha256_bytes, weights_bytes, write_release
+from worker.mechanisms.guards import GuardFailed, finite_release
+from worker.release import (
+    RELEASE_SPACE_FAILURE,
+    check_release_space,
+    model_card,
+    release_size_bound,
+    sha256_bytes,
+    weights_bytes,
+    write_release,
+)
 
 log = logging.getLogger("enclave.worker")
 
@@ -267,6 +276,15 @@ def execute_job(job_id: str, settings: Settings | None = None) -> Outcome:
         log.exception("job %s: plan check failed", job_id)
         _finish_failed(engine, job_id, token, PLAN_FAILURE)
         return Outcome.failed
+    # Before any private row is read: a release that cannot be written fails the job now,
+    # untouched, so its charge is refunded (admission.refund_unread_failure), not burned.
+    try:
+        bound = release_size_bound(plan, ds.public_schema)
+        check_release_space(settings.resolved_release_dir, bound)
+    except Exception:
+        log.exception("job %s: the release folder cannot take this release", job_id)
+        _finish_failed(engine, job_id, token, RELEASE_SPACE_FAILURE)
+        return Outcome.failed
     interval = max(0.2, min(5.0, settings.heartbeat_timeout_s / 4))
     try:
         with Heartbeat(engine, job_id, token, interval, total=progress_total(plan)) as hb:
@@ -292,6 +310,8 @@ def execute_job(job_id: str, settings: Settings | None = None) -> Outcome:
                 if not _transient(exc):
                     raise
                 log.warning("job %s: final heartbeat failed (ledger unreachable)", job_id)
+        # Fail closed before anything is written (worker/mechanisms/guards.py).
+        finite_release(output.releases)
         payload = weights_bytes(output.releases)
         digest = sha256_bytes(payload)
         card = model_card(
@@ -316,7 +336,10 @@ def execute_job(job_id: str, settings: Settings | None = None) -> Outcome:
         if _transient(exc):
             log.warning("job %s: ledger unreachable; left for the sweeper to resend", job_id)
             return Outcome.deferred
-        log.exception("job %s failed", job_id)
+        # The admin reads why in worker.log (a guard names the invariant that failed); the
+        # analyst sees the generic message whatever failed (a guard may depend on rows).
+        kind = "a privacy guard" if isinstance(exc, GuardFailed) else "an error"
+        log.exception("job %s failed on %s", job_id, kind)
         _finish_failed(engine, job_id, token, GENERIC_FAILURE)
         return Outcome.failed
     return _release_with_retries(engine, job_id, token, digest, card)

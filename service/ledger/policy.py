@@ -23,8 +23,9 @@ from service.ledger.admission import (
 )
 from service.ledger.tables import Dataset
 from service.modelspec import GrudSpec, LogisticSpec
+from service.params import EPSILON_FLOOR
 from service.plans import PlanError, plan_for_dataset
-from service.schemas import EPSILON_FLOOR, JobRequest
+from service.schemas import JobRequest
 from service.schemas import TrainingMethod as Method
 
 PROBE_EPSILON = 1.0

@@ -79,6 +79,7 @@ __all__ = [
     "RunsDistribution",
     "TruncatedNegativeBinomialRuns",
     "delta_from_rdp",
+    "padded_runs",
     "random_stopping_rdp",
     "runs_distribution_from_json",
     "runs_quantile",
@@ -248,6 +249,24 @@ def runs_distribution_from_json(d: object) -> RunsDistribution:
     if kind == "poisson" and keys == {"kind", "mu"}:
         return PoissonRuns(mu=d["mu"], max_runs=cap)
     raise ValueError(f"unknown or malformed runs distribution {d!r}")
+
+
+RUNS_WORK_QUANTILE = 0.999
+"""Random stopping without a cap: the work is estimated, and the runs padded, at this
+quantile of K."""
+
+
+def padded_runs(dist: RunsDistribution) -> int:
+    """How many trainings a random-stopping job performs whatever K is: the cap, or K's
+    :data:`RUNS_WORK_QUANTILE` quantile where the law is uncapped. The worker runs
+    max(K, this) trainings and discards those after the K-th, so the job's duration, the
+    only observable of its progress, does not depend on K (Papernot & Steinke's bound
+    assumes K hidden; issue 19). With a cap the duration never depends on K; without one,
+    K above the quantile (probability ≤ 1 − 0.999) still lengthens the job, which is why
+    the README recommends ``max_runs``."""
+    if dist.max_runs is not None:
+        return dist.max_runs
+    return runs_quantile(dist, RUNS_WORK_QUANTILE)
 
 
 def runs_quantile(dist: RunsDistribution, p: float) -> int:

@@ -350,8 +350,12 @@ def test_a_selection_over_the_work_limit_is_refused_and_charges_nothing(
 
 
 def test_selection_work_counts_trainings_the_cap_or_a_high_quantile(client: Any, keys: Any) -> None:
-    from service.privacy.tuning import TruncatedNegativeBinomialRuns, runs_quantile
-    from service.resources import SELECTION_RUNS_QUANTILE, selection_estimate, selection_trainings
+    from service.privacy.tuning import (
+        RUNS_WORK_QUANTILE,
+        TruncatedNegativeBinomialRuns,
+        runs_quantile,
+    )
+    from service.resources import selection_estimate, selection_trainings
     from service.schemas import PrivacyPlan
 
     def plan_of(body: dict[str, Any]) -> PrivacyPlan:
@@ -367,7 +371,7 @@ def test_selection_work_counts_trainings_the_cap_or_a_high_quantile(client: Any,
     )
     free = plan_of({**HYPER, "runs": {**HYPER["runs"], "gamma": 0.1}})
     law = TruncatedNegativeBinomialRuns(eta=1.0, gamma=0.1)
-    assert selection_trainings(free) == runs_quantile(law, SELECTION_RUNS_QUANTILE) > 10
+    assert selection_trainings(free) == runs_quantile(law, RUNS_WORK_QUANTILE) > 10
     capped = plan_of({**HYPER, "runs": {**HYPER["runs"], "gamma": 0.1, "max_runs": 5}})
     assert capped.mechanism["runs"]["max_runs"] == 5
     assert capped.event["runs"]["max_runs"] == 5  # type: ignore[index]

@@ -50,6 +50,7 @@ import torch
 
 from service.modelspec import ModelSpec
 from worker.mechanisms.base import MechanismOutput, ProgressFn, TabularTrainingSet
+from worker.mechanisms.guards import GuardFailed, positive_finite
 from worker.models import build_module
 from worker.noise import rounded_gaussian, secure_rng
 
@@ -78,6 +79,25 @@ class DpsgdParams:
     engine: str = "exact"
     jl_projections: int = 0
     jl_kappa: float = 1.0
+
+    def __post_init__(self) -> None:
+        # Fail closed on values no proof covers (worker/mechanisms/guards.py); the engines
+        # also check every row's contribution on the real batch.
+        positive_finite(
+            "dpsgd",
+            max_grad_norm=self.max_grad_norm,
+            learning_rate=self.learning_rate,
+            noise_multiplier=self.noise_multiplier,
+            sampling_rate=self.sampling_rate,
+            expected_batch_size=self.expected_batch_size,
+            steps=self.steps,
+            steps_per_epoch=self.steps_per_epoch,
+            parameters=self.parameters,
+            jl_kappa=self.jl_kappa,
+        )
+        if self.sampling_rate > 1:
+            raise GuardFailed(f"dpsgd: sampling_rate must be ≤ 1, got {self.sampling_rate!r}")
+        positive_finite("dpsgd", **{f"sigma_{e}": s for e, s in enumerate(self.noise_multipliers)})
 
     def sigma_at(self, step: int) -> float:
         """σ of step ``step`` (1-based), as the plan's event accounts it."""

@@ -101,6 +101,7 @@ import torch
 from torch.func import functional_call, grad, jvp, vmap
 
 from worker.mechanisms.dpsgd import DpsgdParams, PlanMismatch, _linear_layers
+from worker.mechanisms.guards import positive_finite, row_contributions_within
 from worker.models import Logistic
 from worker.models.functional import ParamLayout
 
@@ -271,14 +272,17 @@ def ghost_integer_sum(
 ) -> torch.Tensor:
     """Ghost clipping: exact norms, weights min(1, c/‖g_i‖), one reweighted reduction.
     Sensitivity ≤ 2^k (module docstring)."""
+    positive_finite("dpsgd ghost", max_grad_norm=max_grad_norm)
     device = x.device
     if x.shape[0] == 0:
         return torch.zeros(parameters, dtype=torch.int64, device=device)
     signals = _signals(module, x, y)
-    cap = row_cap(parameters=parameters, sensitivity=2.0**grid_bits) * (1.0 - _MARGIN)
+    bound = row_cap(parameters=parameters, sensitivity=2.0**grid_bits)
+    cap = bound * (1.0 - _MARGIN)
     units = 2.0**grid_bits / max_grad_norm  # integer units per gradient unit
     norms = signals.norms()
     weights = torch.minimum(torch.full_like(norms, units), cap / torch.clamp(norms, min=1e-300))
+    row_contributions_within("dpsgd ghost", weights, norms, bound)
     return capped_integer_sum(signals, weights, parameters=parameters)
 
 
@@ -331,6 +335,7 @@ def jl_integer_sum(
     rng: np.random.Generator,
 ) -> torch.Tensor:
     """DP-SGD-JL with the hard cap: weights min(1, C/M̂_i, κC/‖g_i‖). Sensitivity ≤ κ·2^k."""
+    positive_finite("dpsgd jl", max_grad_norm=max_grad_norm, kappa=kappa)
     device = x.device
     # Fresh directions every step, drawn even for an empty batch (the draw is data-free).
     directions = gaussian_directions(rng, count=projections, size=parameters)
@@ -338,7 +343,8 @@ def jl_integer_sum(
         return torch.zeros(parameters, dtype=torch.int64, device=device)
     signals = _signals(module, x, y)
     sensitivity = kappa * 2.0**grid_bits
-    ratio = row_cap(parameters=parameters, sensitivity=sensitivity) * (1.0 - _MARGIN)
+    bound = row_cap(parameters=parameters, sensitivity=sensitivity)
+    ratio = bound * (1.0 - _MARGIN)
     ratio /= sensitivity  # c_row/Δ: the clip level C becomes ratio·C
     units = 2.0**grid_bits / max_grad_norm
     estimates = jl_norm_estimates(module, x, y, directions)
@@ -348,6 +354,7 @@ def jl_integer_sum(
         ratio * kappa * max_grad_norm / torch.clamp(norms, min=1e-300),
     )
     weights = units * torch.clamp(clip, max=1.0)
+    row_contributions_within("dpsgd jl", weights, norms, bound)
     return capped_integer_sum(signals, weights, parameters=parameters)
 
 
@@ -442,10 +449,12 @@ class IntegerClipper:
     ) -> None:
         if not 0 < grid_bits <= 30:
             raise PlanMismatch("the integer grid does not fit this model")
+        positive_finite("dpsgd exact", max_grad_norm=max_grad_norm)
         self.grads = gradient_engine(module)
         self.parameters = parameters
         self._units = 2.0**grid_bits / max_grad_norm  # integer units per gradient unit
-        self._cap = row_cap(parameters=parameters, sensitivity=2.0**grid_bits) * (1.0 - _MARGIN)
+        self._bound = row_cap(parameters=parameters, sensitivity=2.0**grid_bits)
+        self._cap = self._bound * (1.0 - _MARGIN)
         self._slice = max(1, _CHUNK_ELEMENTS // max(parameters, 1))
 
     def weights(self, g: torch.Tensor) -> torch.Tensor:
@@ -454,7 +463,9 @@ class IntegerClipper:
         overflows."""
         norms = torch.linalg.vector_norm(g, dim=1)
         w = torch.clamp(self._cap / norms, max=self._units)
-        return torch.where(torch.isfinite(norms), w, torch.zeros_like(w))
+        w = torch.where(torch.isfinite(norms), w, torch.zeros_like(w))
+        row_contributions_within("dpsgd exact", w, norms, self._bound)
+        return w
 
     def chunk_sum(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """Σ_i w_i·g_i over the rows of (x, y) (≤ REDUCE_CHUNK rows), float64 (parameters,)."""

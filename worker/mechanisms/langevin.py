@@ -44,6 +44,7 @@ import torch
 from service.modelspec import ModelSpec
 from worker.mechanisms.base import MechanismOutput, ProgressFn, TabularTrainingSet
 from worker.mechanisms.dpsgd import NoiseStream, PlanMismatch
+from worker.mechanisms.guards import nonnegative_finite, positive_finite
 from worker.models import build_module
 from worker.noise import secure_rng
 
@@ -64,6 +65,23 @@ class LangevinParams:
     residual_bits: int
     feature_bits: int
     noise_multiplier: float
+
+    def __post_init__(self) -> None:
+        positive_finite(
+            "expm langevin",
+            steps=self.steps,
+            learning_rate=self.learning_rate,
+            public_n_rows=self.public_n_rows,
+            parameters=self.parameters,
+            row_norm_sq_bound=self.row_norm_sq_bound,
+            noise_multiplier=self.noise_multiplier,
+        )
+        nonnegative_finite(
+            "expm langevin",
+            l2=self.l2,
+            residual_bits=self.residual_bits,
+            feature_bits=self.feature_bits,
+        )
 
     @classmethod
     def from_plan(cls, mechanism: dict[str, Any]) -> LangevinParams:

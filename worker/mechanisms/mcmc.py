@@ -39,6 +39,7 @@ from torch import Tensor
 from service.modelspec import ModelSpec
 from worker.mechanisms.base import MechanismOutput, ProgressFn, TabularTrainingSet
 from worker.mechanisms.dpsgd import PlanMismatch
+from worker.mechanisms.guards import nonnegative_finite, positive_finite
 from worker.mechanisms.mcmc_diagnostics import ess_bulk, split_rhat
 from worker.models import build_module
 from worker.rng import secure_generator
@@ -70,6 +71,21 @@ class McmcParams:
     inverse_temperature: float
     parameters: int
     row_norm_sq_bound: int
+
+    def __post_init__(self) -> None:
+        # π is μ-GDP with μ = √(B·k/l2) only for k > 0 and l2 > 0 (Gopi, Lee & Liu 2022).
+        positive_finite(
+            "expm mcmc",
+            chains=self.chains,
+            steps=self.steps,
+            leapfrog_steps=self.leapfrog_steps,
+            step_size=self.step_size,
+            l2=self.l2,
+            inverse_temperature=self.inverse_temperature,
+            parameters=self.parameters,
+            row_norm_sq_bound=self.row_norm_sq_bound,
+        )
+        nonnegative_finite("expm mcmc", warmup=self.warmup)
 
     @classmethod
     def from_plan(cls, mechanism: dict[str, Any]) -> McmcParams:

@@ -9,6 +9,14 @@ its DP-SGD weights. All of them are outputs the plan charged (each training and 
 score), and choosing among them looks at noisy scores only (post-processing). For
 hyperparameters the number of runs K is *not* released, not even as progress: the
 Papernot–Steinke bound covers the best run with K hidden.
+
+Nor is K observable through time (issue 19: a selection job's duration rose with K,
+Spearman 0.95 over 12 jobs). Under random stopping the worker always performs
+N = :func:`service.privacy.tuning.padded_runs` trainings (the cap, or K's 0.999 quantile
+without one), the first K real and the rest decoys: drawn, trained and scored exactly as
+a real run (same code, same data, same amount of work), then discarded. The job's
+duration is then that of max(K, N) trainings, a function of the plan alone whenever
+K ≤ N (always, with a cap); progress stays 0 of 1 → 1 of 1.
 """
 
 from __future__ import annotations
@@ -21,6 +29,7 @@ import torch
 
 from service.feature_selection import FeatureCandidate, FeatureRequest
 from service.modelspec import GrudSpec, ModelSpec, parameter_count
+from service.privacy.tuning import padded_runs
 from service.search_space import ArchitectureCandidate
 from service.selection_plans import (
     ArchitectureRequest,
@@ -194,15 +203,27 @@ def run_architecture_selection(
         return score
 
     if plan.runs is not None:
-        # Random stopping: K hidden (no progress per run), uniform candidates, best wins.
+        # Random stopping: K hidden (no progress per run, decoy runs up to the padded
+        # count, module docstring), uniform candidates, best wins.
         k = draw_runs(plan, rng)
         progress(0, 1)
-        scored = [(c, fitness(c)) for c in (sample_candidate(request.space, rng) for _ in range(k))]
+        runs: list[tuple[ArchitectureCandidate, float, dict[str, torch.Tensor]]] = []
+        for i in range(max(k, padded_runs(plan.runs))):
+            c = sample_candidate(request.space, rng)
+            score = fitness(c)
+            if i < k:
+                runs.append((c, score, models[c]))
         progress(1, 1)
-        if not scored:
+        if not runs:
             return SelectionOutput(None, None, None, None, trainings=0)
-        best, best_fitness = max(scored, key=lambda h: h[1])
-        evaluations = k
+        best, best_fitness, weights = max(runs, key=lambda h: h[1])
+        return SelectionOutput(
+            selected=best,
+            model=request.space.spec_of(best).model_dump(),
+            weights=weights,
+            noisy_accuracy=best_fitness,
+            trainings=k,
+        )
     elif request.scoring == "report_noisy_max":
         # Report Noisy Max (plan: service/selection_plans.py): the winner only, no score.
         counts = {}
@@ -253,7 +274,8 @@ def run_hyperparameter_selection(
     progress(0, 1)
     best: tuple[float, HyperparameterCandidate, dict[str, torch.Tensor]] | None = None
     parameters = parameter_count(request.model, train.n_features)
-    for _ in range(k):
+    assert plan.runs is not None
+    for run in range(max(k, padded_runs(plan.runs))):  # runs ≥ K: decoys (docstring)
         c = HyperparameterCandidate(
             learning_rate=request.learning_rates[int(rng.integers(len(request.learning_rates)))],
             batch_size=request.batch_sizes[int(rng.integers(len(request.batch_sizes)))],
@@ -278,7 +300,7 @@ def run_hyperparameter_selection(
             device=device,
             rng=rng,
         )
-        if best is None or score > best[0]:
+        if run < k and (best is None or score > best[0]):
             best = (score, c, weights)
         # No progress per run: K must stay secret. PS22's bound is for the best run alone;
         # with K known the release would be best-of-k, whose cost grows with k.

@@ -1,0 +1,162 @@
+"""One validated type per privacy parameter at every door (issue 19): a single job, every
+selection kind's lists and the admin routes refuse the same hostile values with a 422
+problem+json that names the field, and charge nothing; a boolean is never a number."""
+
+from __future__ import annotations
+
+import typing
+from typing import Any
+
+import pytest
+from fastapi.routing import APIRoute
+from pydantic import BaseModel
+from sqlalchemy import select
+
+from service.api.app import create_app
+from service.db import engine_for, transaction
+from service.ledger.tables import LedgerEntry
+from service.params import InputModel, admits_bool
+from tests.conftest import auth
+
+HYPER = {
+    "dataset": "toy",
+    "kind": "hyperparameters",
+    "epsilon": 3.0,
+    "delta": 1e-6,
+    "model": {"kind": "mlp", "hidden": [4]},
+    "learning_rates": [0.5],
+    "batch_sizes": [50],
+    "epochs": [1],
+    "runs": {"kind": "truncated_negative_binomial", "eta": 1.0, "gamma": 0.9},
+}
+ARCH = {
+    "dataset": "toy",
+    "kind": "architecture",
+    "epsilon": 3.0,
+    "delta": 1e-6,
+    "space": {"depths": [1], "widths": [2, 4]},
+    "search": {"algorithm": "rs", "trainings": 2},
+    "training": {"epochs": 1, "batch_size": 50},
+}
+JOB = {"dataset": "toy", "method": "dpsgd", "epsilon": 1.0, "delta": 1e-6}
+HOSTILE_NUMBERS = [-1.0, -1e-4, 0.0, 1e300, True, False]
+
+
+def _charges(settings: Any) -> list[LedgerEntry]:
+    with transaction(engine_for(settings.resolved_database_url)) as s:
+        rows = s.scalars(select(LedgerEntry).where(LedgerEntry.kind == "charge")).all()
+        s.expunge_all()
+        return list(rows)
+
+
+def _refused(r: Any, field: str) -> None:
+    assert r.status_code == 422, r.text
+    assert r.headers["content-type"].startswith("application/problem+json")
+    assert field in r.text, r.text
+
+
+@pytest.mark.parametrize("value", HOSTILE_NUMBERS, ids=str)
+@pytest.mark.parametrize(
+    "field", ["max_grad_norms", "learning_rates", "epochs", "batch_sizes", "noise_decays"]
+)
+def test_every_tuning_list_item_is_bounded(
+    client: Any, keys: Any, settings: Any, field: str, value: Any
+) -> None:
+    """Issue 19: `max_grad_norms: [-0.0001]` was released as proven; `epochs: [-1]`,
+    `batch_sizes: [-5]` gave 500; `max_grad_norms: [1e300]` released inf weights."""
+    body = {**HYPER, field: [value]}
+    before = len(_charges(settings))
+    for path in ("/v1/selections/quote", "/v1/selections"):
+        _refused(client.post(path, json=body, headers=auth(keys.alice)), field)
+    assert len(_charges(settings)) == before
+
+
+@pytest.mark.parametrize("value", HOSTILE_NUMBERS, ids=str)
+@pytest.mark.parametrize("field", ["max_grad_norm", "learning_rate", "epochs", "batch_size"])
+def test_a_single_job_refuses_the_same_values(
+    client: Any, keys: Any, settings: Any, field: str, value: Any
+) -> None:
+    body = {**JOB, "dpsgd": {field: value}}
+    before = len(_charges(settings))
+    for path in ("/v1/quote", "/v1/jobs"):
+        _refused(client.post(path, json=body, headers=auth(keys.alice)), field)
+    # The architecture space and its training options use the same types.
+    arch = {**ARCH, "training": {**ARCH["training"], field: value}}
+    _refused(client.post("/v1/selections/quote", json=arch, headers=auth(keys.alice)), field)
+    assert len(_charges(settings)) == before
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {**JOB, "epsilon": True},
+        {**JOB, "delta": False},
+        {**JOB, "samples": True},
+        {**ARCH, "space": {"depths": [True], "widths": [2]}},
+        {**ARCH, "fitness_epsilon": True},
+        {**HYPER, "model": {"kind": "mlp", "hidden": [True]}},
+    ],
+)
+def test_a_boolean_is_not_a_number_in_requests(client: Any, keys: Any, body: Any) -> None:
+    path = "/v1/selections/quote" if "kind" in body else "/v1/quote"
+    r = client.post(path, json=body, headers=auth(keys.alice))
+    assert r.status_code == 422, r.text
+    assert "boolean" in r.text
+
+
+@pytest.mark.parametrize(
+    "body",
+    [{"epsilon_total": 10.0, "delta_total": False}, {"epsilon_total": True, "delta_total": 0}],
+)
+def test_a_boolean_is_not_a_number_in_admin_budgets(
+    client: Any, keys: Any, settings: Any, body: Any
+) -> None:
+    """`delta_total: false` once made a dataset pure-DP."""
+    r = client.put("/v1/admin/datasets/toy/budget", json=body, headers=auth(keys.admin))
+    assert r.status_code == 422, r.text
+    assert "boolean" in r.text
+
+
+def _flat_routes(routes: list[Any]) -> list[APIRoute]:
+    flat: list[APIRoute] = []
+    for route in routes:
+        if isinstance(route, APIRoute):
+            flat.append(route)
+        elif hasattr(route, "original_router"):
+            flat.extend(_flat_routes(route.original_router.routes))
+    return flat
+
+
+def _models_in(annotation: Any) -> list[type[BaseModel]]:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    return [m for a in typing.get_args(annotation) for m in _models_in(a)]
+
+
+def test_every_request_body_model_is_an_input_model() -> None:
+    """Every door: each model an HTTP route reads (and every model nested in it) refuses
+    booleans for numbers, NaN, infinities and unknown fields (service/params.py)."""
+    seen: set[type[BaseModel]] = set()
+    todo: list[type[BaseModel]] = []
+    for route in _flat_routes(create_app().routes):
+        if route.body_field is not None and route.path.startswith("/v1/"):
+            todo.extend(_models_in(route.body_field.field_info.annotation))
+    assert todo, "no request bodies found"
+    while todo:
+        model = todo.pop()
+        if model in seen:
+            continue
+        seen.add(model)
+        if model.__name__ == "RootModel" or "RootModel" in [c.__name__ for c in model.__mro__]:
+            todo.extend(_models_in(model.model_fields["root"].annotation))
+            continue
+        assert issubclass(model, InputModel), f"{model.__name__} is not an InputModel"
+        for field in model.model_fields.values():
+            todo.extend(_models_in(field.annotation))
+    assert len(seen) > 10
+
+
+def test_admits_bool_reads_annotations() -> None:
+    assert admits_bool(bool) and admits_bool(bool | None) and admits_bool(Any)
+    assert not admits_bool(float) and not admits_bool(int | None)
+    assert not admits_bool(typing.Literal["a", "b"])
