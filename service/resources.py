@@ -20,7 +20,7 @@ from pydantic import TypeAdapter
 from service.dataschema import DatasetSchema
 from service.modelspec import GrudSpec, MlpSpec, ModelSpec, parameter_count
 from service.privacy.tuning import padded_runs, runs_distribution_from_json
-from service.schemas import PrivacyPlan
+from service.schemas import JobRequest, PrivacyPlan
 from service.timeseries import TimeSeriesSchema
 
 _FLOAT = 4
@@ -219,6 +219,26 @@ class ResourceLimits:
 
     seconds: float
     memory_bytes: int
+
+
+def work_twin(request: JobRequest) -> JobRequest | None:
+    """A request whose plan costs the worker exactly what ``request``'s does but is cheap to
+    plan, or None when planning ``request`` is cheap already (issue 19: four analysts held
+    every planning slot with DP-SGD plans whose PLD or decaying-schedule calibration took
+    ~20 s and then failed the work limit). The work and memory estimates of a DP-SGD plan
+    depend on its steps, batch, model and engine, never on σ, its accountant or its noise
+    schedule; the twin keeps those and calibrates one constant σ by RDP (milliseconds).
+    The service refuses a plan over the limits from the twin before calibrating the real
+    one."""
+    options = request.dpsgd
+    if request.method != "dpsgd" or options is None:
+        return None
+    if options.accountant == "rdp" and options.noise_schedule == "constant":
+        return None
+    cheap = options.model_copy(
+        update={"accountant": "rdp", "noise_schedule": "constant", "noise_decay": None}
+    )
+    return request.model_copy(update={"dpsgd": cheap})
 
 
 def resource_refusal(

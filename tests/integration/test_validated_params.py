@@ -160,3 +160,33 @@ def test_admits_bool_reads_annotations() -> None:
     assert admits_bool(bool) and admits_bool(bool | None) and admits_bool(Any)
     assert not admits_bool(float) and not admits_bool(int | None)
     assert not admits_bool(typing.Literal["a", "b"])
+
+
+def test_work_over_the_limit_is_refused_before_an_expensive_calibration(
+    client: Any, keys: Any, settings: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 19 item 8: a PLD (or decaying-schedule) plan whose work is over the limit used
+    to hold a planning slot for its whole calibration (~20 s) before the 422; its cheap
+    twin (service/resources.py work_twin) is refused first, and the real plan never runs."""
+    import service.api.routes.jobs as jobs
+
+    planned: list[str] = []
+    real = jobs.plan_for_dataset
+
+    def recording(request: Any, **kw: Any) -> Any:
+        planned.append(request.dpsgd.accountant if request.dpsgd else "-")
+        return real(request, **kw)
+
+    monkeypatch.setattr(jobs, "plan_for_dataset", recording)
+    monkeypatch.setattr(settings, "job_time_limit_s", 1.0)
+    body = {**JOB, "dpsgd": {"epochs": 100, "batch_size": 1, "accountant": "pld"}}
+    r = client.post("/v1/quote", json=body, headers=auth(keys.alice))
+    assert r.status_code == 422 and "worker time" in r.text, r.text
+    assert planned == ["rdp"]  # only the twin was planned
+    # Within the limits the real plan is still the one quoted.
+    planned.clear()
+    monkeypatch.setattr(settings, "job_time_limit_s", 3600.0)
+    body = {**JOB, "dpsgd": {"epochs": 1, "batch_size": 50, "accountant": "pld"}}
+    r = client.post("/v1/quote", json=body, headers=auth(keys.alice))
+    assert r.status_code == 200, r.text
+    assert planned == ["rdp", "pld"] and r.json()["plan"]["mechanism"]["accountant"] == "pld"
