@@ -7,7 +7,8 @@ All are answered with 429 problem+json and ``Retry-After``:
   second, bursts up to ``rate_limit_burst``);
 * caps on concurrent *planning* (quotes and submissions, whose noise calibration is the
   expensive part): at most ``planning_per_key`` at once per key and
-  ``planning_global`` at once for the whole process;
+  ``planning_global`` at once for the whole process, the last free slot kept for a key
+  that holds none, each held at most ``planning_time_limit_s`` (plus one ε evaluation);
 * token buckets per *client address* for traffic that has no identity to charge: calls
   with a missing or invalid API key, and ``/metrics`` (``unauth_rate_limit_per_s`` /
   ``unauth_rate_limit_burst``, one bucket each), and dashboard sign-in attempts, failed or
@@ -152,12 +153,18 @@ class Limiter:
 
     @contextmanager
     def planning(self, key: int) -> Iterator[None]:
-        """Hold one planning slot of ``key`` and of the process, or raise a 429."""
+        """Hold one planning slot of ``key`` and of the process, or raise a 429.
+
+        Fair share (issue 19): a key that already holds a slot may not take the process's
+        last free one, which stays for a key that holds none; and every slot is held at
+        most ``planning_time_limit_s`` plus one ε evaluation (service/privacy/deadline.py),
+        so no set of analysts can keep the others out for longer than that."""
         with self._lock:
             mine = self._planning.get(key, 0)
             if mine >= self.planning_per_key:
                 raise _limited(2.0, "this API key already has quotes or submissions in progress")
-            if self._planning_total >= self.planning_global:
+            free = self.planning_global - self._planning_total
+            if free <= 0 or (mine > 0 and free <= 1):
                 raise _limited(2.0, "the service is busy planning other requests")
             self._planning[key] = mine + 1
             self._planning_total += 1

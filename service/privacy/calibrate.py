@@ -79,6 +79,7 @@ import numpy as np
 from scipy import fft as sp_fft
 from scipy import special
 
+from service.privacy.deadline import check_deadline
 from service.privacy.events import (
     ComposedEvent,
     DpEvent,
@@ -784,6 +785,7 @@ def epsilon_for(
     for DP-SGD trees (RDP where it is unavailable), dp_accounting for trees with pure
     leaves. For a pure event the result is at most its basic-composition ε.
     """
+    check_deadline()  # every calibration's ε(σ) goes through here or _search_sigma
     d = _check_delta(delta)
     acc = _check_accountant(accountant)
     if not isinstance(event, DpEvent):
@@ -843,6 +845,7 @@ def _search_sigma(
     def evaluate(s: float) -> tuple[bool, float]:
         nonlocal evaluations
         if s not in seen:
+            check_deadline()  # the API bounds a request's planning (deadline.py)
             evaluations += 1
             e = float(eps_of_sigma(s))
             if math.isnan(e):

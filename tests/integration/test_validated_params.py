@@ -190,3 +190,38 @@ def test_work_over_the_limit_is_refused_before_an_expensive_calibration(
     r = client.post("/v1/quote", json=body, headers=auth(keys.alice))
     assert r.status_code == 200, r.text
     assert planned == ["rdp", "pld"] and r.json()["plan"]["mechanism"]["accountant"] == "pld"
+
+
+def test_the_last_planning_slot_is_kept_for_a_key_that_holds_none() -> None:
+    """Issue 19 item 8: a few analysts must not hold every planning slot."""
+    from service.api.errors import ProblemError
+    from service.api.limits import Limiter
+
+    limiter = Limiter(rate_per_s=1.0, burst=1, planning_per_key=3, planning_global=3)
+    with limiter.planning(1), limiter.planning(1):
+        with pytest.raises(ProblemError) as exc, limiter.planning(1):
+            pass  # key 1 already plans twice: the last slot is not for it
+        assert exc.value.status == 429
+        with limiter.planning(2):  # a key without a slot still gets in
+            pass
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_planning_past_its_deadline_is_a_422_and_frees_the_slot(
+    client: Any, keys: Any, settings: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each request's calibration is bounded (service/privacy/deadline.py); the worker
+    re-plans without a deadline, so an admitted plan is never refused for time."""
+    before = len(_charges(settings))
+    monkeypatch.setattr(settings, "planning_time_limit_s", 1e-9)
+    body = {**JOB, "dpsgd": {"epochs": 2, "batch_size": 40, "accountant": "pld"}}
+    for path in ("/v1/quote", "/v1/jobs"):
+        r = client.post(path, json=body, headers=auth(keys.alice))
+        assert r.status_code == 422 and "longer than" in r.text, r.text
+    sel = {**HYPER, "max_grad_norms": [1.0]}
+    r = client.post("/v1/selections/quote", json=sel, headers=auth(keys.alice))
+    assert r.status_code == 422 and "longer than" in r.text, r.text
+    assert len(_charges(settings)) == before
+    monkeypatch.setattr(settings, "planning_time_limit_s", 10.0)
+    for _ in range(3):  # the slots came back (planning_per_key is 1000 in tests)
+        assert client.post("/v1/quote", json=body, headers=auth(keys.alice)).status_code == 200

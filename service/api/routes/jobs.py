@@ -39,6 +39,7 @@ from service.ledger.admission import (
 from service.ledger.tables import AnalystCap, Dataset, Job, JobStatus, Release
 from service.plans import PlanError, plan_for_dataset
 from service.privacy.amounts import from_micro
+from service.privacy.deadline import PlanningTimeout, planning_deadline
 from service.privacy.rdp import epsilon_from_rdp
 from service.releases import release_paths
 from service.resources import ResourceLimits, resource_refusal, work_twin
@@ -115,17 +116,18 @@ def _plan_for(engine: EngineDep, settings: Settings, body: JobRequest) -> Planne
     with transaction(engine) as s:
         ds = dataset_or_404(s, body.dataset)
         n_rows, public_schema, dataset_id = ds.n_rows, ds.public_schema, ds.id
-    twin = work_twin(body)
-    if twin is not None:  # refuse work over the limits before an expensive calibration
-        try:
-            cheap = plan_for_dataset(twin, n_rows=n_rows, public_schema=public_schema)
-        except PlanError:
-            cheap = None  # the real plan decides (and explains) below
-        if cheap is not None:
-            refuse_over_limits(cheap, public_schema, settings)
     try:
-        plan = plan_for_dataset(body, n_rows=n_rows, public_schema=public_schema)
-    except PlanError as exc:
+        with planning_deadline(settings.planning_time_limit_s):
+            twin = work_twin(body)
+            if twin is not None:  # refuse work over the limits before a costly calibration
+                try:
+                    cheap = plan_for_dataset(twin, n_rows=n_rows, public_schema=public_schema)
+                except PlanError:
+                    cheap = None  # the real plan decides (and explains) below
+                if cheap is not None:
+                    refuse_over_limits(cheap, public_schema, settings)
+            plan = plan_for_dataset(body, n_rows=n_rows, public_schema=public_schema)
+    except (PlanError, PlanningTimeout) as exc:
         raise ProblemError(422, "invalid-plan", str(exc)) from exc
     refuse_over_limits(plan, public_schema, settings)
     return Planned(plan, dataset_id)

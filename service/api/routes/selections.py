@@ -22,6 +22,7 @@ from service.api.routes.jobs import (
 from service.config import Settings
 from service.db import transaction
 from service.plans import PlanError
+from service.privacy.deadline import PlanningTimeout, planning_deadline
 from service.schemas import JobPublic, JobRequest, QuoteResponse
 from service.selections import SelectionRequest, job_request, plan_selection_job
 
@@ -39,9 +40,10 @@ def _planned(
         ds = dataset_or_404(s, body.dataset)
         n_rows, public_schema, dataset_id = ds.n_rows, ds.public_schema, ds.id
     try:
-        request = job_request(body, n_rows=n_rows, public_schema=public_schema)
-        _, plan = plan_selection_job(request, n_rows=n_rows, public_schema=public_schema)
-    except PlanError as exc:
+        with planning_deadline(settings.planning_time_limit_s):
+            request = job_request(body, n_rows=n_rows, public_schema=public_schema)
+            _, plan = plan_selection_job(request, n_rows=n_rows, public_schema=public_schema)
+    except (PlanError, PlanningTimeout) as exc:
         raise ProblemError(422, "invalid-plan", str(exc)) from exc
     refuse_over_limits(plan, public_schema, settings)
     return request, Planned(plan, dataset_id)
