@@ -8,6 +8,7 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -156,6 +157,19 @@ def client(settings: Settings, keys: Keys) -> Iterator[object]:
 
     with TestClient(create_app(settings, run_sweeper=False), raise_server_exceptions=False) as c:
         yield c
+
+
+def flat_routes(routes: list[Any]) -> list[Any]:
+    """The app's APIRoutes, through included routers (FastAPI wraps each one)."""
+    from fastapi.routing import APIRoute
+
+    flat: list[Any] = []
+    for route in routes:
+        if isinstance(route, APIRoute):
+            flat.append(route)
+        elif hasattr(route, "original_router"):
+            flat.extend(flat_routes(route.original_router.routes))
+    return flat
 
 
 def auth(key: str) -> dict[str, str]:

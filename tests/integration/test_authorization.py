@@ -20,12 +20,11 @@ from enum import Enum
 from typing import Any
 
 import pytest
-from fastapi.routing import APIRoute
 from sqlalchemy import update
 
 from service.db import engine_for, transaction
 from service.ledger.tables import Analyst
-from tests.conftest import auth
+from tests.conftest import auth, flat_routes
 from tests.integration.test_api import DPSGD
 
 CANARY = "canary-5f1d0c2e-alice-only"
@@ -193,17 +192,6 @@ def test_every_api_operation_refuses_the_wrong_callers(
     assert calls >= 20 * len(world.callers)
 
 
-def _flat_routes(routes: list[Any]) -> list[APIRoute]:
-    """The app's routes, through included routers (FastAPI wraps each one)."""
-    flat: list[APIRoute] = []
-    for route in routes:
-        if isinstance(route, APIRoute):
-            flat.append(route)
-        elif hasattr(route, "original_router"):
-            flat.extend(_flat_routes(route.original_router.routes))
-    return flat
-
-
 @pytest.mark.parametrize("db_url", ["sqlite", "postgres"], indirect=True)
 def test_every_dashboard_route_needs_an_admin_session(
     client: Any, keys: Any, settings: Any
@@ -221,7 +209,7 @@ def test_every_dashboard_route_needs_an_admin_session(
     sessions["forged"] = "forged-session-token"
     routes = [
         (method, route.path)
-        for route in _flat_routes(client.app.routes)
+        for route in flat_routes(client.app.routes)
         if route.path.startswith("/dashboard")
         for method in sorted(route.methods)
     ]

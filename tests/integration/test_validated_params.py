@@ -8,7 +8,6 @@ import typing
 from typing import Any
 
 import pytest
-from fastapi.routing import APIRoute
 from pydantic import BaseModel
 from sqlalchemy import select
 
@@ -16,7 +15,7 @@ from service.api.app import create_app
 from service.db import engine_for, transaction
 from service.ledger.tables import LedgerEntry
 from service.params import InputModel, admits_bool
-from tests.conftest import auth
+from tests.conftest import auth, flat_routes
 
 HYPER = {
     "dataset": "toy",
@@ -117,16 +116,6 @@ def test_a_boolean_is_not_a_number_in_admin_budgets(
     assert "boolean" in r.text
 
 
-def _flat_routes(routes: list[Any]) -> list[APIRoute]:
-    flat: list[APIRoute] = []
-    for route in routes:
-        if isinstance(route, APIRoute):
-            flat.append(route)
-        elif hasattr(route, "original_router"):
-            flat.extend(_flat_routes(route.original_router.routes))
-    return flat
-
-
 def _models_in(annotation: Any) -> list[type[BaseModel]]:
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         return [annotation]
@@ -138,7 +127,7 @@ def test_every_request_body_model_is_an_input_model() -> None:
     booleans for numbers, NaN, infinities and unknown fields (service/params.py)."""
     seen: set[type[BaseModel]] = set()
     todo: list[type[BaseModel]] = []
-    for route in _flat_routes(create_app().routes):
+    for route in flat_routes(create_app().routes):
         if route.body_field is not None and route.path.startswith("/v1/"):
             todo.extend(_models_in(route.body_field.field_info.annotation))
     assert todo, "no request bodies found"
