@@ -15,12 +15,36 @@ Why the release is (ε, δ)-DP for the T steps that ran — not only in the limi
 whether or not the chain mixed:
 
 1. **Exact integer sum** (:func:`gradient_sum`): features are truncated once onto the grid
-   2^-c (x_int ∈ [0, 2^c], bias 2^c) and every row's residual r = σ(θ·x) − y ∈ [−1, 1] onto
-   2^-a each step (|r_int| ≤ 2^a). Row i contributes the integer vector r_int·x_int, of ℓ2
-   norm ≤ 2^(a+c)·√B, where ‖(x, 1)‖² ≤ B is the public schema's bound; the worker checks
-   ‖x_int‖² ≤ B·2^(2c) exactly in integers before any step. The sum over rows is exact
-   (float64 partial sums of integers below 2^53, then int64). Adding or removing one row
-   changes the sum by one such vector: ℓ2 sensitivity Δ = 2^(a+c)·√B.
+   2^-c (x_int ∈ [0, 2^c], bias 2^c) and every row's residual r = σ̃(θ̃·x) − y ∈ [−1, 1]
+   onto 2^-a each step (|r_int| ≤ 2^a). Row i contributes the integer vector r_int·x_int,
+   of ℓ2 norm ≤ 2^(a+c)·√B, where ‖(x, 1)‖² ≤ B is the public schema's bound; the worker
+   checks ‖x_int‖² ≤ B·2^(2c) exactly in integers before any step. The sum over rows is
+   exact (float64 partial sums of integers below 2^53, then int64). Adding or removing one
+   row changes the sum by exactly that row's vector — *provided every other row's vector
+   is the same in both sums*, i.e. a row's r_int depends on that row and the public state
+   alone, bit for bit, whatever else is in the batch. (Issue 25: with float logits θ·x from
+   a matrix product, BLAS picked kernels by batch size, and adding one row moved another
+   row's r_int by one unit in 31 of 40 crafted trials, by up to (1 + 9.1e-6)·Δ in all.)
+   That is made true by construction, assuming only IEEE-754 correct rounding:
+
+   * θ̃ = θ on the grid 2^-b (:func:`quantised_theta`: round, clamp to ±2^m, both exact),
+     so the logit's numerator x_int·θ_int is a sum of P integer products, each
+     ≤ 2^c·2^m, with P·2^(c+m) ≤ 2^52: every float64 partial sum is an integer below
+     2^53, exact in any order, and z = (x_int·θ_int)·2^-(c+b) is exact (a power of two);
+   * σ̃(z) (:func:`sigmoid_basic`) is computed elementwise from IEEE basic operations
+     only (+, −, ×, ÷ on float64, each correctly rounded, so the same bits in any lane,
+     position or batch size; eager torch runs each operation as its own kernel, so no
+     FMA contraction joins two of them): exp(−|z|) as (Σ_{j≤18} (−v)^j/j!)^64 by Horner
+     on v = min(|z|, 64)/64 and six squarings, then 1/(1 + e) or e/(1 + e). It is not
+     the correctly rounded logistic function (no IEEE operation is); the proof needs only
+     that it is a fixed function of z with values in [0, 1], which division of e ≥ 0 by
+     1 + e ≥ e guarantees (correctly rounded quotients of x ≤ y lie in [0, 1]). Its error
+     against σ (below 1e-13 absolute) changes the target the chain approximates by less
+     than the residual grid 2^-a does;
+   * r_int = trunc((σ̃ − y)·2^a): a correctly rounded subtraction of values in [0, 1] and
+     an exact scaling and truncation.
+
+   So ℓ2 sensitivity Δ = 2^(a+c)·√B, from IEEE-754 correct rounding alone.
 2. **Integer noise** round(σ·Δ·Z) per coordinate (:func:`worker.noise.rounded_gaussian`)
    added exactly: S + round(sZ) = round(S + sZ), a post-processing of the Gaussian
    mechanism with noise multiplier σ, with no floating-point channel (Mironov 2012); the
@@ -37,7 +61,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 import torch
 
@@ -128,21 +152,83 @@ def quantised_features(x: torch.Tensor, *, feature_bits: int, norm_sq_bound: int
     return ints.double()
 
 
-def gradient_sum(
+THETA_RANGE_BITS: Final[int] = 10
+"""|θ̃_j| ≤ 2^10 = 1024: the quantised parameters' range (a logistic weight beyond it is
+clamped when the gradient is evaluated; the chain's own θ is not)."""
+_EXP_TERMS: Final[int] = 18
+_EXP_SQUARINGS: Final[int] = 6  # exp(−u) = exp(−u/64)^64, u ≤ 64
+
+
+def theta_bits(*, feature_bits: int, parameters: int) -> tuple[int, int]:
+    """(b, m): θ's grid 2^-b and integer range ±2^m with P·2^(c+m) ≤ 2^52, so the logit
+    numerator x_int·θ_int is exact in float64 in any order (module docstring)."""
+    m = 52 - feature_bits - math.ceil(math.log2(max(parameters, 1)))
+    b = m - THETA_RANGE_BITS
+    if b < 8:
+        raise PlanMismatch("the Langevin grid leaves θ too coarse a grid for this many inputs")
+    return b, m
+
+
+def quantised_theta(theta: torch.Tensor, *, bits: int, limit_bits: int) -> torch.Tensor:
+    """θ_int = clamp(round(θ·2^b), ±2^m) as integer-valued float64 (exact operations: a
+    power-of-two scaling, rounding to an integer, a comparison)."""
+    limit = float(2**limit_bits)
+    return torch.clamp(torch.round(theta * 2.0**bits), -limit, limit)
+
+
+def sigmoid_basic(z: torch.Tensor) -> torch.Tensor:
+    """σ̃(z) in [0, 1] from IEEE basic operations only, elementwise (module docstring):
+    the same bits for an element whatever tensor it sits in."""
+    v = torch.clamp(torch.abs(z), max=64.0) * (1.0 / 64.0)  # exact: |·|, min, × 2^-6
+    p = torch.full_like(v, 1.0 / math.factorial(_EXP_TERMS))
+    for j in range(_EXP_TERMS - 1, -1, -1):  # Horner: Σ (−v)^j / j!
+        p = p * (-v) + 1.0 / math.factorial(j)
+    for _ in range(_EXP_SQUARINGS):
+        p = p * p
+    e = torch.clamp(p, min=0.0)  # exp(−|z|) ≥ 0
+    one_plus = 1.0 + e
+    return torch.where(z >= 0, 1.0 / one_plus, e / one_plus)
+
+
+def row_residuals(
     x_int: torch.Tensor,
     y: torch.Tensor,
-    theta: torch.Tensor,
+    theta_int: torch.Tensor,
     *,
     feature_bits: int,
     residual_bits: int,
+    theta_bits: int,
 ) -> torch.Tensor:
-    """Σᵢ trunc(2^a·(σ(θ·xᵢ) − yᵢ))·x_int,i exactly, as int64 (shape (d + 1,))."""
+    """r_int,i = trunc(2^a·(σ̃(θ̃·xᵢ) − yᵢ)) per row, float64 integers in [−2^a, 2^a]: a
+    function of row i and θ̃ alone, bit for bit (module docstring)."""
+    numerators = x_int @ theta_int  # integers below 2^53: exact in any order
+    logits = numerators * 2.0 ** -(feature_bits + theta_bits)
+    residual = sigmoid_basic(logits) - y.double()
+    return torch.trunc(residual * 2.0**residual_bits)
+
+
+def gradient_sum(
+    x_int: torch.Tensor,
+    y: torch.Tensor,
+    theta_int: torch.Tensor,
+    *,
+    feature_bits: int,
+    residual_bits: int,
+    theta_bits: int,
+) -> torch.Tensor:
+    """Σᵢ r_int,i·x_int,i exactly, as int64 (shape (d + 1,)), r_int from
+    :func:`row_residuals` at the quantised θ̃ = θ_int·2^-b."""
     total = torch.zeros(x_int.shape[1], dtype=torch.int64, device=x_int.device)
     for start in range(0, x_int.shape[0], _CHUNK_ROWS):
         xs = x_int[start : start + _CHUNK_ROWS]
-        logits = (xs @ theta) * 2.0**-feature_bits
-        residual = torch.sigmoid(logits) - y[start : start + _CHUNK_ROWS].double()
-        r_int = torch.trunc(residual * 2.0**residual_bits)
+        r_int = row_residuals(
+            xs,
+            y[start : start + _CHUNK_ROWS],
+            theta_int,
+            feature_bits=feature_bits,
+            residual_bits=residual_bits,
+            theta_bits=theta_bits,
+        )
         # Integers below 2^53 throughout: the float64 matmul is exact in any order.
         total += (r_int @ xs).round().to(torch.int64)
     return total
@@ -172,14 +258,16 @@ def sample_langevin(
     scale = params.noise_multiplier * params.sensitivity
     unit = 2.0 ** -(params.residual_bits + params.feature_bits)
     step_size = params.learning_rate / params.public_n_rows
+    b, m = theta_bits(feature_bits=params.feature_bits, parameters=params.parameters)
     theta = torch.zeros(params.parameters, dtype=torch.float64, device=device)
     for step in range(1, params.steps + 1):
         summed = gradient_sum(
             x_int,
             y,
-            theta,
+            quantised_theta(theta, bits=b, limit_bits=m),
             feature_bits=params.feature_bits,
             residual_bits=params.residual_bits,
+            theta_bits=b,
         )
         step_noise = noise.draw(scale=scale, same_scale_ahead=params.steps - step + 1)
         noisy = (summed + torch.as_tensor(step_noise, device=device)).double() * unit

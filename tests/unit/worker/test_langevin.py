@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+from fractions import Fraction
 
 import numpy as np
 import pytest
@@ -23,7 +24,10 @@ from worker.mechanisms.langevin import (
     LangevinParams,
     gradient_sum,
     quantised_features,
+    quantised_theta,
+    row_residuals,
     run_expm_langevin,
+    theta_bits,
 )
 from worker.noise import secure_rng
 
@@ -120,18 +124,78 @@ def test_gradient_sum_is_exact_and_each_row_within_the_sensitivity() -> None:
     g = torch.Generator().manual_seed(3)
     x = torch.rand(257, 3, generator=g)
     y = (torch.rand(257, generator=g) < 0.4).float()
-    theta = torch.randn(4, generator=g, dtype=torch.float64) * 2**16
     params = _params()
+    b, m = theta_bits(feature_bits=16, parameters=4)
+    theta = quantised_theta(torch.randn(4, generator=g, dtype=torch.float64), bits=b, limit_bits=m)
     x_int = quantised_features(x, feature_bits=16, norm_sq_bound=4)
-    got = gradient_sum(x_int, y, theta, feature_bits=16, residual_bits=16)
-    # Reference in Python integers, row by row.
+    got = gradient_sum(x_int, y, theta, feature_bits=16, residual_bits=16, theta_bits=b)
+    # Reference in Python integers and exact rationals, row by row.
     xi = x_int.numpy().astype(np.int64)
-    logits = (x_int @ theta) * 2.0**-16
-    r = torch.trunc((torch.sigmoid(logits) - y.double()) * 2.0**16).numpy().astype(np.int64)
-    rows = [[int(r[i]) * int(v) for v in xi[i]] for i in range(len(xi))]
+    ti = theta.numpy().astype(np.int64)
+    z = [Fraction(int(sum(int(a) * int(t) for a, t in zip(row, ti, strict=True))), 2 ** (16 + b))
+         for row in xi]  # fmt: skip
+    r = row_residuals(x_int, y, theta, feature_bits=16, residual_bits=16, theta_bits=b)
+    for i in range(len(xi)):
+        s = 1 / (1 + math.exp(-float(z[i])))  # σ̃ is within 1e-13 of σ: only truncation differs
+        assert abs(float(r[i]) - (s - float(y[i])) * 2**16) <= 1.0 + 1e-6
+    ri = r.numpy().astype(np.int64)
+    rows = [[int(ri[i]) * int(v) for v in xi[i]] for i in range(len(xi))]
     want = [sum(col) for col in zip(*rows, strict=True)]
     assert got.tolist() == want
     assert max(math.sqrt(sum(v * v for v in row)) for row in rows) <= params.sensitivity
+
+
+def test_a_rows_residual_is_the_same_bits_in_any_batch_and_position() -> None:
+    """Issue 25: float logits from a matrix product depend on the batch (BLAS kernels), and
+    with a crafted θ adding one row moved another row's truncated residual by one unit.
+    Now each row's residual is a function of the row and θ̃ alone, bit for bit: for batch
+    sizes 1 … 2,049, every row's residual in the batch equals its residual alone."""
+    g = torch.Generator().manual_seed(11)
+    d = 13
+    x = torch.rand(2049, d, generator=g)
+    y = (torch.rand(2049, generator=g) < 0.5).float()
+    b, m = theta_bits(feature_bits=16, parameters=d + 1)
+    x_int = quantised_features(x, feature_bits=16, norm_sq_bound=d + 1)
+    kw = {"feature_bits": 16, "residual_bits": 16, "theta_bits": b}
+    thetas = [torch.randn(d + 1, generator=g, dtype=torch.float64) * s for s in (0.1, 3.0, 50.0)]
+    # Crafted: θ puts row 0 on a truncation boundary of its residual (logit where σ·2^16 is
+    # within float noise of an integer), the case that moved under the old float logits.
+    crafted = torch.zeros(d + 1, dtype=torch.float64)
+    crafted[-1] = math.log(0.5 + 1e-12 / 2**16)
+    thetas.append(crafted)
+    for raw in thetas:
+        theta = quantised_theta(raw, bits=b, limit_bits=m)
+        alone = torch.cat(
+            [row_residuals(x_int[i : i + 1], y[i : i + 1], theta, **kw) for i in range(2049)]
+        )
+        for n in (1, 2, 3, 4, 5, 7, 8, 15, 16, 17, 63, 64, 65, 255, 256, 257, 1023, 1024, 2049):
+            assert torch.equal(row_residuals(x_int[:n], y[:n], theta, **kw), alone[:n]), n
+        # The row at every position of a reversed batch too.
+        assert torch.equal(row_residuals(x_int.flip(0), y.flip(0), theta, **kw), alone.flip(0))
+
+
+def test_adding_one_row_changes_the_sum_by_exactly_that_rows_vector() -> None:
+    """‖S(D + x*) − S(D)‖ = ‖r_int(x*)·x*_int‖ ≤ Δ exactly, for many D sizes and θ."""
+    g = torch.Generator().manual_seed(12)
+    d = 6
+    params = _params(parameters=d + 1, row_norm_sq_bound=d + 1)
+    b, m = theta_bits(feature_bits=16, parameters=d + 1)
+    x_int = quantised_features(torch.rand(600, d, generator=g), feature_bits=16, norm_sq_bound=7)
+    y = (torch.rand(600, generator=g) < 0.5).float()
+    kw = {"feature_bits": 16, "residual_bits": 16, "theta_bits": b}
+    for trial in range(40):
+        theta = quantised_theta(
+            torch.randn(d + 1, generator=g, dtype=torch.float64) * (trial + 1),
+            bits=b,
+            limit_bits=m,
+        )
+        n = int(torch.randint(1, 599, (1,), generator=g))
+        base = gradient_sum(x_int[:n], y[:n], theta, **kw)
+        plus = gradient_sum(x_int[: n + 1], y[: n + 1], theta, **kw)
+        own = row_residuals(x_int[n : n + 1], y[n : n + 1], theta, **kw)
+        diff = plus - base
+        assert diff.tolist() == (own * x_int[n]).round().to(torch.int64).tolist()
+        assert float(torch.linalg.vector_norm(diff.double())) <= params.sensitivity
 
 
 def test_rows_beyond_the_schema_bound_are_refused() -> None:
