@@ -110,8 +110,10 @@ def main() -> None:
     lo = [d for k, d in zip(ks, durations, strict=True) if k <= 2]
     hi = [d for k, d in zip(ks, durations, strict=True) if k > 2]
     if lo and hi:
-        print(f"median duration K ≤ 2: {sorted(lo)[len(lo) // 2]:.3f} s; K > 2: "
-              f"{sorted(hi)[len(hi) // 2]:.3f} s")
+        print(
+            f"median duration K ≤ 2: {sorted(lo)[len(lo) // 2]:.3f} s; K > 2: "
+            f"{sorted(hi)[len(hi) // 2]:.3f} s"
+        )
 
 
 if __name__ == "__main__":

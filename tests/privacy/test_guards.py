@@ -320,3 +320,58 @@ def test_uncapped_laws_are_padded_to_the_work_quantile() -> None:
     plan = hyperparameter_plan(free, dataset="toy", n_rows=200, n_features=4)
     assert plan.runs is not None
     assert padded_runs(plan.runs) == runs_quantile(plan.runs, RUNS_WORK_QUANTILE) == 10
+
+
+# ------------------------------------------------------------------ decaying σ, features
+
+
+@pytest.mark.parametrize("value", HOSTILE, ids=str)
+def test_a_decaying_schedule_refuses_a_hostile_sigma(value: float) -> None:
+    request = DPSGD.model_copy(
+        update={
+            "dpsgd": DpsgdOptions(
+                epochs=2, batch_size=50, noise_schedule="exponential", noise_decay=0.9
+            )
+        }
+    )
+    mechanism = _plan_mechanism(request)
+    sigmas = list(mechanism["noise_multipliers"])
+    sigmas[-1] = value
+    with pytest.raises(GuardFailed, match="sigma_1"):
+        DpsgdParams.from_plan({**mechanism, "noise_multipliers": sigmas})
+
+
+def test_feature_selection_checks_one_cell_per_row_and_its_noise() -> None:
+    """cfs: the cells' charge (ℓ2 sensitivity √H) needs every row in exactly one cell of
+    each histogram; a corrupted count (as a NaN code would give) or a hostile noise scale
+    fails before any noise is drawn."""
+    from dataclasses import replace
+
+    from service.feature_selection import FeatureRequest
+    from service.selection_plans import plan_selection
+    from tests.unit.worker.test_feature_selection import SCHEMA, _toy
+    from worker.mechanisms.feature_selection import (
+        count_histograms,
+        discretise,
+        one_cell_per_row,
+        run_feature_selection,
+    )
+
+    request = FeatureRequest(epsilon=1.0, delta=1e-6)
+    plan = plan_selection(
+        "features", request, dataset="toy", n_rows=300, n_features=SCHEMA.n_features, schema=SCHEMA
+    )
+    assert plan.features is not None
+    data = _toy(300)
+    bins = [c.bins for c in plan.features.columns]
+    codes, y = discretise(data, plan.features)
+    counts = count_histograms(codes, y, bins)
+    one_cell_per_row(counts, rows=300, bins=bins)  # the honest counts pass
+    counts.fy[0][0, 0] += 1  # one row counted twice
+    with pytest.raises(GuardFailed, match="exactly one cell"):
+        one_cell_per_row(counts, rows=300, bins=bins)
+    hostile = replace(plan, features=replace(plan.features, cell_scale=-1.0))
+    with pytest.raises(GuardFailed, match="cell_scale"):
+        run_feature_selection(
+            request=request, plan=hostile, data=data, device=CPU, progress=lambda a, b: None
+        )

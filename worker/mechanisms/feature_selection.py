@@ -30,6 +30,7 @@ from service.modelspec import parameter_count
 from service.selection_plans import SelectionPlan, candidate_mechanism
 from worker.mechanisms.base import ProgressFn, TabularTrainingSet
 from worker.mechanisms.dpsgd import run_dpsgd
+from worker.mechanisms.guards import GuardFailed, positive_finite
 from worker.mechanisms.model_selection import SelectionOutput, _train_and_score, split_rows
 from worker.mechanisms.search import genetic_search
 from worker.noise import rounded_gaussian, secure_rng
@@ -85,6 +86,17 @@ def count_histograms(codes: np.ndarray, y: np.ndarray, bins: list[int]) -> Histo
         for i, j in combinations(range(f), 2)
     }
     return Histograms(fy=fy, ff=ff)
+
+
+def one_cell_per_row(h: Histograms, *, rows: int, bins: list[int]) -> None:
+    """The invariant the cells' charge rests on (ℓ2 sensitivity √H for H histograms):
+    every row adds exactly one count to each histogram, whose shape is the public layout's.
+    Checked on the real counts before any noise (worker/mechanisms/guards.py)."""
+    parts = [(a, (b, 2)) for a, b in zip(h.fy, bins, strict=True)]
+    parts += [(a, (bins[i], bins[j])) for (i, j), a in h.ff.items()]
+    for counts, shape in parts:
+        if counts.shape != shape or int(counts.min(initial=0)) < 0 or int(counts.sum()) != rows:
+            raise GuardFailed("features cfs: a row is not in exactly one cell of a histogram")
 
 
 def noisy_histograms(h: Histograms, *, scale: float, rng: np.random.Generator) -> Histograms:
@@ -305,6 +317,8 @@ def run_feature_selection(
         assert layout.cell_scale is not None
         codes, y = discretise(data, layout)
         counts = count_histograms(codes, y, [c.bins for c in layout.columns])
+        one_cell_per_row(counts, rows=int(codes.shape[0]), bins=[c.bins for c in layout.columns])
+        positive_finite("features cfs", cell_scale=layout.cell_scale)
         noisy = noisy_histograms(counts, scale=layout.cell_scale, rng=rng)
         del counts, codes, y
         progress(1, 2)
