@@ -27,20 +27,20 @@ whether or not the chain mixed:
    row's r_int by one unit in 31 of 40 crafted trials, by up to (1 + 9.1e-6)·Δ in all.)
    That is made true by construction, assuming only IEEE-754 correct rounding:
 
-   * θ̃ = θ on the grid 2^-b (:func:`quantised_theta`: round, clamp to ±2^m, both exact),
+   * θ̃ = θ on the grid 2^-b (round, clamp to ±2^m, both exact: fixed_point.py),
      so the logit's numerator x_int·θ_int is a sum of P integer products, each
      ≤ 2^c·2^m, with P·2^(c+m) ≤ 2^52: every float64 partial sum is an integer below
      2^53, exact in any order, and z = (x_int·θ_int)·2^-(c+b) is exact (a power of two);
-   * σ̃(z) (:func:`sigmoid_basic`) is computed elementwise from IEEE basic operations
-     only (+, −, ×, ÷ on float64, each correctly rounded, so the same bits in any lane,
-     position or batch size; eager torch runs each operation as its own kernel, so no
-     FMA contraction joins two of them): exp(−|z|) as (Σ_{j≤18} (−v)^j/j!)^64 by Horner
-     on v = min(|z|, 64)/64 and six squarings, then 1/(1 + e) or e/(1 + e). It is not
-     the correctly rounded logistic function (no IEEE operation is); the proof needs only
-     that it is a fixed function of z with values in [0, 1], which division of e ≥ 0 by
-     1 + e ≥ e guarantees (correctly rounded quotients of x ≤ y lie in [0, 1]). Its error
-     against σ (below 1e-13 absolute) changes the target the chain approximates by less
-     than the residual grid 2^-a does;
+   * σ̃(z) (:func:`~worker.mechanisms.fixed_point.sigmoid_basic`) is computed elementwise
+     from IEEE basic operations only (+, −, ×, ÷ on float64, each correctly rounded, so
+     the same bits in any lane, position or batch size; eager torch runs each operation
+     as its own kernel, so no FMA contraction joins two of them): exp(−|z|) by a Horner
+     polynomial and squarings, then 1/(1 + e) or e/(1 + e). It is not the correctly
+     rounded logistic function (no IEEE operation is); the proof needs only that it is a
+     fixed function of z with values in [0, 1], which division of e ≥ 0 by 1 + e ≥ e
+     guarantees (correctly rounded quotients of 0 ≤ x ≤ y lie in [0, 1]). Its error
+     against σ (below 1.4e-15 absolute) changes the target the chain approximates by far
+     less than the residual grid 2^-a does;
    * r_int = trunc((σ̃ − y)·2^a): a correctly rounded subtraction of values in [0, 1] and
      an exact scaling and truncation.
 
@@ -61,13 +61,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any
 
 import torch
 
 from service.modelspec import ModelSpec
 from worker.mechanisms.base import MechanismOutput, ProgressFn, TabularTrainingSet
 from worker.mechanisms.dpsgd import NoiseStream, PlanMismatch
+from worker.mechanisms.fixed_point import quantised_theta, sigmoid_basic, theta_bits
 from worker.mechanisms.guards import nonnegative_finite, positive_finite
 from worker.models import build_module
 from worker.noise import secure_rng
@@ -150,44 +151,6 @@ def quantised_features(x: torch.Tensor, *, feature_bits: int, norm_sq_bound: int
     if bool(((ints * ints).sum(dim=1) > norm_sq_bound << (2 * feature_bits)).any()):
         raise PlanMismatch("an encoded row exceeds the schema's norm bound")
     return ints.double()
-
-
-THETA_RANGE_BITS: Final[int] = 10
-"""|θ̃_j| ≤ 2^10 = 1024: the quantised parameters' range (a logistic weight beyond it is
-clamped when the gradient is evaluated; the chain's own θ is not)."""
-_EXP_TERMS: Final[int] = 18
-_EXP_SQUARINGS: Final[int] = 6  # exp(−u) = exp(−u/64)^64, u ≤ 64
-
-
-def theta_bits(*, feature_bits: int, parameters: int) -> tuple[int, int]:
-    """(b, m): θ's grid 2^-b and integer range ±2^m with P·2^(c+m) ≤ 2^52, so the logit
-    numerator x_int·θ_int is exact in float64 in any order (module docstring)."""
-    m = 52 - feature_bits - math.ceil(math.log2(max(parameters, 1)))
-    b = m - THETA_RANGE_BITS
-    if b < 8:
-        raise PlanMismatch("the Langevin grid leaves θ too coarse a grid for this many inputs")
-    return b, m
-
-
-def quantised_theta(theta: torch.Tensor, *, bits: int, limit_bits: int) -> torch.Tensor:
-    """θ_int = clamp(round(θ·2^b), ±2^m) as integer-valued float64 (exact operations: a
-    power-of-two scaling, rounding to an integer, a comparison)."""
-    limit = float(2**limit_bits)
-    return torch.clamp(torch.round(theta * 2.0**bits), -limit, limit)
-
-
-def sigmoid_basic(z: torch.Tensor) -> torch.Tensor:
-    """σ̃(z) in [0, 1] from IEEE basic operations only, elementwise (module docstring):
-    the same bits for an element whatever tensor it sits in."""
-    v = torch.clamp(torch.abs(z), max=64.0) * (1.0 / 64.0)  # exact: |·|, min, × 2^-6
-    p = torch.full_like(v, 1.0 / math.factorial(_EXP_TERMS))
-    for j in range(_EXP_TERMS - 1, -1, -1):  # Horner: Σ (−v)^j / j!
-        p = p * (-v) + 1.0 / math.factorial(j)
-    for _ in range(_EXP_SQUARINGS):
-        p = p * p
-    e = torch.clamp(p, min=0.0)  # exp(−|z|) ≥ 0
-    one_plus = 1.0 + e
-    return torch.where(z >= 0, 1.0 / one_plus, e / one_plus)
 
 
 def row_residuals(

@@ -20,14 +20,13 @@ from service.privacy.sampling import noise_slack
 from service.schemas import ExpmOptions, JobRequest
 from worker.mechanisms.base import TabularTrainingSet
 from worker.mechanisms.dpsgd import PlanMismatch
+from worker.mechanisms.fixed_point import quantised_theta, theta_bits
 from worker.mechanisms.langevin import (
     LangevinParams,
     gradient_sum,
     quantised_features,
-    quantised_theta,
     row_residuals,
     run_expm_langevin,
-    theta_bits,
 )
 from worker.noise import secure_rng
 

@@ -1,0 +1,72 @@
+"""Exact fixed-point building blocks from IEEE-754 basic operations only (issue 25).
+
+A privacy proof that "assumes only IEEE-754 correct rounding" may use +, −, ×, ÷ and √
+on float64 (each correctly rounded, so the same bits whatever lane, position, batch size
+or thread computes it; eager torch runs every operation as its own kernel, so no FMA
+contraction joins two of them), exact power-of-two scalings, rounding to integers and
+comparisons; and sums of integers below 2^53, exact in any order. It may not use a
+transcendental function (no IEEE operation is one: libm's and vendor kernels' results
+differ) or a float reduction whose order depends on the batch (BLAS picks kernels by
+shape). These helpers give a mechanism a per-row quantity that is a function of the row
+and the public state alone, bit for bit:
+
+* :func:`theta_bits` / :func:`quantised_theta`: parameters on the grid 2^-b, clamped to
+  ±2^m with P·2^(c+m) ≤ 2^52, so a dot product with features on the grid 2^-c is an
+  exact integer sum in float64 whatever its order;
+* :func:`sigmoid_basic`: a logistic function from basic operations only.
+
+Used by the proven Langevin sampler (worker/mechanisms/langevin.py) and the exact DP-SGD
+engine for logistic regression (worker/mechanisms/grad_engines.py).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Final
+
+import torch
+
+from worker.mechanisms.dpsgd import PlanMismatch
+
+__all__ = ["THETA_RANGE_BITS", "quantised_theta", "sigmoid_basic", "theta_bits"]
+
+
+THETA_RANGE_BITS: Final[int] = 10
+"""|θ̃_j| ≤ 2^10 = 1024: the quantised parameters' range (a logistic weight beyond it is
+clamped when the gradient is evaluated; the chain's own θ is not)."""
+_EXP_TERMS: Final[int] = 18
+_EXP_SQUARINGS: Final[int] = 6  # exp(−u) = exp(−u/64)^64, u ≤ 64
+
+
+def theta_bits(*, feature_bits: int, parameters: int) -> tuple[int, int]:
+    """(b, m): θ's grid 2^-b and integer range ±2^m with P·2^(c+m) ≤ 2^52, so the logit
+    numerator x_int·θ_int is exact in float64 in any order (module docstring)."""
+    m = 52 - feature_bits - math.ceil(math.log2(max(parameters, 1)))
+    b = m - THETA_RANGE_BITS
+    if b < 8:
+        raise PlanMismatch("the Langevin grid leaves θ too coarse a grid for this many inputs")
+    return b, m
+
+
+def quantised_theta(theta: torch.Tensor, *, bits: int, limit_bits: int) -> torch.Tensor:
+    """θ_int = clamp(round(θ·2^b), ±2^m) as integer-valued float64 (exact operations: a
+    power-of-two scaling, rounding to an integer, a comparison)."""
+    limit = float(2**limit_bits)
+    return torch.clamp(torch.round(theta * 2.0**bits), -limit, limit)
+
+
+def sigmoid_basic(z: torch.Tensor) -> torch.Tensor:
+    """σ̃(z) in [0, 1] from IEEE basic operations only, elementwise: the same bits for an
+    element whatever tensor it sits in. exp(−|z|) as (Σ_{j≤18} (−v)^j/j!)^64 by Horner on
+    v = min(|z|, 64)/64 and six squarings, then 1/(1 + e) for z ≥ 0, else e/(1 + e): a
+    correctly rounded quotient of 0 ≤ x ≤ y lies in [0, 1], so σ̃ ∈ [0, 1] exactly. It is
+    within 1.4e-15 of σ (measured on [−80, 80]); proofs use only σ̃ ∈ [0, 1]."""
+    v = torch.clamp(torch.abs(z), max=64.0) * (1.0 / 64.0)  # exact: |·|, min, × 2^-6
+    p = torch.full_like(v, 1.0 / math.factorial(_EXP_TERMS))
+    for j in range(_EXP_TERMS - 1, -1, -1):  # Horner: Σ (−v)^j / j!
+        p = p * (-v) + 1.0 / math.factorial(j)
+    for _ in range(_EXP_SQUARINGS):
+        p = p * p
+    e = torch.clamp(p, min=0.0)  # exp(−|z|) ≥ 0
+    one_plus = 1.0 + e
+    return torch.where(z >= 0, 1.0 / one_plus, e / one_plus)
