@@ -82,8 +82,16 @@ The price: c_row/Δ ≈ 1 − √P/Δ − 2.5e-4 (clipping at 0.9997·C instead 
 for P = 10⁴ at k = 20). Every engine's forward/backward runs in float64 for A1 (twice the
 activation memory of float32).
 
-What is NOT proven here: A1 (measured, not derived; on other CPUs/GPUs it should be
-re-measured: the unit tests do so wherever they run). GRU-D (recurrent layers, whose
+Logistic regression in the exact engine (the default engine) needs no A1 (issue 25):
+:class:`ExactLogisticClipper` computes each row's gradient and norm bound from the row and
+the parameters alone, bit for bit, with IEEE-754 basic operations on fixed-point grids
+(:func:`exact_logistic_rows`, worker/mechanisms/fixed_point.py), so η = 0 above and the
+proof of its sum assumes only A2 (IEEE float64) and A3.
+
+What is NOT proven here: A1 for the other models and engines (MLPs in every engine, GRU-D,
+logistic regression in ghost and jl): measured, not derived, and false in general (issue
+25: a ReLU row on a unit's boundary moves by more than its own norm); on other CPUs/GPUs
+it should be re-measured: the unit tests do so wherever they run. GRU-D (recurrent layers, whose
 per-example gradient is a sum over time steps, and elementwise decay parameters) is not
 supported by ghost or jl: the plan refuses it (422); the JL estimator itself
 (:func:`jl_projections`) runs on GRU-D and is tested there.
@@ -101,6 +109,7 @@ import torch
 from torch.func import functional_call, grad, jvp, vmap
 
 from worker.mechanisms.dpsgd import DpsgdParams, PlanMismatch, _linear_layers
+from worker.mechanisms.fixed_point import quantised_theta, sigmoid_basic, theta_bits
 from worker.mechanisms.guards import positive_finite, row_contributions_within
 from worker.models import Logistic
 from worker.models.functional import ParamLayout
@@ -142,11 +151,14 @@ def _gamma(n: int) -> float:
     return nu / (1.0 - nu)
 
 
-def row_cap(*, parameters: int, sensitivity: float) -> float:
+def row_cap(*, parameters: int, sensitivity: float, drift: float | None = None) -> float:
     """c_row (integer units): the norm each row's contribution may have so that the rounded
-    float sum has sensitivity ≤ ``sensitivity`` (the module docstring's proof)."""
+    float sum has sensitivity ≤ ``sensitivity`` (the module docstring's proof). ``drift``
+    is η, a row's contribution's relative drift with its batch: 8·ε_row under A1 (the
+    default), 0 where the contribution is batch-independent bit for bit (exact logistic)."""
     depth = math.ceil(math.log2(ROW_LIMIT / REDUCE_CHUNK))
-    drift = 8.0 * ROW_STABILITY  # η: a row's contribution's drift with its batch (A1)
+    if drift is None:
+        drift = 8.0 * ROW_STABILITY  # η: a row's contribution's drift with its batch (A1)
     slack = 2.0 * (drift + _gamma(REDUCE_CHUNK + depth)) * (ROW_LIMIT + 1)
     cap = (sensitivity - math.sqrt(parameters)) / (1.0 + slack)
     if cap <= 0:
@@ -492,6 +504,82 @@ class IntegerClipper:
         )
 
 
+LOGISTIC_FEATURE_BITS: Final[int] = 16
+"""c: the exact logistic path reads each feature (in [0, 1]) on the grid 2^-16."""
+
+
+def exact_logistic_rows(
+    layer: torch.nn.Linear, x: torch.Tensor, y: torch.Tensor, *, theta_grid: tuple[int, int]
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(x_int, r, N̂) for logistic regression, each row's a function of that row and the
+    layer's parameters alone, bit for bit, from IEEE-754 basic operations (issue 25;
+    worker/mechanisms/fixed_point.py). Row i's gradient is g_i = (r_i·x_int,i·2^-c, r_i):
+
+    * x_int = trunc(clamp(x, 0, 1)·2^c); θ_int = θ on the grid 2^-b (``theta_grid`` =
+      (b, m)): z_i = ((x_int,i, 2^c)·θ_int)·2^-(c+b) is an exact integer sum, any order
+      (P·2^(c+m) ≤ 2^52);
+    * r_i = σ̃(z_i) − y_i, σ̃ from basic operations only (fixed_point.sigmoid_basic);
+    * N̂_i = fl(|r_i|·fl(√S_i)), S_i = ‖x_int,i‖²·2^-2c + 1 exact (integers below 2^53),
+      so ‖g_i‖ = |r_i|·√S_i ≤ N̂_i/(1 − u)² and a row's contribution formed with one
+      more rounded product per entry, (fl(a_i·x_int,ij)·2^-c, a_i) with a_i = fl(w_i·r_i),
+      has norm ≤ w_i·N̂_i·(1 + u)²/(1 − u)² ≤ w_i·N̂_i·(1 + 5u).
+
+    Differs from the float gradient at θ by the grids (|Δz| ≤ P·2^-b + ‖θ‖₁·2^-c), the
+    same kind of public pre-processing as the schema's encoding. A NaN feature stays NaN
+    through clamp and trunc and makes its row's bound NaN, which the row guard refuses."""
+    c = LOGISTIC_FEATURE_BITS
+    b, m = theta_grid
+    with torch.no_grad():
+        x_int = torch.trunc(x.double().clamp_(0.0, 1.0).mul_(2.0**c))
+        theta = torch.cat((layer.weight[0].detach().double(), layer.bias.detach().double()))
+        theta_int = quantised_theta(theta, bits=b, limit_bits=m)
+        numerators = torch.mv(x_int, theta_int[:-1]).add_(theta_int[-1] * 2.0**c)  # exact
+        residual = sigmoid_basic(numerators.mul_(2.0 ** -(c + b))).sub_(y.double())
+        # Σ x_int² per row: integers below 2^53, exact in any order; × 2^-2c and + 1 exact.
+        squares = (x_int * x_int).sum(dim=1).mul_(2.0 ** (-2 * c)).add_(1.0)
+        return x_int, residual, torch.abs(residual).mul_(torch.sqrt(squares))
+
+
+def exact_logistic_grads(
+    layer: torch.nn.Linear, x: torch.Tensor, y: torch.Tensor, *, theta_grid: tuple[int, int]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(g, N̂): the per-example gradients of :func:`exact_logistic_rows` materialised."""
+    x_int, r, norms = exact_logistic_rows(layer, x, y, theta_grid=theta_grid)
+    g = torch.cat((r.unsqueeze(1) * x_int * 2.0**-LOGISTIC_FEATURE_BITS, r.unsqueeze(1)), 1)
+    return g, norms
+
+
+class ExactLogisticClipper(IntegerClipper):
+    """The exact engine for logistic regression with no measured assumption (issue 25):
+    each row's residual and norm bound come from :func:`exact_logistic_rows`, so a row's
+    contribution (fl(a_i·x_int,i)·2^-c, a_i), a_i = fl(w_i·r_i), w_i = min(2^k/C, c/N̂_i),
+    is the same bits whatever else is in the batch: η = 0 in the module docstring's proof
+    (A1 is not used), and its norm is ≤ c·(1 + u)·(1 + 5u) ≤ c_row with
+    c = c_row·(1 − 2^-20). The chunk's sum Σ_i a_i·x_int,i is one GEMV (its product
+    roundings are inside A2's γ_m), then × 2^-c (exact); the bias entry Σ_i a_i."""
+
+    def __init__(
+        self, module: Logistic, *, grid_bits: int, max_grad_norm: float, parameters: int
+    ) -> None:
+        super().__init__(
+            module, grid_bits=grid_bits, max_grad_norm=max_grad_norm, parameters=parameters
+        )
+        self.layer = module.linear
+        self._bound = row_cap(parameters=parameters, sensitivity=2.0**grid_bits, drift=0.0)
+        self._cap = self._bound * (1.0 - _MARGIN)
+        self._grid = theta_bits(feature_bits=LOGISTIC_FEATURE_BITS, parameters=parameters)
+
+    def chunk_sum(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        x_int, r, norms = exact_logistic_rows(self.layer, x, y, theta_grid=self._grid)
+        if x_int.shape[1] + 1 != self.parameters:
+            raise PlanMismatch("the model's parameter count differs from the plan's")
+        w = torch.clamp(self._cap / norms, max=self._units)  # N̂ = 0: 2^k/C (g_i = 0)
+        row_contributions_within("dpsgd exact logistic", w, norms, self._bound)
+        a = w * r
+        weights_part = torch.mv(x_int.T, a).mul_(2.0**-LOGISTIC_FEATURE_BITS)
+        return torch.cat((weights_part, a.sum().reshape(1)))
+
+
 def clipped_integer_sum(
     module: torch.nn.Module,
     x: torch.Tensor,
@@ -501,10 +589,10 @@ def clipped_integer_sum(
     max_grad_norm: float,
     parameters: int,
 ) -> torch.Tensor:
-    """The exact engine's int64 sum for one batch; see :class:`IntegerClipper`."""
-    clip = IntegerClipper(
-        module, grid_bits=grid_bits, max_grad_norm=max_grad_norm, parameters=parameters
-    )
+    """The exact engine's int64 sum for one batch; see :class:`IntegerClipper` (and
+    :class:`ExactLogisticClipper` for logistic regression)."""
+    kind = ExactLogisticClipper if isinstance(module, Logistic) else IntegerClipper
+    clip = kind(module, grid_bits=grid_bits, max_grad_norm=max_grad_norm, parameters=parameters)  # type: ignore[arg-type]
     return clip(x, y)
 
 
@@ -515,6 +603,8 @@ def integer_sum_for(
     ≤ κ·2^k."""
     k, c, size = params.grid_bits, params.max_grad_norm, params.parameters
     if params.engine == "exact":
+        if isinstance(module, Logistic):
+            return ExactLogisticClipper(module, grid_bits=k, max_grad_norm=c, parameters=size)
         return IntegerClipper(module, grid_bits=k, max_grad_norm=c, parameters=size)
     if params.engine == "ghost":
         return lambda x, y: ghost_integer_sum(
