@@ -59,7 +59,7 @@ def main() -> None:
     )
     from fastapi.testclient import TestClient
 
-    from service.api.app import create_app
+    from service.app import create_app
     from service.config import get_settings
     from service.migrate import upgrade
     from tests.conftest import auth, bootstrap

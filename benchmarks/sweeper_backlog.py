@@ -97,7 +97,7 @@ def main() -> None:
 
     import service
     import service.jobs as jobs
-    from service.api.app import create_app
+    from service.app import create_app
     from service.config import get_settings
     from service.db import engine_for
     from service.migrate import upgrade

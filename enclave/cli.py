@@ -34,7 +34,8 @@ from enclave.jobs_cli import jobs_app
 from service import admin as ops
 from service.auth import expiry, hash_api_key, new_api_key, revoke_key, rotate_key
 from service.config import get_settings
-from service.dataschema import DatasetSchema, SchemaError, load_schema_yaml
+from service.dataschema import SchemaError
+from service.dataset_kinds import DatasetSchema, load_schema_yaml
 from service.db import engine_for, transaction
 from service.ledger.admission import (
     InvalidLedgerOperation,
@@ -534,7 +535,7 @@ def api(host: str = "127.0.0.1", port: int = 8000, workers: int = 1) -> None:
 
     # The app's own access log (service/logs.py: JSON lines with request ids) replaces
     # uvicorn's; uvicorn keeps its startup and error lines.
-    uvicorn.run("service.api.asgi:app", host=host, port=port, workers=workers, access_log=False)
+    uvicorn.run("service.asgi:app", host=host, port=port, workers=workers, access_log=False)
 
 
 @app.command("worker")
@@ -594,9 +595,10 @@ def demo(
     keep: Annotated[bool, typer.Option(help="Keep the demo's files (.enclave-demo/).")] = False,
 ) -> None:
     """The main job, end to end on the embedded default (see README)."""
-    from enclave.demo import run_demo
+    from enclave.demo import AdminSteps, run_demo
 
-    run_demo(epsilon=epsilon, epochs=epochs, keep=keep, console=console)
+    steps = AdminSteps(db_upgrade, datasets_register, analysts_create_key, ledger_table)
+    run_demo(epsilon=epsilon, epochs=epochs, keep=keep, console=console, admin_steps=steps)
 
 
 if __name__ == "__main__":

@@ -12,11 +12,14 @@ from __future__ import annotations
 import os
 import shutil
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
 from rich.console import Console
+from rich.table import Table
 
 from enclave.analyst import score_csv
 from enclave.processes import child_env, free_port, start_api, start_worker, stop, wait_ready
@@ -26,7 +29,20 @@ REPO = Path(__file__).resolve().parents[1]
 ADULT = REPO / "examples" / "adult"
 
 
-def run_demo(*, epsilon: float, epochs: int, keep: bool, console: Console) -> None:
+@dataclass(frozen=True)
+class AdminSteps:
+    """The admin commands the demo runs inside the enclave (the CLI's own functions,
+    passed in by the ``enclave demo`` command so this module does not import the CLI)."""
+
+    db_upgrade: Callable[[], None]
+    datasets_register: Callable[..., None]
+    analysts_create_key: Callable[[str, str], str]
+    ledger_table: Callable[[list[dict[str, Any]]], Table]
+
+
+def run_demo(
+    *, epsilon: float, epochs: int, keep: bool, console: Console, admin_steps: AdminSteps
+) -> None:
     t0 = time.monotonic()
     home = Path(".enclave-demo").resolve()
     if home.exists():
@@ -38,7 +54,8 @@ def run_demo(*, epsilon: float, epochs: int, keep: bool, console: Console) -> No
 
     get_settings.cache_clear()
 
-    from enclave.cli import analysts_create_key, datasets_register, db_upgrade, ledger_table
+    db_upgrade, datasets_register = admin_steps.db_upgrade, admin_steps.datasets_register
+    analysts_create_key, ledger_table = admin_steps.analysts_create_key, admin_steps.ledger_table
 
     console.rule("[bold]1. Admin, inside the enclave")
     db_upgrade()

@@ -36,7 +36,7 @@ def start_api(
         sys.executable,
         "-m",
         "uvicorn",
-        "service.api.asgi:app",
+        "service.asgi:app",
         "--host",
         "127.0.0.1",
         "--port",

@@ -14,15 +14,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeAlias
+from typing import Annotated, Any, Literal
 
 import numpy as np
 import pandas as pd
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
-
-if TYPE_CHECKING:
-    from service.timeseries import TimeSeriesSchema
 
 OnInvalid = Literal["reject", "clip"]
 
@@ -153,10 +149,6 @@ class TabularSchema(_Strict):
         return read_csv_kwargs(self.csv)
 
 
-# A public schema of any kind (a string: the time-series module imports this one).
-DatasetSchema: TypeAlias = "TabularSchema | TimeSeriesSchema"
-
-
 class SchemaError(ValueError):
     """A schema that cannot be used, said in one line (no traceback for the admin)."""
 
@@ -192,36 +184,6 @@ def _one_line(exc: ValidationError, data: Any) -> str:
 
 def parse_schema(data: dict[str, Any]) -> TabularSchema:
     return TabularSchema.model_validate(data)
-
-
-def parse_dataset_schema(data: dict[str, Any]) -> DatasetSchema:
-    """A public schema of any kind, chosen by its ``kind`` (``tabular`` when absent)."""
-    # The sibling module builds on this one, so it is imported here, not at the top.
-    from service.timeseries import TimeSeriesSchema
-
-    if data.get("kind") == "timeseries":
-        return TimeSeriesSchema.model_validate(data)
-    return parse_schema(data)
-
-
-def load_schema_yaml(text: str) -> DatasetSchema:
-    """Parse a schema document; every problem is a :class:`SchemaError` with one line."""
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(exc, "problem", None) or type(exc).__name__
-        raise SchemaError(f"the schema is not valid YAML{where}: {problem}") from None
-    if not isinstance(data, dict):
-        raise SchemaError(
-            "a schema must be a YAML mapping (tabular: name, csv, target, columns; "
-            "timeseries: name, kind, grid, outcome, variables)"
-        )
-    try:
-        return parse_dataset_schema(data)
-    except ValidationError as exc:
-        raise SchemaError(_one_line(exc, data)) from None
 
 
 @dataclass(frozen=True)

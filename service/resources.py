@@ -17,7 +17,7 @@ from typing import Any
 
 from pydantic import TypeAdapter
 
-from service.dataschema import DatasetSchema
+from service.dataset_kinds import DatasetSchema
 from service.modelspec import GrudSpec, MlpSpec, ModelSpec, parameter_count
 from service.privacy.tuning import padded_runs, runs_distribution_from_json
 from service.schemas import JobRequest, PrivacyPlan

@@ -7,7 +7,6 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from service.ledger.tables import EntryKind, JobStatus, Role
 from service.modelspec import LogisticSpec, ModelSpec
 from service.params import (
     BatchSize,
@@ -21,6 +20,7 @@ from service.params import (
     LearningRate,
     NoiseDecay,
 )
+from service.vocabulary import EntryKind, JobStatus, Role
 
 TrainingMethod = Literal["dpsgd", "expm_nf", "expm"]
 Method = Literal[TrainingMethod, "selection"]

@@ -153,7 +153,7 @@ def keys(settings: Settings) -> Keys:
 def client(settings: Settings, keys: Keys) -> Iterator[object]:
     from fastapi.testclient import TestClient
 
-    from service.api.app import create_app
+    from service.app import create_app
 
     with TestClient(create_app(settings, run_sweeper=False), raise_server_exceptions=False) as c:
         yield c

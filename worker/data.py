@@ -16,14 +16,8 @@ from typing import Any
 import pandas as pd
 import torch
 
-from service.dataschema import (
-    DatasetSchema,
-    TabularSchema,
-    ValidationReport,
-    encode,
-    parse_schema,
-    validate_frame,
-)
+from service.dataschema import TabularSchema, ValidationReport, encode, parse_schema, validate_frame
+from service.dataset_kinds import DatasetSchema
 from service.timeseries import (
     TimeSeriesReport,
     TimeSeriesSchema,

@@ -9,7 +9,8 @@ from pathlib import Path
 from sqlalchemy import Engine, select
 
 from service.config import Settings
-from service.dataschema import DatasetSchema, ValidationReport
+from service.dataschema import ValidationReport
+from service.dataset_kinds import DatasetSchema
 from service.db import transaction
 from service.ledger.admission import count_refusal, new_dataset
 from service.ledger.policy import no_method_warning

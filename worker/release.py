@@ -127,7 +127,7 @@ _PREPROCESSING = {
 
 
 def _feature_names(public_schema: dict[str, Any]) -> list[str]:
-    from service.dataschema import parse_dataset_schema
+    from service.dataset_kinds import parse_dataset_schema
 
     return parse_dataset_schema(public_schema).feature_names
 
@@ -187,7 +187,7 @@ def release_size_bound(plan: PrivacyPlan, public_schema: dict[str, Any]) -> int:
     public values only: the plan's model and sample count, the public schema's encoded
     width, and the sizes of the plan and schema the card repeats. A selection plan's
     model is its largest candidate (service/selections.py), and it releases at most one."""
-    from service.dataschema import parse_dataset_schema
+    from service.dataset_kinds import parse_dataset_schema
 
     n_features = parse_dataset_schema(public_schema).n_features
     spec: ModelSpec = TypeAdapter(ModelSpec).validate_python(plan.model)

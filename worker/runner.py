@@ -22,7 +22,6 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -42,6 +41,7 @@ from service.schemas import JobRequest, PrivacyPlan
 from service.selections import ResolvedSelection, plan_selection_job
 from worker.data import load_training_set
 from worker.device import resolve_device
+from worker.mechanisms import registry
 from worker.mechanisms.base import MechanismOutput, ProgressFn, TabularTrainingSet
 from worker.mechanisms.guards import GuardFailed, finite_release
 from worker.release import (
@@ -193,9 +193,6 @@ class Heartbeat:
             raise Superseded(self.job_id)
 
 
-Runner = Callable[..., MechanismOutput]
-
-
 def run_mechanism(
     *,
     plan: PrivacyPlan,
@@ -204,33 +201,8 @@ def run_mechanism(
     device: torch.device,
     progress: ProgressFn,
 ) -> MechanismOutput:
-    if plan.method == "expm_nf":
-        from worker.mechanisms.expm_job import run_expm_nf_plan
-
-        return run_expm_nf_plan(plan=plan, spec=spec, data=data, device=device, progress=progress)
-    run: Runner
-    if plan.method == "dpsgd":
-        from worker.mechanisms.dpsgd import run_dpsgd
-
-        run = run_dpsgd
-    elif plan.method == "expm" and plan.mechanism.get("sampler") == "mcmc":
-        from worker.mechanisms.mcmc import run_expm_mcmc
-
-        run = run_expm_mcmc
-    elif plan.method == "expm":
-        from worker.mechanisms.langevin import run_expm_langevin
-
-        run = run_expm_langevin
-    else:
-        raise PlanError(f"unknown method {plan.method!r}")
-    return run(
-        spec=spec,
-        mechanism=plan.mechanism,
-        samples=plan.samples,
-        data=data,
-        device=device,
-        progress=progress,
-    )
+    """The plan's mechanism, from the registry (worker/mechanisms/registry.py)."""
+    return registry.run_mechanism(plan=plan, spec=spec, data=data, device=device, progress=progress)
 
 
 def _run_selection(

@@ -25,6 +25,12 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
+# The ledger's vocabularies live in their own module so that the API's schemas can name
+# them without importing the ORM (issue 23); re-exported here for the tables' users.
+from service.vocabulary import EntryKind as EntryKind
+from service.vocabulary import JobStatus as JobStatus
+from service.vocabulary import Role as Role
+
 
 def utcnow() -> datetime:
     return datetime.now(UTC)
@@ -36,26 +42,6 @@ class Base(DeclarativeBase):
         list[int]: JSON,
         datetime: DateTime(timezone=True),
     }
-
-
-class Role(enum.StrEnum):
-    admin = "admin"
-    analyst = "analyst"
-
-
-class JobStatus(enum.StrEnum):
-    queued = "queued"
-    running = "running"
-    released = "released"
-    failed = "failed"
-    cancelled = "cancelled"
-
-
-class EntryKind(enum.StrEnum):
-    charge = "charge"
-    refund = "refund"
-    release = "release"
-    budget = "budget"
 
 
 def _enum(cls: type[enum.Enum]) -> Enum:

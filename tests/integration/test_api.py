@@ -279,7 +279,7 @@ def test_rate_limits_answer_429_with_retry_after(settings: Any, keys: Any) -> No
 
     from fastapi.testclient import TestClient
 
-    from service.api.app import create_app
+    from service.app import create_app
 
     tight = settings.model_copy(
         update={"rate_limit_burst": 3, "rate_limit_per_s": 0.5, "planning_per_key": 1}

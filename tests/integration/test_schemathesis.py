@@ -16,7 +16,7 @@ from hypothesis.errors import Unsatisfiable
 from schemathesis import GenerationMode
 from schemathesis.checks import positive_data_acceptance
 
-from service.api.app import create_app
+from service.app import create_app
 from tests.conftest import Keys
 
 # Per operation and mode. The PostgreSQL leg (the database modes differ in what they

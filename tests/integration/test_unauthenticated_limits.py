@@ -11,7 +11,7 @@ from typing import Any
 from fastapi.testclient import TestClient
 from pydantic import SecretStr
 
-from service.api.app import create_app
+from service.app import create_app
 from service.config import Settings
 from tests.conftest import auth
 

@@ -11,7 +11,7 @@ import pytest
 from pydantic import BaseModel
 from sqlalchemy import select
 
-from service.api.app import create_app
+from service.app import create_app
 from service.db import engine_for, transaction
 from service.ledger.tables import LedgerEntry
 from service.params import InputModel, admits_bool

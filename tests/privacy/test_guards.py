@@ -272,13 +272,13 @@ def _work_and_progress(
     """Trainings performed, progress reported and whether a model came out, with K
     forced to ``k`` (the law's draw replaced; the work counted, nothing else changed)."""
     calls = {"n": 0}
-    real = model_selection._train_and_score
+    real = model_selection.train_and_score
 
     def counted(**kw: Any) -> Any:
         calls["n"] += 1
         return real(**kw)
 
-    monkeypatch.setattr(model_selection, "_train_and_score", counted)
+    monkeypatch.setattr(model_selection, "train_and_score", counted)
     monkeypatch.setattr(model_selection, "draw_runs", lambda plan, rng: k)
     seen: list[tuple[int, int]] = []
     if kind == "hyperparameters":

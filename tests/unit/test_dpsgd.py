@@ -273,7 +273,7 @@ def test_grud_per_example_grads_equal_a_per_row_reference() -> None:
     """torch.func's vmap over GRU-D (with its public-means buffer and decay parameters)
     gives each row's gradient, as one autograd backward per row does."""
     module = build_module(GrudSpec(hidden=4), 3, public_means=[0.2, 0.5, 0.9])
-    assert dpsgd._linear_layers(module) is None  # the torch.func path
+    assert ge.linear_layers(module) is None  # the torch.func path
     x, y = _grud_batch(6), torch.tensor([1.0, 0, 1, 0, 0, 1])
     fast = ge.per_example_grads(module, x, y)
     rows = []
@@ -320,7 +320,7 @@ def test_linear_engine_equals_torch_func_and_a_per_row_reference(spec: object) -
         for p in module.parameters():
             p.normal_()
     x, y = torch.randn(9, 7), (torch.rand(9) > 0.5).float()
-    layers = dpsgd._linear_layers(module)
+    layers = ge.linear_layers(module)
     assert layers is not None
     fast = ge._linear_per_example_grads(module, layers, x, y).double()
     engine = ge.gradient_engine(module)(x, y)

@@ -28,7 +28,7 @@ from service.privacy.sampling import GRID_BITS
 from service.schemas import DpsgdOptions, JobRequest
 from worker.mechanisms import dpsgd, fixed_point
 from worker.mechanisms import grad_engines as ge
-from worker.mechanisms.base import TabularTrainingSet
+from worker.mechanisms.base import PlanMismatch, TabularTrainingSet
 from worker.models import build_module
 from worker.noise import secure_rng
 
@@ -72,7 +72,7 @@ def test_ghost_norms_equal_the_microbatch_reference(spec: Any) -> None:
     module = build_module(spec, 7)
     x, y = _batch()
     ref = _microbatch_grads(module, x, y).norm(dim=1)
-    layers = dpsgd._linear_layers(module)
+    layers = ge.linear_layers(module)
     assert layers is not None
     norms = ge.linear_signals(module, layers, x, y).norms()
     torch.testing.assert_close(norms, ref, rtol=1e-5, atol=1e-7)
@@ -168,7 +168,7 @@ def test_adding_one_example_moves_the_sum_by_at_most_the_sensitivity(
     )
     fixed = ge.gaussian_directions(secure_rng(), count=1, size=p)
     monkeypatch.setattr(ge, "gaussian_directions", lambda rng, *, count, size: fixed.clone())
-    summed = ge.integer_sum_for(params, module=module, rng=secure_rng())
+    summed = dpsgd.integer_sum_for(params, module=module, rng=secure_rng())
     x, y = _batch(n=30, d=5, scale=50.0)
     x[::2] *= 1e-3  # half the rows small: unclipped
     worst = 0.0
@@ -216,7 +216,7 @@ def test_row_signals_drift_far_less_than_assumed_with_the_batch_around_them() ->
     and position, which is why the engines compute in float64.)"""
     module = build_module(MlpSpec(hidden=[16, 8]), 104)
     x, y = _batch(n=700, d=104)
-    layers = dpsgd._linear_layers(module)
+    layers = ge.linear_layers(module)
     assert layers is not None
     v = ge.gaussian_directions(
         secure_rng(), count=2, size=parameter_count(MlpSpec(hidden=[16, 8]), 104)
@@ -240,7 +240,7 @@ def test_ghost_and_jl_refuse_a_model_outside_linear_layers() -> None:
     module = build_module(GrudSpec(hidden=2), 3)
     x, y = _grud_batch(2)
     p = parameter_count(GrudSpec(hidden=2), 3)
-    with pytest.raises(dpsgd.PlanMismatch):
+    with pytest.raises(PlanMismatch):
         ge.ghost_integer_sum(module, x, y, grid_bits=GRID_BITS, max_grad_norm=1.0, parameters=p)
 
 
@@ -427,7 +427,7 @@ def _exact_sum(module: torch.nn.Module, p: int, clip: float = 0.05) -> Any:
             "engine": "exact",
         }
     )
-    return ge.integer_sum_for(params, module=module, rng=secure_rng())
+    return dpsgd.integer_sum_for(params, module=module, rng=secure_rng())
 
 
 def _drift_case(

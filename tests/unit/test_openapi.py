@@ -10,8 +10,8 @@ from typing import Any, get_args
 
 import pytest
 
-from service.api.app import create_app
 from service.api.errors import PROBLEM_JSON, PROBLEMS
+from service.app import create_app
 from service.config import Settings
 from service.ledger.tables import JobStatus
 from service.schemas import Guarantee, Method

@@ -8,7 +8,7 @@ import time
 import numpy as np
 import torch
 
-from service.dataschema import parse_dataset_schema
+from service.dataset_kinds import parse_dataset_schema
 from service.modelspec import GrudSpec, LogisticSpec, ModelSpec
 from service.plans import build_plan, plan_for_dataset
 from service.resources import (

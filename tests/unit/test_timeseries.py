@@ -13,7 +13,8 @@ import pytest
 import torch
 import yaml
 
-from service.dataschema import SchemaError, load_schema_yaml, parse_dataset_schema
+from service.dataschema import SchemaError
+from service.dataset_kinds import load_schema_yaml, parse_dataset_schema
 from service.modelspec import GrudSpec
 from service.timeseries import TimeSeriesSchema, encode_series, validate_series
 from worker.models import Grud, build_module

@@ -43,3 +43,7 @@ class MechanismOutput:
 
     releases: list[dict[str, torch.Tensor]]
     enclave_diagnostics: dict[str, float] = field(default_factory=dict)
+
+
+class PlanMismatch(RuntimeError):
+    """The run would not be the mechanism the ledger charged."""

@@ -49,9 +49,16 @@ import numpy.typing as npt
 import torch
 
 from service.modelspec import ModelSpec
-from worker.mechanisms.base import MechanismOutput, ProgressFn, TabularTrainingSet
+from worker.mechanisms.base import MechanismOutput, PlanMismatch, ProgressFn, TabularTrainingSet
+from worker.mechanisms.grad_engines import (
+    ExactLogisticClipper,
+    IntegerClipper,
+    IntegerSum,
+    ghost_integer_sum,
+    jl_integer_sum,
+)
 from worker.mechanisms.guards import GuardFailed, positive_finite
-from worker.models import build_module
+from worker.models import Logistic, build_module
 from worker.noise import rounded_gaussian, secure_rng
 
 # Noise coordinates drawn per call of the sampler (amortises its per-call overhead).
@@ -131,10 +138,6 @@ class DpsgdParams:
             jl_projections=int(mechanism.get("jl_projections") or 0),
             jl_kappa=float(mechanism.get("jl_kappa", 1.0)),
         )
-
-
-class PlanMismatch(RuntimeError):
-    """The run would not be the mechanism the ledger charged."""
 
 
 class NoiseStream:
@@ -242,16 +245,6 @@ class PoissonSampler:
             yield SampledBlock(rows=rows, sizes=sizes.tolist())
 
 
-def _linear_layers(module: torch.nn.Module) -> list[torch.nn.Linear] | None:
-    """The module's Linear layers, if they hold every parameter in parameters() order."""
-    layers = [m for m in module.modules() if isinstance(m, torch.nn.Linear)]
-    owned = [p for m in layers for p in (m.weight, m.bias) if p is not None]
-    mine = list(module.parameters())
-    if len(owned) != len(mine) or any(a is not b for a, b in zip(owned, mine, strict=True)):
-        return None
-    return layers
-
-
 def _flat_parameters(module: torch.nn.Module) -> torch.Tensor:
     """One buffer holding every parameter in parameters() order, the parameters becoming
     views of it, so that a step is one in-place update of the buffer."""
@@ -290,9 +283,6 @@ def _train_one(
         * 2.0**-params.grid_bits
         / params.expected_batch_size
     )
-    # The plan's engine (grad_engines imports this module, hence the late import).
-    from worker.mechanisms.grad_engines import integer_sum_for
-
     integer_sum = integer_sum_for(params, module=module, rng=rng)
     step = 0
     for block in sampler.blocks(data.n, params.steps):
@@ -335,3 +325,33 @@ def run_dpsgd(
         for i in range(samples)
     ]
     return MechanismOutput(releases=releases)
+
+
+def integer_sum_for(
+    params: DpsgdParams, *, module: torch.nn.Module, rng: np.random.Generator
+) -> IntegerSum:
+    """The plan's engine for one run's ``module`` as (x, y) → int64 sum of sensitivity
+    ≤ κ·2^k."""
+    k, c, size = params.grid_bits, params.max_grad_norm, params.parameters
+    if params.engine == "exact":
+        if isinstance(module, Logistic):
+            return ExactLogisticClipper(module, grid_bits=k, max_grad_norm=c, parameters=size)
+        return IntegerClipper(module, grid_bits=k, max_grad_norm=c, parameters=size)
+    if params.engine == "ghost":
+        return lambda x, y: ghost_integer_sum(
+            module, x, y, grid_bits=k, max_grad_norm=c, parameters=size
+        )
+    if params.engine == "jl":
+        r, kappa = params.jl_projections, params.jl_kappa
+        return lambda x, y: jl_integer_sum(
+            module,
+            x,
+            y,
+            grid_bits=k,
+            max_grad_norm=c,
+            parameters=size,
+            projections=r,
+            kappa=kappa,
+            rng=rng,
+        )
+    raise PlanMismatch(f"unknown gradient engine {params.engine!r}")

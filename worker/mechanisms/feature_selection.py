@@ -29,9 +29,9 @@ from service.feature_selection import FeatureCandidate, FeatureLayout, FeatureRe
 from service.modelspec import parameter_count
 from service.selection_plans import SelectionPlan, candidate_mechanism
 from worker.mechanisms.base import ProgressFn, TabularTrainingSet
+from worker.mechanisms.candidates import SelectionOutput, split_rows, train_and_score
 from worker.mechanisms.dpsgd import run_dpsgd
 from worker.mechanisms.guards import GuardFailed, positive_finite
-from worker.mechanisms.model_selection import SelectionOutput, _train_and_score, split_rows
 from worker.mechanisms.search import genetic_search
 from worker.noise import rounded_gaussian, secure_rng
 
@@ -379,7 +379,7 @@ def run_feature_selection(
             parameters=parameter_count(request.model, len(cols)),
             learning_rate=request.training.learning_rate,
         )
-        weights, score = _train_and_score(
+        weights, score = train_and_score(
             spec=request.model,
             mechanism=mech,
             train=tr,

@@ -27,7 +27,7 @@ from typing import Final
 import numpy as np
 import torch
 
-from worker.mechanisms.dpsgd import PlanMismatch
+from worker.mechanisms.base import PlanMismatch
 
 __all__ = ["THETA_RANGE_BITS", "quantised_theta", "sigmoid_basic", "theta_bits"]
 

@@ -108,7 +108,7 @@ import numpy as np
 import torch
 from torch.func import functional_call, grad, jvp, vmap
 
-from worker.mechanisms.dpsgd import DpsgdParams, PlanMismatch, _linear_layers
+from worker.mechanisms.base import PlanMismatch
 from worker.mechanisms.fixed_point import quantised_theta, sigmoid_basic, theta_bits
 from worker.mechanisms.guards import positive_finite, row_contributions_within
 from worker.models import Logistic
@@ -122,10 +122,10 @@ __all__ = [
     "clipped_integer_sum",
     "ghost_integer_sum",
     "gradient_engine",
-    "integer_sum_for",
     "jl_integer_sum",
     "jl_norm_estimates",
     "jl_projections",
+    "linear_layers",
     "linear_signals",
     "per_example_grads",
     "row_cap",
@@ -164,6 +164,16 @@ def row_cap(*, parameters: int, sensitivity: float, drift: float | None = None) 
     if cap <= 0:
         raise PlanMismatch("the grid is too coarse for this many parameters")
     return cap
+
+
+def linear_layers(module: torch.nn.Module) -> list[torch.nn.Linear] | None:
+    """The module's Linear layers, if they hold every parameter in parameters() order."""
+    layers = [m for m in module.modules() if isinstance(m, torch.nn.Linear)]
+    owned = [p for m in layers for p in (m.weight, m.bias) if p is not None]
+    mine = list(module.parameters())
+    if len(owned) != len(mine) or any(a is not b for a, b in zip(owned, mine, strict=True)):
+        return None
+    return layers
 
 
 @dataclass(frozen=True)
@@ -267,7 +277,7 @@ def capped_integer_sum(
 
 
 def _signals(module: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> LinearSignals:
-    layers = _linear_layers(module)
+    layers = linear_layers(module)
     if layers is None:
         raise PlanMismatch("ghost and jl need a model whose parameters all sit in Linear layers")
     return linear_signals(module, layers, x, y)
@@ -433,7 +443,7 @@ def gradient_engine(module: torch.nn.Module) -> GradientEngine:
     if isinstance(module, Logistic):
         layer = module.linear
         return lambda x, y: _logistic_per_example_grads(layer, x, y)
-    layers = _linear_layers(module)
+    layers = linear_layers(module)
     if layers is not None:
         return lambda x, y: _linear_per_example_grads(module, layers, x, y)
     return lambda x, y: _vmap_per_example_grads(module, x, y)
@@ -594,33 +604,3 @@ def clipped_integer_sum(
     kind = ExactLogisticClipper if isinstance(module, Logistic) else IntegerClipper
     clip = kind(module, grid_bits=grid_bits, max_grad_norm=max_grad_norm, parameters=parameters)  # type: ignore[arg-type]
     return clip(x, y)
-
-
-def integer_sum_for(
-    params: DpsgdParams, *, module: torch.nn.Module, rng: np.random.Generator
-) -> IntegerSum:
-    """The plan's engine for one run's ``module`` as (x, y) → int64 sum of sensitivity
-    ≤ κ·2^k."""
-    k, c, size = params.grid_bits, params.max_grad_norm, params.parameters
-    if params.engine == "exact":
-        if isinstance(module, Logistic):
-            return ExactLogisticClipper(module, grid_bits=k, max_grad_norm=c, parameters=size)
-        return IntegerClipper(module, grid_bits=k, max_grad_norm=c, parameters=size)
-    if params.engine == "ghost":
-        return lambda x, y: ghost_integer_sum(
-            module, x, y, grid_bits=k, max_grad_norm=c, parameters=size
-        )
-    if params.engine == "jl":
-        r, kappa = params.jl_projections, params.jl_kappa
-        return lambda x, y: jl_integer_sum(
-            module,
-            x,
-            y,
-            grid_bits=k,
-            max_grad_norm=c,
-            parameters=size,
-            projections=r,
-            kappa=kappa,
-            rng=rng,
-        )
-    raise PlanMismatch(f"unknown gradient engine {params.engine!r}")

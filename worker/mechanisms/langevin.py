@@ -66,8 +66,8 @@ from typing import Any
 import torch
 
 from service.modelspec import ModelSpec
-from worker.mechanisms.base import MechanismOutput, ProgressFn, TabularTrainingSet
-from worker.mechanisms.dpsgd import NoiseStream, PlanMismatch
+from worker.mechanisms.base import MechanismOutput, PlanMismatch, ProgressFn, TabularTrainingSet
+from worker.mechanisms.dpsgd import NoiseStream
 from worker.mechanisms.fixed_point import quantised_theta, sigmoid_basic, theta_bits
 from worker.mechanisms.guards import nonnegative_finite, positive_finite
 from worker.models import build_module

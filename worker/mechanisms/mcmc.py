@@ -37,8 +37,7 @@ import torch
 from torch import Tensor
 
 from service.modelspec import ModelSpec
-from worker.mechanisms.base import MechanismOutput, ProgressFn, TabularTrainingSet
-from worker.mechanisms.dpsgd import PlanMismatch
+from worker.mechanisms.base import MechanismOutput, PlanMismatch, ProgressFn, TabularTrainingSet
 from worker.mechanisms.guards import nonnegative_finite, positive_finite
 from worker.mechanisms.mcmc_diagnostics import ess_bulk, split_rhat
 from worker.models import build_module

@@ -21,14 +21,13 @@ K ≤ N (always, with a cap); progress stays 0 of 1 → 1 of 1.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
-from service.feature_selection import FeatureCandidate, FeatureRequest
-from service.modelspec import GrudSpec, ModelSpec, parameter_count
+from service.feature_selection import FeatureRequest
+from service.modelspec import ModelSpec, parameter_count
 from service.privacy.tuning import padded_runs
 from service.search_space import ArchitectureCandidate
 from service.selection_plans import (
@@ -40,9 +39,14 @@ from service.selection_plans import (
     candidate_mechanism,
 )
 from worker.mechanisms.base import ProgressFn, TabularTrainingSet
-from worker.mechanisms.dpsgd import run_dpsgd
-from worker.mechanisms.search import noisy_accuracy, run_search, sample_candidate
-from worker.models import build_module
+from worker.mechanisms.candidates import (
+    SelectionOutput,
+    split_rows,
+    train_and_count,
+    train_and_score,
+)
+from worker.mechanisms.feature_selection import run_feature_selection
+from worker.mechanisms.search import run_search, sample_candidate
 from worker.noise import discrete_laplace, secure_rng
 
 __all__ = [
@@ -56,27 +60,6 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True)
-class SelectionOutput:
-    selected: (
-        ArchitectureCandidate | HyperparameterCandidate | FeatureCandidate | None
-    )  # None: K = 0
-    model: dict[str, object] | None  # the selected model spec (JSON)
-    weights: dict[str, torch.Tensor] | None
-    noisy_accuracy: float | None
-    # Enclave log only for hyperparameters: K must not be released (see below).
-    trainings: int
-
-
-def split_rows(
-    data: TabularTrainingSet, *, validation_fraction: float, rng: np.random.Generator
-) -> tuple[TabularTrainingSet, TabularTrainingSet]:
-    """Each row goes to validation independently with the public probability."""
-    to_val = torch.as_tensor(rng.random(data.n) < validation_fraction, device=data.x.device)
-    part = lambda m: TabularTrainingSet(data.x[m], data.y[m], data.public_means)  # noqa: E731
-    return part(~to_val), part(to_val)
-
-
 def draw_runs(plan: SelectionPlan, rng: np.random.Generator) -> int:
     """K from the plan's public law by inversion of its cdf (server-side CSPRNG)."""
     assert plan.runs is not None
@@ -88,70 +71,6 @@ def draw_runs(plan: SelectionPlan, rng: np.random.Generator) -> int:
         if u < total or k > 1_000_000:
             return k
         k += 1
-
-
-def _train_and_count(
-    *,
-    spec: ModelSpec,
-    mechanism: dict[str, object],
-    train: TabularTrainingSet,
-    val: TabularTrainingSet,
-    device: torch.device,
-    method: str = "dpsgd",
-) -> tuple[dict[str, torch.Tensor], int]:
-    """DP-SGD (or, ``method`` expm_nf, one ExpM+NF sample) on the training part; the exact
-    number of correct validation predictions (private: it only leaves noised, see the
-    callers)."""
-    if method == "expm_nf":
-        from worker.mechanisms.expm_job import params_from_mechanism
-        from worker.mechanisms.expm_nf import run_expm_nf
-        from worker.rng import secure_generator
-
-        grud_means = train.public_means if isinstance(spec, GrudSpec) else None
-        out = run_expm_nf(
-            spec=spec,
-            params=params_from_mechanism(dict(mechanism), samples=1, grud_public_means=grud_means),
-            data=train,
-            device=device,
-            generator=secure_generator(device),
-            progress=lambda a, b: None,
-        )
-    else:
-        out = run_dpsgd(
-            spec=spec,
-            mechanism=dict(mechanism),
-            samples=1,
-            data=train,
-            device=device,
-            progress=lambda a, b: None,
-        )
-    weights = out.releases[0]
-    module = build_module(spec, train.n_features, public_means=train.public_means)
-    module.load_state_dict(weights)
-    with torch.no_grad():
-        pred = module.to(device)(val.x) > 0.0
-    return weights, int((pred == (val.y > 0.5)).sum().item())
-
-
-def _train_and_score(
-    *,
-    spec: ModelSpec,
-    mechanism: dict[str, object],
-    train: TabularTrainingSet,
-    val: TabularTrainingSet,
-    n_val_public: int,
-    fitness_epsilon: float,
-    device: torch.device,
-    rng: np.random.Generator,
-    method: str = "dpsgd",
-) -> tuple[dict[str, torch.Tensor], float]:
-    weights, correct = _train_and_count(
-        spec=spec, mechanism=mechanism, train=train, val=val, device=device, method=method
-    )
-    score = noisy_accuracy(
-        correct=correct, n_val_public=n_val_public, epsilon=fitness_epsilon, rng=rng
-    )
-    return weights, score
 
 
 def run_architecture_selection(
@@ -185,7 +104,7 @@ def run_architecture_selection(
     def fitness(c: ArchitectureCandidate) -> float:
         nonlocal done
         spec, mech = spec_and_mechanism(c)
-        weights, score = _train_and_score(
+        weights, score = train_and_score(
             spec=spec,
             mechanism=mech,
             train=train,
@@ -230,7 +149,7 @@ def run_architecture_selection(
         for _ in range(request.search.trainings):
             c = sample_candidate(request.space, rng)
             spec, mech = spec_and_mechanism(c)
-            weights, correct = _train_and_count(
+            weights, correct = train_and_count(
                 spec=spec,
                 mechanism=mech,
                 train=train,
@@ -290,7 +209,7 @@ def run_hyperparameter_selection(
             learning_rate=c.learning_rate,
             max_grad_norm=c.max_grad_norm,
         )
-        weights, score = _train_and_score(
+        weights, score = train_and_score(
             spec=request.model,
             mechanism=mech,
             train=train,
@@ -326,9 +245,6 @@ def run_selection(
 ) -> SelectionOutput:
     """Worker entry point of every kind (the request's type picks the kind)."""
     if isinstance(request, FeatureRequest):
-        # Local import: worker.mechanisms.feature_selection reuses this module's helpers.
-        from worker.mechanisms.feature_selection import run_feature_selection
-
         return run_feature_selection(
             request=request, plan=plan, data=data, device=device, progress=progress
         )

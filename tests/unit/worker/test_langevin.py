@@ -18,8 +18,7 @@ from service.plans import PlanError, build_plan, langevin_grid_bits, row_norm_sq
 from service.privacy.orders import ORDERS
 from service.privacy.sampling import noise_slack
 from service.schemas import ExpmOptions, JobRequest
-from worker.mechanisms.base import TabularTrainingSet
-from worker.mechanisms.dpsgd import PlanMismatch
+from worker.mechanisms.base import PlanMismatch, TabularTrainingSet
 from worker.mechanisms.fixed_point import quantised_theta, theta_bits
 from worker.mechanisms.langevin import (
     LangevinParams,
@@ -96,7 +95,7 @@ def test_grid_keeps_the_noise_scale_in_the_samplers_range() -> None:
 def test_row_norm_bound_of_the_adult_schema() -> None:
     from pathlib import Path
 
-    from service.dataschema import load_schema_yaml
+    from service.dataset_kinds import load_schema_yaml
 
     root = Path(__file__).resolve().parents[3]
     schema = load_schema_yaml((root / "examples/adult/schema.yaml").read_text())

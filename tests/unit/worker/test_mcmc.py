@@ -18,8 +18,7 @@ from service.plans import PlanError, build_plan
 from service.privacy.orders import ORDERS
 from service.releases import STATEMENTS
 from service.schemas import Guarantee, JobRequest, PrivacyPlan, weakest_guarantee
-from worker.mechanisms.base import TabularTrainingSet
-from worker.mechanisms.dpsgd import PlanMismatch
+from worker.mechanisms.base import PlanMismatch, TabularTrainingSet
 from worker.mechanisms.mcmc import (
     LogisticTarget,
     McmcParams,

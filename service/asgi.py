@@ -1,6 +1,6 @@
-"""ASGI entry point for uvicorn/gunicorn: `uvicorn service.api.asgi:app`."""
+"""ASGI entry point for uvicorn/gunicorn: `uvicorn service.asgi:app`."""
 
-from service.api.app import create_app
+from service.app import create_app
 from service.config import get_settings
 from service.logs import configure_logging
 

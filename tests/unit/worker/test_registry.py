@@ -1,0 +1,30 @@
+"""Every method the API accepts has a mechanism in the worker's registry, and every
+registered mechanism resolves to a function that takes the registry's call (issue 23)."""
+
+from __future__ import annotations
+
+import inspect
+import typing
+
+from service.schemas import ExpmOptions, TrainingMethod
+from worker.mechanisms.registry import MECHANISMS
+
+
+def _keys() -> set[tuple[str, str | None]]:
+    samplers = typing.get_args(ExpmOptions.model_fields["sampler"].annotation)
+    keys: set[tuple[str, str | None]] = set()
+    for method in typing.get_args(TrainingMethod):
+        keys |= {(method, s) for s in samplers} if method == "expm" else {(method, None)}
+    return keys
+
+
+def test_every_method_and_sampler_the_api_accepts_is_registered() -> None:
+    assert _keys() == set(MECHANISMS)
+
+
+def test_every_registered_mechanism_takes_the_registrys_call() -> None:
+    for key, entry in MECHANISMS.items():
+        params = set(inspect.signature(entry.resolve()).parameters)
+        common = {"spec", "data", "device", "progress"}
+        wanted = common | ({"plan"} if entry.takes_plan else {"mechanism", "samples"})
+        assert wanted <= params, (key, params)
