@@ -26,15 +26,10 @@ from sqlalchemy import create_engine, func, insert, select, text
 from sqlalchemy.engine import make_url
 
 from service.db import make_engine, transaction
-from service.ledger.admission import (
-    BudgetExceeded,
-    admit_job,
-    cap_filter,
-    charge_for,
-    dataset_filter,
-    evaluate,
-    new_dataset,
-)
+from service.ledger.admission import BudgetExceeded, admit_job
+from service.ledger.charges import charge_for
+from service.ledger.datasets import new_dataset
+from service.ledger.filter_view import cap_filter, dataset_filter, evaluate
 from service.ledger.tables import Analyst, AnalystCap, Dataset, EntryKind, LedgerEntry, Role
 from service.migrate import upgrade
 from service.plans import build_plan

@@ -37,13 +37,10 @@ from service.config import get_settings
 from service.dataschema import SchemaError
 from service.dataset_kinds import DatasetSchema, load_schema_yaml
 from service.db import engine_for, transaction
-from service.ledger.admission import (
-    InvalidLedgerOperation,
-    dataset_filter,
-    set_analyst_cap,
-    set_dataset_budget,
-)
 from service.ledger.audit import check_totals, verify_all
+from service.ledger.budgets import set_analyst_cap, set_dataset_budget
+from service.ledger.errors import InvalidLedgerOperation
+from service.ledger.filter_view import dataset_filter
 from service.ledger.tables import Analyst, Dataset, Role
 from service.migrate import upgrade
 from service.schemas import AnalystCreate, BudgetUpdate, CapUpdate, KeyRotate, RefundRequest

@@ -15,16 +15,11 @@ from sqlalchemy.orm import Session
 from service.auth import expiry, hash_api_key, key_is_live, new_api_key, revoke_key, rotate_key
 from service.jobs import as_utc, job_public
 from service.ledger.accounting import ledger_entry_public
-from service.ledger.admission import (
-    InvalidLedgerOperation,
-    LedgerError,
-    cap_filter,
-    dataset_filter,
-    lock_job,
-    refund_job,
-    set_analyst_cap,
-    set_dataset_budget,
-)
+from service.ledger.budgets import set_analyst_cap, set_dataset_budget
+from service.ledger.errors import InvalidLedgerOperation, LedgerError
+from service.ledger.filter_view import cap_filter, dataset_filter
+from service.ledger.locks import lock_job
+from service.ledger.refunds import refund_job
 from service.ledger.tables import (
     Analyst,
     AnalystCap,

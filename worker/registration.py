@@ -12,7 +12,7 @@ from service.config import Settings
 from service.dataschema import ValidationReport
 from service.dataset_kinds import DatasetSchema
 from service.db import transaction
-from service.ledger.admission import count_refusal, new_dataset
+from service.ledger.datasets import count_refusal, new_dataset
 from service.ledger.policy import no_method_warning
 from service.ledger.tables import Dataset
 from service.params import DELTA_FLOOR, EPSILON_FLOOR

@@ -162,7 +162,7 @@ class ReleaseSpaceError(Exception):
     """The release folder cannot take this job's release: it is missing and cannot be
     made, it is not writable, or it has too little free space. Raised before any private
     row is read, so the job fails with its charge refundable (and refunded automatically,
-    service/ledger/admission.py ``refund_unread_failure``)."""
+    service/ledger/refunds.py ``refund_unread_failure``)."""
 
 
 RELEASE_SPACE_FAILURE = (

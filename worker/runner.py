@@ -32,7 +32,8 @@ from sqlalchemy.exc import DBAPIError, OperationalError
 from service.config import Settings, get_settings
 from service.db import engine_for, transaction
 from service.jobs import as_utc
-from service.ledger.admission import lock_job, record_release
+from service.ledger.locks import lock_job
+from service.ledger.releases import record_release
 from service.ledger.tables import Dataset, Job, JobStatus, Release
 from service.modelspec import ModelSpec
 from service.plans import PlanError, plan_for_dataset, progress_total
@@ -249,7 +250,7 @@ def execute_job(job_id: str, settings: Settings | None = None) -> Outcome:
         _finish_failed(engine, job_id, token, PLAN_FAILURE)
         return Outcome.failed
     # Before any private row is read: a release that cannot be written fails the job now,
-    # untouched, so its charge is refunded (admission.refund_unread_failure), not burned.
+    # untouched, so its charge is refunded (refunds.refund_unread_failure), not burned.
     try:
         bound = release_size_bound(plan, ds.public_schema)
         check_release_space(settings.resolved_release_dir, bound)

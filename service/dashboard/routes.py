@@ -38,8 +38,8 @@ from service.dashboard.views import (
 )
 from service.db import transaction
 from service.ledger.accounting import accounting_summary, spending_over_time
-from service.ledger.admission import InvalidLedgerOperation
 from service.ledger.audit import check_totals, verify_all
+from service.ledger.errors import InvalidLedgerOperation
 from service.ledger.tables import Dataset
 from service.schemas import (
     AnalystCreate,

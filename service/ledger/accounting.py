@@ -18,7 +18,8 @@ from pydantic import BaseModel, Field
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from service.ledger.admission import charges_in_force, dataset_filter
+from service.ledger.filter_view import dataset_filter
+from service.ledger.spending import charges_in_force
 from service.ledger.tables import Dataset, EntryKind, Job, LedgerEntry
 from service.privacy.amounts import from_micro
 from service.privacy.calibrate import PldUnavailable, pld_epsilon

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from service.ledger.admission import cost_entries, spent_by, sum_entries
 from service.ledger.chain import ChainReport, verify_chain
+from service.ledger.spending import cost_entries, spent_by, sum_entries
 from service.ledger.tables import AnalystCap, Dataset, EntryKind
 from service.privacy.amounts import curve_to_micro_up
 from service.privacy.events import event_from_json

@@ -77,6 +77,33 @@ def append_entry(session: Session, dataset: Dataset, entry: LedgerEntry) -> Ledg
     return entry
 
 
+def _zero_cost_entry(
+    session: Session,
+    ds: Dataset,
+    *,
+    kind: EntryKind,
+    event: dict,
+    reason: str | None,
+    analyst_id: int | None = None,
+    job_id: str | None = None,
+) -> LedgerEntry:
+    """A chained entry that costs nothing: budget changes and releases."""
+    return append_entry(
+        session,
+        ds,
+        LedgerEntry(
+            analyst_id=analyst_id,
+            job_id=job_id,
+            kind=kind,
+            event=event,
+            epsilon_micro=0,
+            rdp_micro=None,
+            delta="0",
+            reason=reason,
+        ),
+    )
+
+
 @dataclass(frozen=True)
 class ChainReport:
     dataset: str

@@ -14,13 +14,10 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import get_args
 
-from service.ledger.admission import (
-    LedgerError,
-    charge_for,
-    dataset_filter,
-    evaluate,
-    nominal_refusal,
-)
+from service.ledger.charges import charge_for
+from service.ledger.errors import LedgerError
+from service.ledger.filter_view import dataset_filter, evaluate
+from service.ledger.nominal import nominal_refusal
 from service.ledger.tables import Dataset
 from service.modelspec import GrudSpec, LogisticSpec
 from service.params import EPSILON_FLOOR

@@ -99,7 +99,7 @@ concurrently interleaved interactive mechanisms.
 Refunds: the filter's rounds are job STARTS. The proof above treats S as
 monotone: a charge, once counted, is never taken back, or an order that died
 could come back to life and the coupling of step 2 breaks. The ledger
-(service/ledger/admission.py) nevertheless returns budget in one case, and the
+(service/ledger/refunds.py) nevertheless returns budget in one case, and the
 argument for it is that the rounds of the filter are not admissions but job
 starts, where a job's START is its first read of private rows:
 

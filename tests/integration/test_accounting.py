@@ -19,8 +19,8 @@ from service.ledger.accounting import (
     charged_events,
     dataset_guarantee,
 )
-from service.ledger.admission import lock_dataset
 from service.ledger.chain import append_entry
+from service.ledger.locks import lock_dataset
 from service.ledger.tables import Dataset, EntryKind, Job, JobStatus, LedgerEntry
 from service.privacy.amounts import curve_to_micro_up, from_micro, to_micro_up
 from service.privacy.calibrate import PldUnavailable, pld_epsilon

@@ -23,17 +23,11 @@ from sqlalchemy import func, select
 
 from enclave.processes import child_env, free_port, start_api, stop, wait_ready
 from service.db import engine_for, transaction
-from service.ledger.admission import (
-    BudgetExceeded,
-    Filter,
-    admit_job,
-    cap_filter,
-    charge_for,
-    cost_entries,
-    dataset_filter,
-    evaluate,
-)
+from service.ledger.admission import BudgetExceeded, admit_job
 from service.ledger.audit import check_totals, verify_all
+from service.ledger.charges import charge_for
+from service.ledger.filter_view import Filter, cap_filter, dataset_filter, evaluate
+from service.ledger.spending import cost_entries
 from service.ledger.tables import Analyst, AnalystCap, Dataset, Job, LedgerEntry
 from service.plans import plan_for_dataset
 from service.schemas import JobRequest

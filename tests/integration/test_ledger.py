@@ -16,22 +16,15 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from sqlalchemy import select, update
 
 from service.db import engine_for, make_engine, transaction
-from service.ledger.admission import (
-    BudgetExceeded,
-    InvalidLedgerOperation,
-    admit_job,
-    cancel_job,
-    cap_filter,
-    charge_for,
-    dataset_filter,
-    evaluate,
-    lock_job,
-    new_dataset,
-    refund_job,
-    set_analyst_cap,
-    set_dataset_budget,
-)
+from service.ledger.admission import BudgetExceeded, admit_job
 from service.ledger.audit import check_totals, verify_all
+from service.ledger.budgets import set_analyst_cap, set_dataset_budget
+from service.ledger.charges import charge_for
+from service.ledger.datasets import new_dataset
+from service.ledger.errors import InvalidLedgerOperation
+from service.ledger.filter_view import cap_filter, dataset_filter, evaluate
+from service.ledger.locks import lock_job
+from service.ledger.refunds import cancel_job, refund_job
 from service.ledger.tables import (
     Analyst,
     AnalystCap,

@@ -14,8 +14,8 @@ from typer.testing import CliRunner
 from enclave.cli import app
 from service.admin import signed_delta
 from service.db import engine_for, transaction
-from service.ledger.admission import AUTOMATIC_REFUND_REASON
 from service.ledger.audit import check_totals, verify_all
+from service.ledger.refunds import AUTOMATIC_REFUND_REASON
 from service.ledger.tables import EntryKind, Job, JobStatus, LedgerEntry
 from tests.conftest import auth
 from worker.data import ROWS_FILE, dataset_dir

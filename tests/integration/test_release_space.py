@@ -16,7 +16,7 @@ from sqlalchemy import select
 import worker.release as release
 import worker.runner as runner
 from service.db import engine_for, transaction
-from service.ledger.admission import AUTOMATIC_REFUND_REASON
+from service.ledger.refunds import AUTOMATIC_REFUND_REASON
 from service.ledger.tables import EntryKind, Job, JobStatus, LedgerEntry
 from tests.conftest import auth
 from worker.release import RELEASE_SPACE_FAILURE

@@ -189,7 +189,7 @@ def test_request_digest_is_unchanged_by_fields_added_at_their_default() -> None:
     import hashlib
     import json
 
-    from service.ledger.admission import request_digest
+    from service.ledger.idempotency import request_digest
 
     r = JobRequest(
         dataset="a", method="dpsgd", epsilon=1.0, delta=1e-5, dpsgd=DpsgdOptions(epochs=2)

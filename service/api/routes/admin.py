@@ -18,8 +18,8 @@ from service.api.errors import ProblemError
 from service.api.openapi import AUTHENTICATED, JSON_BODY, problem_responses
 from service.db import transaction
 from service.ledger.accounting import AccountingSummary, accounting_summary
-from service.ledger.admission import InvalidLedgerOperation
 from service.ledger.audit import check_totals, verify_all
+from service.ledger.errors import InvalidLedgerOperation
 from service.schemas import (
     AnalystCreate,
     AnalystCreated,

@@ -21,21 +21,13 @@ from service.dataset_kinds import parse_dataset_schema
 from service.db import transaction
 from service.jobs import enqueue, job_public
 from service.ledger.accounting import dataset_guarantee
-from service.ledger.admission import (
-    BudgetExceeded,
-    Evaluation,
-    IdempotencyConflict,
-    InvalidLedgerOperation,
-    NominalNotAllowed,
-    admit_job,
-    cancel_job,
-    cap_filter,
-    charge_for,
-    dataset_filter,
-    evaluate,
-    lock_job,
-    nominal_refusal,
-)
+from service.ledger.admission import BudgetExceeded, admit_job
+from service.ledger.charges import charge_for
+from service.ledger.errors import IdempotencyConflict, InvalidLedgerOperation, NominalNotAllowed
+from service.ledger.filter_view import Evaluation, cap_filter, dataset_filter, evaluate
+from service.ledger.locks import lock_job
+from service.ledger.nominal import nominal_refusal
+from service.ledger.refunds import cancel_job
 from service.ledger.tables import AnalystCap, Dataset, Job, JobStatus, Release
 from service.plans import PlanError, plan_for_dataset
 from service.privacy.amounts import from_micro

@@ -13,7 +13,7 @@ import pytest
 import torch
 from scipy import optimize, stats
 
-from service.ledger.admission import request_digest
+from service.ledger.idempotency import request_digest
 from service.plans import PlanError, build_plan, langevin_grid_bits, row_norm_sq_bound
 from service.privacy.orders import ORDERS
 from service.privacy.sampling import noise_slack
