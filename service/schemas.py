@@ -70,7 +70,7 @@ class DpsgdOptions(_In):
         default=None,
         description=(
             "Passes over the data. Default: from the public row count n̂, enough epochs for "
-            "about 300 steps, at least 3 (service.plans.resolve_dpsgd_options)."
+            "about 300 steps, at least 3 (service.methods.dpsgd.resolve_dpsgd_options)."
         ),
     )
     batch_size: BatchSize | None = Field(
@@ -198,7 +198,7 @@ class ExpmOptions(_In):
         description=(
             "Langevin steps T, or MCMC iterations per chain after the warm-up. Default: "
             "langevin from the request's ε, 300 for ε ≥ 1, else 100; mcmc 500 "
-            "(service.plans.resolve_expm_options)."
+            "(service.methods.expm.resolve_expm_options)."
         ),
     )
     learning_rate: float = Field(

@@ -47,9 +47,10 @@ from service.feature_selection import (
     feature_plan_parts,
     pafs_event,
 )
+from service.methods.dpsgd import resolve_dpsgd_options
 from service.modelspec import MlpSpec, ModelSpec
 from service.params import BatchSize, ClipNorm, Epochs, InputModel, LearningRate, NoiseDecay
-from service.plans import PlanError, build_plan, resolve_dpsgd_options
+from service.plans import PlanError, build_plan
 from service.privacy.events import (
     AnyOfEvent,
     ComposedEvent,

@@ -9,8 +9,9 @@ import pytest
 import torch
 from scipy import stats
 
+from service.methods.dpsgd import dpsgd_schedule
 from service.modelspec import GrudSpec, LogisticSpec, MlpSpec, parameter_count
-from service.plans import build_plan, dpsgd_schedule
+from service.plans import build_plan
 from service.privacy.sampling import GRID_BITS
 from service.schemas import DpsgdOptions, JobRequest
 from worker.mechanisms import dpsgd

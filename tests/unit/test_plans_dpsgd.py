@@ -213,7 +213,7 @@ def test_request_digest_is_unchanged_by_fields_added_at_their_default() -> None:
 def test_defaults_come_from_the_public_row_count() -> None:
     """Issue 12: fixed defaults gave a 750-row dataset 9 steps. Derived: batch n̂/20 in
     [16, 256], epochs for about 300 steps (≥ 3); Adult keeps 256 × 3 (T = 354)."""
-    from service.plans import resolve_dpsgd_options
+    from service.methods.dpsgd import resolve_dpsgd_options
 
     def resolved(n: int, **kw: int) -> tuple[int | None, int | None]:
         o = resolve_dpsgd_options(DpsgdOptions(**kw), n_rows=n)

@@ -1,7 +1,7 @@
 """DP-SGD (Abadi et al. 2016): Poisson sampling, per-example clipping, Gaussian noise, run
 as the named stages of one step, each depending only on the plan's public values.
 
-What the ledger charged (service/plans.py) is the Poisson-subsampled Gaussian mechanism
+What the ledger charged (service/methods/dpsgd.py) is the Poisson-subsampled Gaussian mechanism
 with the plan's q, σ, C and T, under add/remove-one neighbours. The run below is exactly
 that mechanism, post-processed:
 

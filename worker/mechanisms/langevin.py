@@ -1,6 +1,6 @@
 """The regularised exponential mechanism for logistic regression, sampled by unadjusted
 Langevin steps whose privacy is proven for the run that executes (method ``expm``,
-sampler ``"langevin"``; the plan is service/plans.py:_expm_langevin_plan).
+sampler ``"langevin"``; the plan is service/methods/expm.py:_expm_langevin_plan).
 
 Target (Gopi, Lee & Liu 2022): π(θ) ∝ exp(−k·(Σᵢ ℓᵢ(θ) + μ‖θ‖²/2)), ℓᵢ the logistic loss
 of row i. The unadjusted Langevin algorithm (ULA) from θ₀ = 0 runs, for t = 1 … T,

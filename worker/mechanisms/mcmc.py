@@ -1,6 +1,6 @@
 """The regularised exponential mechanism for logistic regression, sampled by Hamiltonian
 Monte Carlo (method ``expm``, sampler ``"mcmc"``; the plan is
-service/plans.py:_expm_mcmc_plan). Guarantee: **asymptotic**.
+service/methods/expm.py:_expm_mcmc_plan). Guarantee: **asymptotic**.
 
 Target (Gopi, Lee & Liu 2022): π(θ) ∝ exp(−k·(Σᵢ ℓᵢ(θ) + μ‖θ‖²/2)), ℓᵢ(θ) the logistic
 loss of row i with the bias, θ = (w, b), k and μ from the plan. An exact draw from π is

@@ -14,7 +14,8 @@ import torch
 from scipy import optimize, stats
 
 from service.ledger.idempotency import request_digest
-from service.plans import PlanError, build_plan, langevin_grid_bits, row_norm_sq_bound
+from service.methods.expm import langevin_grid_bits, row_norm_sq_bound
+from service.plans import PlanError, build_plan
 from service.privacy.orders import ORDERS
 from service.privacy.sampling import noise_slack
 from service.schemas import ExpmOptions, JobRequest

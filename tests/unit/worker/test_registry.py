@@ -28,3 +28,10 @@ def test_every_registered_mechanism_takes_the_registrys_call() -> None:
         common = {"spec", "data", "device", "progress"}
         wanted = common | ({"plan"} if entry.takes_plan else {"mechanism", "samples"})
         assert wanted <= params, (key, params)
+
+
+def test_the_service_and_the_worker_register_the_same_methods() -> None:
+    """Adding a method means an entry in both tables (service/methods, worker registry)."""
+    from service.methods import METHODS as PLANNERS
+
+    assert set(PLANNERS) == set(MECHANISMS) == _keys()
