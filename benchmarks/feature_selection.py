@@ -2,7 +2,7 @@
 ε = 0.1, 1, 10 (δ = 1e-5) against no noise, how good the picks are, and the time.
 
 * The ``features`` selection job as the worker runs it: plan from
-  service.selection_plans.plan_selection (one Gaussian on all H = 13 + 78 = 91
+  service.selection.plans.plan_selection (one Gaussian on all H = 13 + 78 = 91
   histograms of Adult's 13 columns, ℓ2 sensitivity √H), run by
   worker.mechanisms.model_selection.run_selection (CFS-Greedy; CFS-GA with population
   40 × 40 generations: free post-processing). DP noise from the CSPRNG as in
@@ -47,12 +47,12 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from expm_adult import load_adult  # noqa: E402
 
 from service.dataset_kinds import load_schema_yaml  # noqa: E402
-from service.feature_selection import FeatureGa, FeatureLayout, FeatureRequest, FinalTraining  # noqa: E402
 from service.modelspec import MlpSpec  # noqa: E402
 from service.plans import PlanError  # noqa: E402
 from service.schemas import DpsgdOptions  # noqa: E402
-from service.selection_budget import SelectionBudget  # noqa: E402
-from service.selection_plans import plan_selection, workflow_epsilon  # noqa: E402
+from service.selection.budget import SelectionBudget  # noqa: E402
+from service.selection.features import FeatureGa, FeatureLayout, FeatureRequest, FinalTraining  # noqa: E402
+from service.selection.plans import plan_selection, workflow_epsilon  # noqa: E402
 from worker.mechanisms.base import TabularTrainingSet  # noqa: E402
 from worker.mechanisms.feature_selection import (  # noqa: E402
     cfs_ga,

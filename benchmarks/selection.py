@@ -4,7 +4,7 @@ equal total ε, and the crossover ε of a simple and a complex MLP (CPU, a few m
 * Crossover: MLP [4] ("simple") and MLP [32, 32] ("complex"), each trained by the
   product's DP-SGD (worker.mechanisms.dpsgd.run_dpsgd, plan from service.plans) at every
   ε of a grid, δ = 1e-5; median test AUC on adult.test; the crossover ε from
-  service.crossover.crossover_epsilon (below it the simple model wins).
+  service.selection.crossover.crossover_epsilon (below it the simple model wins).
 * Standard workflow: train every architecture of the space WITHOUT DP (Adam), pick the
   best validation AUC, then train the pick with DP-SGD at the whole ε. Its selection is
   NOT private: it spends no budget on looking at the data, so its stated ε is not a
@@ -43,12 +43,11 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from expm_adult import load_adult  # noqa: E402
 
-from service.crossover import crossover_epsilon  # noqa: E402
 from service.modelspec import MlpSpec  # noqa: E402
 from service.plans import build_plan  # noqa: E402
 from service.schemas import DpsgdOptions, JobRequest  # noqa: E402
-from service.search_space import ArchitectureSearch, ArchitectureSpace  # noqa: E402
-from service.selection_plans import (  # noqa: E402
+from service.selection.crossover import crossover_epsilon  # noqa: E402
+from service.selection.plans import (  # noqa: E402
     ArchitectureRequest,
     SelectionBudget,
     TnbRunsSpec,
@@ -56,6 +55,7 @@ from service.selection_plans import (  # noqa: E402
     with_total_epsilon,
     workflow_epsilon,
 )
+from service.selection.search_space import ArchitectureSearch, ArchitectureSpace  # noqa: E402
 from worker.mechanisms.base import TabularTrainingSet  # noqa: E402
 from worker.mechanisms.dpsgd import run_dpsgd  # noqa: E402
 from worker.mechanisms.model_selection import run_architecture_selection  # noqa: E402

@@ -31,14 +31,14 @@ sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
 from expm_adult import load_adult  # noqa: E402
 
 from service.schemas import DpsgdOptions, ExpmNfOptions  # noqa: E402
-from service.search_space import ArchitectureSearch, ArchitectureSpace  # noqa: E402
-from service.selection_plans import (  # noqa: E402
+from service.selection.plans import (  # noqa: E402
     ArchitectureRequest,
     SelectionBudget,
     architecture_plan,
     with_total_epsilon,
     workflow_epsilon,
 )
+from service.selection.search_space import ArchitectureSearch, ArchitectureSpace  # noqa: E402
 from worker.mechanisms.base import TabularTrainingSet  # noqa: E402
 from worker.mechanisms.model_selection import run_architecture_selection  # noqa: E402
 from worker.models import build_module  # noqa: E402

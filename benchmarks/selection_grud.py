@@ -36,14 +36,14 @@ sys.path.insert(0, str(ROOT))
 from service.modelspec import GrudSpec  # noqa: E402
 from service.plans import build_plan  # noqa: E402
 from service.schemas import DpsgdOptions, JobRequest  # noqa: E402
-from service.search_space import ArchitectureSearch, ArchitectureSpace  # noqa: E402
-from service.selection_plans import (  # noqa: E402
+from service.selection.plans import (  # noqa: E402
     ArchitectureRequest,
     SelectionBudget,
     architecture_plan,
     with_total_epsilon,
     workflow_epsilon,
 )
+from service.selection.search_space import ArchitectureSearch, ArchitectureSpace  # noqa: E402
 from worker.mechanisms.base import TabularTrainingSet  # noqa: E402
 from worker.mechanisms.dpsgd import run_dpsgd  # noqa: E402
 from worker.mechanisms.model_selection import run_architecture_selection  # noqa: E402

@@ -1,8 +1,9 @@
 """One validated type per privacy-relevant parameter, used at every door.
 
 Single jobs (:mod:`service.schemas`), every selection kind's lists
-(:mod:`service.selections`, :mod:`service.selection_plans`, :mod:`service.search_space`,
-:mod:`service.feature_selection`) and the admin routes (budgets, caps) name these types
+(:mod:`service.selection.api_bodies`, :mod:`service.selection.plans`,
+:mod:`service.selection.search_space`, :mod:`service.selection.features`) and the admin
+routes (budgets, caps) name these types
 instead of restating bounds, so a bound cannot be forgotten in one place: a clip norm of
 −1e-4 in a tuning grid once turned clipping off while a single job's clip norm was checked
 (issue 19).

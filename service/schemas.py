@@ -297,7 +297,7 @@ class JobRequest(_In):
         default=None,
         description=(
             "Set by POST /v1/selections only (method 'selection'): the resolved selection "
-            "request, its kind and its per-candidate budget (service/selections.py)."
+            "request, its kind and its per-candidate budget (service/selection/api_bodies.py)."
         ),
     )
 

@@ -186,7 +186,8 @@ def release_size_bound(plan: PrivacyPlan, public_schema: dict[str, Any]) -> int:
     """An upper bound on the bytes of a job's release (weights file + model card), from
     public values only: the plan's model and sample count, the public schema's encoded
     width, and the sizes of the plan and schema the card repeats. A selection plan's
-    model is its largest candidate (service/selections.py), and it releases at most one."""
+    model is its largest candidate (service/selection/api_bodies.py), and it releases at
+    most one."""
     from service.dataset_kinds import parse_dataset_schema
 
     n_features = parse_dataset_schema(public_schema).n_features

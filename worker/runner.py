@@ -39,7 +39,7 @@ from service.modelspec import ModelSpec
 from service.plans import PlanError, plan_for_dataset, progress_total
 from service.privacy.amounts import from_micro
 from service.schemas import JobRequest, PrivacyPlan
-from service.selections import ResolvedSelection, plan_selection_job
+from service.selection.api_bodies import ResolvedSelection, plan_selection_job
 from worker.data import load_training_set
 from worker.device import resolve_device
 from worker.mechanisms import registry

@@ -17,7 +17,7 @@ from service.privacy.events import event_from_json
 from service.privacy.orders import ORDERS
 from service.privacy.rdp import epsilon_from_rdp
 from service.releases import load_release, predict_proba
-from service.selection_plans import ArchitectureRequest, SelectionBudget, architecture_plan
+from service.selection.plans import ArchitectureRequest, SelectionBudget, architecture_plan
 from tests.conftest import auth
 from worker.runner import Outcome, execute_job
 

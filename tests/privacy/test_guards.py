@@ -21,8 +21,7 @@ from service.plans import build_plan
 from service.privacy.sampling import GRID_BITS
 from service.privacy.tuning import padded_runs
 from service.schemas import DpsgdOptions, ExpmOptions, JobRequest
-from service.search_space import ArchitectureSearch, ArchitectureSpace
-from service.selection_plans import (
+from service.selection.plans import (
     ArchitectureRequest,
     HyperparameterRequest,
     SelectionBudget,
@@ -30,6 +29,7 @@ from service.selection_plans import (
     architecture_plan,
     hyperparameter_plan,
 )
+from service.selection.search_space import ArchitectureSearch, ArchitectureSpace
 from worker.mechanisms import grad_engines, model_selection
 from worker.mechanisms.base import TabularTrainingSet
 from worker.mechanisms.dpsgd import DpsgdParams, run_dpsgd
@@ -347,8 +347,8 @@ def test_feature_selection_checks_one_cell_per_row_and_its_noise() -> None:
     fails before any noise is drawn."""
     from dataclasses import replace
 
-    from service.feature_selection import FeatureRequest
-    from service.selection_plans import plan_selection
+    from service.selection.features import FeatureRequest
+    from service.selection.plans import plan_selection
     from tests.unit.worker.test_feature_selection import SCHEMA, _toy
     from worker.mechanisms.feature_selection import (
         count_histograms,

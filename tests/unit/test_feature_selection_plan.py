@@ -11,13 +11,6 @@ import pytest
 from pydantic import ValidationError
 
 from service.dataschema import parse_schema
-from service.feature_selection import (
-    FeatureGa,
-    FeatureRequest,
-    FinalTraining,
-    cfs_event,
-    histogram_count,
-)
 from service.modelspec import MlpSpec
 from service.plans import PlanError
 from service.privacy.events import (
@@ -29,8 +22,15 @@ from service.privacy.orders import ORDERS
 from service.privacy.rdp import epsilon_from_rdp
 from service.privacy.sampling import PMF_RELATIVE_ERROR, count_event, noise_slack
 from service.schemas import DpsgdOptions
-from service.selection_budget import SelectionBudget
-from service.selection_plans import (
+from service.selection.budget import SelectionBudget
+from service.selection.features import (
+    FeatureGa,
+    FeatureRequest,
+    FinalTraining,
+    cfs_event,
+    histogram_count,
+)
+from service.selection.plans import (
     REQUEST_MODELS,
     ArchitectureRequest,
     architecture_plan,

@@ -7,8 +7,8 @@ import math
 import numpy as np
 import pytest
 
-from service.crossover import crossover_epsilon
-from service.search_space import (
+from service.selection.crossover import crossover_epsilon
+from service.selection.search_space import (
     ArchitectureCandidate,
     ArchitectureSearch,
     ArchitectureSpace,

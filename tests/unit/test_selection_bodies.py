@@ -1,18 +1,18 @@
 """The API's selection bodies expose every field of their kind's request (service/
-selection_plans.py), except what the body itself decides (the per-candidate budget from
+selection/plans.py), except what the body itself decides (the per-candidate budget from
 the workflow's (ε, δ)): a field added to a kind's request must not go missing from the API."""
 
 from __future__ import annotations
 
 import pytest
 
-from service.selection_plans import REQUEST_MODELS
-from service.selections import (
+from service.selection.api_bodies import (
     ArchitectureSelection,
     FeatureSelection,
     HyperparameterSelection,
     _Body,
 )
+from service.selection.plans import REQUEST_MODELS
 
 BODIES = {
     "architecture": ArchitectureSelection,

@@ -11,10 +11,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from service.feature_selection import FeatureCandidate
 from service.modelspec import GrudSpec, ModelSpec
-from service.search_space import ArchitectureCandidate
-from service.selection_plans import HyperparameterCandidate
+from service.selection.features import FeatureCandidate
+from service.selection.plans import HyperparameterCandidate
+from service.selection.search_space import ArchitectureCandidate
 from worker.mechanisms.base import TabularTrainingSet
 from worker.mechanisms.dpsgd import run_dpsgd
 from worker.mechanisms.search import noisy_accuracy

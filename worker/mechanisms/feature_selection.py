@@ -1,4 +1,4 @@
-"""Worker side of the ``features`` selection kind (plan: :mod:`service.feature_selection`).
+"""Worker side of the ``features`` selection kind (plan: :mod:`service.selection.features`).
 
 DP-CFS: discretise each schema column from the encoded rows by the public layout
 (numeric: ⌊v·B⌋ of the [0, 1]-scaled value, clipped to B − 1; categorical: the one-hot
@@ -25,9 +25,9 @@ from itertools import combinations
 import numpy as np
 import torch
 
-from service.feature_selection import FeatureCandidate, FeatureLayout, FeatureRequest
 from service.modelspec import parameter_count
-from service.selection_plans import SelectionPlan, candidate_mechanism
+from service.selection.features import FeatureCandidate, FeatureLayout, FeatureRequest
+from service.selection.plans import SelectionPlan, candidate_mechanism
 from worker.mechanisms.base import ProgressFn, TabularTrainingSet
 from worker.mechanisms.candidates import SelectionOutput, split_rows, train_and_score
 from worker.mechanisms.dpsgd import run_dpsgd

@@ -1,6 +1,6 @@
 """Worker side of the ``architecture`` and ``hyperparameters`` selection kinds: split,
 train every candidate with the product's DP-SGD, score it with a noisy validation
-accuracy, select. Exactly the plan of :mod:`service.selection_plans`: the number of
+accuracy, select. Exactly the plan of :mod:`service.selection.plans`: the number of
 trainings (architecture) or the law of K (hyperparameters) and each candidate's σ and
 schedule come from the plan; K is drawn here from the CSPRNG, never by the caller.
 
@@ -26,11 +26,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from service.feature_selection import FeatureRequest
 from service.modelspec import ModelSpec, parameter_count
 from service.privacy.tuning import padded_runs
-from service.search_space import ArchitectureCandidate
-from service.selection_plans import (
+from service.selection.features import FeatureRequest
+from service.selection.plans import (
     ArchitectureRequest,
     HyperparameterCandidate,
     HyperparameterRequest,
@@ -38,6 +37,7 @@ from service.selection_plans import (
     architecture_key,
     candidate_mechanism,
 )
+from service.selection.search_space import ArchitectureCandidate
 from worker.mechanisms.base import ProgressFn, TabularTrainingSet
 from worker.mechanisms.candidates import (
     SelectionOutput,
@@ -144,7 +144,7 @@ def run_architecture_selection(
             trainings=k,
         )
     elif request.scoring == "report_noisy_max":
-        # Report Noisy Max (plan: service/selection_plans.py): the winner only, no score.
+        # Report Noisy Max (plan: service/selection/plans.py): the winner only, no score.
         counts = {}
         for _ in range(request.search.trainings):
             c = sample_candidate(request.space, rng)

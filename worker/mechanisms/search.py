@@ -4,7 +4,7 @@
 validation accuracy (:func:`noisy_accuracy`); the searches look at nothing else, so
 every choice they make is post-processing of those releases, and each call is one
 training plus one noisy score that the plan charged. Each search calls ``fitness``
-exactly :func:`service.search_space.planned_trainings` times (tested), whatever the
+exactly :func:`service.selection.search_space.planned_trainings` times (tested), whatever the
 values it sees. ``rng`` drives the search's own choices (worker: ``secure_rng()``;
 tests may pass a seeded generator since the choices are not what protects privacy).
 """
@@ -17,7 +17,11 @@ from typing import TypeVar
 
 import numpy as np
 
-from service.search_space import ArchitectureCandidate, ArchitectureSearch, ArchitectureSpace
+from service.selection.search_space import (
+    ArchitectureCandidate,
+    ArchitectureSearch,
+    ArchitectureSpace,
+)
 from worker.noise import discrete_laplace
 
 __all__ = ["SearchResult", "genetic_search", "noisy_accuracy", "run_search", "sample_candidate"]

@@ -24,7 +24,7 @@ from service.db import transaction
 from service.plans import PlanError
 from service.privacy.deadline import PlanningTimeout, planning_deadline
 from service.schemas import JobPublic, JobRequest, QuoteResponse
-from service.selections import SelectionRequest, job_request, plan_selection_job
+from service.selection.api_bodies import SelectionRequest, job_request, plan_selection_job
 
 router = APIRouter(prefix="/v1", tags=["analyst"], responses=AUTHENTICATED)
 

@@ -273,7 +273,7 @@ def test_poisson_below_one_is_refused() -> None:
 def test_poisson_below_one_is_accepted_with_a_cap_only() -> None:
     from pydantic import ValidationError
 
-    from service.selection_plans import PoissonRunsSpec
+    from service.selection.plans import PoissonRunsSpec
 
     with pytest.raises(ValidationError, match="needs max_runs"):
         PoissonRunsSpec(mu=0.5)

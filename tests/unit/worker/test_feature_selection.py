@@ -12,11 +12,11 @@ import pytest
 import torch
 
 from service.dataschema import parse_schema
-from service.feature_selection import FeatureGa, FeatureRequest, histogram_count
 from service.modelspec import MlpSpec
 from service.schemas import DpsgdOptions
-from service.selection_budget import SelectionBudget
-from service.selection_plans import plan_selection
+from service.selection.budget import SelectionBudget
+from service.selection.features import FeatureGa, FeatureRequest, histogram_count
+from service.selection.plans import plan_selection
 from worker.mechanisms.base import TabularTrainingSet
 from worker.mechanisms.feature_selection import (
     cfs_ga,
@@ -312,7 +312,7 @@ def test_pafs_trains_population_times_generations_and_releases_a_noisy_score() -
 
 
 def test_cfs_with_a_final_model_trains_it_on_the_selected_columns() -> None:
-    from service.feature_selection import FinalTraining
+    from service.selection.features import FinalTraining
 
     data = _toy(800)
     request = FeatureRequest(

@@ -22,8 +22,7 @@ from service.privacy.events import (
 from service.privacy.orders import ORDERS
 from service.privacy.sampling import count_event, noise_slack
 from service.schemas import DpsgdOptions
-from service.search_space import ArchitectureSearch, ArchitectureSpace
-from service.selection_plans import (
+from service.selection.plans import (
     ArchitectureRequest,
     HyperparameterRequest,
     SelectionBudget,
@@ -36,6 +35,7 @@ from service.selection_plans import (
     with_total_epsilon,
     workflow_epsilon,
 )
+from service.selection.search_space import ArchitectureSearch, ArchitectureSpace
 from worker.mechanisms.base import TabularTrainingSet
 from worker.mechanisms.model_selection import (
     draw_runs,

@@ -1,6 +1,6 @@
 """Per-candidate privacy of the selection kinds that train candidates (architecture,
 hyperparameters, PAFS feature selection); its own module so that both
-:mod:`service.selection_plans` and :mod:`service.feature_selection` use one model."""
+:mod:`service.selection.plans` and :mod:`service.selection.features` use one model."""
 
 from __future__ import annotations
 

@@ -25,7 +25,7 @@ PAFS (``pafs``). A genetic search over feature subsets whose fitness is the nois
 validation accuracy of a DP-SGD model trained on the subset (worker's train-and-score of
 the architecture kind). Planned trainings N = population × generations (elitism keeps the
 best without retraining); the charge is N × (training + noisy score), as for the
-architecture kind (:mod:`service.selection_plans`), with every training's σ calibrated for
+architecture kind (:mod:`service.selection.plans`), with every training's σ calibrated for
 the model on *all* features (the largest; a smaller model's integer-noise slack is
 smaller, so the charged event covers it).
 """
@@ -51,7 +51,7 @@ from service.privacy.orders import ORDERS
 from service.privacy.rdp import epsilon_from_rdp
 from service.privacy.sampling import count_event, noise_slack
 from service.schemas import DpsgdOptions
-from service.selection_budget import SelectionBudget
+from service.selection.budget import SelectionBudget
 
 __all__ = [
     "MAX_CELLS",
@@ -231,10 +231,10 @@ def _calibrate(*, epsilon: float, delta: float, cells: int) -> float:
 def feature_plan_parts(
     request: FeatureRequest, *, schema: TabularSchema
 ) -> tuple[DpEvent, FeatureLayout]:
-    """DP-CFS: the event and layout. (PAFS is planned in service.selection_plans, which
+    """DP-CFS: the event and layout. (PAFS is planned in service.selection.plans, which
     owns the training events.)"""
     if request.method == "pafs":
-        raise PlanError("pafs is planned with its trainings (service.selection_plans)")
+        raise PlanError("pafs is planned with its trainings (service.selection.plans)")
     assert request.epsilon is not None and request.delta is not None
     columns = column_layout(schema, numeric_bins=request.numeric_bins)
     h = histogram_count(len(columns))

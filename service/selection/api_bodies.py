@@ -4,9 +4,9 @@ job request, and the job's privacy plan.
 A selection is a :class:`~service.ledger.tables.Job` with method ``selection``: the same
 table, admission, queue, sweeper, progress, cancel and release as a training job. The
 body names the *whole workflow's* (ε, δ); the service resolves it, before any charge, into
-the kind's request of :mod:`service.selection_plans` with a per-candidate budget: the
+the kind's request of :mod:`service.selection.plans` with a per-candidate budget: the
 caller's ``training_epsilon`` if given, otherwise the largest one whose workflow fits ε
-(:func:`service.selection_plans.with_total_epsilon`). The resolved request is what the job
+(:func:`service.selection.plans.with_total_epsilon`). The resolved request is what the job
 stores (``JobRequest.selection``), so the worker re-derives exactly the charged plan
 without repeating the calibration.
 
@@ -23,12 +23,6 @@ from typing import Annotated, Any, Literal
 from pydantic import ConfigDict, Field, RootModel, ValidationError, model_validator
 
 from service.dataschema import parse_schema
-from service.feature_selection import (
-    MAX_FEATURE_COLUMNS,
-    FeatureGa,
-    FeatureRequest,
-    FinalTraining,
-)
 from service.modelspec import LogisticSpec, MlpSpec, ModelSpec
 from service.params import (
     BatchSize,
@@ -43,8 +37,13 @@ from service.params import (
 )
 from service.plans import PlanError
 from service.schemas import DpsgdOptions, ExpmNfOptions, JobRequest, PrivacyPlan
-from service.search_space import ArchitectureSearch, ArchitectureSpace
-from service.selection_plans import (
+from service.selection.features import (
+    MAX_FEATURE_COLUMNS,
+    FeatureGa,
+    FeatureRequest,
+    FinalTraining,
+)
+from service.selection.plans import (
     REQUEST_MODELS,
     ArchitectureRequest,
     HyperparameterRequest,
@@ -57,6 +56,7 @@ from service.selection_plans import (
     plan_summary,
     with_total_epsilon,
 )
+from service.selection.search_space import ArchitectureSearch, ArchitectureSpace
 from service.timeseries import TimeSeriesSchema
 
 __all__ = [
@@ -177,7 +177,7 @@ class FeatureSelection(_Body):
 
 
 # One branch per kind: a new kind (``features``) is one more member here and in
-# service.selection_plans.REQUEST_MODELS.
+# service.selection.plans.REQUEST_MODELS.
 class SelectionRequest(
     RootModel[
         Annotated[

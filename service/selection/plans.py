@@ -40,13 +40,6 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 
 from service.dataschema import TabularSchema, parse_schema
-from service.feature_selection import (
-    FeatureLayout,
-    FeatureRequest,
-    column_layout,
-    feature_plan_parts,
-    pafs_event,
-)
 from service.methods.dpsgd import resolve_dpsgd_options
 from service.modelspec import MlpSpec, ModelSpec
 from service.params import BatchSize, ClipNorm, Epochs, InputModel, LearningRate, NoiseDecay
@@ -69,13 +62,20 @@ from service.privacy.tuning import (
     TruncatedNegativeBinomialRuns,
 )
 from service.schemas import DpsgdOptions, ExpmNfOptions, JobRequest
-from service.search_space import (
+from service.selection.budget import SelectionBudget
+from service.selection.features import (
+    FeatureLayout,
+    FeatureRequest,
+    column_layout,
+    feature_plan_parts,
+    pafs_event,
+)
+from service.selection.search_space import (
     ArchitectureCandidate,
     ArchitectureSearch,
     ArchitectureSpace,
     planned_trainings,
 )
-from service.selection_budget import SelectionBudget
 
 __all__ = [
     "REQUEST_MODELS",
@@ -215,7 +215,7 @@ class SelectionPlan:
     # privacy key (batch, epochs, noise decay) → DP-SGD mechanism of the largest model
     mechanisms: dict[tuple[int, int, float | None], dict[str, Any]]
     runs: RunsDistribution | None = None
-    features: FeatureLayout | None = None  # the ``features`` kind (service.feature_selection)
+    features: FeatureLayout | None = None  # the ``features`` kind (service.selection.features)
     # ExpM+NF candidates (architecture kind): the charged (largest) candidate's mechanism;
     # every candidate runs the exponential mechanism at the same ε (its sensitivity does
     # not depend on the model), so the charge is the same for all. Nominal guarantee.
@@ -447,7 +447,7 @@ def feature_plan(
 ) -> SelectionPlan:
     """The ``features`` kind: DP-CFS (one Gaussian charge on all histograms, no
     trainings, all rows) or PAFS (population × generations trainings and noisy scores,
-    composed as for the architecture kind). See :mod:`service.feature_selection`."""
+    composed as for the architecture kind). See :mod:`service.selection.features`."""
     if schema.n_features != n_features:
         raise PlanError("the schema does not match the dataset's feature count")
     if request.method != "pafs":
