@@ -91,7 +91,7 @@ class Settings(BaseSettings):
     planning_global: int = Field(default=4, ge=1)
     # Wall-clock bound on planning one quote or submission (service/privacy/deadline.py):
     # past it the request is a 422 with nothing charged and its planning slot is freed.
-    planning_time_limit_s: float = Field(default=10.0, gt=0)
+    planning_time_limit_s: float = Field(default=30.0, gt=0)
     # Per client address (issue 19), for traffic with no key to charge: calls with a missing
     # or invalid API key, and GET /metrics (a bucket each), and dashboard sign-in attempts,
     # successful or not (a small burst, then one attempt a minute). Off only where a proxy in

@@ -70,6 +70,8 @@ def settings(tmp_path: Path, db_url: str, monkeypatch: pytest.MonkeyPatch) -> It
     monkeypatch.setenv("ENCLAVE_RATE_LIMIT_BURST", "100000")
     monkeypatch.setenv("ENCLAVE_PLANNING_PER_KEY", "1000")
     monkeypatch.setenv("ENCLAVE_PLANNING_GLOBAL", "1000")
+    # Planning is bounded in wall-clock time; tests must not depend on the machine's speed.
+    monkeypatch.setenv("ENCLAVE_PLANNING_TIME_LIMIT_S", "600")
     monkeypatch.setenv("ENCLAVE_ADDRESS_RATE_LIMITS", "false")
     get_settings.cache_clear()
     s = get_settings()
