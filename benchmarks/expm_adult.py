@@ -46,8 +46,8 @@ import torch.utils.benchmark as tbench
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from service.dataschema import encode, validate_frame  # noqa: E402
-from service.dataset_kinds import load_schema_yaml  # noqa: E402
+from service.datasets.kinds import load_schema_yaml  # noqa: E402
+from service.datasets.tabular import encode, validate_frame  # noqa: E402
 from service.modelspec import LogisticSpec  # noqa: E402
 from worker.mechanisms.base import TabularTrainingSet  # noqa: E402
 from worker.mechanisms.expm_nf import (  # noqa: E402

@@ -45,7 +45,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from expm_adult import load_adult  # noqa: E402
 
-from service.dataset_kinds import load_schema_yaml  # noqa: E402
+from service.datasets.kinds import load_schema_yaml  # noqa: E402
 from service.methods.expm import row_norm_sq_bound  # noqa: E402
 from service.plans import PlanError, build_plan  # noqa: E402
 from service.schemas import JobRequest, PrivacyPlan  # noqa: E402

@@ -46,7 +46,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from expm_adult import load_adult  # noqa: E402
 
-from service.dataset_kinds import load_schema_yaml  # noqa: E402
+from service.datasets.kinds import load_schema_yaml  # noqa: E402
 from service.modelspec import MlpSpec  # noqa: E402
 from service.plans import PlanError  # noqa: E402
 from service.schemas import DpsgdOptions  # noqa: E402

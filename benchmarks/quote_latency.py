@@ -44,7 +44,7 @@ def setup(url: str, home: Path) -> str:
     """Register Adult and create an analyst in the ledger at `url`; returns the key."""
     from service.auth import hash_api_key, new_api_key
     from service.config import get_settings
-    from service.dataset_kinds import load_schema_yaml
+    from service.datasets.kinds import load_schema_yaml
     from service.db import make_engine, transaction
     from service.ledger.tables import Analyst, Role
     from worker.registration import register_dataset

@@ -17,9 +17,14 @@ import numpy as np
 import pandas as pd
 from sklearn.metrics import roc_auc_score
 
-from service.dataschema import TabularSchema, ValidationReport
+from service.datasets.tabular import TabularSchema, ValidationReport
+from service.datasets.timeseries import (
+    TimeSeriesReport,
+    TimeSeriesSchema,
+    encode_series,
+    validate_series,
+)
 from service.releases import LoadedRelease, encode_rows, load_release, predict_proba
-from service.timeseries import TimeSeriesReport, TimeSeriesSchema, encode_series, validate_series
 
 CARD_FILE = "card.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -91,7 +96,7 @@ def score_series(
     """Score public stays with a GRU-D release: read the long-format observations (and
     the outcomes file, unless the schema's outcomes are a column of the observations) by
     the release's public schema, validate and encode them as the enclave does
-    (:mod:`service.timeseries`), and run the released GRU-D (needs torch)."""
+    (:mod:`service.datasets.timeseries`), and run the released GRU-D (needs torch)."""
     import torch
     from pydantic import TypeAdapter
 

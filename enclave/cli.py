@@ -34,8 +34,9 @@ from enclave.jobs_cli import jobs_app
 from service import admin as ops
 from service.auth import expiry, hash_api_key, new_api_key, revoke_key, rotate_key
 from service.config import get_settings
-from service.dataschema import SchemaError
-from service.dataset_kinds import DatasetSchema, load_schema_yaml
+from service.datasets.kinds import DatasetSchema, load_schema_yaml
+from service.datasets.tabular import SchemaError
+from service.datasets.timeseries import TimeSeriesSchema
 from service.db import engine_for, transaction
 from service.ledger.audit import check_totals, verify_all
 from service.ledger.budgets import set_analyst_cap, set_dataset_budget
@@ -44,7 +45,6 @@ from service.ledger.filter_view import dataset_filter
 from service.ledger.tables import Analyst, Dataset, Role
 from service.migrate import upgrade
 from service.schemas import AnalystCreate, BudgetUpdate, CapUpdate, KeyRotate, RefundRequest
-from service.timeseries import TimeSeriesSchema
 from service.version import __version__
 
 

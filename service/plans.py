@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from service.dataschema import parse_schema
+from service.datasets.tabular import parse_schema
+from service.datasets.timeseries import TimeSeriesSchema
 from service.methods import METHODS, method_key
 from service.methods.common import PlanError as PlanError
 from service.methods.common import PlanFacts
@@ -19,7 +20,6 @@ from service.modelspec import ModelSpec
 from service.privacy.events import DpEvent, SelfComposedEvent
 from service.privacy.orders import ORDERS
 from service.schemas import JobRequest, PrivacyPlan
-from service.timeseries import TimeSeriesSchema
 
 __all__ = ["PlanError", "build_plan", "plan_for_dataset", "progress_total"]
 

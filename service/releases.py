@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 from safetensors.numpy import load as load_safetensors
 
-from service.dataschema import (
+from service.datasets.tabular import (
     TabularSchema,
     ValidationReport,
     encode_features,
@@ -125,11 +125,11 @@ class LoadedRelease:
     def schema(self) -> TabularSchema:
         """The tabular schema the release was trained on (the numpy helpers here are for
         tabular releases; a GRU-D release's stays are encoded by
-        :func:`service.timeseries.encode_series` and it runs as a torch module)."""
+        :func:`service.datasets.timeseries.encode_series` and it runs as a torch module)."""
         public = self.card["preprocessing"]["public_schema"]
         if public.get("kind") == "timeseries":
             raise ValueError(
-                "a time-series (GRU-D) release: encode stays with service.timeseries "
+                "a time-series (GRU-D) release: encode stays with service.datasets.timeseries "
                 "(validate_series, encode_series) and load the weights into GRU-D"
             )
         return parse_schema(public)

@@ -17,11 +17,11 @@ from typing import Any
 
 from pydantic import TypeAdapter
 
-from service.dataset_kinds import DatasetSchema
+from service.datasets.kinds import DatasetSchema
+from service.datasets.timeseries import TimeSeriesSchema
 from service.modelspec import GrudSpec, MlpSpec, ModelSpec, parameter_count
 from service.privacy.tuning import padded_runs, runs_distribution_from_json
 from service.schemas import JobRequest, PrivacyPlan
-from service.timeseries import TimeSeriesSchema
 
 _FLOAT = 4
 _WITH_GRAD_AND_ADAM = 4  # the value, its gradient, Adam's first and second moments

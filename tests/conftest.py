@@ -122,7 +122,7 @@ def bootstrap(
 ) -> Keys:
     """Register the toy dataset and create an admin and two analysts."""
     from service.auth import hash_api_key, new_api_key
-    from service.dataschema import parse_schema
+    from service.datasets.tabular import parse_schema
     from service.db import transaction
     from service.ledger.tables import Analyst, Role
     from worker.registration import register_dataset

@@ -16,9 +16,15 @@ from typing import Any
 import pandas as pd
 import torch
 
-from service.dataschema import TabularSchema, ValidationReport, encode, parse_schema, validate_frame
-from service.dataset_kinds import DatasetSchema
-from service.timeseries import (
+from service.datasets.kinds import DatasetSchema
+from service.datasets.tabular import (
+    TabularSchema,
+    ValidationReport,
+    encode,
+    parse_schema,
+    validate_frame,
+)
+from service.datasets.timeseries import (
     TimeSeriesReport,
     TimeSeriesSchema,
     ValidatedSeries,

@@ -9,8 +9,9 @@ from pathlib import Path
 from sqlalchemy import Engine, select
 
 from service.config import Settings
-from service.dataschema import ValidationReport
-from service.dataset_kinds import DatasetSchema
+from service.datasets.kinds import DatasetSchema
+from service.datasets.tabular import ValidationReport
+from service.datasets.timeseries import TimeSeriesReport
 from service.db import transaction
 from service.ledger.datasets import count_refusal, new_dataset
 from service.ledger.policy import no_method_warning
@@ -18,7 +19,6 @@ from service.ledger.tables import Dataset
 from service.params import DELTA_FLOOR, EPSILON_FLOOR
 from service.privacy.filters import EPSILON_TOTAL_MAX
 from service.privacy.sampling import default_count_epsilon
-from service.timeseries import TimeSeriesReport
 from worker.data import CsvReadError, prepare_dataset, store_prepared
 from worker.noise import discrete_laplace, secure_rng
 

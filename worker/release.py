@@ -119,7 +119,7 @@ _PREPROCESSING = {
         "(the latest observation in a step wins), values clipped to the variable's declared "
         "[min, max] and scaled to [0, 1]; GRU-D's inputs are (values, masks, hours since "
         "the last observation) of shape (3, T, V), and its imputation means are the "
-        "schema's public means (service/timeseries.py); the outcome is 1 for the declared "
+        "schema's public means (service/datasets/timeseries.py); the outcome is 1 for the declared "
         "positive values. One row of the neighbouring relation is one stay (all its "
         "observations and its outcome)."
     ),
@@ -127,7 +127,7 @@ _PREPROCESSING = {
 
 
 def _feature_names(public_schema: dict[str, Any]) -> list[str]:
-    from service.dataset_kinds import parse_dataset_schema
+    from service.datasets.kinds import parse_dataset_schema
 
     return parse_dataset_schema(public_schema).feature_names
 
@@ -135,7 +135,7 @@ def _feature_names(public_schema: dict[str, Any]) -> list[str]:
 def _inputs_of(public_schema: dict[str, Any], columns: set[str]) -> list[str]:
     """The encoded input names of the chosen schema columns, in the schema's order (the
     order worker.mechanisms.feature_selection slices the encoded rows in)."""
-    from service.dataschema import NumericColumn, parse_schema
+    from service.datasets.tabular import NumericColumn, parse_schema
 
     out: list[str] = []
     for col in parse_schema(public_schema).columns:
@@ -188,7 +188,7 @@ def release_size_bound(plan: PrivacyPlan, public_schema: dict[str, Any]) -> int:
     width, and the sizes of the plan and schema the card repeats. A selection plan's
     model is its largest candidate (service/selection/api_bodies.py), and it releases at
     most one."""
-    from service.dataset_kinds import parse_dataset_schema
+    from service.datasets.kinds import parse_dataset_schema
 
     n_features = parse_dataset_schema(public_schema).n_features
     spec: ModelSpec = TypeAdapter(ModelSpec).validate_python(plan.model)

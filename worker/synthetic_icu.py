@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from service.timeseries import deltas_from_masks
+from service.datasets.timeseries import deltas_from_masks
 from worker.models.grud import pack_inputs_np
 
 __all__ = ["PUBLIC_SCHEMA", "IcuPublicSchema", "IcuSeries", "deltas_from_masks", "generate_icu"]

@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from service.dataschema import CategoricalColumn, TabularSchema
+from service.datasets.tabular import CategoricalColumn, TabularSchema
 from service.methods.common import MethodPlan, PlanError, PlanFacts, calibrate_with_slack
 from service.privacy.calibrate import Accountant, calibrate_noise_multiplier
 from service.privacy.events import ComposedEvent, DpEvent, PoissonSubsampledGaussianEvent

@@ -22,7 +22,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import ConfigDict, Field, RootModel, ValidationError, model_validator
 
-from service.dataschema import parse_schema
+from service.datasets.tabular import parse_schema
+from service.datasets.timeseries import TimeSeriesSchema
 from service.modelspec import LogisticSpec, MlpSpec, ModelSpec
 from service.params import (
     BatchSize,
@@ -57,7 +58,6 @@ from service.selection.plans import (
     with_total_epsilon,
 )
 from service.selection.search_space import ArchitectureSearch, ArchitectureSpace
-from service.timeseries import TimeSeriesSchema
 
 __all__ = [
     "ArchitectureSelection",

@@ -37,7 +37,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from service.dataschema import CategoricalColumn, TabularSchema
+from service.datasets.tabular import CategoricalColumn, TabularSchema
 from service.modelspec import LogisticSpec, MlpSpec
 from service.params import Epsilon, InputModel, PositiveDelta
 from service.plans import PlanError

@@ -39,7 +39,7 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from service.dataschema import TabularSchema, parse_schema
+from service.datasets.tabular import TabularSchema, parse_schema
 from service.methods.dpsgd import resolve_dpsgd_options
 from service.modelspec import MlpSpec, ModelSpec
 from service.params import BatchSize, ClipNorm, Epochs, InputModel, LearningRate, NoiseDecay

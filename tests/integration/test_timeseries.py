@@ -16,7 +16,7 @@ import yaml
 from typer.testing import CliRunner
 
 from enclave.cli import app
-from service.dataset_kinds import load_schema_yaml
+from service.datasets.kinds import load_schema_yaml
 from service.modelspec import GrudSpec, parameter_count
 from tests.unit.test_timeseries import TINY
 from worker.synthetic_icu import PUBLIC_SCHEMA

@@ -14,8 +14,8 @@ import torch
 import yaml
 
 from enclave.analyst import open_release, read_public_csv, score_csv
-from service.dataschema import SchemaError, TabularSchema, parse_schema, validate_frame
-from service.dataset_kinds import load_schema_yaml
+from service.datasets.kinds import load_schema_yaml
+from service.datasets.tabular import SchemaError, TabularSchema, parse_schema, validate_frame
 from service.modelspec import LogisticSpec
 from service.plans import build_plan
 from service.releases import encode_for, encode_rows, predict_proba, sha256_bytes

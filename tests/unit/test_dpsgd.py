@@ -262,7 +262,7 @@ def test_parameter_count_matches_the_modules() -> None:
 def _grud_batch(n: int, *, steps: int = 5, n_vars: int = 3, seed: int = 0) -> torch.Tensor:
     """GRU-D inputs (n, 3, T, V) as the schema encodes them: values in [0, 1], masks,
     deltas in hours since the last observation."""
-    from service.timeseries import deltas_from_masks, pack_grud_inputs
+    from service.datasets.timeseries import deltas_from_masks, pack_grud_inputs
 
     rng = np.random.default_rng(seed)
     masks = (rng.random((n, steps, n_vars)) < 0.4).astype(np.float32)

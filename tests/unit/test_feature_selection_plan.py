@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from service.dataschema import parse_schema
+from service.datasets.tabular import parse_schema
 from service.modelspec import MlpSpec
 from service.plans import PlanError
 from service.privacy.events import (

@@ -55,7 +55,7 @@ def _batch(n: int = 12, d: int = 7, scale: float = 1.0) -> tuple[torch.Tensor, t
 
 
 def _grud_batch(n: int = 6) -> tuple[torch.Tensor, torch.Tensor]:
-    from service.timeseries import deltas_from_masks, pack_grud_inputs
+    from service.datasets.timeseries import deltas_from_masks, pack_grud_inputs
 
     rng = np.random.default_rng(1)
     masks = (rng.random((n, 5, 3)) < 0.5).astype(np.float32)
@@ -436,7 +436,7 @@ def _drift_case(
     gen = torch.Generator().manual_seed(seed)
     if isinstance(spec, GrudSpec):
         module = build_module(spec, 3, public_means=[0.2, 0.5, 0.9])
-        from service.timeseries import deltas_from_masks, pack_grud_inputs
+        from service.datasets.timeseries import deltas_from_masks, pack_grud_inputs
 
         rng = np.random.default_rng(0)
         masks = (rng.random((600, 5, 3)) < 0.5).astype(np.float32)

@@ -8,7 +8,8 @@ import time
 import numpy as np
 import torch
 
-from service.dataset_kinds import parse_dataset_schema
+from service.datasets.kinds import parse_dataset_schema
+from service.datasets.timeseries import deltas_from_masks, pack_grud_inputs
 from service.modelspec import GrudSpec, LogisticSpec, ModelSpec
 from service.plans import build_plan, plan_for_dataset
 from service.resources import (
@@ -19,7 +20,6 @@ from service.resources import (
     resource_refusal,
 )
 from service.schemas import JobRequest, PrivacyPlan
-from service.timeseries import deltas_from_masks, pack_grud_inputs
 from tests.unit.test_timeseries import TINY
 from worker.mechanisms import dpsgd, grad_engines
 from worker.mechanisms.base import TabularTrainingSet

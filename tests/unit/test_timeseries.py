@@ -13,10 +13,10 @@ import pytest
 import torch
 import yaml
 
-from service.dataschema import SchemaError
-from service.dataset_kinds import load_schema_yaml, parse_dataset_schema
+from service.datasets.kinds import load_schema_yaml, parse_dataset_schema
+from service.datasets.tabular import SchemaError
+from service.datasets.timeseries import TimeSeriesSchema, encode_series, validate_series
 from service.modelspec import GrudSpec
-from service.timeseries import TimeSeriesSchema, encode_series, validate_series
 from worker.models import Grud, build_module
 
 TINY = {
@@ -218,7 +218,7 @@ def test_outcomes_read_off_the_observations_file_must_agree_per_stay() -> None:
 def test_wide_per_stay_files_encode_as_their_long_lines() -> None:
     """layout wide: a file per stay, a line per time, a column per variable; empty cells
     are unobserved. The hand-computed example again, written wide."""
-    from service.timeseries import wide_to_long
+    from service.datasets.timeseries import wide_to_long
 
     schema = _schema(layout="wide")
     s1 = "time,hr,sbp\n0.5,100,\n0.9,120,\n2.0,,150\n3.5,300,\n"

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from service.timeseries import pack_grud_inputs
+from service.datasets.timeseries import pack_grud_inputs
 
 
 def pack_inputs(values: Tensor, masks: Tensor, deltas: Tensor) -> Tensor:

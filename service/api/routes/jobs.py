@@ -17,7 +17,7 @@ from service.api.errors import ProblemError
 from service.api.lookups import dataset_or_404, visible_job_or_404
 from service.api.openapi import AUTHENTICATED, JSON_BODY, problem_responses
 from service.config import Settings
-from service.dataset_kinds import parse_dataset_schema
+from service.datasets.kinds import parse_dataset_schema
 from service.db import transaction
 from service.jobs import enqueue, job_public
 from service.ledger.accounting import dataset_guarantee

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from service.dataschema import parse_schema
+from service.datasets.tabular import parse_schema
 from service.modelspec import MlpSpec
 from service.schemas import DpsgdOptions
 from service.selection.budget import SelectionBudget

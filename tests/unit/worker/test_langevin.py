@@ -96,7 +96,7 @@ def test_grid_keeps_the_noise_scale_in_the_samplers_range() -> None:
 def test_row_norm_bound_of_the_adult_schema() -> None:
     from pathlib import Path
 
-    from service.dataset_kinds import load_schema_yaml
+    from service.datasets.kinds import load_schema_yaml
 
     root = Path(__file__).resolve().parents[3]
     schema = load_schema_yaml((root / "examples/adult/schema.yaml").read_text())

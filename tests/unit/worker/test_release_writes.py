@@ -16,7 +16,7 @@ import torch
 from pydantic import TypeAdapter
 
 import worker.release as release
-from service.dataset_kinds import parse_dataset_schema
+from service.datasets.kinds import parse_dataset_schema
 from service.modelspec import ModelSpec
 from service.plans import plan_for_dataset
 from service.schemas import JobRequest

@@ -1,7 +1,7 @@
 """A dataset's public schema of any kind, chosen by its ``kind``: ``tabular``
-(service/dataschema.py) or ``timeseries`` (service/timeseries.py, which builds on the
-tabular module's pieces). Its own module so that neither kind imports the other (issue 23:
-the two used to import each other)."""
+(service/datasets/tabular.py) or ``timeseries`` (service/datasets/timeseries.py, which
+builds on the tabular module's pieces). Its own module so that neither kind imports the
+other (issue 23: the two used to import each other)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from typing import Any, TypeAlias
 import yaml
 from pydantic import ValidationError
 
-from service.dataschema import SchemaError, TabularSchema, _one_line, parse_schema
-from service.timeseries import TimeSeriesSchema
+from service.datasets.tabular import SchemaError, TabularSchema, _one_line, parse_schema
+from service.datasets.timeseries import TimeSeriesSchema
 
 __all__ = ["DatasetSchema", "load_schema_yaml", "parse_dataset_schema"]
 

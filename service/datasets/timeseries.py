@@ -6,7 +6,7 @@ and irregular observations of declared variables. The private files are a long-f
 CSV, one observation per line (stay id, time in hours since the stay's start, variable,
 value), and an outcomes CSV, one line per stay (stay id, outcome). What is public is the
 schema: the variables with units, bounds and imputation means, the time grid, the column
-names and the outcome encoding. As in :mod:`service.dataschema`, every transformation is
+names and the outcome encoding. As in :mod:`service.datasets.tabular`, every transformation is
 a pure function of the schema and the rows being transformed: no statistic of other rows
 enters (the imputation means are declared, never estimated).
 
@@ -37,7 +37,7 @@ import numpy as np
 import pandas as pd
 from pydantic import Field, model_validator
 
-from service.dataschema import (
+from service.datasets.tabular import (
     CsvOptions,
     OnInvalid,
     ValidationReport,
