@@ -1,7 +1,8 @@
 """A dataset's public schema of any kind, chosen by its ``kind``: ``tabular``
 (service/datasets/tabular.py) or ``timeseries`` (service/datasets/timeseries.py, which
-builds on the tabular module's pieces). Its own module so that neither kind imports the
-other (issue 23: the two used to import each other)."""
+builds on the tabular module's pieces). Its own module so that the tabular module need not
+import the time-series one (issue 23: the two used to import each other; now only
+timeseries imports tabular)."""
 
 from __future__ import annotations
 
