@@ -80,6 +80,9 @@ class Settings(BaseSettings):
     # run past it is killed; its job is re-sent (a new attempt) until max_attempts, then
     # failed. The soft limit, a little earlier, ends the run with a failure in-process.
     job_time_limit_s: float = Field(default=3600.0, gt=0)
+    # CPU threads torch may use in a worker for one job (torch.set_num_threads); None: torch's
+    # default (the machine's cores). benchmarks/results/worker_threads.md measures 1 vs 2.
+    worker_threads: int | None = Field(default=None, ge=1, le=1024)
     # Memory a worker may use for one job; plans estimated above it are refused at quote
     # time (service/resources.py), before anything is charged.
     worker_memory_bytes: int = Field(default=16 * 2**30, ge=2**20)

@@ -41,7 +41,7 @@ from service.privacy.amounts import from_micro
 from service.schemas import JobRequest, PrivacyPlan
 from service.selection.api_bodies import ResolvedSelection, plan_selection_job
 from worker.data import load_training_set
-from worker.device import resolve_device
+from worker.device import apply_threads, resolve_device
 from worker.mechanisms import registry
 from worker.mechanisms.base import MechanismOutput, ProgressFn, TabularTrainingSet
 from worker.mechanisms.guards import GuardFailed, finite_release
@@ -261,6 +261,7 @@ def execute_job(job_id: str, settings: Settings | None = None) -> Outcome:
     interval = max(0.2, min(5.0, settings.heartbeat_timeout_s / 4))
     try:
         with Heartbeat(engine, job_id, token, interval, total=progress_total(plan)) as hb:
+            apply_threads(settings.worker_threads)
             device = resolve_device(settings.device)
             data = load_training_set(
                 settings.resolved_data_dir,
