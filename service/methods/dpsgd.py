@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from service.methods.common import MethodPlan, PlanError, PlanFacts, calibrate_with_slack
-from service.modelspec import parameter_count
+from service.modelspec import MlpSpec, ModelSpec, parameter_count
 from service.privacy.events import (
     ComposedEvent,
     DpEvent,
@@ -119,12 +119,29 @@ def _check_engine(request: JobRequest, options: DpsgdOptions) -> None:
         raise PlanError("engine 'jl' supports the constant noise schedule only")
 
 
+RELU_REFUSAL = (
+    "DP-SGD cannot train ReLU MLPs with a proven guarantee yet: a row on a hidden unit's "
+    "boundary moves its float gradient by more than its own norm with the batch around it, "
+    "and the measured sums exceeded the sensitivity the charge assumes (issue 25); use "
+    "activation 'tanh'"
+)
+
+
+def refuse_unproven_activation(model: ModelSpec) -> None:
+    """DP-SGD refuses ReLU MLPs until their per-row sums are batch-independent (issue 25):
+    the audit placed a row on a ReLU boundary and measured ‖S(D + x*) − S(D)‖ up to
+    1.64·2^k in the exact and ghost engines, a release whose "proven" label was false."""
+    if isinstance(model, MlpSpec) and model.activation == "relu":
+        raise PlanError(RELU_REFUSAL)
+
+
 def _dpsgd_plan(
     request: JobRequest, *, n_rows: int, n_features: int
 ) -> tuple[DpEvent, dict[str, Any], str]:
     options = resolve_dpsgd_options(request.dpsgd or DpsgdOptions(), n_rows=n_rows)
     if request.delta <= 0:
         raise PlanError("dpsgd needs delta > 0 (it is an approximate-DP mechanism)")
+    refuse_unproven_activation(request.model)
     _check_engine(request, options)
     schedule = dpsgd_schedule(n_rows=n_rows, options=options)
     try:

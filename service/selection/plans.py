@@ -40,7 +40,7 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 
 from service.datasets.tabular import TabularSchema, parse_schema
-from service.methods.dpsgd import resolve_dpsgd_options
+from service.methods.dpsgd import RELU_REFUSAL, resolve_dpsgd_options
 from service.modelspec import MlpSpec, ModelSpec
 from service.params import BatchSize, ClipNorm, Epochs, InputModel, LearningRate, NoiseDecay
 from service.plans import PlanError, build_plan
@@ -317,6 +317,8 @@ def architecture_plan(
             dataset_kind=dataset_kind,
         )
     else:
+        if "relu" in request.space.activations:
+            raise PlanError(RELU_REFUSAL)
         options = resolve_dpsgd_options(request.training, n_rows=n_train)
         assert options.batch_size is not None and options.epochs is not None
         batches = request.space.batch_sizes or [options.batch_size]

@@ -214,3 +214,19 @@ def test_planning_past_its_deadline_is_a_422_and_frees_the_slot(
     monkeypatch.setattr(settings, "planning_time_limit_s", 600.0)
     for _ in range(3):  # the slots came back (planning_per_key is 1000 in tests)
         assert client.post("/v1/quote", json=body, headers=auth(keys.alice)).status_code == 200
+
+
+def test_relu_mlps_are_refused_for_dpsgd_at_every_door(
+    client: Any, keys: Any, settings: Any
+) -> None:
+    """A request parameter (activation relu) must not void a "proven" card (issue 25)."""
+    before = len(_charges(settings))
+    relu = {"kind": "mlp", "hidden": [4], "activation": "relu"}
+    for path, body in (
+        ("/v1/quote", {**JOB, "model": relu}),
+        ("/v1/selections/quote", {**HYPER, "model": relu}),
+        ("/v1/selections/quote", {**ARCH, "space": {**ARCH["space"], "activations": ["relu"]}}),
+    ):
+        r = client.post(path, json=body, headers=auth(keys.alice))
+        assert r.status_code == 422 and "ReLU" in r.text, r.text
+    assert len(_charges(settings)) == before

@@ -375,3 +375,19 @@ def test_feature_selection_checks_one_cell_per_row_and_its_noise() -> None:
         run_feature_selection(
             request=request, plan=hostile, data=data, device=CPU, progress=lambda a, b: None
         )
+
+
+def test_the_worker_refuses_to_train_a_relu_mlp_with_dpsgd() -> None:
+    """Defence in depth for issue 25's ReLU counterexample: even a plan that reached the
+    worker for a ReLU MLP (injected below the plan check) trains nothing."""
+    from service.modelspec import MlpSpec
+
+    with pytest.raises(GuardFailed, match="ReLU"):
+        run_dpsgd(
+            spec=MlpSpec(hidden=[3], activation="relu"),
+            mechanism=_plan_mechanism(DPSGD.model_copy(update={"model": MlpSpec(hidden=[3])})),
+            samples=1,
+            data=_data(),
+            device=CPU,
+            progress=lambda a, b: None,
+        )

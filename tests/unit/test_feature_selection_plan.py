@@ -128,7 +128,7 @@ def test_pafs_charge_composes_planned_trainings_and_scores() -> None:
     arch = architecture_plan(
         ArchitectureRequest.model_validate(
             {
-                "space": {"depths": [1], "widths": [8], "activations": ["relu"]},
+                "space": {"depths": [1], "widths": [8], "activations": ["tanh"]},
                 "search": {"algorithm": "rs", "trainings": 1},
                 "training": {"epochs": 2, "batch_size": 64},
                 "budget": budget.model_dump(),
@@ -194,7 +194,7 @@ def test_final_model_is_charged_in_the_same_plan() -> None:
     arch = architecture_plan(
         ArchitectureRequest.model_validate(
             {
-                "space": {"depths": [1], "widths": [8], "activations": ["relu"]},
+                "space": {"depths": [1], "widths": [8], "activations": ["tanh"]},
                 "search": {"algorithm": "rs", "trainings": 1},
                 "training": {"epochs": 2, "batch_size": batch},
                 "budget": {"training_epsilon": 2.0, "training_delta": 1e-6},

@@ -236,5 +236,38 @@ def test_mlp_plan_keeps_its_old_shape_unless_the_activation_is_not_the_default()
         return build_plan(request, n_rows=1000, n_features=5).model
 
     assert plan_model({"kind": "mlp", "hidden": [4]}) == {"kind": "mlp", "hidden": [4]}
+    # A non-default activation is recorded (shown with ExpM+NF: DP-SGD refuses ReLU MLPs
+    # until their sums are batch-independent, issue 25).
     relu = {"kind": "mlp", "hidden": [4], "activation": "relu"}
-    assert plan_model(relu) == relu
+    nf = JobRequest.model_validate(
+        {"dataset": "x", "method": "expm_nf", "epsilon": 1, "delta": 0, "model": relu}
+    )
+    assert build_plan(nf, n_rows=1000, n_features=5).model == relu
+
+
+def test_dpsgd_refuses_relu_mlps_everywhere() -> None:
+    """Issue 25's audit: a ReLU row on a unit's boundary moved the exact and ghost sums by
+    up to 1.64·2^k, so no DP-SGD release of a ReLU MLP may say "proven": refused at plan
+    time for jobs and every selection kind, and by the worker (tests/privacy)."""
+    from service.selection.plans import ArchitectureRequest, architecture_plan
+
+    request = JobRequest.model_validate(
+        {
+            "dataset": "x",
+            "method": "dpsgd",
+            "epsilon": 1,
+            "delta": 1e-6,
+            "model": {"kind": "mlp", "hidden": [4], "activation": "relu"},
+        }
+    )
+    with pytest.raises(PlanError, match="ReLU"):
+        build_plan(request, n_rows=1000, n_features=5)
+    arch = ArchitectureRequest.model_validate(
+        {
+            "space": {"depths": [1], "widths": [4], "activations": ["tanh", "relu"]},
+            "search": {"algorithm": "rs", "trainings": 2},
+            "budget": {"training_epsilon": 1.0, "training_delta": 1e-6},
+        }
+    )
+    with pytest.raises(PlanError, match="ReLU"):
+        architecture_plan(arch, dataset="x", n_rows=1000, n_features=5)

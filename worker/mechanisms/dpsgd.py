@@ -48,7 +48,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from service.modelspec import ModelSpec
+from service.modelspec import MlpSpec, ModelSpec
 from worker.mechanisms.base import MechanismOutput, PlanMismatch, ProgressFn, TabularTrainingSet
 from worker.mechanisms.grad_engines import (
     ExactLogisticClipper,
@@ -309,6 +309,9 @@ def run_dpsgd(
     progress: ProgressFn,
 ) -> MechanismOutput:
     """Train `samples` independent DP-SGD models (each charged by the plan)."""
+    if isinstance(spec, MlpSpec) and spec.activation == "relu":
+        # Defence in depth (the plan refuses it too): no proof covers a ReLU MLP's sums.
+        raise GuardFailed("dpsgd: ReLU MLPs have no proven sensitivity yet (issue 25)")
     params = DpsgdParams.from_plan(mechanism)
     per = params.steps
     total = per * samples
