@@ -51,14 +51,13 @@ import torch
 from service.modelspec import MlpSpec, ModelSpec
 from worker.mechanisms.base import MechanismOutput, PlanMismatch, ProgressFn, TabularTrainingSet
 from worker.mechanisms.grad_engines import (
-    ExactLogisticClipper,
-    IntegerClipper,
     IntegerSum,
+    exact_clipper,
     ghost_integer_sum,
     jl_integer_sum,
 )
 from worker.mechanisms.guards import GuardFailed, positive_finite
-from worker.models import Logistic, build_module
+from worker.models import build_module
 from worker.noise import rounded_gaussian, secure_rng
 
 # Noise coordinates drawn per call of the sampler (amortises its per-call overhead).
@@ -337,9 +336,7 @@ def integer_sum_for(
     ≤ κ·2^k."""
     k, c, size = params.grid_bits, params.max_grad_norm, params.parameters
     if params.engine == "exact":
-        if isinstance(module, Logistic):
-            return ExactLogisticClipper(module, grid_bits=k, max_grad_norm=c, parameters=size)
-        return IntegerClipper(module, grid_bits=k, max_grad_norm=c, parameters=size)
+        return exact_clipper(module, grid_bits=k, max_grad_norm=c, parameters=size)
     if params.engine == "ghost":
         return lambda x, y: ghost_integer_sum(
             module, x, y, grid_bits=k, max_grad_norm=c, parameters=size

@@ -120,6 +120,7 @@ __all__ = [
     "LinearSignals",
     "capped_integer_sum",
     "clipped_integer_sum",
+    "exact_clipper",
     "ghost_integer_sum",
     "gradient_engine",
     "jl_integer_sum",
@@ -466,6 +467,10 @@ class IntegerClipper:
     computed in slices whose GEMVs are added in turn (still a sum of the chunk's products
     in some order, as A2 needs)."""
 
+    # η of the module docstring's proof: None is A1's drift; 0 for a subclass whose rows are
+    # batch-independent bit for bit.
+    drift: float | None = None
+
     def __init__(
         self, module: torch.nn.Module, *, grid_bits: int, max_grad_norm: float, parameters: int
     ) -> None:
@@ -475,7 +480,8 @@ class IntegerClipper:
         self.grads = gradient_engine(module)
         self.parameters = parameters
         self._units = 2.0**grid_bits / max_grad_norm  # integer units per gradient unit
-        self._bound = row_cap(parameters=parameters, sensitivity=2.0**grid_bits)
+        sensitivity = 2.0**grid_bits
+        self._bound = row_cap(parameters=parameters, sensitivity=sensitivity, drift=self.drift)
         self._cap = self._bound * (1.0 - _MARGIN)
         self._slice = max(1, _CHUNK_ELEMENTS // max(parameters, 1))
 
@@ -568,6 +574,8 @@ class ExactLogisticClipper(IntegerClipper):
     c = c_row·(1 − 2^-20). The chunk's sum Σ_i a_i·x_int,i is one GEMV (its product
     roundings are inside A2's γ_m), then × 2^-c (exact); the bias entry Σ_i a_i."""
 
+    drift = 0.0
+
     def __init__(
         self, module: Logistic, *, grid_bits: int, max_grad_norm: float, parameters: int
     ) -> None:
@@ -575,8 +583,6 @@ class ExactLogisticClipper(IntegerClipper):
             module, grid_bits=grid_bits, max_grad_norm=max_grad_norm, parameters=parameters
         )
         self.layer = module.linear
-        self._bound = row_cap(parameters=parameters, sensitivity=2.0**grid_bits, drift=0.0)
-        self._cap = self._bound * (1.0 - _MARGIN)
         self._grid = theta_bits(feature_bits=LOGISTIC_FEATURE_BITS, parameters=parameters)
 
     def chunk_sum(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -599,8 +605,22 @@ def clipped_integer_sum(
     max_grad_norm: float,
     parameters: int,
 ) -> torch.Tensor:
-    """The exact engine's int64 sum for one batch; see :class:`IntegerClipper` (and
-    :class:`ExactLogisticClipper` for logistic regression)."""
-    kind = ExactLogisticClipper if isinstance(module, Logistic) else IntegerClipper
-    clip = kind(module, grid_bits=grid_bits, max_grad_norm=max_grad_norm, parameters=parameters)  # type: ignore[arg-type]
+    """The exact engine's int64 sum for one batch; see :func:`exact_clipper`."""
+    clip = exact_clipper(
+        module, grid_bits=grid_bits, max_grad_norm=max_grad_norm, parameters=parameters
+    )
     return clip(x, y)
+
+
+def exact_clipper(
+    module: torch.nn.Module, *, grid_bits: int, max_grad_norm: float, parameters: int
+) -> IntegerClipper:
+    """The exact engine for ``module``: :class:`ExactLogisticClipper` for logistic
+    regression (no assumption A1), :class:`IntegerClipper` for every other model."""
+    if isinstance(module, Logistic):
+        return ExactLogisticClipper(
+            module, grid_bits=grid_bits, max_grad_norm=max_grad_norm, parameters=parameters
+        )
+    return IntegerClipper(
+        module, grid_bits=grid_bits, max_grad_norm=max_grad_norm, parameters=parameters
+    )
