@@ -128,28 +128,49 @@ class Limiter:
     def take_unauthenticated(self, request: Request, kind: str = "unauthenticated") -> None:
         """Spend one token of the client address's bucket for ``kind`` (``unauthenticated``:
         a missing or invalid key; ``metrics``), or raise a 429."""
-        if not self.address_limits:
-            return
-        key = (kind, self.client_address(request))
-        with self._lock:
-            if len(self._addresses) > MAX_ADDRESSES:
-                _prune(self._addresses, self.unauth_rate_per_s, self.unauth_burst)
-            wait = _spend(self._addresses, key, self.unauth_rate_per_s, self.unauth_burst)
-        if wait:
-            what = "requests to /metrics" if kind == "metrics" else "requests without a valid key"
-            raise _limited(wait, f"too many {what} from this address")
+        what = "requests to /metrics" if kind == "metrics" else "requests without a valid key"
+        self._take_address(
+            request,
+            self._addresses,
+            kind,
+            rate_per_s=self.unauth_rate_per_s,
+            burst=self.unauth_burst,
+            detail=f"too many {what} from this address",
+        )
 
     def take_login(self, request: Request) -> None:
         """Spend one token of the client address's sign-in bucket, or raise a 429."""
+        self._take_address(
+            request,
+            self._logins,
+            None,
+            rate_per_s=self.login_rate_per_s,
+            burst=self.login_burst,
+            detail="too many dashboard sign-in attempts from this address",
+        )
+
+    def _take_address(
+        self,
+        request: Request,
+        buckets: dict[Any, _Bucket],
+        kind: str | None,
+        *,
+        rate_per_s: float,
+        burst: int,
+        detail: str,
+    ) -> None:
+        """Spend one token of the client address's bucket in ``buckets`` (keyed by
+        (kind, address), or by the address alone when ``kind`` is None), or raise a 429."""
         if not self.address_limits:
             return
-        key = self.client_address(request)
+        address = self.client_address(request)
+        key = address if kind is None else (kind, address)
         with self._lock:
-            if len(self._logins) > MAX_ADDRESSES:
-                _prune(self._logins, self.login_rate_per_s, self.login_burst)
-            wait = _spend(self._logins, key, self.login_rate_per_s, self.login_burst)
+            if len(buckets) > MAX_ADDRESSES:
+                _prune(buckets, rate_per_s, burst)
+            wait = _spend(buckets, key, rate_per_s, burst)
         if wait:
-            raise _limited(wait, "too many dashboard sign-in attempts from this address")
+            raise _limited(wait, detail)
 
     @contextmanager
     def planning(self, key: int) -> Iterator[None]:
