@@ -34,6 +34,9 @@ from pathlib import Path
 from typing import Any
 
 from service.privacy import calibrate as cal
+from service.privacy.calibrate import epsilon as cal_epsilon
+from service.privacy.calibrate import noise as cal_noise
+from service.privacy.calibrate.fast_pld import GaussianParts, fast_pld_epsilon
 from service.privacy.events import PoissonSubsampledGaussianEvent
 from service.privacy.orders import CALIBRATION_ORDERS, ORDERS
 from service.privacy.rdp import epsilon_from_rdp
@@ -101,8 +104,8 @@ def tightest(acc: str, steps: int, eps: float, sigma: float) -> float:
         h = cal.pld_value_discretization(epsilon=eps, steps=steps) / 8.0
 
         def eps_of(s: float) -> float:
-            parts = cal._GaussianParts(gaussians=((Q, s, steps),), slack_tau=0.0)
-            return cal._fast_pld_epsilon(parts, DELTA, h)
+            parts = GaussianParts(gaussians=((Q, s, steps),), slack_tau=0.0)
+            return fast_pld_epsilon(parts, DELTA, h)
 
     else:
 
@@ -130,7 +133,7 @@ def main() -> None:
                     "accountant": acc,
                 }
                 c = cold(acc, steps, eps, args.repeats)
-                cal._calibrate_cached.cache_clear()
+                cal_noise._calibrate_cached.cache_clear()
                 res = cal.calibrate(**kwargs)  # type: ignore[arg-type]
                 if res.noise_multiplier != c["sigma"]:
                     raise SystemExit("cache-miss σ differs from the subprocess's σ")
@@ -139,7 +142,7 @@ def main() -> None:
                     raise SystemExit("cache-hit σ differs from the cache-miss σ")
 
                 def uncached(kw: dict[str, object] = kwargs) -> None:
-                    cal._calibrate_cached.cache_clear()
+                    cal_noise._calibrate_cached.cache_clear()
                     cal.calibrate(**kw)  # type: ignore[arg-type]
 
                 uncached_s = timed(uncached, 5)
@@ -172,7 +175,7 @@ def main() -> None:
                 if acc == "pld":
                     h = cal.pld_value_discretization(epsilon=eps, steps=steps)
                     for key, s in (("dpa", sigma), ("dpa_low", sigma / 1.01)):
-                        row[key] = cal._dp_accounting_dpsgd_epsilon(
+                        row[key] = cal_epsilon._dp_accounting_dpsgd_epsilon(
                             sampling_rate=Q, noise_multiplier=s, steps=steps, delta=DELTA, vdi=h
                         )
                 rows.append(row)

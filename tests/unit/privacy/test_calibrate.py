@@ -16,21 +16,25 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from service.privacy import calibrate as cal
 from service.privacy.calibrate import (
     NOISE_MULTIPLIER_MIN,
     PLD_VALUE_DISCRETIZATION_MAX,
     PLD_VALUE_DISCRETIZATION_MIN,
     Accountant,
-    _dp_accounting_dpsgd_epsilon,
-    _dp_accounting_epsilon_of,
-    _smallest_sufficient_sigma,
     calibrate,
     calibrate_noise_multiplier,
     epsilon_for,
     pld_epsilon,
     pld_value_discretization,
 )
+from service.privacy.calibrate import noise as cal_noise
+from service.privacy.calibrate.epsilon import (
+    _dp_accounting_dpsgd_epsilon,
+    _dp_accounting_epsilon_of,
+)
+from service.privacy.calibrate.fast_pld import GaussianParts, fast_pld_epsilon
+from service.privacy.calibrate.pld_steps import FastPldUnavailable, log_gaussian_delta
+from service.privacy.calibrate.search import _smallest_sufficient_sigma
 from service.privacy.events import (
     ComposedEvent,
     ExponentialMechanismEvent,
@@ -61,8 +65,8 @@ def _eps(sigma: float, accountant: Accountant, epsilon: float = EPS, steps: int 
 
 
 def _fast(q: float, sigma: float, steps: int, delta: float, h: float) -> float:
-    parts = cal._GaussianParts(gaussians=((q, sigma, steps),), slack_tau=0.0)
-    return cal._fast_pld_epsilon(parts, delta, h)
+    parts = GaussianParts(gaussians=((q, sigma, steps),), slack_tau=0.0)
+    return fast_pld_epsilon(parts, delta, h)
 
 
 # ------------------------------------------------------------------ calibration contract
@@ -95,7 +99,7 @@ def test_calibration_is_deterministic_across_calls_cache_and_processes() -> None
     kwargs = {"sampling_rate": Q, "steps": STEPS, "epsilon": 0.3, "delta": DELTA}
     fresh = []
     for _ in range(2):
-        cal._calibrate_cached.cache_clear()
+        cal_noise._calibrate_cached.cache_clear()
         fresh.append(calibrate(accountant="pld", **kwargs))  # type: ignore[arg-type]
     assert fresh[0] == fresh[1]
     assert calibrate(accountant="pld", **kwargs) is fresh[1]  # type: ignore[arg-type]  # a hit
@@ -108,7 +112,7 @@ def test_calibration_is_deterministic_across_calls_cache_and_processes() -> None
         [sys.executable, "-c", code], cwd=root, capture_output=True, text=True, check=True
     )
     assert json.loads(out.stdout) == fresh[0].noise_multiplier  # bit for bit
-    assert cal._calibrate_cached.cache_info().maxsize == 512  # bounded
+    assert cal_noise._calibrate_cached.cache_info().maxsize == 512  # bounded
 
 
 def test_pld_is_tighter_than_rdp() -> None:
@@ -198,7 +202,7 @@ def test_pld_falls_back_to_rdp_where_it_cannot_certify() -> None:
     rdp = calibrate(accountant="rdp", **kwargs)  # type: ignore[arg-type]
     assert res.fell_back and res.accountant == "rdp" and res.value_discretization_interval is None
     assert res.noise_multiplier == rdp.noise_multiplier
-    with pytest.raises(cal._PldUnavailable):
+    with pytest.raises(FastPldUnavailable):
         _fast(256 / 30162, res.noise_multiplier, 3540, 1e-12, 1e-3)
     # epsilon_for("pld") answers with the RDP bound there as well
     event = PoissonSubsampledGaussianEvent(
@@ -315,7 +319,7 @@ def _exact_gaussian_epsilon(mu: float, delta: float) -> float:
     target = math.log(delta)
     for _ in range(200):
         mid = 0.5 * (lo + hi)
-        if float(cal._log_gaussian_delta(np.array([mid]), mu)[0]) > target:
+        if float(log_gaussian_delta(np.array([mid]), mu)[0]) > target:
             lo = mid
         else:
             hi = mid
@@ -343,7 +347,7 @@ def test_fast_pld_is_above_the_exact_epsilon_of_one_subsampled_step(q: float, si
     for _ in range(200):
         mid = 0.5 * (lo + hi)
         eta = math.log1p(math.expm1(mid) / q)
-        log_delta = math.log(q) + float(cal._log_gaussian_delta(np.array([eta]), 1 / sigma)[0])
+        log_delta = math.log(q) + float(log_gaussian_delta(np.array([eta]), 1 / sigma)[0])
         lo, hi = (mid, hi) if log_delta > target else (lo, mid)
     ours = _fast(q, sigma, 1, DELTA, 1e-3)
     assert lo <= ours <= lo + 1e-2
