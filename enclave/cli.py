@@ -34,9 +34,8 @@ from enclave.jobs_cli import jobs_app
 from service import admin as ops
 from service.auth import expiry, hash_api_key, new_api_key, revoke_key, rotate_key
 from service.config import get_settings
-from service.datasets.kinds import DatasetSchema, load_schema_yaml
+from service.datasets.kinds import DATA_KINDS, DatasetSchema, load_schema_yaml
 from service.datasets.tabular import SchemaError
-from service.datasets.timeseries import TimeSeriesSchema
 from service.db import engine_for, transaction
 from service.ledger.audit import check_totals, verify_all
 from service.ledger.budgets import set_analyst_cap, set_dataset_budget
@@ -198,14 +197,7 @@ def datasets_check(csv: CsvOption, schema: SchemaOption, outcomes: OutcomesOptio
         report = prepare_dataset(parsed, csv, outcomes).report
     except CsvReadError as exc:
         fail(f"refused: {exc}")
-    if isinstance(parsed, TimeSeriesSchema):
-        grid = parsed.grid
-        console.print(
-            f"schema {parsed.name!r}: {parsed.n_features} variables on {grid.steps} steps "
-            f"of {grid.step_hours:g} h"
-        )
-    else:
-        console.print(f"schema {parsed.name!r}: {parsed.n_features} encoded features")
+    console.print(DATA_KINDS[parsed.kind].describe(parsed))
     _print_report(report)
     console.print("(exact counts: shown here, inside the enclave, only; nothing was registered)")
     if report.rows_kept == 0:

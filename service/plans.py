@@ -10,18 +10,25 @@ from __future__ import annotations
 
 from typing import Any
 
-from service.datasets.tabular import parse_schema
-from service.datasets.timeseries import TimeSeriesSchema
+from service.datasets.kinds import DATA_KINDS, DEFAULT_KIND, DataKind
 from service.methods import METHODS, method_key
 from service.methods.common import PlanError as PlanError
 from service.methods.common import PlanFacts
-from service.methods.expm import row_norm_sq_bound
 from service.modelspec import ModelSpec
 from service.privacy.events import DpEvent, SelfComposedEvent
 from service.privacy.orders import ORDERS
 from service.schemas import JobRequest, PrivacyPlan
 
-__all__ = ["PlanError", "build_plan", "plan_for_dataset", "progress_total"]
+__all__ = ["PlanError", "build_plan", "data_kind", "plan_for_dataset", "progress_total"]
+
+
+def data_kind(kind: str) -> DataKind:
+    """The entry of :data:`service.datasets.kinds.DATA_KINDS` for ``kind``, or
+    :class:`PlanError` for a kind no entry names."""
+    entry = DATA_KINDS.get(kind)
+    if entry is None:
+        raise PlanError(f"unknown dataset kind {kind!r}")
+    return entry
 
 
 def _repeat(event: DpEvent, k: int) -> DpEvent:
@@ -51,7 +58,9 @@ def build_plan(
     Public inputs only: ``n_rows`` is the dataset's public (DP noisy) row count,
     ``n_features`` the encoded width its public schema implies (for a time-series
     dataset the number of variables V, GRU-D's width), ``dataset_kind`` its kind,
-    ``norm_sq_bound`` its bound on ‖(x, 1)‖² (:func:`row_norm_sq_bound`; tabular only).
+    ``norm_sq_bound`` its bound on ‖(x, 1)‖² (its kind's ``norm_sq_bound``; tabular only).
+    A ``dataset_kind`` that :data:`~service.datasets.kinds.DATA_KINDS` does not name is a
+    :class:`PlanError` ("unknown dataset kind").
     """
     if n_rows < 1:
         raise PlanError("the dataset has no rows")
@@ -59,7 +68,7 @@ def build_plan(
         raise PlanError(
             f"samples × delta = {request.samples * request.delta:g}: the job's δ must be below 1"
         )
-    if (request.model.kind == "grud") != (dataset_kind == "timeseries"):
+    if request.model.kind not in data_kind(dataset_kind).model_kinds:
         raise PlanError(
             f"model {request.model.kind!r} does not fit a {dataset_kind} dataset "
             "(GRU-D is for time-series datasets, the others for tabular ones)"
@@ -105,20 +114,18 @@ def plan_for_dataset(
 ) -> PrivacyPlan:
     """:func:`build_plan` with the public facts read off a registered dataset: its public
     row count and its public schema (kind, encoded width). The API (quote, admission) and
-    the worker (re-derivation before it reads data) both call this."""
-    kind = str(public_schema.get("kind", "tabular"))
-    if kind == "timeseries":
-        series = TimeSeriesSchema.model_validate(public_schema)
-        return build_plan(request, n_rows=n_rows, n_features=series.n_features, dataset_kind=kind)
-    if kind != "tabular":
-        raise PlanError(f"unknown dataset kind {kind!r}")
-    schema = parse_schema(public_schema)
+    the worker (re-derivation before it reads data) both call this. The kind's entry in
+    :data:`~service.datasets.kinds.DATA_KINDS` parses the schema and gives its bound."""
+    kind = str(public_schema.get("kind", DEFAULT_KIND))
+    entry = data_kind(kind)
+    schema = entry.parse(public_schema)
+    bound = entry.norm_sq_bound
     return build_plan(
         request,
         n_rows=n_rows,
         n_features=schema.n_features,
         dataset_kind=kind,
-        norm_sq_bound=row_norm_sq_bound(schema),
+        norm_sq_bound=None if bound is None else bound(schema),
     )
 
 

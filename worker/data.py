@@ -3,6 +3,11 @@
 Only the enclave runs this module. The private volume (`ENCLAVE_DATA_DIR`) holds one
 folder per dataset with the validated rows; the ledger holds only the public schema and
 the public row count.
+
+:data:`WORKER_KINDS` is the worker's table of data kinds (issue 23), the counterpart of
+the service's ``service.datasets.kinds.DATA_KINDS`` (a contract test keeps both naming the
+same kinds): how registration reads, validates and stores a kind's private rows, how a job
+loads and encodes them, and what the model card says about that encoding.
 """
 
 from __future__ import annotations
@@ -11,12 +16,12 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import pandas as pd
 import torch
 
-from service.datasets.kinds import DatasetSchema
+from service.datasets.kinds import DEFAULT_KIND, DatasetSchema
 from service.datasets.tabular import (
     TabularSchema,
     ValidationReport,
@@ -110,23 +115,34 @@ def prepare_series(
     return PreparedSeries(validate_series(schema, observations, outcomes))
 
 
-def prepare_dataset(
-    schema: DatasetSchema, csv_path: Path, outcomes_path: Path | None = None
-) -> Prepared | PreparedSeries:
-    """The dry run and registration's first step, for either kind of schema."""
-    if isinstance(schema, TimeSeriesSchema):
-        from_file = schema.outcome.source == "file"
-        if from_file and outcomes_path is None:
-            raise CsvReadError("a time-series dataset needs its outcomes file (--outcomes)")
-        if not from_file and outcomes_path is not None:
-            raise CsvReadError(
-                "this schema reads the outcomes from the observations file "
-                "(outcome.source: observations): leave out --outcomes"
-            )
-        return prepare_series(schema, csv_path, outcomes_path)
+def _prepare_tabular(schema: DatasetSchema, csv_path: Path, outcomes_path: Path | None) -> Prepared:
+    assert isinstance(schema, TabularSchema)
     if outcomes_path is not None:
         raise CsvReadError("an outcomes file is for time-series datasets only")
     return prepare_csv(schema, csv_path)
+
+
+def _prepare_timeseries(
+    schema: DatasetSchema, csv_path: Path, outcomes_path: Path | None
+) -> PreparedSeries:
+    assert isinstance(schema, TimeSeriesSchema)
+    from_file = schema.outcome.source == "file"
+    if from_file and outcomes_path is None:
+        raise CsvReadError("a time-series dataset needs its outcomes file (--outcomes)")
+    if not from_file and outcomes_path is not None:
+        raise CsvReadError(
+            "this schema reads the outcomes from the observations file "
+            "(outcome.source: observations): leave out --outcomes"
+        )
+    return prepare_series(schema, csv_path, outcomes_path)
+
+
+def prepare_dataset(
+    schema: DatasetSchema, csv_path: Path, outcomes_path: Path | None = None
+) -> Prepared | PreparedSeries:
+    """The dry run and registration's first step, for any kind of schema (its
+    :data:`WORKER_KINDS` entry's ``prepare``)."""
+    return WORKER_KINDS[schema.kind].prepare(schema, csv_path, outcomes_path)
 
 
 def _write_gzip_csv(path: Path, frame: pd.DataFrame) -> None:
@@ -138,15 +154,27 @@ def _write_gzip_csv(path: Path, frame: pd.DataFrame) -> None:
 def store_prepared(
     data_dir: Path, schema: DatasetSchema, prepared: Prepared | PreparedSeries
 ) -> Path:
-    """Write the validated rows to the private volume (the dataset's folder)."""
-    if isinstance(prepared, PreparedSeries):
-        target = dataset_dir(data_dir, schema.name)
-        target.mkdir(parents=True, exist_ok=True)
-        _write_gzip_csv(target / OUTCOMES_FILE, prepared.validated.outcomes)
-        _write_gzip_csv(target / OBSERVATIONS_FILE, prepared.validated.observations)
-        return target / OBSERVATIONS_FILE
-    assert isinstance(schema, TabularSchema)
+    """Write the validated rows to the private volume (the dataset's folder), as the
+    schema's :data:`WORKER_KINDS` entry stores them."""
+    return WORKER_KINDS[schema.kind].store(data_dir, schema, prepared)
+
+
+def _store_tabular(
+    data_dir: Path, schema: DatasetSchema, prepared: Prepared | PreparedSeries
+) -> Path:
+    assert isinstance(schema, TabularSchema) and isinstance(prepared, Prepared)
     return store_rows(data_dir, schema, prepared.frame)
+
+
+def _store_timeseries(
+    data_dir: Path, schema: DatasetSchema, prepared: Prepared | PreparedSeries
+) -> Path:
+    assert isinstance(prepared, PreparedSeries)
+    target = dataset_dir(data_dir, schema.name)
+    target.mkdir(parents=True, exist_ok=True)
+    _write_gzip_csv(target / OUTCOMES_FILE, prepared.validated.outcomes)
+    _write_gzip_csv(target / OBSERVATIONS_FILE, prepared.validated.observations)
+    return target / OBSERVATIONS_FILE
 
 
 def store_rows(data_dir: Path, schema: TabularSchema, frame: pd.DataFrame) -> Path:
@@ -173,9 +201,24 @@ def load_training_set(
     is read: the runner marks the job as having touched data there, so a failure before
     (no such file, no permission) leaves a job whose charge can be refunded without an
     override, and nothing is read unless the mark succeeded (it raises otherwise).
+
+    The schema's :data:`WORKER_KINDS` entry loads it; a kind no entry names goes to the
+    tabular loader, whose schema validation reports the bad ``kind``.
     """
-    if public_schema.get("kind") == "timeseries":
-        return _load_series(data_dir, public_schema, device, before_first_read=before_first_read)
+    kind = public_schema.get("kind", DEFAULT_KIND)
+    entry = WORKER_KINDS.get(kind) if isinstance(kind, str) else None
+    load = (entry or WORKER_KINDS[DEFAULT_KIND]).load
+    return load(data_dir, public_schema, device, before_first_read=before_first_read)
+
+
+def _load_tabular(
+    data_dir: Path,
+    public_schema: dict,
+    device: torch.device,
+    *,
+    before_first_read: Callable[[], None],
+) -> TabularTrainingSet:
+    """The encoded rows (n, d) of a registered tabular dataset, by its schema."""
     schema = parse_schema(public_schema)
     with (dataset_dir(data_dir, schema.name) / ROWS_FILE).open("rb") as fh:
         before_first_read()
@@ -213,3 +256,63 @@ def _load_series(
     ):
         raise ValueError("encoded series left their ranges")
     return TabularTrainingSet(x=x, y=y, public_means=schema.scaled_means)
+
+
+class _Load(Protocol):
+    def __call__(
+        self,
+        data_dir: Path,
+        public_schema: dict,
+        device: torch.device,
+        *,
+        before_first_read: Callable[[], None],
+    ) -> TabularTrainingSet: ...
+
+
+@dataclass(frozen=True)
+class WorkerDataKind:
+    """What the worker needs from one kind of dataset (an entry of :data:`WORKER_KINDS`)."""
+
+    name: str
+    """The schema's ``kind`` value, the entry's key (as in the service's DATA_KINDS)."""
+    prepare: Callable[[DatasetSchema, Path, Path | None], Prepared | PreparedSeries]
+    """Registration's and the dry run's first step: read the private file(s) (the
+    optional second path is a time series' outcomes file) and validate them."""
+    store: Callable[[Path, DatasetSchema, Prepared | PreparedSeries], Path]
+    """Write the validated rows to the private volume; the path written."""
+    load: _Load
+    """A job's training set: read the stored rows and encode them by the public schema."""
+    preprocessing: str
+    """The model card's description of the (data-independent) encoding."""
+
+
+WORKER_KINDS: dict[str, WorkerDataKind] = {
+    "tabular": WorkerDataKind(
+        name="tabular",
+        prepare=_prepare_tabular,
+        store=_store_tabular,
+        load=_load_tabular,
+        preprocessing=(
+            "Data-independent: numeric columns are clipped to the schema's declared "
+            "[min, max] (after log1p where declared) and scaled to [0, 1]; categorical "
+            "columns are one-hot over the declared levels; the target is 1 for the "
+            "declared positive values."
+        ),
+    ),
+    "timeseries": WorkerDataKind(
+        name="timeseries",
+        prepare=_prepare_timeseries,
+        store=_store_timeseries,
+        load=_load_series,
+        preprocessing=(
+            "Data-independent: each stay's observations are binned on the schema's time grid "
+            "(the latest observation in a step wins), values clipped to the variable's declared "
+            "[min, max] and scaled to [0, 1]; GRU-D's inputs are (values, masks, hours since "
+            "the last observation) of shape (3, T, V), and its imputation means are the "
+            "schema's public means (service/datasets/timeseries.py); the outcome is 1 for the "
+            "declared positive values. One row of the neighbouring relation is one stay (all "
+            "its observations and its outcome)."
+        ),
+    ),
+}
+"""The worker's data kinds by name; the service's are ``service.datasets.kinds.DATA_KINDS``."""

@@ -59,7 +59,7 @@ def model_card(
         "weights_layout": "tensors are named sample_<i>.<state-dict key>, i = 0..samples-1",
         "output": "sigmoid(logits) = P(y = 1 | x), in [0, 1]",
         "preprocessing": {
-            "description": _PREPROCESSING[str(public_schema.get("kind", "tabular"))],
+            "description": _preprocessing(public_schema),
             "feature_names": _feature_names(public_schema),
             "public_schema": public_schema,
         },
@@ -107,23 +107,11 @@ def _engine(plan: PrivacyPlan) -> dict[str, str]:
     return {"engine": "exact"} if plan.method == "dpsgd" else {}
 
 
-_PREPROCESSING = {
-    "tabular": (
-        "Data-independent: numeric columns are clipped to the schema's declared "
-        "[min, max] (after log1p where declared) and scaled to [0, 1]; categorical "
-        "columns are one-hot over the declared levels; the target is 1 for the "
-        "declared positive values."
-    ),
-    "timeseries": (
-        "Data-independent: each stay's observations are binned on the schema's time grid "
-        "(the latest observation in a step wins), values clipped to the variable's declared "
-        "[min, max] and scaled to [0, 1]; GRU-D's inputs are (values, masks, hours since "
-        "the last observation) of shape (3, T, V), and its imputation means are the "
-        "schema's public means (service/datasets/timeseries.py); the outcome is 1 for the declared "
-        "positive values. One row of the neighbouring relation is one stay (all its "
-        "observations and its outcome)."
-    ),
-}
+def _preprocessing(public_schema: dict[str, Any]) -> str:
+    """The card's description of the encoding: the kind's worker/data.py WORKER_KINDS entry."""
+    from worker.data import WORKER_KINDS
+
+    return WORKER_KINDS[str(public_schema.get("kind", "tabular"))].preprocessing
 
 
 def _feature_names(public_schema: dict[str, Any]) -> list[str]:

@@ -186,6 +186,18 @@ def parse_schema(data: dict[str, Any]) -> TabularSchema:
     return TabularSchema.model_validate(data)
 
 
+def row_norm_sq_bound(schema: TabularSchema) -> int:
+    """B with ‖(x, 1)‖² ≤ B for every encoded row x of this schema, from the schema alone:
+    each numeric column contributes at most 1 (scaled to [0, 1]), each categorical column
+    exactly one 1 (one-hot over declared levels), and the bias 1. The tabular kind's
+    row-norm bound in :data:`service.datasets.kinds.DATA_KINDS`; the same formula as
+    :func:`service.methods.expm.row_norm_sq_bound` (pinned equal by a test), which the
+    data-kind table cannot import (service.methods imports service.datasets)."""
+    numeric = sum(1 for c in schema.columns if not isinstance(c, CategoricalColumn))
+    categorical = len(schema.columns) - numeric
+    return numeric + categorical + 1
+
+
 @dataclass(frozen=True)
 class ValidationReport:
     """What row validation did, as counts per column and reason. Only the admin inside

@@ -14,14 +14,14 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import get_args
 
+from service.datasets.kinds import DEFAULT_KIND
 from service.ledger.charges import charge_for
 from service.ledger.errors import LedgerError
 from service.ledger.filter_view import dataset_filter, evaluate
 from service.ledger.nominal import nominal_refusal
 from service.ledger.tables import Dataset
-from service.modelspec import GrudSpec, LogisticSpec
 from service.params import EPSILON_FLOOR
-from service.plans import PlanError, plan_for_dataset
+from service.plans import PlanError, data_kind, plan_for_dataset
 from service.schemas import JobRequest
 from service.schemas import TrainingMethod as Method
 
@@ -40,10 +40,14 @@ class _Probe:
 
 
 def _probe(ds: Dataset, method: Method, *, epsilon: float, delta: float) -> _Probe:
-    # The model that fits the dataset's kind (GRU-D for time series, else the default).
-    model = GrudSpec() if ds.public_schema.get("kind") == "timeseries" else LogisticSpec()
-    request = JobRequest(dataset=ds.name, method=method, epsilon=epsilon, delta=delta, model=model)
     try:
+        # The model that fits the dataset's kind (its DATA_KINDS entry's default model;
+        # an unknown kind is plan_for_dataset's PlanError, "unknown dataset kind").
+        kind = data_kind(str(ds.public_schema.get("kind", DEFAULT_KIND)))
+        model = kind.default_model()
+        request = JobRequest(
+            dataset=ds.name, method=method, epsilon=epsilon, delta=delta, model=model
+        )
         plan = plan_for_dataset(request, n_rows=ds.n_rows, public_schema=ds.public_schema)
         charge = charge_for(plan)
     except (PlanError, LedgerError) as exc:

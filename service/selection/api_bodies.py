@@ -22,8 +22,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import ConfigDict, Field, RootModel, ValidationError, model_validator
 
-from service.datasets.tabular import parse_schema
-from service.datasets.timeseries import TimeSeriesSchema
+from service.datasets.kinds import DEFAULT_KIND
 from service.modelspec import LogisticSpec, MlpSpec, ModelSpec
 from service.params import (
     BatchSize,
@@ -36,7 +35,7 @@ from service.params import (
     PositiveDelta,
     Probability,
 )
-from service.plans import PlanError
+from service.plans import PlanError, data_kind
 from service.schemas import DpsgdOptions, ExpmNfOptions, JobRequest, PrivacyPlan
 from service.selection.features import (
     MAX_FEATURE_COLUMNS,
@@ -401,13 +400,10 @@ def privacy_plan(request: JobRequest, resolved: ResolvedSelection, *, n_rows: in
 
 def n_features_of(public_schema: dict[str, Any]) -> int:
     """The width candidates are built with: a tabular dataset's encoded width, or a time
-    series' number of variables V (GRU-D candidates; the features kind refuses those)."""
-    kind = str(public_schema.get("kind", "tabular"))
-    if kind == "timeseries":
-        return TimeSeriesSchema.model_validate(public_schema).n_features
-    if kind != "tabular":
-        raise PlanError(f"unknown dataset kind {kind!r}")
-    return parse_schema(public_schema).n_features
+    series' number of variables V (GRU-D candidates; the features kind refuses those):
+    the schema's ``n_features`` as its kind's DATA_KINDS entry parses it."""
+    entry = data_kind(str(public_schema.get("kind", DEFAULT_KIND)))
+    return entry.parse(public_schema).n_features
 
 
 def plan_selection_job(
