@@ -6,11 +6,13 @@ with the plan's q, σ, C and T, under add/remove-one neighbours. The run below i
 that mechanism, post-processed:
 
 1. **Sample** (:class:`PoissonSampler`): every loaded row is included independently with
-   probability exactly q (the float q is a dyadic rational m/2^j; the coin is "a uniform
-   j-bit integer is below m", compared a byte at a time, so no floating point enters the
-   draw), for exactly T steps. The coins of many steps are drawn at once. Empty batches
-   take their noise step. Nothing here looks at how many rows were loaded except to draw
-   one coin per row and step.
+   probability exactly q (the float q is a dyadic rational m/2^j), for exactly T steps.
+   Only the included rows are drawn: the gaps between them over the (step, row) positions
+   are Geometric(q), drawn by inversion from the generator's raw integer words and decided
+   by integer comparisons and certified bounds, never by an unchecked float (the class's
+   docstring has the argument), so a step costs O(q·n), not O(n). Empty batches take their
+   noise step. Nothing here looks at the rows; the work depends only on n and on the
+   sampled batch sizes (timing is out of scope, below).
 2. **Clip and sum** (the plan's engine, worker/mechanisms/grad_engines.py; ``exact`` is
    :class:`~worker.mechanisms.grad_engines.IntegerClipper`): per-example gradients in
    float64 (the closed form for logistic regression, Linear-layer signals for MLPs,
@@ -40,6 +42,7 @@ Timing side channels (a step's duration grows with the sampled batch) are out of
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -48,22 +51,20 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from service.modelspec import MlpSpec, ModelSpec
+from service.modelspec import ModelSpec
 from worker.mechanisms.base import MechanismOutput, PlanMismatch, ProgressFn, TabularTrainingSet
-from worker.mechanisms.grad_engines import (
-    IntegerSum,
-    exact_clipper,
-    ghost_integer_sum,
-    jl_integer_sum,
-)
+from worker.mechanisms.exact_net import exact_net_supports
+from worker.mechanisms.grad_engines import IntegerSum, exact_clipper, jl_integer_sum
 from worker.mechanisms.guards import GuardFailed, positive_finite
 from worker.models import build_module
 from worker.noise import rounded_gaussian, secure_rng
 
 # Noise coordinates drawn per call of the sampler (amortises its per-call overhead).
 _NOISE_BLOCK_ELEMENTS = 1 << 20
-# (row, step) coins drawn and compared per call: the Poisson sampling of many steps at once.
-_COIN_BLOCK = 1 << 22
+# (step, row) positions one call of the sampler covers at most (many steps at once) ...
+_COIN_BLOCK = 1 << 40
+# ... and the included rows it expects to find at most: the gap draws of one call.
+_HIT_BLOCK = 1 << 16
 
 
 @dataclass(frozen=True)
@@ -184,13 +185,45 @@ class SampledBlock:
 class PoissonSampler:
     """Independent inclusion of each row with probability exactly q per step.
 
-    A float q is a dyadic rational m/2^j (j ≤ 1074), so the coin "a uniform j-bit integer U
-    is below m" has probability exactly q, and no floating point enters the draw. U is
-    compared with m one byte at a time, most significant first: the first byte decides
-    unless it equals m's (probability 1/256), and only the rows still tied draw another
-    byte, so a coin costs 1 + 1/255 random bytes on average whatever j is. The bytes are
-    the generator's raw 64-bit outputs split into 8 (each byte of a uniform word is
-    uniform and independent of the others)."""
+    A float q is a dyadic rational m/2^j (j ≤ 1074); write s = 1 − q = (2^j − m)/2^j.
+
+    **Steps** (:meth:`blocks`, :meth:`indices`) draw only the included rows: the (step, row)
+    positions of ``steps`` steps over ``n`` rows, laid end to end, are a sequence of
+    independent Bernoulli(q) trials, and the numbers of failures before each success (the
+    gaps) are independent Geometric(q): P(G ≥ k) = s^k. Each gap is drawn by inversion
+    (Devroye 1986, *Non-Uniform Random Variate Generation*, ch. X §2: G = ⌊ln U / ln s⌋),
+    written as G = max{k : U ≤ s^k} so that P(G ≥ k) = P(U ≤ s^k) = s^k holds exactly for a
+    uniform U on [0, 1]. U is the binary fraction 0.b₁b₂… whose first 53 bits V are the top
+    of one raw 64-bit word of the generator and whose later bits are fresh words, drawn only
+    if needed; no float ever decides G:
+
+    * a float log gives a guess k̂ (capped at the positions left, where any larger gap ends
+      the block alike), and k̂ is *certified* against rigorous bounds: lower and upper
+      bounds of s^(2^i) computed in integer arithmetic with directed rounding and rounded
+      outward to floats, multiplied over k̂'s bits (each IEEE product is correctly rounded,
+      so ≤ 65 of them err by < 2^−46 relative plus < 2^−1000 absolute, which the bounds
+      absorb). k̂ is accepted iff (V+1)·2^−53 ≤ lower(s^k̂) and V·2^−53 > upper(s^(k̂+1)),
+      i.e. iff the whole interval U can lie in lies inside (s^(k̂+1), s^k̂]: then G = k̂
+      whatever U's later bits are (up to the null event that they are all 0). The log's
+      accuracy only decides how often this succeeds, never what is released;
+    * otherwise (about once in 2^40 gaps, and whenever V = 0) the exact path decides
+      "U ≤ s^k" with Python integers: s^k bounded at P bits with directed rounding, U known
+      to B bits; if neither settles it, P doubles and U gets 64 more random bits, which
+      ends with probability 1. G is then found by bisection (the guess probed first).
+
+    So G has exactly the Geometric(q) law given uniform raw words, the same kind of
+    statement as for the coins below: nothing but integer comparisons and certified bounds
+    decide the sample. Positions past the block's end are dropped and the next block starts
+    from fresh words (its trials are independent of the first block's), so each block's
+    positions are exactly those of n·steps independent Bernoulli(q) trials, in
+    O(q·n·steps + steps) work instead of O(n·steps). q = 1 includes every row.
+
+    **Coins** (:meth:`coins`, one per row, O(size)): "a uniform j-bit integer U is below m",
+    which has probability exactly q. U is compared with m one byte at a time, most
+    significant first: the first byte decides unless it equals m's (probability 1/256), and
+    only the rows still tied draw another byte, so a coin costs 1 + 1/255 random bytes on
+    average whatever j is. The bytes are the generator's raw 64-bit outputs split into 8
+    (each byte of a uniform word is uniform and independent of the others)."""
 
     def __init__(self, *, sampling_rate: float, rng: np.random.Generator) -> None:
         if not 0.0 < sampling_rate <= 1.0:
@@ -201,8 +234,11 @@ class PoissonSampler:
         threshold = num << (8 * width - bits)  # m·2^(8·width − j): the same q, whole bytes
         # q = 1 has no digits: every row is included.
         self._digits = list(threshold.to_bytes(width, "big")) if num < den else []
-        self._num, self._den = num, den
+        self._num, self._den, self._bits = num, den, bits
         self.rng = rng
+        # ln s for the guess only; outward float bounds of s^(2^i) for the certificate.
+        self._log_s = math.log1p(-self.rate) if num < den else -math.inf
+        self._pow_lo, self._pow_hi = self._power_table()
 
     @property
     def rate(self) -> float:
@@ -227,17 +263,135 @@ class PoissonSampler:
             tied = tied[later == digit]
         return below  # rows still tied have U = m: not below
 
+    # ----------------------------------------------------------------- geometric gaps
+
+    def _base(self, precision: int) -> tuple[int, int]:
+        """⌊s·2^P⌋ and ⌈s·2^P⌉ (s = (2^j − m)/2^j, exact integers)."""
+        a, j = self._den - self._num, self._bits
+        if precision >= j:
+            return a << (precision - j), a << (precision - j)
+        return a >> (j - precision), -((-a) >> (j - precision))
+
+    def _power_ints(self, k: int, precision: int) -> tuple[int, int]:
+        """Integers lo, hi with lo ≤ s^k·2^P ≤ hi: binary powering, rounding lo's products
+        down and hi's up."""
+        b_lo, b_hi = self._base(precision)
+        r_lo = r_hi = 1 << precision
+        while k:
+            if k & 1:
+                r_lo = (r_lo * b_lo) >> precision
+                r_hi = -((-(r_hi * b_hi)) >> precision)
+            k >>= 1
+            if k:
+                b_lo = (b_lo * b_lo) >> precision
+                b_hi = -((-(b_hi * b_hi)) >> precision)
+        return r_lo, r_hi
+
+    def _power_table(self) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
+        """Floats lo_i ≤ s^(2^i) ≤ hi_i, i < 63: integer bounds at 192 bits, each divided
+        by 2^192 (Python's int division rounds correctly) and moved one ulp outward."""
+        prec = 192
+        b_lo, b_hi = self._base(prec)
+        lo, hi = np.empty(63), np.empty(63)
+        for i in range(63):
+            lo[i] = max(np.nextafter(b_lo / (1 << prec), 0.0), 0.0)
+            hi[i] = min(np.nextafter(b_hi / (1 << prec), 2.0), 1.0)
+            b_lo = (b_lo * b_lo) >> prec
+            b_hi = -((-(b_hi * b_hi)) >> prec)
+        return lo, hi
+
+    def _below_power(self, u: list[int], k: int) -> bool:
+        """Exactly whether U ≤ s^k, U being known to u = [bits, length] so far (refined in
+        place with fresh 64-bit words while the bounds cannot tell)."""
+        precision = 128
+        while True:
+            lo, hi = self._power_ints(k, precision)
+            bits, length = u
+            if (bits + 1) << precision <= lo << length:  # U ≤ (bits+1)/2^B ≤ s^k
+                return True
+            if bits << precision > hi << length:  # U ≥ bits/2^B > s^k
+                return False
+            precision *= 2
+            word = int(self.rng.bit_generator.random_raw(1)[0])
+            u[0], u[1] = (bits << 64) | word, length + 64
+
+    def _exact_gap(self, top: int, guess: int, cap: int) -> int:
+        """min(G, cap) exactly for U = 0.⟨top's 53 bits⟩⟨fresh bits⟩: the largest k ≤ cap
+        with U ≤ s^k, by bisection probing the guess and its successor first."""
+        u = [top, 53]
+        lo, hi = 0, cap  # U ≤ s^lo holds (s^0 = 1); the answer lies in [lo, hi]
+        probes = [guess, guess + 1]
+        while lo < hi:
+            mid = probes.pop(0) if probes else (lo + hi + 1) // 2
+            if not lo < mid <= hi:
+                continue
+            if self._below_power(u, mid):
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
+
+    def _power_bounds(
+        self, k: npt.NDArray[np.int64]
+    ) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
+        """Float products of the table's bounds over k's bits (≈ lower and upper bounds of
+        s^k, up to the products' own rounding, which the caller's slack absorbs)."""
+        lo, hi = np.ones(k.size), np.ones(k.size)
+        for i in range(int(k.max(initial=0)).bit_length()):
+            bit = ((k >> i) & 1).astype(np.bool_)
+            lo *= np.where(bit, self._pow_lo[i], 1.0)
+            hi *= np.where(bit, self._pow_hi[i], 1.0)
+        return lo, hi
+
+    def gaps(self, count: int, cap: int) -> npt.NDArray[np.int64]:
+        """``count`` independent draws of min(G, cap), G ~ Geometric(q) failures before a
+        success (0 < q < 1, 0 ≤ cap < 2^53)."""
+        top = self.rng.bit_generator.random_raw(count) >> np.uint64(11)  # V, 53 bits
+        v = top.astype(np.float64)  # exact: V < 2^53
+        u_lo, u_hi = v * 2.0**-53, (v + 1.0) * 2.0**-53
+        with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
+            guess_f = np.floor(np.log((v + 0.5) * 2.0**-53) / self._log_s)
+        guess = np.minimum(np.nan_to_num(guess_f, nan=0.0, posinf=cap), cap).astype(np.int64)
+        guess = np.maximum(guess, 0)
+        capped = guess == cap  # s^cap once, not over cap's bits for every gap
+        lo, hi = self._power_bounds(np.where(capped, 0, guess))
+        cap_lo, cap_hi = self._power_bounds(np.array([cap], dtype=np.int64))
+        lo[capped], hi[capped] = cap_lo[0], cap_hi[0]
+        slack, tiny = 2.0**-46, 2.0**-1000
+        at_least = lo * (1.0 - slack) - tiny >= u_hi  # U ≤ s^k̂: G ≥ k̂
+        below_next = hi * self._pow_hi[0] * (1.0 + slack) + tiny < u_lo  # U > s^(k̂+1)
+        certain = at_least & ((guess == cap) | below_next)
+        for i in np.flatnonzero(~certain):
+            guess[i] = self._exact_gap(int(top[i]), int(guess[i]), cap)
+        return guess
+
+    def _positions(self, length: int) -> npt.NDArray[np.int64]:
+        """The successes among ``length`` independent Bernoulli(q) trials (ascending)."""
+        if not self._digits:  # q = 1
+            return np.arange(length, dtype=np.int64)
+        q, at = self.rate, 0
+        found: list[npt.NDArray[np.int64]] = []
+        while at < length:
+            mean = q * (length - at)
+            # enough gaps to reach the end unless the count falls ~6 sd short
+            want = int(mean + 6.0 * math.sqrt(mean) + 16)
+            pos = at + np.cumsum(self.gaps(want, length - at) + 1) - 1
+            found.append(pos[pos < length])
+            at = int(pos[-1]) + 1
+        return np.concatenate(found) if found else np.empty(0, dtype=np.int64)
+
     def indices(self, n: int) -> npt.NDArray[np.int64]:
         """One step's batch: the rows among ``n`` whose coin came up."""
-        return np.flatnonzero(self.coins(n))
+        return self._positions(n)
 
     def blocks(self, n: int, steps: int) -> Iterator[SampledBlock]:
-        """The batches of ``steps`` consecutive steps over ``n`` rows, with the coins of
-        many steps drawn and compared at once (the same coins, one per row and step)."""
-        per_block = max(1, _COIN_BLOCK // max(n, 1))
+        """The batches of ``steps`` consecutive steps over ``n`` rows: the included (step,
+        row) positions of many steps at once, drawn as geometric gaps, O(q·n) a step."""
+        expected = max(self.rate * n, 1.0)
+        per_block = max(1, min(_COIN_BLOCK // max(n, 1), int(_HIT_BLOCK / expected)))
         for start in range(0, steps, per_block):
             k = min(per_block, steps - start)
-            hits = np.flatnonzero(self.coins(n * k))  # (step, row) in step-major order
+            hits = self._positions(n * k)  # (step, row) in step-major order
             ends = np.searchsorted(hits, np.arange(1, k + 1) * n)
             sizes = np.diff(ends, prepend=0)
             rows = hits - np.repeat(np.arange(k) * n, sizes)
@@ -308,9 +462,6 @@ def run_dpsgd(
     progress: ProgressFn,
 ) -> MechanismOutput:
     """Train `samples` independent DP-SGD models (each charged by the plan)."""
-    if isinstance(spec, MlpSpec) and spec.activation == "relu":
-        # Defence in depth (the plan refuses it too): no proof covers a ReLU MLP's sums.
-        raise GuardFailed("dpsgd: ReLU MLPs have no proven sensitivity yet (issue 25)")
     params = DpsgdParams.from_plan(mechanism)
     per = params.steps
     total = per * samples
@@ -338,9 +489,11 @@ def integer_sum_for(
     if params.engine == "exact":
         return exact_clipper(module, grid_bits=k, max_grad_norm=c, parameters=size)
     if params.engine == "ghost":
-        return lambda x, y: ghost_integer_sum(
-            module, x, y, grid_bits=k, max_grad_norm=c, parameters=size
-        )
+        # Ghost clipping's sum for logistic regression and MLPs is the exact fixed-point one
+        # (worker/mechanisms/exact_net.py); ghost_integer_sum refuses any other model.
+        if not exact_net_supports(module):
+            raise PlanMismatch("ghost needs logistic regression or an MLP")
+        return exact_clipper(module, grid_bits=k, max_grad_norm=c, parameters=size)
     if params.engine == "jl":
         r, kappa = params.jl_projections, params.jl_kappa
         return lambda x, y: jl_integer_sum(
