@@ -87,7 +87,7 @@ def build_plan(
         raise PlanError(f"unknown method {request.method!r}")
     facts = PlanFacts(n_rows=n_rows, n_features=n_features, norm_sq_bound=norm_sq_bound)
     one, mechanism, accountant = entry.plan(request, facts)
-    guarantee = entry.guarantee
+    guarantee = entry.guarantee(request)
     k = request.samples
     event = _repeat(one, k)
     curve = event.rdp(ORDERS)

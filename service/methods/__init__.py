@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from service.methods.common import MethodPlan, PlanFacts
-from service.methods.dpsgd import plan_dpsgd
+from service.methods.dpsgd import dpsgd_guarantee, plan_dpsgd
 from service.methods.expm import plan_langevin, plan_mcmc
 from service.methods.expm_nf import plan_expm_nf
 from service.schemas import Guarantee, JobRequest
@@ -21,17 +21,22 @@ __all__ = ["METHODS", "MethodEntry", "method_key"]
 
 @dataclass(frozen=True)
 class MethodEntry:
-    """A method's plan builder and the guarantee its releases carry."""
+    """A method's plan builder and the guarantee its releases carry (a function of the
+    request: DP-SGD's depends on the model and engine)."""
 
     plan: Callable[[JobRequest, PlanFacts], MethodPlan]
-    guarantee: Guarantee
+    guarantee: Callable[[JobRequest], Guarantee]
+
+
+def _always(guarantee: Guarantee) -> Callable[[JobRequest], Guarantee]:
+    return lambda _request: guarantee
 
 
 METHODS: dict[tuple[str, str | None], MethodEntry] = {
-    ("dpsgd", None): MethodEntry(plan_dpsgd, "proven"),
-    ("expm", "langevin"): MethodEntry(plan_langevin, "proven"),
-    ("expm", "mcmc"): MethodEntry(plan_mcmc, "asymptotic"),
-    ("expm_nf", None): MethodEntry(plan_expm_nf, "nominal"),
+    ("dpsgd", None): MethodEntry(plan_dpsgd, dpsgd_guarantee),
+    ("expm", "langevin"): MethodEntry(plan_langevin, _always("proven")),
+    ("expm", "mcmc"): MethodEntry(plan_mcmc, _always("asymptotic")),
+    ("expm_nf", None): MethodEntry(plan_expm_nf, _always("nominal")),
 }
 
 

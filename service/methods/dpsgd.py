@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from service.methods.common import MethodPlan, PlanError, PlanFacts, calibrate_with_slack
-from service.modelspec import MlpSpec, ModelSpec, parameter_count
+from service.modelspec import parameter_count
 from service.privacy.events import (
     ComposedEvent,
     DpEvent,
@@ -24,7 +24,7 @@ from service.privacy.schedules import (
     epoch_noise_multipliers,
     tcdp_estimate,
 )
-from service.schemas import DpsgdOptions, JobRequest
+from service.schemas import DpsgdOptions, Guarantee, JobRequest
 
 
 @dataclass(frozen=True)
@@ -119,20 +119,20 @@ def _check_engine(request: JobRequest, options: DpsgdOptions) -> None:
         raise PlanError("engine 'jl' supports the constant noise schedule only")
 
 
-RELU_REFUSAL = (
-    "DP-SGD cannot train ReLU MLPs with a proven guarantee yet: a row on a hidden unit's "
-    "boundary moves its float gradient by more than its own norm with the batch around it, "
-    "and the measured sums exceeded the sensitivity the charge assumes (issue 25); use "
-    "activation 'tanh'"
-)
+# The models and engines whose worker sum is exact fixed-point arithmetic, proven from
+# IEEE-754 alone (worker/mechanisms/exact_net.py, issue 25). GRU-D's float per-example
+# gradients and the JL engine's float projections rest on a measured assumption (A1 in
+# worker/mechanisms/grad_engines.py), so their releases are labelled nominal.
+PROVEN_MODELS = ("logistic", "mlp")
+PROVEN_ENGINES = ("exact", "ghost")
 
 
-def refuse_unproven_activation(model: ModelSpec) -> None:
-    """DP-SGD refuses ReLU MLPs until their per-row sums are batch-independent (issue 25):
-    the audit placed a row on a ReLU boundary and measured ‖S(D + x*) − S(D)‖ up to
-    1.64·2^k in the exact and ghost engines, a release whose "proven" label was false."""
-    if isinstance(model, MlpSpec) and model.activation == "relu":
-        raise PlanError(RELU_REFUSAL)
+def dpsgd_guarantee(request: JobRequest) -> Guarantee:
+    """ "proven" for logistic regression and MLPs (tanh or ReLU) in the exact and ghost
+    engines; "nominal" otherwise (GRU-D; the jl engine)."""
+    engine = (request.dpsgd or DpsgdOptions()).engine
+    proven = request.model.kind in PROVEN_MODELS and engine in PROVEN_ENGINES
+    return "proven" if proven else "nominal"
 
 
 def _dpsgd_plan(
@@ -141,7 +141,6 @@ def _dpsgd_plan(
     options = resolve_dpsgd_options(request.dpsgd or DpsgdOptions(), n_rows=n_rows)
     if request.delta <= 0:
         raise PlanError("dpsgd needs delta > 0 (it is an approximate-DP mechanism)")
-    refuse_unproven_activation(request.model)
     _check_engine(request, options)
     schedule = dpsgd_schedule(n_rows=n_rows, options=options)
     try:

@@ -40,7 +40,7 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 
 from service.datasets.tabular import TabularSchema, parse_schema
-from service.methods.dpsgd import RELU_REFUSAL, resolve_dpsgd_options
+from service.methods.dpsgd import resolve_dpsgd_options
 from service.modelspec import MlpSpec, ModelSpec
 from service.params import BatchSize, ClipNorm, Epochs, InputModel, LearningRate, NoiseDecay
 from service.plans import PlanError, build_plan
@@ -220,10 +220,13 @@ class SelectionPlan:
     # every candidate runs the exponential mechanism at the same ε (its sensitivity does
     # not depend on the model), so the charge is the same for all. Nominal guarantee.
     expm_mechanism: dict[str, Any] | None = None
+    # The DP-SGD trainings' guarantee (service.methods.dpsgd.dpsgd_guarantee): nominal for
+    # GRU-D and the jl engine.
+    training_guarantee: Literal["proven", "nominal"] = "proven"
 
     @property
     def guarantee(self) -> Literal["proven", "nominal"]:
-        return "nominal" if self.expm_mechanism is not None else "proven"
+        return "nominal" if self.expm_mechanism is not None else self.training_guarantee
 
 
 def split_counts(n_public: int, validation_fraction: float) -> tuple[int, int]:
@@ -245,8 +248,11 @@ def _training_events(
     n_train: int,
     n_features: int,
     dataset_kind: str = "tabular",
-) -> tuple[DpEvent, dict[tuple[int, int, float | None], dict[str, Any]]]:
+) -> tuple[
+    DpEvent, dict[tuple[int, int, float | None], dict[str, Any]], Literal["proven", "nominal"]
+]:
     events: list[DpEvent] = []
+    guarantee: Literal["proven", "nominal"] = "proven"
     mechanisms: dict[tuple[int, int, float | None], dict[str, Any]] = {}
     for batch, epochs, decay in sorted(keys, key=repr):
         opts = options.model_copy(
@@ -268,8 +274,10 @@ def _training_events(
         plan = build_plan(request, n_rows=n_train, n_features=n_features, dataset_kind=dataset_kind)
         events.append(event_from_json(plan.event))
         mechanisms[(batch, epochs, decay)] = dict(plan.mechanism)
+        if plan.guarantee != "proven":
+            guarantee = "nominal"
     one = events[0] if len(events) == 1 else AnyOfEvent(events=tuple(events))
-    return one, mechanisms
+    return one, mechanisms, guarantee
 
 
 def expm_candidate_plan(
@@ -307,6 +315,7 @@ def architecture_plan(
     n_train, n_val = split_counts(n_rows, request.budget.validation_fraction)
     expm_mechanism: dict[str, Any] | None = None
     mechanisms: dict[tuple[int, int, float | None], dict[str, Any]] = {}
+    guarantee: Literal["proven", "nominal"] = "proven"
     if request.method == "expm_nf":
         train, expm_mechanism = expm_candidate_plan(
             request,
@@ -317,13 +326,11 @@ def architecture_plan(
             dataset_kind=dataset_kind,
         )
     else:
-        if "relu" in request.space.activations:
-            raise PlanError(RELU_REFUSAL)
         options = resolve_dpsgd_options(request.training, n_rows=n_train)
         assert options.batch_size is not None and options.epochs is not None
         batches = request.space.batch_sizes or [options.batch_size]
         keys = {(b, options.epochs, options.noise_decay) for b in batches}
-        train, mechanisms = _training_events(
+        train, mechanisms, guarantee = _training_events(
             dataset=dataset,
             model=request.space.largest(),
             keys=keys,
@@ -342,6 +349,7 @@ def architecture_plan(
             n_train=n_train,
             n_val=n_val,
             mechanisms=mechanisms,
+            training_guarantee=guarantee,
             runs=runs,
             expm_mechanism=expm_mechanism,
         )
@@ -362,6 +370,7 @@ def architecture_plan(
         n_train=n_train,
         n_val=n_val,
         mechanisms=mechanisms,
+        training_guarantee=guarantee,
         expm_mechanism=expm_mechanism,
     )
 
@@ -384,7 +393,7 @@ def hyperparameter_plan(
     keys = {
         (b, e, d) for b in request.batch_sizes for e in request.epochs for d in request.noise_decays
     }
-    train, mechanisms = _training_events(
+    train, mechanisms, guarantee = _training_events(
         dataset=dataset,
         model=request.model,
         keys=keys,
@@ -402,6 +411,7 @@ def hyperparameter_plan(
         n_train=n_train,
         n_val=n_val,
         mechanisms=mechanisms,
+        training_guarantee=guarantee,
         runs=runs,
     )
 
@@ -462,7 +472,7 @@ def feature_plan(
         opts = resolve_dpsgd_options(final.training, n_rows=n_rows)
         assert opts.batch_size is not None and opts.epochs is not None
         fkey = (opts.batch_size, opts.epochs, opts.noise_decay)
-        train, mechanisms = _training_events(
+        train, mechanisms, guarantee = _training_events(
             dataset=dataset,
             model=final.model,  # on all features: the largest selection
             keys={fkey},
@@ -477,6 +487,7 @@ def feature_plan(
             n_train=n_rows,
             n_val=0,
             mechanisms=mechanisms,
+            training_guarantee=guarantee,
             features=replace(layout, training_key=fkey),
         )
     assert request.budget is not None
@@ -485,7 +496,7 @@ def feature_plan(
     options = resolve_dpsgd_options(request.training, n_rows=n_train)
     assert options.batch_size is not None and options.epochs is not None
     key = (options.batch_size, options.epochs, options.noise_decay)
-    train, mechanisms = _training_events(
+    train, mechanisms, guarantee = _training_events(
         dataset=dataset,
         model=request.model,  # on all features: the largest candidate
         keys={key},
@@ -512,6 +523,7 @@ def feature_plan(
         n_train=n_train,
         n_val=n_val,
         mechanisms=mechanisms,
+        training_guarantee=guarantee,
         features=layout,
     )
 

@@ -216,17 +216,24 @@ def test_planning_past_its_deadline_is_a_422_and_frees_the_slot(
         assert client.post("/v1/quote", json=body, headers=auth(keys.alice)).status_code == 200
 
 
-def test_relu_mlps_are_refused_for_dpsgd_at_every_door(
+def test_the_guarantee_follows_the_proof_at_every_door(
     client: Any, keys: Any, settings: Any
 ) -> None:
-    """A request parameter (activation relu) must not void a "proven" card (issue 25)."""
+    """A request parameter must not void a "proven" card (issue 25): ReLU MLPs are proven
+    now that their sums are exact (worker/mechanisms/exact_net.py), in jobs and every
+    selection kind; the jl engine rests on a measured assumption and says nominal (which a
+    dataset's allow_nominal policy governs, tests/integration/test_guarantees.py)."""
     before = len(_charges(settings))
     relu = {"kind": "mlp", "hidden": [4], "activation": "relu"}
-    for path, body in (
-        ("/v1/quote", {**JOB, "model": relu}),
-        ("/v1/selections/quote", {**HYPER, "model": relu}),
-        ("/v1/selections/quote", {**ARCH, "space": {**ARCH["space"], "activations": ["relu"]}}),
+    r = client.post("/v1/quote", json={**JOB, "model": relu}, headers=auth(keys.alice))
+    assert r.status_code == 200 and r.json()["plan"]["guarantee"] == "proven", r.text
+    for body in (
+        {**HYPER, "model": relu},
+        {**ARCH, "space": {**ARCH["space"], "activations": ["relu"]}},
     ):
-        r = client.post(path, json=body, headers=auth(keys.alice))
-        assert r.status_code == 422 and "ReLU" in r.text, r.text
+        r = client.post("/v1/selections/quote", json=body, headers=auth(keys.alice))
+        assert r.status_code == 200 and r.json()["plan"]["guarantee"] == "proven", r.text
+    jl = {**JOB, "dpsgd": {"engine": "jl", "jl_projections": 5}}
+    r = client.post("/v1/quote", json=jl, headers=auth(keys.alice))
+    assert r.status_code == 200 and r.json()["plan"]["guarantee"] == "nominal", r.text
     assert len(_charges(settings)) == before

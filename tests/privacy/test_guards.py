@@ -30,7 +30,7 @@ from service.selection.plans import (
     hyperparameter_plan,
 )
 from service.selection.search_space import ArchitectureSearch, ArchitectureSpace
-from worker.mechanisms import grad_engines, model_selection
+from worker.mechanisms import exact_net, grad_engines, model_selection
 from worker.mechanisms.base import TabularTrainingSet
 from worker.mechanisms.dpsgd import DpsgdParams, run_dpsgd
 from worker.mechanisms.grad_engines import (
@@ -120,7 +120,8 @@ def test_every_engine_checks_each_rows_contribution_on_the_real_batch(
 ) -> None:
     """A fault injected in the clipping itself (its safety margin made negative, so rows
     are scaled to 1.5× the bound the proof allows) is caught on the batch, per row."""
-    monkeypatch.setattr(grad_engines, "_MARGIN", -0.5)
+    monkeypatch.setattr(grad_engines, "_MARGIN", -0.5)  # the float engines (jl)
+    monkeypatch.setattr(exact_net, "_MARGIN", -0.5)  # logistic and MLPs in exact and ghost
     with pytest.raises(GuardFailed, match="exceeds its bound"):
         _engine_sum(engine, 1e-3)  # every row clipped: each contribution at the cap
 
@@ -374,20 +375,4 @@ def test_feature_selection_checks_one_cell_per_row_and_its_noise() -> None:
     with pytest.raises(GuardFailed, match="cell_scale"):
         run_feature_selection(
             request=request, plan=hostile, data=data, device=CPU, progress=lambda a, b: None
-        )
-
-
-def test_the_worker_refuses_to_train_a_relu_mlp_with_dpsgd() -> None:
-    """Defence in depth for issue 25's ReLU counterexample: even a plan that reached the
-    worker for a ReLU MLP (injected below the plan check) trains nothing."""
-    from service.modelspec import MlpSpec
-
-    with pytest.raises(GuardFailed, match="ReLU"):
-        run_dpsgd(
-            spec=MlpSpec(hidden=[3], activation="relu"),
-            mechanism=_plan_mechanism(DPSGD.model_copy(update={"model": MlpSpec(hidden=[3])})),
-            samples=1,
-            data=_data(),
-            device=CPU,
-            progress=lambda a, b: None,
         )

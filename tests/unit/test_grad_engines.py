@@ -26,7 +26,7 @@ from service.privacy.jl import (
 from service.privacy.orders import ORDERS
 from service.privacy.sampling import GRID_BITS
 from service.schemas import DpsgdOptions, JobRequest
-from worker.mechanisms import dpsgd, fixed_point
+from worker.mechanisms import dpsgd
 from worker.mechanisms import grad_engines as ge
 from worker.mechanisms.base import PlanMismatch, TabularTrainingSet
 from worker.models import build_module
@@ -129,7 +129,8 @@ def _clipped_reference(g: torch.Tensor, clip: float) -> torch.Tensor:
 @pytest.mark.parametrize("spec", LINEAR_SPECS)
 def test_ghost_sum_equals_the_clipped_microbatch_sum(spec: Any) -> None:
     module = build_module(spec, 7)
-    x, y = _batch(n=40, scale=3.0)
+    gen = torch.Generator().manual_seed(40)
+    x, y = torch.rand(40, 7, generator=gen), (torch.rand(40, generator=gen) > 0.5).float()
     p = parameter_count(spec, 7)
     c = 0.05  # most rows clipped
     got = ge.ghost_integer_sum(module, x, y, grid_bits=GRID_BITS, max_grad_norm=c, parameters=p)
@@ -507,7 +508,7 @@ def test_exact_sum_tolerates_other_rows_drifting_within_assumption_a1() -> None:
     p, k = 6, GRID_BITS
     module = build_module(LogisticSpec(), 5)
     # The generic clipper (MLPs, GRU-D) with its gradient engine replaced; logistic
-    # regression itself runs ExactLogisticClipper, whose rows cannot drift (issue 25).
+    # regression itself runs exact_net.ExactNetClipper, whose rows cannot drift (issue 25).
     summed = ge.IntegerClipper(module, grid_bits=k, max_grad_norm=1.0, parameters=p)
 
     def drifting(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -541,56 +542,3 @@ def test_exact_engine_rows_drift_far_less_than_assumed_with_the_batch_around_the
             assert row.dtype == torch.float64
             worst = max(worst, float((row - base).norm() / base.norm()))
     assert worst <= ge.ROW_STABILITY
-
-
-def test_exact_logistic_rows_are_the_same_bits_in_any_batch_and_position() -> None:
-    """Issue 25 for logistic regression: each row's gradient and norm bound are functions
-    of the row and the parameters alone, bit for bit (no assumption A1): alone, in batches
-    of 1 … 2,049 rows, reversed, and after appending one row."""
-    gen = torch.Generator().manual_seed(25)
-    module = build_module(LogisticSpec(), 20)
-    with torch.no_grad():
-        for p in module.parameters():
-            p.normal_(0.0, 3.0, generator=gen)
-    x, y = torch.rand(2049, 20, generator=gen), (torch.rand(2049, generator=gen) > 0.5).float()
-    grid = fixed_point.theta_bits(feature_bits=ge.LOGISTIC_FEATURE_BITS, parameters=21)
-    rows = [ge.exact_logistic_grads(module.linear, x[i : i + 1], y[i : i + 1], theta_grid=grid)
-            for i in range(2049)]  # fmt: skip
-    g_alone = torch.cat([g for g, _ in rows])
-    n_alone = torch.cat([n for _, n in rows])
-    for n in (1, 2, 3, 4, 5, 7, 8, 15, 16, 17, 63, 64, 65, 255, 256, 257, 1023, 1024, 2049):
-        g, norms = ge.exact_logistic_grads(module.linear, x[:n], y[:n], theta_grid=grid)
-        assert torch.equal(g, g_alone[:n]) and torch.equal(norms, n_alone[:n]), n
-    g, norms = ge.exact_logistic_grads(module.linear, x.flip(0), y.flip(0), theta_grid=grid)
-    assert torch.equal(g, g_alone.flip(0)) and torch.equal(norms, n_alone.flip(0))
-    # N̂ bounds the norm of the float vector up to (1 + 4u).
-    assert bool((torch.linalg.vector_norm(g_alone, dim=1) <= n_alone * (1 + 2.0**-50)).all())
-
-
-@pytest.mark.parametrize("clip", [1.0, 0.05])
-def test_exact_logistic_sum_moves_by_at_most_2k_when_one_row_is_added(clip: float) -> None:
-    """‖S(D + x*) − S(D)‖ ≤ 2^k, checked exactly in integers, over batch sizes and rows
-    chosen against the sum (the proof now uses η = 0)."""
-    gen = torch.Generator().manual_seed(26)
-    module = build_module(LogisticSpec(), 30)
-    with torch.no_grad():
-        for p in module.parameters():
-            p.normal_(0.0, 1.0, generator=gen)
-    x, y = torch.rand(700, 30, generator=gen), (torch.rand(700, generator=gen) > 0.5).float()
-    summed = ge.ExactLogisticClipper(
-        module,  # type: ignore[arg-type]
-        grid_bits=GRID_BITS,
-        max_grad_norm=clip,
-        parameters=31,
-    )
-    worst = 0
-    for n in [*range(1, 40), 127, 128, 255, 256, 511, 512, 699]:
-        for x_star, y_star in (
-            (x[n : n + 1], y[n : n + 1]),
-            (1.0 - x[n : n + 1], 1 - y[n : n + 1]),
-        ):
-            a = summed(torch.cat([x[:n], x_star]), torch.cat([y[:n], y_star]))
-            b = summed(x[:n], y[:n])
-            worst = max(worst, int(((a - b) ** 2).sum()))
-    assert worst <= 4**GRID_BITS
-    assert worst > (0.9 * 2**GRID_BITS) ** 2  # rows clipped near C: the bound is nearly met

@@ -236,32 +236,29 @@ def test_mlp_plan_keeps_its_old_shape_unless_the_activation_is_not_the_default()
         return build_plan(request, n_rows=1000, n_features=5).model
 
     assert plan_model({"kind": "mlp", "hidden": [4]}) == {"kind": "mlp", "hidden": [4]}
-    # A non-default activation is recorded (shown with ExpM+NF: DP-SGD refuses ReLU MLPs
-    # until their sums are batch-independent, issue 25).
+    # A non-default activation is recorded.
     relu = {"kind": "mlp", "hidden": [4], "activation": "relu"}
-    nf = JobRequest.model_validate(
-        {"dataset": "x", "method": "expm_nf", "epsilon": 1, "delta": 0, "model": relu}
-    )
-    assert build_plan(nf, n_rows=1000, n_features=5).model == relu
+    assert plan_model(relu) == relu
 
 
-def test_dpsgd_refuses_relu_mlps_everywhere() -> None:
-    """Issue 25's audit: a ReLU row on a unit's boundary moved the exact and ghost sums by
-    up to 1.64·2^k, so no DP-SGD release of a ReLU MLP may say "proven": refused at plan
-    time for jobs and every selection kind, and by the worker (tests/privacy)."""
+def test_dpsgd_guarantee_is_proven_only_where_the_sum_is_exact() -> None:
+    """Issue 25: logistic regression and MLPs (tanh and ReLU) in the exact and ghost engines
+    are proven (worker/mechanisms/exact_net.py); GRU-D and the jl engine rest on a measured
+    assumption and say nominal, in jobs and in every selection kind built on them."""
     from service.selection.plans import ArchitectureRequest, architecture_plan
 
-    request = JobRequest.model_validate(
-        {
-            "dataset": "x",
-            "method": "dpsgd",
-            "epsilon": 1,
-            "delta": 1e-6,
-            "model": {"kind": "mlp", "hidden": [4], "activation": "relu"},
-        }
-    )
-    with pytest.raises(PlanError, match="ReLU"):
-        build_plan(request, n_rows=1000, n_features=5)
+    def guarantee(model: dict, dpsgd: dict | None = None, kind: str = "tabular") -> str:
+        body = {"dataset": "x", "method": "dpsgd", "epsilon": 1, "delta": 1e-6, "model": model}
+        if dpsgd is not None:
+            body["dpsgd"] = dpsgd
+        request = JobRequest.model_validate(body)
+        return build_plan(request, n_rows=1000, n_features=5, dataset_kind=kind).guarantee
+
+    relu = {"kind": "mlp", "hidden": [4], "activation": "relu"}
+    assert guarantee(relu) == guarantee({"kind": "logistic"}) == "proven"
+    assert guarantee(relu, {"engine": "ghost"}) == "proven"
+    assert guarantee(relu, {"engine": "jl", "jl_projections": 5}) == "nominal"
+    assert guarantee({"kind": "grud", "hidden": 4}, kind="timeseries") == "nominal"
     arch = ArchitectureRequest.model_validate(
         {
             "space": {"depths": [1], "widths": [4], "activations": ["tanh", "relu"]},
@@ -269,5 +266,6 @@ def test_dpsgd_refuses_relu_mlps_everywhere() -> None:
             "budget": {"training_epsilon": 1.0, "training_delta": 1e-6},
         }
     )
-    with pytest.raises(PlanError, match="ReLU"):
-        architecture_plan(arch, dataset="x", n_rows=1000, n_features=5)
+    assert architecture_plan(arch, dataset="x", n_rows=1000, n_features=5).guarantee == "proven"
+    jl = arch.model_copy(update={"training": DpsgdOptions(engine="jl", jl_projections=5)})
+    assert architecture_plan(jl, dataset="x", n_rows=1000, n_features=5).guarantee == "nominal"

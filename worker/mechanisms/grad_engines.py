@@ -6,95 +6,58 @@ one example changes S by at most Δ = κ·2^k in ℓ2 (k = the plan's grid_bits;
 for JL). The noise stage adds rounded Gaussian noise of scale σ·2^k, so the step is the
 Gaussian mechanism with noise multiplier σ/κ on a quantity of sensitivity Δ, post-processed.
 
-* ``exact`` (:class:`IntegerClipper`): per-example gradients materialised in float64 (the
-  closed form for logistic regression, the Linear signals below for MLPs, torch.func vmap
-  for any other model such as GRU-D), example i weighted by min(2^k/C, c/‖g_i‖) and the
-  weighted rows summed by the same reduction as ghost and jl. Memory O(rows × parameters).
-  Any model.
-* ``ghost`` (Li, Tramèr, Liang & Hashimoto 2021, "Large Language Models Can Be Strong
-  Differentially Private Learners", ghost clipping; Bu, Mao & Xu 2022, "Scalable and
-  Efficient Training of Large Convolutional Neural Networks with Differential Privacy"):
-  for a model whose parameters all sit in Linear layers applied to one vector per example,
-  example i's gradient for layer l is b_i â_iᵀ (b_i = ∂ℓ_i/∂(layer output), â_i = [input, 1]
-  with the bias), a rank-one matrix, so ‖g_i‖² = Σ_l ‖b_i^l‖²·‖â_i^l‖² exactly, from the
-  activations and output gradients a backward keeps anyway. The clipped sum is then
-  Σ_l Σ_i (w_i b_i^l) â_i^lᵀ, one GEMM per layer over the rows: per-example gradients are
-  never materialised. Memory O(rows × Σ layer widths). Logistic regression and MLPs.
+**Proven (IEEE-754 only): logistic regression and MLPs in the ``exact`` and ``ghost``
+engines.** Both compute :class:`~worker.mechanisms.exact_net.ExactNetClipper`: every row's
+clipped contribution is a function of the row and the public parameters alone, bit for bit
+(fixed-point grids, exact integer sums, a sigmoid from basic operations), the sum over rows
+is exact, and the proof (in worker/mechanisms/exact_net.py) assumes only correctly rounded
+float64 operations. ``ghost`` (Li, Tramèr, Liang & Hashimoto 2021, "Large Language Models
+Can Be Strong Differentially Private Learners"; Bu, Mao & Xu 2022, "Scalable and Efficient
+Training of Large Convolutional Neural Networks with Differential Privacy") is what that
+sum already is: per layer, row i's gradient is the rank-one b_i â_iᵀ, its norm
+‖b_i‖·‖â_i‖, and the clipped sum one matrix product Σ_i (w_i b_i) â_iᵀ per layer, with no
+per-example gradient materialised. For these models the two engine names give the same sum.
+
+**Not proven (the plans label them ``nominal``): GRU-D in the exact engine, and the ``jl``
+engine.** Their sums below rest on assumption A1, a measured property of float kernels,
+which issue 25's audit showed false in general (a ReLU row on a unit's boundary moved by
+more than its own norm; smooth models drift far less, and the margin below absorbs what was
+measured, but a measurement is not a proof):
+
+* ``exact`` for any other model (:class:`IntegerClipper`): per-example gradients
+  materialised in float64 (torch.func vmap for GRU-D), example i weighted by
+  min(2^k/C, c/‖g_i‖), the weighted rows summed by :func:`reduced_integer_sum`.
 * ``jl`` (Bu, Gopi, Kulkarni, Lee, Shen & Tantipongpipat 2021, "Fast and Memory Efficient
-  Differentially Private-SGD via JL Projections"): the norm is estimated from r forward-mode
-  Jacobian-vector products with Gaussian directions v_j drawn from the server-side
+  Differentially Private-SGD via JL Projections"): the norm is estimated from r
+  forward-mode Jacobian-vector products with Gaussian directions v_j from the server-side
   generator, M̂_i² = (1/r) Σ_j ⟨g_i, v_j⟩², and example i is weighted by
-  min(1, C/M̂_i, κC/‖g_i‖): the last term is a hard cap with the exact ghost norm, which
-  makes the sensitivity κC surely (accounting and proof: service/privacy/jl.py). Same
-  models as ghost (the cap needs the exact norm), and the same reduction.
+  min(1, C/M̂_i, κC/‖g_i‖), the last term a hard cap with the exact ghost norm of the
+  float64 signals (accounting: service/privacy/jl.py). Logistic regression and MLPs.
 
-The sound reduction (every engine). No engine rounds a row on its own: each only holds the
-float64 sum of the weighted contributions, rounded once. (Issue 12: the exact engine used
-to truncate each row to the grid and sum integers, which assumed a row's integer vector did
-not depend on the other rows; it does, since float kernels depend on the batch, and adding
-one row moved three others' vectors, exceeding 2^k.) Claim: :func:`reduced_integer_sum`
-(through :func:`capped_integer_sum` for ghost and jl, :class:`IntegerClipper` for exact)
-returns S with ‖S(D') − S(D)‖₂ ≤ Δ when D' is D plus one example in the batch, under
-assumptions A1–A3:
+Their float reduction's claim: ‖S(D') − S(D)‖₂ ≤ Δ for D' = D plus one example, under
 
-  A1 (row stability) a row's float64 signals (layer inputs, output gradients, JL
-     projections; for the exact engine its per-example gradient g_i), as computed inside
-     any batch, are within relative ε_row = 2^-40 (ℓ2, per layer) of batch-independent
-     values. Row *invariance* (bit-identical results whatever the other rows) is false on
-     this machine: MKL/oneDNN pick kernels by batch size and a row's float32 result
-     changes with its batch and its position in it (measured, issue 12), so every engine
-     computes the model's forward and backward in float64. There the measured deviation is
-     ≤ 2.1e-16 relative (unit tests check ≤ 2^-40 over batch sizes and positions, for the
-     signals and for the exact engine's gradients of logistic regression, MLP and GRU-D);
-     the dot-product bound γ_d·|W||a| supports it, but it is not proven for the network.
-  A2 (IEEE float64) each float64 operation below is correctly rounded (unit roundoff
-     u = 2^-53), and a matrix product computes every entry as a sum of its products in
-     some order, with or without FMA (no Strassen-type algorithm; true of MKL/OpenBLAS
-     dgemm and dgemv; the exact engine's GEMV wᵀG, and, when a chunk's gradients are
-     materialised in slices, the slices' GEMVs added in turn, are such sums). Then an
-     entry of a chunk's product over m rows has error at most γ_m·Σ_i |products|
-     (Higham 2002, "Accuracy and Stability of Numerical Algorithms", eq. (3.5),
-     γ_m = m·u/(1 − m·u)), and a pairwise (tree) sum of K partials adds γ_⌈log₂K⌉
-     (Higham §4.2), so every entry of the reduced sum is within γ_G·Σ_i |z_i| of the exact
-     Σ_i z_i, G = m + ⌈log₂ K⌉ (Higham Lemma 3.3).
-  A3 at most ROW_LIMIT = 2^24 rows per batch (a larger batch raises before reducing).
+  A1 (row stability, measured) a row's float64 signals (layer inputs, output gradients,
+     JL projections; for the exact engine its per-example gradient g_i), as computed
+     inside any batch, are within relative ε_row = 2^-40 (ℓ2, per layer) of
+     batch-independent values (unit tests measure ≤ 2^-40 wherever they run);
+  A2 (float64 matrix products) every entry of a matrix product is a sum of its products
+     in some order, each operation correctly rounded (u = 2^-53), so an entry over m rows
+     has error ≤ γ_m·Σ_i |products| (Higham 2002, "Accuracy and Stability of Numerical
+     Algorithms", eq. (3.5), γ_m = m·u/(1 − m·u)), and a pairwise sum of K partials adds
+     γ_⌈log₂K⌉ (Higham §4.2);
+  A3 at most ROW_LIMIT = 2^24 rows per batch.
 
-Proof. Let z_i ∈ R^P (integer units, i.e. gradient · 2^k/C) be row i's contribution as the
-reduction sees it. Exact engine: z_i = w_i·g_i, ‖z_i‖ = w_i‖g_i‖ ≤ c_row(1 − 2^-20)·‖g_i‖/N̂_i
-≤ c_row with N̂_i the float64 norm of g_i (within γ_P of ‖g_i‖), the GEMV's product
-roundings being inside γ_m below; a row with a non-finite entry or norm gets w_i = 0 and
-its entries are zeroed: z_i = 0. Ghost and jl: per layer fl(w_i·b_i) ⊗ â_i, of norm
-√(Σ_l ‖fl(w_i b_i^l)‖²‖â_i^l‖²) ≤ (1 + u)·w_i·N_i with N_i the exact ghost norm of the
-computed signals, and the weights make w_i·N̂_i ≤ c_row·(1 − 2^-20) with N̂_i the float64
-ghost norm; 2^-20 covers (1 + u)·N_i/N̂_i ≤ 1 + 1e-12, so ‖z_i‖ ≤ c_row. By A1, z_i (its
-weight, which is a min of ratios of signals' norms, and the signals) moves by at most
-η = 8·ε_row relative when the batch around row i changes: ‖z_i(D') − z_i(D)‖ ≤ 2η·c_row.
-The computed sum is Ŝ = Σ_i z_i + E with
-‖E‖₂ ≤ γ_G·‖Σ_i |z_i|‖₂ ≤ γ_G·Σ_i ‖z_i‖₂ ≤ γ_G·n·c_row (A2, triangle inequality), and
-S = round(Ŝ) = Ŝ + ρ with |ρ_j| ≤ ½. For D' = D + x*:
+Proof sketch. Row i's contribution z_i (integer units) has ‖z_i‖ ≤ c_row by its weight (a
+row with a non-finite gradient is zeroed); by A1 it moves by ≤ 2η·c_row (η = 8·ε_row) when
+the batch around it changes; the computed sum has error ≤ γ_G·Σ_i ‖z_i‖ (A2,
+G = m + ⌈log₂ K⌉), and rounding once adds ≤ √P, so
 
-    S(D') − S(D) = z_* + Σ_{i∈D} (z_i(D') − z_i(D)) + E' − E + ρ' − ρ,
     ‖S(D') − S(D)‖ ≤ c_row·(1 + 2η·n + γ_G·(2n + 1)) + √P ≤ Δ   for n + 1 ≤ ROW_LIMIT, with
+    c_row = (Δ − √P) / (1 + 2·(η + γ_G)·(ROW_LIMIT + 1))   (:func:`row_cap`). ∎
 
-    c_row = (Δ − √P) / (1 + 2·(η + γ_G)·(ROW_LIMIT + 1)),  G = 1024 + ⌈log₂(ROW_LIMIT/1024)⌉. ∎
-
-The price: c_row/Δ ≈ 1 − √P/Δ − 2.5e-4 (clipping at 0.9997·C instead of C·(1 − 2^-20)
-for P = 10⁴ at k = 20). Every engine's forward/backward runs in float64 for A1 (twice the
-activation memory of float32).
-
-Logistic regression in the exact engine (the default engine) needs no A1 (issue 25):
-:class:`ExactLogisticClipper` computes each row's gradient and norm bound from the row and
-the parameters alone, bit for bit, with IEEE-754 basic operations on fixed-point grids
-(:func:`exact_logistic_rows`, worker/mechanisms/fixed_point.py), so η = 0 above and the
-proof of its sum assumes only A2 (IEEE float64) and A3.
-
-What is NOT proven here: A1 for the other models and engines (MLPs in every engine, GRU-D,
-logistic regression in ghost and jl): measured, not derived, and false in general (issue
-25: a ReLU row on a unit's boundary moves by more than its own norm); on other CPUs/GPUs
-it should be re-measured: the unit tests do so wherever they run. GRU-D (recurrent layers, whose
-per-example gradient is a sum over time steps, and elementwise decay parameters) is not
-supported by ghost or jl: the plan refuses it (422); the JL estimator itself
-(:func:`jl_projections`) runs on GRU-D and is tested there.
+GRU-D (recurrent layers, elementwise decay parameters) is not supported by ghost or jl: the
+plan refuses it (422); the JL estimator itself (:func:`jl_projections`) runs on GRU-D and
+is tested there.
 """
 
 from __future__ import annotations
@@ -109,7 +72,7 @@ import torch
 from torch.func import functional_call, grad, jvp, vmap
 
 from worker.mechanisms.base import PlanMismatch
-from worker.mechanisms.fixed_point import quantised_theta, sigmoid_basic, theta_bits
+from worker.mechanisms.exact_net import ExactNetClipper, exact_net_supports
 from worker.mechanisms.guards import positive_finite, row_contributions_within
 from worker.models import Logistic
 from worker.models.functional import ParamLayout
@@ -293,20 +256,17 @@ def ghost_integer_sum(
     max_grad_norm: float,
     parameters: int,
 ) -> torch.Tensor:
-    """Ghost clipping: exact norms, weights min(1, c/‖g_i‖), one reweighted reduction.
-    Sensitivity ≤ 2^k (module docstring)."""
+    """Ghost clipping for logistic regression and MLPs: per layer, row i's contribution is
+    (w_i·b_i) ⊗ â_i and the clipped sum one matrix product per layer, never a materialised
+    per-example gradient, which is what :class:`~worker.mechanisms.exact_net.ExactNetClipper`
+    computes, exactly (IEEE-754 only). Sensitivity ≤ 2^k."""
     positive_finite("dpsgd ghost", max_grad_norm=max_grad_norm)
-    device = x.device
-    if x.shape[0] == 0:
-        return torch.zeros(parameters, dtype=torch.int64, device=device)
-    signals = _signals(module, x, y)
-    bound = row_cap(parameters=parameters, sensitivity=2.0**grid_bits)
-    cap = bound * (1.0 - _MARGIN)
-    units = 2.0**grid_bits / max_grad_norm  # integer units per gradient unit
-    norms = signals.norms()
-    weights = torch.minimum(torch.full_like(norms, units), cap / torch.clamp(norms, min=1e-300))
-    row_contributions_within("dpsgd ghost", weights, norms, bound)
-    return capped_integer_sum(signals, weights, parameters=parameters)
+    if not exact_net_supports(module):
+        raise PlanMismatch("ghost needs logistic regression or an MLP")
+    clip = ExactNetClipper(
+        module, grid_bits=grid_bits, max_grad_norm=max_grad_norm, parameters=parameters
+    )
+    return clip(x, y)
 
 
 def jl_projections(
@@ -520,82 +480,6 @@ class IntegerClipper:
         )
 
 
-LOGISTIC_FEATURE_BITS: Final[int] = 16
-"""c: the exact logistic path reads each feature (in [0, 1]) on the grid 2^-16."""
-
-
-def exact_logistic_rows(
-    layer: torch.nn.Linear, x: torch.Tensor, y: torch.Tensor, *, theta_grid: tuple[int, int]
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(x_int, r, N̂) for logistic regression, each row's a function of that row and the
-    layer's parameters alone, bit for bit, from IEEE-754 basic operations (issue 25;
-    worker/mechanisms/fixed_point.py). Row i's gradient is g_i = (r_i·x_int,i·2^-c, r_i):
-
-    * x_int = trunc(clamp(x, 0, 1)·2^c); θ_int = θ on the grid 2^-b (``theta_grid`` =
-      (b, m)): z_i = ((x_int,i, 2^c)·θ_int)·2^-(c+b) is an exact integer sum, any order
-      (P·2^(c+m) ≤ 2^52);
-    * r_i = σ̃(z_i) − y_i, σ̃ from basic operations only (fixed_point.sigmoid_basic);
-    * N̂_i = fl(|r_i|·fl(√S_i)), S_i = ‖x_int,i‖²·2^-2c + 1 exact (integers below 2^53),
-      so ‖g_i‖ = |r_i|·√S_i ≤ N̂_i/(1 − u)² and a row's contribution formed with one
-      more rounded product per entry, (fl(a_i·x_int,ij)·2^-c, a_i) with a_i = fl(w_i·r_i),
-      has norm ≤ w_i·N̂_i·(1 + u)²/(1 − u)² ≤ w_i·N̂_i·(1 + 5u).
-
-    Differs from the float gradient at θ by the grids (|Δz| ≤ P·2^-b + ‖θ‖₁·2^-c), the
-    same kind of public pre-processing as the schema's encoding. A NaN feature stays NaN
-    through clamp and trunc and makes its row's bound NaN, which the row guard refuses."""
-    c = LOGISTIC_FEATURE_BITS
-    b, m = theta_grid
-    with torch.no_grad():
-        x_int = torch.trunc(x.double().clamp_(0.0, 1.0).mul_(2.0**c))
-        theta = torch.cat((layer.weight[0].detach().double(), layer.bias.detach().double()))
-        theta_int = quantised_theta(theta, bits=b, limit_bits=m)
-        numerators = torch.mv(x_int, theta_int[:-1]).add_(theta_int[-1] * 2.0**c)  # exact
-        residual = sigmoid_basic(numerators.mul_(2.0 ** -(c + b))).sub_(y.double())
-        # Σ x_int² per row: integers below 2^53, exact in any order; × 2^-2c and + 1 exact.
-        squares = (x_int * x_int).sum(dim=1).mul_(2.0 ** (-2 * c)).add_(1.0)
-        return x_int, residual, torch.abs(residual).mul_(torch.sqrt(squares))
-
-
-def exact_logistic_grads(
-    layer: torch.nn.Linear, x: torch.Tensor, y: torch.Tensor, *, theta_grid: tuple[int, int]
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(g, N̂): the per-example gradients of :func:`exact_logistic_rows` materialised."""
-    x_int, r, norms = exact_logistic_rows(layer, x, y, theta_grid=theta_grid)
-    g = torch.cat((r.unsqueeze(1) * x_int * 2.0**-LOGISTIC_FEATURE_BITS, r.unsqueeze(1)), 1)
-    return g, norms
-
-
-class ExactLogisticClipper(IntegerClipper):
-    """The exact engine for logistic regression with no measured assumption (issue 25):
-    each row's residual and norm bound come from :func:`exact_logistic_rows`, so a row's
-    contribution (fl(a_i·x_int,i)·2^-c, a_i), a_i = fl(w_i·r_i), w_i = min(2^k/C, c/N̂_i),
-    is the same bits whatever else is in the batch: η = 0 in the module docstring's proof
-    (A1 is not used), and its norm is ≤ c·(1 + u)·(1 + 5u) ≤ c_row with
-    c = c_row·(1 − 2^-20). The chunk's sum Σ_i a_i·x_int,i is one GEMV (its product
-    roundings are inside A2's γ_m), then × 2^-c (exact); the bias entry Σ_i a_i."""
-
-    drift = 0.0
-
-    def __init__(
-        self, module: Logistic, *, grid_bits: int, max_grad_norm: float, parameters: int
-    ) -> None:
-        super().__init__(
-            module, grid_bits=grid_bits, max_grad_norm=max_grad_norm, parameters=parameters
-        )
-        self.layer = module.linear
-        self._grid = theta_bits(feature_bits=LOGISTIC_FEATURE_BITS, parameters=parameters)
-
-    def chunk_sum(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        x_int, r, norms = exact_logistic_rows(self.layer, x, y, theta_grid=self._grid)
-        if x_int.shape[1] + 1 != self.parameters:
-            raise PlanMismatch("the model's parameter count differs from the plan's")
-        w = torch.clamp(self._cap / norms, max=self._units)  # N̂ = 0: 2^k/C (g_i = 0)
-        row_contributions_within("dpsgd exact logistic", w, norms, self._bound)
-        a = w * r
-        weights_part = torch.mv(x_int.T, a).mul_(2.0**-LOGISTIC_FEATURE_BITS)
-        return torch.cat((weights_part, a.sum().reshape(1)))
-
-
 def clipped_integer_sum(
     module: torch.nn.Module,
     x: torch.Tensor,
@@ -614,11 +498,12 @@ def clipped_integer_sum(
 
 def exact_clipper(
     module: torch.nn.Module, *, grid_bits: int, max_grad_norm: float, parameters: int
-) -> IntegerClipper:
-    """The exact engine for ``module``: :class:`ExactLogisticClipper` for logistic
-    regression (no assumption A1), :class:`IntegerClipper` for every other model."""
-    if isinstance(module, Logistic):
-        return ExactLogisticClipper(
+) -> IntegerSum:
+    """The exact engine for ``module``: :class:`~worker.mechanisms.exact_net.ExactNetClipper`
+    for logistic regression and MLPs (IEEE-754 only, issue 25), :class:`IntegerClipper`
+    (assumption A1; plans label it nominal) for any other model (GRU-D)."""
+    if exact_net_supports(module):
+        return ExactNetClipper(
             module, grid_bits=grid_bits, max_grad_norm=max_grad_norm, parameters=parameters
         )
     return IntegerClipper(

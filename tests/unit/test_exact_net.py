@@ -1,0 +1,224 @@
+"""Issue 25: DP-SGD's sum for logistic regression and MLPs from IEEE-754 arithmetic alone
+(worker/mechanisms/exact_net.py). Each row's contribution must be the same bits whatever
+else is in the batch and wherever the row sits, and adding one row must move the int64 sum
+by at most 2^k, checked exactly in integers, for rows on a ReLU unit's boundary too."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+import torch
+
+from service.modelspec import LogisticSpec, MlpSpec, parameter_count
+from service.privacy.sampling import GRID_BITS
+from worker.mechanisms import exact_net as en
+from worker.mechanisms import grad_engines as ge
+from worker.mechanisms.dpsgd import DpsgdParams, integer_sum_for
+from worker.models import build_module
+from worker.noise import secure_rng
+
+SPECS = [
+    LogisticSpec(),
+    MlpSpec(hidden=[16, 8]),
+    MlpSpec(hidden=[16, 8], activation="relu"),
+]
+
+
+def _model(spec: Any, d: int, *, seed: int, std: float = 1.0) -> torch.nn.Module:
+    gen = torch.Generator().manual_seed(seed)
+    module = build_module(spec, d)
+    with torch.no_grad():
+        for p in module.parameters():
+            p.normal_(0.0, std, generator=gen)
+    return module
+
+
+def _data(n: int, d: int, *, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    return torch.rand(n, d, generator=gen), (torch.rand(n, generator=gen) > 0.5).float()
+
+
+def _boundary_model(d: int) -> tuple[torch.nn.Module, torch.Tensor]:
+    """A ReLU MLP whose first hidden unit is w = (1, −1, 0, …), b = 0, and a row x* with
+    x*_0 = x*_1: its pre-activation is exactly 0, the row sits on the unit's boundary."""
+    module = _model(MlpSpec(hidden=[12, 6], activation="relu"), d, seed=7)
+    first = module.net[0]
+    with torch.no_grad():
+        first.weight[0].zero_()
+        first.weight[0, 0], first.weight[0, 1] = 1.0, -1.0
+        first.bias[0] = 0.0
+    x_star = torch.rand(1, d, generator=torch.Generator().manual_seed(8))
+    x_star[0, 1] = x_star[0, 0]
+    return module, x_star
+
+
+def _clipper(module: torch.nn.Module, d: int, clip: float = 1.0) -> en.ExactNetClipper:
+    p = sum(t.numel() for t in module.parameters())
+    return en.ExactNetClipper(module, grid_bits=GRID_BITS, max_grad_norm=clip, parameters=p)
+
+
+@pytest.mark.parametrize("spec", SPECS)
+def test_each_rows_contribution_is_the_same_bits_in_any_batch_and_position(spec: Any) -> None:
+    """Alone, in batches of 1 … 2,049 rows (every residue mod 4, 8 and 16 around the
+    kernels' block sizes), reversed, and after appending one row: bitwise-identical."""
+    d = 20
+    module = _model(spec, d, seed=25, std=2.0)
+    x, y = _data(2049, d, seed=26)
+    clip = _clipper(module, d, clip=0.5)
+    alone = [clip.contributions(x[i : i + 1], y[i : i + 1])[0] for i in range(0, 2049, 97)]
+    picks = list(range(0, 2049, 97))
+    full, _ = clip.contributions(x, y)
+    for n in (1, 2, 3, 4, 5, 7, 8, 15, 16, 17, 63, 64, 65, 255, 256, 257, 1023, 1024, 2049):
+        part, _ = clip.contributions(x[:n], y[:n])
+        for layer_full, layer_part in zip(full, part, strict=True):
+            assert torch.equal(layer_full[:n], layer_part), n
+        appended, _ = clip.contributions(torch.cat([x[:n], x[-1:]]), torch.cat([y[:n], y[-1:]]))
+        for layer_full, layer_app in zip(full, appended, strict=True):
+            assert torch.equal(layer_full[:n], layer_app[:n]), n
+    flipped, _ = clip.contributions(x.flip(0), y.flip(0))
+    for layer_full, layer_flip in zip(full, flipped, strict=True):
+        assert torch.equal(layer_full, layer_flip.flip(0))
+    for i, row in zip(picks, alone, strict=True):
+        for layer_full, layer_row in zip(full, row, strict=True):
+            assert torch.equal(layer_full[i], layer_row[0])
+
+
+@pytest.mark.parametrize("engine", ["exact", "ghost"])
+@pytest.mark.parametrize("clip", [1.0, 0.05])
+def test_a_row_on_a_relu_boundary_moves_the_sum_by_at_most_2k(engine: str, clip: float) -> None:
+    """The audit's construction (issue 25): the float engines moved S by 1.32–1.64·2^k
+    when a row on a unit's boundary was added. Exactly in integers, every batch size
+    tried, both engines the plan offers for MLPs, C ∈ {1, 0.05}."""
+    d = 10
+    module, x_star = _boundary_model(d)
+    grids, _ = en.layer_grids(module)
+    a0 = torch.trunc(x_star.double() * 2.0**en.FEATURE_BITS)
+    numerator = a0 @ grids[0].weight.T + grids[0].bias * 2.0**en.FEATURE_BITS
+    assert float(numerator[0, 0]) == 0.0  # x* sits exactly on the first unit's boundary
+    p = parameter_count(MlpSpec(hidden=[12, 6], activation="relu"), d)
+    params = DpsgdParams.from_plan(
+        {
+            "engine": engine,
+            "grid_bits": GRID_BITS,
+            "max_grad_norm": clip,
+            "parameters": p,
+            "learning_rate": 0.1,
+            "noise_multiplier": 1.0,
+            "sampling_rate": 0.5,
+            "steps": 1,
+            "steps_per_epoch": 1,
+            "expected_batch_size": 10.0,
+            "public_n_rows": 20,
+            "epochs": 1,
+            "batch_size": 10,
+        }
+    )
+    summed = integer_sum_for(params, module=module, rng=secure_rng())
+    x, y = _data(700, d, seed=9)
+    x[::3, 1] = x[::3, 0]  # a third of D sits on the boundary too
+    worst = 0
+    for n in [*range(1, 34), 63, 64, 65, 127, 128, 129, 255, 256, 257, 699]:
+        for y_star in (0.0, 1.0):
+            a = summed(torch.cat([x[:n], x_star]), torch.cat([y[:n], torch.tensor([y_star])]))
+            b = summed(x[:n], y[:n])
+            worst = max(worst, int(((a - b) ** 2).sum()))
+    assert worst <= 4**GRID_BITS
+    if clip == 0.05:
+        assert worst > (0.9 * 2**GRID_BITS) ** 2  # x* clipped to ≈ C: the bound nearly met
+
+
+@pytest.mark.parametrize("spec", SPECS)
+@pytest.mark.parametrize("clip", [1.0, 0.05])
+def test_adding_any_row_moves_the_sum_by_at_most_2k(spec: Any, clip: float) -> None:
+    d = 30
+    module = _model(spec, d, seed=26)
+    x, y = _data(700, d, seed=27)
+    summed = _clipper(module, d, clip=clip)
+    worst = 0
+    for n in [*range(1, 20), 127, 128, 255, 256, 511, 512, 699]:
+        for x_star, y_star in (
+            (x[n : n + 1], y[n : n + 1]),
+            (1.0 - x[n : n + 1], 1 - y[n : n + 1]),
+        ):
+            a = summed(torch.cat([x[:n], x_star]), torch.cat([y[:n], y_star]))
+            b = summed(x[:n], y[:n])
+            worst = max(worst, int(((a - b) ** 2).sum()))
+    assert worst <= 4**GRID_BITS
+
+
+@pytest.mark.parametrize("spec", SPECS)
+def test_the_sum_is_the_clipped_float_sum_up_to_the_grids(spec: Any) -> None:
+    """What is computed is DP-SGD's clipped sum: within the grids' rounding of the float64
+    per-example reference (3e-4 relative, plus the final rounding's √P)."""
+    d = 7
+    module = _model(spec, d, seed=3)
+    x, y = _data(200, d, seed=4)
+    p = sum(t.numel() for t in module.parameters())
+    for clip in (1.0, 0.05):
+        got = _clipper(module, d, clip=clip)(x, y)
+        g = ge.per_example_grads(module, x, y)
+        ref = (g * torch.clamp(clip / g.norm(dim=1, keepdim=True), max=1.0)).sum(0)
+        ref = ref * 2.0**GRID_BITS / clip
+        assert got.dtype == torch.int64
+        assert float((got.double() - ref).norm()) <= 3e-4 * float(ref.norm()) + math.sqrt(p)
+
+
+def test_a_row_with_a_nan_feature_contributes_nothing_and_moves_no_other_row() -> None:
+    """NaN: the row is invalid and contributes 0; ±inf is clamped into [0, 1] like any
+    feature outside the schema's range."""
+    d = 8
+    module = _model(MlpSpec(hidden=[8]), d, seed=5)
+    x, y = _data(50, d, seed=6)
+    clip = _clipper(module, d)
+    clean = clip(x, y)
+    bad = x.clone()
+    bad[10, 3] = float("nan")
+    bad[20, 0] = float("inf")
+    clamped = x.clone()
+    clamped[20, 0] = 1.0
+    keep = [i for i in range(50) if i != 10]
+    assert torch.equal(clip(bad, y), clip(clamped[keep], y[keep]))
+    assert not torch.equal(clean, clip(clamped[keep], y[keep]))
+
+
+def test_a_relu_activation_beyond_its_range_makes_only_its_row_invalid() -> None:
+    d = 4
+    module = _model(MlpSpec(hidden=[3], activation="relu"), d, seed=1)
+    with torch.no_grad():
+        module.net[0].weight.fill_(200.0)  # a row of ones gives 800 > 2^8
+    x = torch.tensor([[1.0, 1.0, 1.0, 1.0], [0.001, 0.0, 0.0, 0.0]])
+    s = en.row_signals(module, x, torch.tensor([1.0, 0.0]))
+    assert s.valid.tolist() == [False, True]
+    assert all(float(t[0].abs().sum()) == 0.0 for t in (*s.inputs, *s.grads))
+
+
+def test_norm_sq_upper_bounds_the_exact_square_sum_and_is_tight() -> None:
+    gen = torch.Generator().manual_seed(11)
+    for scale in (1.0, 2.0**20, 2.0**40, 2.0**60):
+        v = torch.round(torch.randn(64, 300, generator=gen, dtype=torch.float64) * scale)
+        exact = [sum(int(a) ** 2 for a in row.tolist()) for row in v]
+        upper = en.norm_sq_upper(v)
+        for e, u in zip(exact, upper.tolist(), strict=True):
+            assert u >= e
+            assert u <= e * (1 + 2.0**-17) + 300  # the coarse grid's ceil: 2^-20 relative
+        if scale == 1.0:
+            assert upper.tolist() == [float(e) for e in exact]  # small integers: exact
+
+
+def test_layer_grids_keep_every_product_sum_below_2_to_52() -> None:
+    """The static bound behind exactness: (d_in + 1)·2^(c + r)·max|W_int| ≤ 2^52 forward,
+    d_out·2^(g + r_g)·max|W_int| ≤ 2^52 backward, whatever the parameters' scale."""
+    for std in (1e-6, 1.0, 1e3):
+        module = _model(MlpSpec(hidden=[256, 64], activation="relu"), 100, seed=2, std=std)
+        grids, _ = en.layer_grids(module)
+        for index, grid in enumerate(grids):
+            d_out, d_in = grid.weight.shape
+            top = float(max(grid.weight.abs().max(), grid.bias.abs().max()))
+            relu = 0 if index == 0 else en.RELU_RANGE_BITS
+            assert (d_in + 1) * 2.0 ** (grid.in_bits + relu) * top <= 2.0**52
+            if index > 0:
+                g = en.GRAD_BITS + en.GRAD_RANGE_BITS
+                assert d_out * 2.0**g * top <= 2.0**52
+            assert top >= 2.0**15  # the grid uses its room: ≥ 15 bits below max|W|

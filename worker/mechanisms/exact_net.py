@@ -1,0 +1,349 @@
+"""DP-SGD's clipped sum for logistic regression and MLPs from IEEE-754 arithmetic alone
+(issue 25): every row's contribution is a function of that row and the public parameters,
+bit for bit, whatever else is in the batch and wherever the row sits; the sum over rows is
+exact. Its sensitivity proof assumes only that float64 +, −, ×, ÷, √ are correctly rounded
+(IEEE-754), with no measured property of a kernel.
+
+Route (a) of the issue, exact fixed-point arithmetic through the network. Notation: a
+"grid value" is an integer-valued float64 n standing for n·2^-g on a public grid 2^-g.
+
+* **Which operations, and why each is batch-independent.** (i) Elementwise +, −, ×, ÷, √,
+  |·|, max/min, comparisons, rounding to an integer, and scaling by an exact power of two
+  (``math.ldexp``): each element's result is a correctly rounded (or exact) function of
+  that element's operands alone (IEEE-754 §5), so the same bits in any lane, position or
+  batch; eager torch and numpy run every such operation as its own kernel, so no FMA joins
+  two of them. Transcendentals come only from :func:`fixed_point.sigmoid_basic`, built from
+  these. (ii) Reductions (matrix products, row sums, the sum over rows) only ever add
+  integers whose partial sums, in any order and any association, stay below 2^53 in
+  magnitude: every such sum is exact in float64 (each partial sum is an integer of at most
+  53 bits, so representable, and its rounding is the identity), hence the same whatever
+  order a BLAS kernel picks. Each bound is below. (iii) A row maximum is exact in any
+  order. (iv) The final sum over rows is in int64 (exact below 2^63).
+* **Forward.** Features x ∈ [0, 1] (the schema's encoding; clamped) on 2^-16; layer l's
+  weights and bias on 2^-b_l with |W_int| ≤ 2^m_l, b_l chosen from the public parameters'
+  largest magnitude (:func:`layer_grids`), m_l so that a row whose inputs have
+  |A| ≤ 2^(c_l + r_l) gives a pre-activation numerator Z = A·W_intᵀ + 2^c_l·b_int whose
+  partial sums are ≤ (d_in + 1)·2^(c_l + r_l + m_l) ≤ 2^52: exact (ii). Hidden
+  activations on 2^-12: tanh as 2σ̃(2z) − 1 ∈ [−1, 1] rounded to the grid (r = 0), ReLU as
+  round(max(Z, 0)·2^(12 − c_l − b_l)) (r = 8: a row with a hidden activation above 2^8 is
+  *invalid*, below). ReLU's decision Z > 0 is on the exact numerator, so a row on a unit's
+  boundary decides the same way in every batch (the audit's construction, issue 25).
+* **Backward.** Output-gradient B_L = round((σ̃(z) − y)·2^16) (logit loss BCE); through
+  layer l: T = B_l·W_int,l (partial sums ≤ d_out·2^(16 + 8 + m_l) ≤ 2^52 for a row with
+  |B| ≤ 2^24: exact), then elementwise (i): tanh δ = round(fl(T·(2^24 − H²))·2^-(b_l + 24)),
+  ReLU δ = round(T·2^-b_l)·[Z > 0]. A row with |δ| > 2^24 (|∂ℓ/∂a| > 2^8) is invalid.
+* **Invalid rows** (a bound above exceeded, a non-finite feature or label) are decided
+  from that row's exact values by exact comparisons, so the decision is itself
+  batch-independent, and contribute exactly 0. (A row's float results never mix with
+  another row's: row i of a matrix product depends on row i's operands only.)
+* **Clipping, row by row.** Row i's gradient for layer l is B_l ⊗ [A_l, 1]·2^-(16 + c_l).
+  :func:`norm_sq_upper` gives an upper bound on ‖v‖² of a grid vector by exact integer
+  sums (ii) after rounding |v| *up* to a coarser per-row power-of-two grid. From them a
+  weight w_i = min(2^k/C, (c − R_i)/N̂_i) (N̂_i ≥ ‖g_i‖, R_i ≥ the rounding term below),
+  and the row's contribution in noise-grid units is V_l ⊗ [A_l, 1]·2^-c_l with
+  V_l = round(w_i·B_l·2^-16). Its norm is checked a posteriori from the integers:
+  U_i = (1 + 2^-40)·Σ_l norm_sq_upper(V_l)·norm_sq_upper([A_l, 1])·2^-2c_l (≤ 12 rounded
+  operations of relative error 2^-53 each, so U_i ≥ ‖contribution‖²); a row with
+  U_i > c_row² fails the job (GuardFailed: it can only happen if the weights above are
+  wrong, whatever the data, since w_i aims at c_row·(1 − 2^-20) less the rounding term).
+* **Sum.** Σ_i V_l,iᵀ[A_l, 1]_i per chunk of ≤ 1024 rows as a float64 matrix product of
+  integers: |V_j·A_j'| ≤ ‖V‖·‖A‖ ≤ c_row·2^c_l ≤ 2^(20 + 16), partial sums ≤ 2^46: exact
+  (ii); chunks are added in int64 (≤ 2^24 rows: ≤ 2^60); S = round(T·2^-c_l) in integer
+  arithmetic.
+
+**Sensitivity.** With z_i the exact contribution of row i (batch-independent, ‖z_i‖ ≤ c_row)
+and S = round(Σ_i z_i) coordinatewise, adding one row x* changes each coordinate of the
+exact sum by z_*,j and its rounding by at most |z_*,j| + 1, so
+‖S(D + x*) − S(D)‖₂ ≤ ‖z_*‖₂ + √P ≤ c_row + √P = 2^k with c_row = 2^k − √P. No drift term
+and no float-summation term: nothing but (i)–(iv).
+
+The grids change what is computed from the float network only by rounding public
+parameters and activations (|Δz| ≲ (d_in + 1)·2^-b_l + ‖W‖₁·2^-c_l per unit), the same
+kind of public pre-processing as the schema's encoding.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Final, Literal
+
+import torch
+
+from worker.mechanisms.base import PlanMismatch
+from worker.mechanisms.fixed_point import sigmoid_basic
+from worker.mechanisms.guards import GuardFailed, positive_finite
+from worker.models import Logistic, Mlp
+
+__all__ = [
+    "FEATURE_BITS",
+    "ExactNetClipper",
+    "RowSignals",
+    "exact_net_supports",
+    "layer_grids",
+    "norm_sq_upper",
+    "row_signals",
+]
+
+FEATURE_BITS: Final[int] = 18
+"""c_0: features ∈ [0, 1] read on the grid 2^-18."""
+HIDDEN_BITS: Final[int] = 16
+"""c_l (l ≥ 1): hidden activations on the grid 2^-16."""
+GRAD_BITS: Final[int] = 20
+"""Output gradients ∂ℓ/∂(layer output) on the grid 2^-16."""
+RELU_RANGE_BITS: Final[int] = 8
+"""A ReLU activation above 2^8 makes its row invalid (tanh is within [−1, 1])."""
+GRAD_RANGE_BITS: Final[int] = 6
+"""An output gradient above 2^8 in magnitude makes its row invalid."""
+MAX_WEIGHT_BITS: Final[int] = 60
+"""b_l is at most 60 (the parameters' grid is never finer than 2^-60)."""
+ROW_LIMIT: Final[int] = 1 << 24
+CHUNK: Final[int] = 1024
+_EXACT: Final[int] = 52  # partial sums of integers ≤ 2^52 < 2^53: exact in any order
+_UP: Final[float] = 1.0 + 2.0**-40  # covers ≤ 12 roundings of relative error 2^-53
+_MARGIN: Final[float] = 2.0**-20  # the weights aim at c_row·(1 − 2^-20)
+
+
+def _pow2(e: int) -> float:
+    """2^e exactly (C's ldexp scales by a power of two without rounding in range)."""
+    return math.ldexp(1.0, e)
+
+
+def _ceil_log2(n: int) -> int:
+    return max(0, (n - 1).bit_length())
+
+
+def exact_net_supports(module: torch.nn.Module) -> bool:
+    """Logistic regression and MLPs (tanh or ReLU): the models this module computes."""
+    return isinstance(module, (Logistic, Mlp))
+
+
+def _linears(module: torch.nn.Module) -> tuple[list[torch.nn.Linear], Literal["tanh", "relu"]]:
+    if isinstance(module, Logistic):
+        return [module.linear], "tanh"
+    if isinstance(module, Mlp):
+        layers = [m for m in module.net if isinstance(m, torch.nn.Linear)]
+        relu = any(isinstance(m, torch.nn.ReLU) for m in module.net)
+        return layers, "relu" if relu else "tanh"
+    raise PlanMismatch("the exact fixed-point engine computes logistic regression and MLPs")
+
+
+@dataclass(frozen=True)
+class LayerGrid:
+    """One Linear layer's public parameters on their grid: W_int, b_int (integer-valued
+    float64), b (the grid 2^-b) and c (the grid 2^-c of the layer's inputs)."""
+
+    weight: torch.Tensor
+    bias: torch.Tensor
+    bits: int
+    in_bits: int
+
+
+def layer_grids(module: torch.nn.Module) -> tuple[list[LayerGrid], Literal["tanh", "relu"]]:
+    """Each layer's parameters on the grid 2^-b_l with |W_int|, |b_int| ≤ 2^m_l: m_l from
+    the forward bound (d_in + 1)·2^(c_l + r_l + m_l) ≤ 2^52 and, for a layer the backward
+    passes through (every layer but the first), d_out·2^(16 + 8 + m_l) ≤ 2^52; b_l = m_l − e
+    with max|θ_l| < 2^e (frexp's exponent), so rounding keeps |θ_int| ≤ 2^m_l. Public: a
+    function of the parameters alone."""
+    layers, activation = _linears(module)
+    relu_range = RELU_RANGE_BITS if activation == "relu" else 0
+    grids = []
+    for index, layer in enumerate(layers):
+        d_out, d_in = layer.weight.shape
+        in_bits = FEATURE_BITS if index == 0 else HIDDEN_BITS
+        in_range = 0 if index == 0 else relu_range
+        room = _EXACT - (in_bits + in_range + _ceil_log2(d_in + 1))
+        if index > 0:
+            room = min(room, _EXACT - (GRAD_BITS + GRAD_RANGE_BITS + _ceil_log2(d_out)))
+        w = layer.weight.detach().double()
+        b = (
+            layer.bias.detach().double()
+            if layer.bias is not None
+            else torch.zeros(d_out, dtype=torch.float64, device=w.device)
+        )
+        largest = float(max(w.abs().max(), b.abs().max()))
+        if not math.isfinite(largest):
+            raise PlanMismatch("the model's parameters are not finite")
+        exponent = math.frexp(largest)[1] if largest > 0 else -MAX_WEIGHT_BITS
+        bits = min(room - exponent, MAX_WEIGHT_BITS)
+        scale = _pow2(bits)
+        grids.append(
+            LayerGrid(
+                weight=torch.round(w * scale),
+                bias=torch.round(b * scale),
+                bits=bits,
+                in_bits=in_bits,
+            )
+        )
+    return grids, activation
+
+
+@dataclass(frozen=True)
+class RowSignals:
+    """Per layer: inputs [A_l, 2^c_l] (rows, d_in + 1) and output gradients B_l (rows,
+    d_out), grid values; ``valid`` rows met every bound (the others contribute 0)."""
+
+    inputs: tuple[torch.Tensor, ...]
+    grads: tuple[torch.Tensor, ...]
+    in_bits: tuple[int, ...]
+    valid: torch.Tensor
+
+
+def row_signals(
+    module: torch.nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    *,
+    grids: tuple[list[LayerGrid], Literal["tanh", "relu"]] | None = None,
+) -> RowSignals:
+    """The forward and backward of the module docstring, for a batch (x, y); ``grids`` is
+    :func:`layer_grids` of the module when the caller has it already."""
+    grids_, activation = grids if grids is not None else layer_grids(module)
+    with torch.no_grad():
+        a = torch.trunc(x.double().clamp(0.0, 1.0) * _pow2(FEATURE_BITS))
+        valid = torch.isfinite(a).all(dim=1) & torch.isfinite(y.double())
+        inputs: list[torch.Tensor] = []
+        numerators: list[torch.Tensor] = []
+        hidden: list[torch.Tensor] = []
+        for index, grid in enumerate(grids_):
+            one = torch.full((a.shape[0], 1), _pow2(grid.in_bits), dtype=torch.float64)
+            inputs.append(torch.cat((a, one.to(a.device)), dim=1))
+            z_num = a @ grid.weight.T + grid.bias * _pow2(grid.in_bits)  # exact (ii)
+            numerators.append(z_num)
+            if index == len(grids_) - 1:
+                break
+            shift = -(grid.in_bits + grid.bits)
+            if activation == "tanh":
+                t = 2.0 * sigmoid_basic(z_num * _pow2(shift + 1)).to(z_num.device) - 1.0
+                a = torch.round(t * _pow2(HIDDEN_BITS))
+                limit = _pow2(HIDDEN_BITS)
+            else:
+                a = torch.round(torch.clamp(z_num, min=0.0) * _pow2(shift + HIDDEN_BITS))
+                limit = _pow2(HIDDEN_BITS + RELU_RANGE_BITS)
+            valid &= a.abs().amax(dim=1) <= limit  # NaN compares false: invalid
+            hidden.append(a)
+        last = grids_[-1]
+        logit = numerators[-1][:, 0] * _pow2(-(last.in_bits + last.bits))
+        residual = sigmoid_basic(logit).to(logit.device) - y.double()
+        b = torch.round(residual * _pow2(GRAD_BITS)).unsqueeze(1)
+        grads = [b]
+        grad_limit = _pow2(GRAD_BITS + GRAD_RANGE_BITS)
+        for index in range(len(grids_) - 1, 0, -1):
+            grid = grids_[index]
+            t = b @ grid.weight  # exact (ii) for a valid row
+            if activation == "tanh":
+                h = hidden[index - 1]
+                factor = _pow2(2 * HIDDEN_BITS) - h * h  # exact: |h| ≤ 2^12
+                b = torch.round(t * factor * _pow2(-(grid.bits + 2 * HIDDEN_BITS)))
+            else:
+                b = torch.round(t * _pow2(-grid.bits)) * (numerators[index - 1] > 0)
+            valid &= b.abs().amax(dim=1) <= grad_limit
+            grads.append(b)
+        grads.reverse()
+        mask = valid.unsqueeze(1)
+        return RowSignals(
+            inputs=tuple(torch.where(mask, v, 0.0) for v in inputs),
+            grads=tuple(torch.where(mask, v, 0.0) for v in grads),
+            in_bits=tuple(g.in_bits for g in grids_),
+            valid=valid,
+        )
+
+
+def norm_sq_upper(v: torch.Tensor) -> torch.Tensor:
+    """(rows,) float64 U with U ≥ Σ_j v_ij² for grid values v (rows, width), from exact
+    operations only: per row, s = max(0, e − h) with max_j |v_ij| < 2^e (frexp) and
+    h = ⌊(52 − ⌈log₂ width⌉)/2⌋; q = ⌈|v|·2^-s⌉ ≤ 2^h (exact scaling and ceiling), so
+    Σ q² ≤ width·2^2h ≤ 2^52 is an exact integer sum (ii) and U = Σ q²·4^s (exact)."""
+    width = v.shape[1]
+    half = (_EXACT - _ceil_log2(max(width, 1))) // 2
+    largest = v.abs().amax(dim=1) if width else v.new_zeros(v.shape[0])
+    _, exponent = torch.frexp(largest)
+    shift = torch.clamp(exponent.to(torch.int64) - half, min=0)
+    down = torch.ldexp(torch.ones_like(largest), -shift)  # 2^-s, exact
+    q = torch.ceil(v.abs() * down.unsqueeze(1))
+    up = torch.ldexp(torch.ones_like(largest), 2 * shift)  # 4^s, exact
+    return (q * q).sum(dim=1) * up
+
+
+class ExactNetClipper:
+    """The DP-SGD sum for one run of logistic regression or an MLP, engines ``exact`` and
+    ``ghost`` alike: (x, y) → S as int64 (parameters,), ‖S(D + x*) − S(D)‖ ≤ 2^k by the
+    module docstring's proof (no assumption beyond IEEE-754)."""
+
+    def __init__(
+        self, module: torch.nn.Module, *, grid_bits: int, max_grad_norm: float, parameters: int
+    ) -> None:
+        if not 0 < grid_bits <= 20:
+            raise PlanMismatch("the integer grid does not fit the exact engine's bounds")
+        positive_finite("dpsgd exact", max_grad_norm=max_grad_norm)
+        _linears(module)
+        self.module = module
+        self.parameters = parameters
+        self._units = _pow2(grid_bits) / max_grad_norm  # noise-grid units per gradient unit
+        self.row_cap = _pow2(grid_bits) - math.sqrt(parameters)
+        if self.row_cap <= 0:
+            raise PlanMismatch("the grid is too coarse for this many parameters")
+        self._target = self.row_cap * (1.0 - _MARGIN)
+        self.label = "dpsgd exact"
+
+    def contributions(
+        self,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        *,
+        grids: tuple[list[LayerGrid], Literal["tanh", "relu"]] | None = None,
+    ) -> tuple[tuple[torch.Tensor, ...], RowSignals]:
+        """(V_l per layer, signals): row i's contribution is V_l,i ⊗ [A_l, 1]_i·2^-c_l in
+        noise-grid units, a function of row i and the parameters alone; rows whose
+        contribution could exceed c_row have V = 0."""
+        s = row_signals(self.module, x, y, grids=grids)
+        with torch.no_grad():
+            in_sq = [norm_sq_upper(a) for a in s.inputs]
+            grad_sq = [norm_sq_upper(b) for b in s.grads]
+            n_sq = torch.zeros_like(in_sq[0])
+            r_sq = torch.zeros_like(in_sq[0])
+            for a2, b2, b_out, c in zip(in_sq, grad_sq, s.grads, s.in_bits, strict=True):
+                n_sq = n_sq + b2 * a2 * _pow2(-2 * (GRAD_BITS + c))
+                r_sq = r_sq + a2 * (0.25 * b_out.shape[1]) * _pow2(-2 * c)
+            norm = torch.sqrt(n_sq) * _UP  # ≥ ‖g_i‖ (gradient units)
+            slack = torch.sqrt(r_sq) * _UP  # ≥ ½·√(Σ_l d_out·‖A_l‖²·2^-2c_l) (rounding)
+            w = torch.clamp((self._target - slack) / norm, min=0.0, max=self._units)
+            w = torch.where(s.valid, w, 0.0)  # 0/0 → NaN above; an invalid row has weight 0
+            scaled = [torch.round(w.unsqueeze(1) * b * _pow2(-GRAD_BITS)) for b in s.grads]
+            total = torch.zeros_like(in_sq[0])
+            for v, a2, c in zip(scaled, in_sq, s.in_bits, strict=True):
+                total = total + norm_sq_upper(v) * a2 * _pow2(-2 * c)
+            # The proof's precondition on the real batch: every row's contribution ≤ c_row
+            # (invalid rows have w = 0, so V = 0). fl(c_row²)·(1 − 2^-40) < c_row².
+            limit = self.row_cap * self.row_cap * (1.0 - 2.0**-40)
+            if bool((total * _UP > limit).any()):
+                raise GuardFailed(f"{self.label}: a row's contribution exceeds its bound")
+            return tuple(scaled), s
+
+    def __call__(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        if x.shape[0] > ROW_LIMIT:
+            raise PlanMismatch("a batch exceeded the exact engine's row limit")
+        grids = layer_grids(self.module)
+        totals: list[torch.Tensor] | None = None
+        for start in range(0, x.shape[0], CHUNK):
+            stop = start + CHUNK
+            v, s = self.contributions(x[start:stop], y[start:stop], grids=grids)
+            parts = [
+                (vl.T @ al).to(torch.int64)  # exact integer products and sums (ii)
+                for vl, al in zip(v, s.inputs, strict=True)
+            ]
+            totals = (
+                parts if totals is None else [t + p for t, p in zip(totals, parts, strict=True)]
+            )
+        if totals is None:
+            return torch.zeros(self.parameters, dtype=torch.int64, device=x.device)
+        bits = [g.in_bits for g in grids[0]]
+        flat: list[torch.Tensor] = []
+        for t, c in zip(totals, bits, strict=True):
+            half = 1 << (c - 1)
+            rounded = torch.div(t + half, 1 << c, rounding_mode="floor")  # round(t·2^-c)
+            flat += [rounded[:, :-1].reshape(-1), rounded[:, -1]]
+        out = torch.cat(flat)
+        if out.shape != (self.parameters,):
+            raise PlanMismatch("the model's parameter count differs from the plan's")
+        return out
