@@ -60,6 +60,7 @@ loaded row count, only by the public n̂.
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -153,6 +154,21 @@ def quantised_features(x: torch.Tensor, *, feature_bits: int, norm_sq_bound: int
     return ints.double()
 
 
+def _residuals(
+    numerators: torch.Tensor,
+    y64: torch.Tensor,
+    *,
+    feature_bits: int,
+    residual_bits: int,
+    theta_bits: int,
+) -> torch.Tensor:
+    """r_int = trunc(2^a·(σ̃(numerator·2^-(c+b)) − y)) elementwise: the one definition of a
+    row's residual from its exact logit numerator (the same IEEE operations on every path)."""
+    logits = numerators * 2.0 ** -(feature_bits + theta_bits)
+    residual = sigmoid_basic(logits) - y64
+    return torch.trunc(residual * 2.0**residual_bits)
+
+
 def row_residuals(
     x_int: torch.Tensor,
     y: torch.Tensor,
@@ -165,9 +181,90 @@ def row_residuals(
     """r_int,i = trunc(2^a·(σ̃(θ̃·xᵢ) − yᵢ)) per row, float64 integers in [−2^a, 2^a]: a
     function of row i and θ̃ alone, bit for bit (module docstring)."""
     numerators = x_int @ theta_int  # integers below 2^53: exact in any order
-    logits = numerators * 2.0 ** -(feature_bits + theta_bits)
-    residual = sigmoid_basic(logits) - y.double()
-    return torch.trunc(residual * 2.0**residual_bits)
+    return _residuals(
+        numerators,
+        y.double(),
+        feature_bits=feature_bits,
+        residual_bits=residual_bits,
+        theta_bits=theta_bits,
+    )
+
+
+def _use_sparse(x_int: torch.Tensor) -> bool:
+    """CSR storage where it is faster: on the CPU, at most a quarter of the entries nonzero
+    (one-hot encodings: Adult's are 12 %). Measured on 30,162 × 105 rows: CSR's two
+    products take 0.3 ms against 1.3 ms column-major at 12 % nonzero and lose above ~30 %.
+    The choice changes the time of a step only, never a bit of its result."""
+    if x_int.device.type != "cpu" or not x_int.numel():
+        return False
+    return int(torch.count_nonzero(x_int)) * 4 <= x_int.numel()
+
+
+def _csr(dense: torch.Tensor) -> torch.Tensor:
+    with warnings.catch_warnings():  # "Sparse CSR tensor support is in beta state"
+        warnings.simplefilter("ignore", UserWarning)
+        return dense.to_sparse_csr()
+
+
+class ExactRowSums:
+    """The features of one release prepared once for the two exact products of every step:
+    numerators x_int·θ_int per row, and Σᵢ r_int,i·x_int,i (:meth:`gradient_sum`).
+
+    Only the storage differs from :func:`row_residuals` and :func:`gradient_sum`'s plain
+    products, never the arithmetic: both products are sums of integer products whose
+    partial sums are integers below 2^53 (module docstring), so every order of summation,
+    with or without FMA, and skipping the zero products, gives the same exact values; a
+    row's residual is then :func:`_residuals` of that value (σ̃ reads a numerator 0 the
+    same whatever its sign). The storage: compressed sparse rows (x_int and x_intᵀ) where
+    :func:`_use_sparse` says so, else one column-major copy (both products then run as
+    column-combination GEMVs: 0.7 ms against 1.6 ms for row-major x_int @ θ on Adult-sized
+    data). Labels are converted to float64 once, not every step."""
+
+    def __init__(
+        self,
+        x_int: torch.Tensor,
+        y: torch.Tensor,
+        *,
+        feature_bits: int,
+        residual_bits: int,
+        theta_bits: int,
+        sparse: bool | None = None,
+    ) -> None:
+        self.parameters = int(x_int.shape[1])
+        self.device = x_int.device
+        self._kw = {
+            "feature_bits": feature_bits,
+            "residual_bits": residual_bits,
+            "theta_bits": theta_bits,
+        }
+        self.sparse = _use_sparse(x_int) if sparse is None else sparse
+        y64 = y.double()
+        # Per chunk (≤ 2^20 rows, the exact-sum bound): (forward, backward, labels).
+        self._chunks: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
+        for start in range(0, x_int.shape[0], _CHUNK_ROWS):
+            xs = x_int[start : start + _CHUNK_ROWS]
+            columns = xs.T.contiguous()  # (d + 1, rows)
+            if self.sparse:
+                forward, backward = _csr(xs.contiguous()), _csr(columns)
+            else:
+                forward, backward = columns.T, columns
+            self._chunks.append((forward, backward, y64[start : start + _CHUNK_ROWS]))
+
+    def residuals(self, theta_int: torch.Tensor) -> torch.Tensor:
+        """r_int of every row (float64), as :func:`row_residuals` gives them."""
+        parts = [_residuals(forward @ theta_int, ys, **self._kw) for forward, _, ys in self._chunks]
+        if not parts:
+            return torch.zeros(0, dtype=torch.float64, device=self.device)
+        return torch.cat(parts)
+
+    def gradient_sum(self, theta_int: torch.Tensor) -> torch.Tensor:
+        """Σᵢ r_int,i·x_int,i exactly, as int64 (shape (d + 1,))."""
+        total = torch.zeros(self.parameters, dtype=torch.int64, device=self.device)
+        for forward, backward, ys in self._chunks:
+            r_int = _residuals(forward @ theta_int, ys, **self._kw)
+            # Integers below 2^53 throughout: exact in any order.
+            total += (backward @ r_int).round().to(torch.int64)
+        return total
 
 
 def gradient_sum(
@@ -180,21 +277,12 @@ def gradient_sum(
     theta_bits: int,
 ) -> torch.Tensor:
     """Σᵢ r_int,i·x_int,i exactly, as int64 (shape (d + 1,)), r_int from
-    :func:`row_residuals` at the quantised θ̃ = θ_int·2^-b."""
-    total = torch.zeros(x_int.shape[1], dtype=torch.int64, device=x_int.device)
-    for start in range(0, x_int.shape[0], _CHUNK_ROWS):
-        xs = x_int[start : start + _CHUNK_ROWS]
-        r_int = row_residuals(
-            xs,
-            y[start : start + _CHUNK_ROWS],
-            theta_int,
-            feature_bits=feature_bits,
-            residual_bits=residual_bits,
-            theta_bits=theta_bits,
-        )
-        # Integers below 2^53 throughout: the float64 matmul is exact in any order.
-        total += (r_int @ xs).round().to(torch.int64)
-    return total
+    :func:`row_residuals` at the quantised θ̃ = θ_int·2^-b. (One call; a run prepares
+    :class:`ExactRowSums` once and calls its method every step.)"""
+    sums = ExactRowSums(
+        x_int, y, feature_bits=feature_bits, residual_bits=residual_bits, theta_bits=theta_bits
+    )
+    return sums.gradient_sum(theta_int)
 
 
 def sample_langevin(
@@ -222,16 +310,13 @@ def sample_langevin(
     unit = 2.0 ** -(params.residual_bits + params.feature_bits)
     step_size = params.learning_rate / params.public_n_rows
     b, m = theta_bits(feature_bits=params.feature_bits, parameters=params.parameters)
+    sums = ExactRowSums(
+        x_int, y, feature_bits=params.feature_bits, residual_bits=params.residual_bits, theta_bits=b
+    )
+    del x_int  # the prepared copy is all the steps read
     theta = torch.zeros(params.parameters, dtype=torch.float64, device=device)
     for step in range(1, params.steps + 1):
-        summed = gradient_sum(
-            x_int,
-            y,
-            quantised_theta(theta, bits=b, limit_bits=m),
-            feature_bits=params.feature_bits,
-            residual_bits=params.residual_bits,
-            theta_bits=b,
-        )
+        summed = sums.gradient_sum(quantised_theta(theta, bits=b, limit_bits=m))
         step_noise = noise.draw(scale=scale, same_scale_ahead=params.steps - step + 1)
         noisy = (summed + torch.as_tensor(step_noise, device=device)).double() * unit
         theta = theta - step_size * (noisy + params.l2 * theta)

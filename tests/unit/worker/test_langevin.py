@@ -22,6 +22,7 @@ from service.schemas import ExpmOptions, JobRequest
 from worker.mechanisms.base import PlanMismatch, TabularTrainingSet
 from worker.mechanisms.fixed_point import quantised_theta, theta_bits
 from worker.mechanisms.langevin import (
+    ExactRowSums,
     LangevinParams,
     gradient_sum,
     quantised_features,
@@ -195,6 +196,35 @@ def test_adding_one_row_changes_the_sum_by_exactly_that_rows_vector() -> None:
         diff = plus - base
         assert diff.tolist() == (own * x_int[n]).round().to(torch.int64).tolist()
         assert float(torch.linalg.vector_norm(diff.double())) <= params.sensitivity
+
+
+@pytest.mark.parametrize("sparse", [True, False])
+def test_prepared_storage_gives_the_same_bits_as_the_plain_products(sparse: bool) -> None:
+    """Issue 25 (speed): a run prepares x_int once (CSR where sparse, else column-major);
+    only the storage differs, so every row's residual (to the bit, sign of zero included)
+    and the int64 sum equal the plain row-major products', on one-hot-like rows."""
+    g = torch.Generator().manual_seed(21)
+    n, d = 3000, 20
+    x = torch.rand(n, d, generator=g) * (torch.rand(n, d, generator=g) < 0.15)
+    x[:, :4] = (torch.rand(n, 4, generator=g) < 0.5).float()  # one-hot-like 0/1 columns
+    x[:7] = 0.0  # rows holding only the bias: numerator ±0
+    y = (torch.rand(n, generator=g) < 0.3).float()
+    b, m = theta_bits(feature_bits=16, parameters=d + 1)
+    kw = {"feature_bits": 16, "residual_bits": 16, "theta_bits": b}
+    x_int = quantised_features(x, feature_bits=16, norm_sq_bound=d + 1)
+    sums = ExactRowSums(x_int, y, sparse=sparse, **kw)
+    assert sums.sparse is sparse
+    for scale in (0.0, 1e-9, 0.5, 4.0, 300.0):
+        raw = torch.randn(d + 1, generator=g, dtype=torch.float64) * scale
+        raw[-1] = -1e-12  # θ̃'s bias rounds to −0.0
+        theta = quantised_theta(raw, bits=b, limit_bits=m)
+        want = row_residuals(x_int, y, theta, **kw)
+        got = sums.residuals(theta)
+        assert torch.equal(got.view(torch.int64), want.view(torch.int64)), scale
+        assert torch.equal(sums.gradient_sum(theta), gradient_sum(x_int, y, theta, **kw))
+        ri = want.numpy().astype(np.int64)
+        exact = (ri[:, None] * x_int.numpy().astype(np.int64)).sum(axis=0)
+        assert sums.gradient_sum(theta).tolist() == exact.tolist()
 
 
 def test_rows_beyond_the_schema_bound_are_refused() -> None:
