@@ -13,16 +13,15 @@ that mechanism, post-processed:
    docstring has the argument), so a step costs O(q·n), not O(n). Empty batches take their
    noise step. Nothing here looks at the rows; the work depends only on n and on the
    sampled batch sizes (timing is out of scope, below).
-2. **Clip and sum** (the plan's engine, worker/mechanisms/grad_engines.py; ``exact`` is
-   :class:`~worker.mechanisms.grad_engines.IntegerClipper`): per-example gradients in
-   float64 (the closed form for logistic regression, Linear-layer signals for MLPs,
-   torch.func vmap of grad otherwise), each weighted to ℓ2 norm ≤ c_row (integer units,
-   2^k per C; c_row = grad_engines.row_cap, a little under 2^k), summed in float64 in
-   chunks and a pairwise tree, and rounded ONCE to int64. Adding or removing one example
-   moves that integer vector S by ≤ 2^k in ℓ2 (grad_engines' proof, assumptions A1–A3:
-   it tolerates the other rows' float results moving with the batch, which they do).
-   Rounding each row to the grid separately (the engine before issue 12) cannot tolerate
-   any such drift: a row's integer vector could change when another row joined.
+2. **Clip and sum** (the plan's engine, worker/mechanisms/grad_engines.py): adding or
+   removing one example moves the int64 vector S by ≤ κ·2^k in ℓ2. For logistic
+   regression and MLPs (engines ``exact`` and ``ghost``),
+   :class:`~worker.mechanisms.exact_net.ExactNetClipper`: each row's clipped contribution
+   in fixed-point arithmetic, the same bits whatever else is in the batch, and an exact
+   int64 sum, a proof from IEEE-754 alone (issue 25). For GRU-D (``exact``) and the ``jl``
+   engine, float64 per-example gradients weighted a little under 2^k and rounded once
+   after a bounded-error sum, a proof that also rests on a measured assumption (A1 in
+   grad_engines), so their plans say nominal.
 3. **Noise** (:func:`worker.noise.rounded_gaussian`): integer noise N = round(s·Z),
    s = σ·2^k, added in exact integer arithmetic. S + round(s·Z) = round(S + s·Z) for an
    integer S, so the output is a deterministic post-processing of the Gaussian mechanism
