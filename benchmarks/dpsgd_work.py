@@ -1,11 +1,13 @@
-"""DP-SGD's measured worker time against its quote-time estimate (service/resources.py).
+"""DP-SGD's measured worker time against its quote-time estimate
+(service/methods/dpsgd.py, asked by service/resources.py).
 
 Each case plans a real DP-SGD request (tabular: logistic and MLPs on d = 104 features, as
 Adult; time series: GRU-D on the bundled ICU schema, T = 48 hourly steps, V = 8), runs the
 worker's own DP-SGD (worker.mechanisms.dpsgd.run_dpsgd) on synthetic rows of the same
 shapes for the plan's steps, and prints seconds per step next to
-``service.resources.dpsgd_seconds``'s estimate. The estimate's constants are set from
-these figures with a margin (see resources.py); this script is how they were measured.
+``service.methods.dpsgd.dpsgd_seconds``'s estimate. The estimate's constants are set
+from these figures with a margin (see service/methods/dpsgd.py); this script is how they
+were measured.
 
     .venv/bin/python benchmarks/dpsgd_work.py [--steps 8]
 
@@ -27,8 +29,8 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from service.methods.dpsgd import dpsgd_seconds  # noqa: E402
 from service.plans import build_plan, plan_for_dataset  # noqa: E402
-from service.resources import dpsgd_seconds  # noqa: E402
 from service.schemas import JobRequest, PrivacyPlan  # noqa: E402
 from worker.mechanisms.base import TabularTrainingSet  # noqa: E402
 from worker.mechanisms.dpsgd import run_dpsgd  # noqa: E402
@@ -124,7 +126,7 @@ def main() -> None:
     lines += [
         "",
         f"Estimate ÷ measured: {min(ratios):.1f}× to {max(ratios):.1f}×. The estimate is a "
-        "ceiling with a margin for a busier or slower machine (service/resources.py), used "
+        "ceiling with a margin for a busier or slower machine (service/methods/dpsgd.py), used "
         "to refuse at quote time plans that could not finish within ENCLAVE_JOB_TIME_LIMIT_S.",
     ]
     RESULTS.mkdir(exist_ok=True)

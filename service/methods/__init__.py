@@ -1,8 +1,8 @@
 """The methods a job may name, in one table (issue 23): each method (and, for ``expm``, each
-sampler) has its own module here with its options' defaults and its plan builder, and one
-entry below with its guarantee label. The worker's table is worker/mechanisms/registry.py;
-a contract test checks both tables name the same keys. Adding a method is its module
-here, its mechanism there, and one line in each table.
+sampler) has its own module here with its options' defaults, its plan builder and its
+resource estimate, and one entry below with its guarantee label. The worker's table is
+worker/mechanisms/registry.py; a contract test checks both tables name the same keys.
+Adding a method is its module here, its mechanism there, and one line in each table.
 """
 
 from __future__ import annotations
@@ -10,22 +10,31 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from service.methods.common import MethodPlan, PlanFacts
-from service.methods.dpsgd import dpsgd_guarantee, plan_dpsgd
-from service.methods.expm import plan_langevin, plan_mcmc
-from service.methods.expm_nf import plan_expm_nf
-from service.schemas import Guarantee, JobRequest
+from service.methods.common import (
+    MethodPlan,
+    PlanFacts,
+    ResourceEstimate,
+    ResourceFacts,
+    no_estimate,
+)
+from service.methods.dpsgd import dpsgd_guarantee, dpsgd_resources, plan_dpsgd
+from service.methods.expm import langevin_resources, plan_langevin, plan_mcmc
+from service.methods.expm_nf import expm_nf_resources, plan_expm_nf
+from service.schemas import Guarantee, JobRequest, PrivacyPlan
 
-__all__ = ["METHODS", "MethodEntry", "method_key"]
+__all__ = ["METHODS", "MethodEntry", "method_key", "plan_key"]
 
 
 @dataclass(frozen=True)
 class MethodEntry:
-    """A method's plan builder and the guarantee its releases carry (a function of the
-    request: DP-SGD's depends on the model and engine)."""
+    """A method's plan builder, the guarantee its releases carry (a function of the
+    request: DP-SGD's depends on the model and engine), and the estimate of what its plan
+    costs the worker (time and memory, from the plan and public facts; service/resources.py
+    refuses at quote time what is over the worker's limits)."""
 
     plan: Callable[[JobRequest, PlanFacts], MethodPlan]
     guarantee: Callable[[JobRequest], Guarantee]
+    resources: Callable[[PrivacyPlan, ResourceFacts], ResourceEstimate]
 
 
 def _always(guarantee: Guarantee) -> Callable[[JobRequest], Guarantee]:
@@ -33,10 +42,10 @@ def _always(guarantee: Guarantee) -> Callable[[JobRequest], Guarantee]:
 
 
 METHODS: dict[tuple[str, str | None], MethodEntry] = {
-    ("dpsgd", None): MethodEntry(plan_dpsgd, dpsgd_guarantee),
-    ("expm", "langevin"): MethodEntry(plan_langevin, _always("proven")),
-    ("expm", "mcmc"): MethodEntry(plan_mcmc, _always("asymptotic")),
-    ("expm_nf", None): MethodEntry(plan_expm_nf, _always("nominal")),
+    ("dpsgd", None): MethodEntry(plan_dpsgd, dpsgd_guarantee, dpsgd_resources),
+    ("expm", "langevin"): MethodEntry(plan_langevin, _always("proven"), langevin_resources),
+    ("expm", "mcmc"): MethodEntry(plan_mcmc, _always("asymptotic"), no_estimate),
+    ("expm_nf", None): MethodEntry(plan_expm_nf, _always("nominal"), expm_nf_resources),
 }
 
 
@@ -49,3 +58,10 @@ def method_key(request: JobRequest) -> tuple[str, str | None]:
             "mcmc" if request.expm is not None and request.expm.sampler == "mcmc" else "langevin",
         )
     return request.method, None
+
+
+def plan_key(plan: PrivacyPlan) -> tuple[str, str | None]:
+    """A plan's key in :data:`METHODS`: its method, and for ``expm`` the sampler its
+    mechanism names (as worker/mechanisms/registry.py's ``mechanism_key``)."""
+    sampler = plan.mechanism.get("sampler") if plan.method == "expm" else None
+    return plan.method, None if sampler is None else str(sampler)

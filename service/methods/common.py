@@ -1,5 +1,8 @@
 """What every method's plan builder shares: the planning error and the calibration of a
-Gaussian history together with the integer-noise sampler's slack."""
+Gaussian history together with the integer-noise sampler's slack; and what every method's
+resource estimate shares (issue 11, 23): its inputs, its answer and the sizes several
+estimates count alike (float32 tensors, parameters with their gradients and Adam's
+moments, GRU-D's activations)."""
 
 from __future__ import annotations
 
@@ -9,9 +12,20 @@ from typing import Any
 
 from service.privacy.calibrate import Accountant, calibrate_noise_multiplier
 from service.privacy.events import DpEvent, PmfSlackEvent
-from service.schemas import JobRequest
+from service.schemas import JobRequest, PrivacyPlan
 
-__all__ = ["MethodPlan", "PlanError", "PlanFacts", "calibrate_with_slack"]
+__all__ = [
+    "FLOAT_BYTES",
+    "WITH_GRAD_AND_ADAM",
+    "MethodPlan",
+    "PlanError",
+    "PlanFacts",
+    "ResourceEstimate",
+    "ResourceFacts",
+    "calibrate_with_slack",
+    "grud_floats_per_pair_step",
+    "no_estimate",
+]
 
 
 class PlanError(ValueError):
@@ -59,3 +73,43 @@ class PlanFacts:
 
 MethodPlan = tuple[DpEvent, dict[str, Any], str]
 """A method's plan for one release: its DP event, its mechanism parameters, its accountant."""
+
+
+# Resource estimates (service/resources.py asks each method's through the METHODS table).
+# Deliberately simple and on the high side: float32 tensors, parameters counted with their
+# gradients and Adam's two moments, autograd activations counted three times.
+FLOAT_BYTES = 4
+WITH_GRAD_AND_ADAM = 4  # the value, its gradient, Adam's first and second moments
+
+
+# GRU-D keeps its gates' activations for every (θ, row) pair and grid step: measured
+# ≈ 1.4 KiB per pair and step at H = 16, V = 8 (4.37 MiB per θ for 64 rows × 48 steps,
+# forward and backward, benchmarks/results/grud_memory.md), i.e. ≈ 360 floats; counted
+# here as 3·(12·H + 10·V) floats (816 at H = 16, V = 8), on the high side.
+def grud_floats_per_pair_step(*, hidden: int, n_vars: int) -> int:
+    return 3 * (12 * hidden + 10 * n_vars)
+
+
+@dataclass(frozen=True)
+class ResourceFacts:
+    """The public facts a resource estimate may use besides the plan: the model's width
+    (V for GRU-D) and the time grid's T (time series only; None for other kinds)."""
+
+    n_features: int
+    series_steps: int | None = None
+
+
+@dataclass(frozen=True)
+class ResourceEstimate:
+    """A plan's estimated worker time (s) and peak memory (bytes), each None where no
+    estimate exists, with what the refusal suggests when one is over its limit."""
+
+    seconds: float | None = None
+    memory_bytes: int | None = None
+    time_hint: str = "use fewer steps or samples"
+    memory_hint: str = "use a smaller model or fewer samples per step"
+
+
+def no_estimate(plan: PrivacyPlan, facts: ResourceFacts) -> ResourceEstimate:
+    """The entry of a method with no estimate: the worker's hard limits are the backstop."""
+    return ResourceEstimate()

@@ -1,15 +1,29 @@
 """DP-SGD's plans (method ``dpsgd``): the public schedule from the row count, the constant,
-decaying-noise and JL variants, each calibrated with the integer-noise sampler's slack.
-The worker's side is worker/mechanisms/dpsgd.py."""
+decaying-noise and JL variants, each calibrated with the integer-noise sampler's slack;
+and its resource estimate (worker time and peak memory, from public values only). The
+worker's side is worker/mechanisms/dpsgd.py."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from service.methods.common import MethodPlan, PlanError, PlanFacts, calibrate_with_slack
-from service.modelspec import parameter_count
+from pydantic import TypeAdapter
+
+from service.methods.common import (
+    FLOAT_BYTES,
+    WITH_GRAD_AND_ADAM,
+    MethodPlan,
+    PlanError,
+    PlanFacts,
+    ResourceEstimate,
+    ResourceFacts,
+    calibrate_with_slack,
+    grud_floats_per_pair_step,
+)
+from service.modelspec import GrudSpec, MlpSpec, ModelSpec, parameter_count
 from service.privacy.events import (
     ComposedEvent,
     DpEvent,
@@ -24,7 +38,7 @@ from service.privacy.schedules import (
     epoch_noise_multipliers,
     tcdp_estimate,
 )
-from service.schemas import DpsgdOptions, Guarantee, JobRequest
+from service.schemas import DpsgdOptions, Guarantee, JobRequest, PrivacyPlan
 
 
 @dataclass(frozen=True)
@@ -315,3 +329,109 @@ def _decaying_dpsgd_plan(
 def plan_dpsgd(request: JobRequest, facts: PlanFacts) -> MethodPlan:
     """The registry's entry for ``dpsgd`` (proven)."""
     return _dpsgd_plan(request, n_rows=facts.n_rows, n_features=facts.n_features)
+
+
+# Resource estimate (worker/mechanisms/dpsgd.py). Work per step: the Poisson batch's
+# per-example gradients (the Linear layers' hook formula for logistic and MLP models,
+# torch.func's vmap of grad for GRU-D), their clipping and integer sum: ≈ B·P elements for a
+# tabular model and ≈ B·P·T for GRU-D (its cell's parameters are used at each of the T grid
+# steps); plus a per-step cost (the Poisson coins, P noise coordinates, the update) and,
+# for GRU-D, a per-grid-step cost of the vmapped recurrence (Python-level ops whatever the
+# batch). Measured with benchmarks/dpsgd_work.py (benchmarks/results/dpsgd_work.md) on
+# this 2-core machine, quiet and shared (load 2-3.5 from other jobs, which made the same
+# run 10-25x slower): element rates 3.5e7/s quiet, 1.6e7/s shared (Linear path, MLP
+# [256]*3, B = 256); GRU-D 3e7-5e8/s quiet, 1e7-4.5e7/s shared (H = 16-64, T = 48);
+# per-step costs 1-20 ms, per grid step ~1 ms quiet, up to ~50 ms shared. The constants
+# sit at or below the shared machine's figures: the estimate is a ceiling for a busy
+# machine, not a prediction (10-100x above a quiet machine's time; under the heaviest
+# load a small GRU-D batch measured up to ~2.5x above it; the worker's hard time limit
+# is the backstop).
+DPSGD_STEP_OVERHEAD_S = 0.02
+DPSGD_GRID_STEP_OVERHEAD_S = 0.01
+DPSGD_ELEMENTS_PER_S = 5e6  # Linear path (logistic, MLP)
+DPSGD_GRUD_ELEMENTS_PER_S = 1e7  # torch.func vmap over GRU-D, elements = B·P·T
+# Elements per per-example-gradient slice: mirrors worker/mechanisms/grad_engines.py's
+# _CHUNK_ELEMENTS (a unit test checks they agree; the worker's slice is also at most
+# REDUCE_CHUNK rows, so this stays on the high side).
+DPSGD_CHUNK_ELEMENTS = 1 << 24
+
+
+def _dpsgd_batch_ceiling(m: Mapping[str, Any]) -> int:
+    """A Poisson batch size that is practically never exceeded: B + 10√B + 10 rows (B the
+    expected batch), at most the public row count (``m``: a DP-SGD plan's mechanism)."""
+    b = float(m["expected_batch_size"])
+    n = int(m["public_n_rows"])
+    return min(n, math.ceil(b + 10 * math.sqrt(b) + 10))
+
+
+def dpsgd_seconds(plan: PrivacyPlan, *, series_steps: int | None = None) -> float:
+    """Estimated worker time (s) of a ``dpsgd`` plan, from public values only: samples ×
+    steps × (per-step cost [+ T × per-grid-step cost for GRU-D] + expected batch ×
+    parameters [× T for GRU-D] / the path's element rate)."""
+    spec: ModelSpec = TypeAdapter(ModelSpec).validate_python(plan.model)
+    return plan.samples * dpsgd_training_seconds(spec, plan.mechanism, series_steps=series_steps)
+
+
+def dpsgd_training_seconds(
+    spec: ModelSpec, m: Mapping[str, Any], *, series_steps: int | None = None
+) -> float:
+    """One DP-SGD training of ``spec`` with mechanism ``m`` (see :func:`dpsgd_seconds`;
+    selections count one per candidate training)."""
+    elements = float(m["expected_batch_size"]) * int(m["parameters"])
+    per_step = DPSGD_STEP_OVERHEAD_S
+    if isinstance(spec, GrudSpec):
+        t = series_steps or 1
+        per_step += t * DPSGD_GRID_STEP_OVERHEAD_S + elements * t / DPSGD_GRUD_ELEMENTS_PER_S
+    else:
+        per_step += elements / DPSGD_ELEMENTS_PER_S
+    return int(m["steps"]) * per_step
+
+
+def dpsgd_memory_bytes(
+    plan: PrivacyPlan, *, n_features: int, series_steps: int | None = None
+) -> int:
+    """Peak bytes of a ``dpsgd`` plan in the worker: the encoded rows (n̂ public rows of d
+    floats, or 3·T·V for GRU-D), and per chunk of rows the float64 per-example gradients
+    with their clipped and integer copies (4 buffers), plus GRU-D's autograd activations
+    for every row and grid step (as for expm_nf). Rows per chunk: the worker's chunk
+    (``DPSGD_CHUNK_ELEMENTS`` / P) or a batch ceiling, whichever is smaller."""
+    spec: ModelSpec = TypeAdapter(ModelSpec).validate_python(plan.model)
+    return dpsgd_training_memory_bytes(
+        spec, plan.mechanism, n_features=n_features, series_steps=series_steps
+    )
+
+
+def dpsgd_training_memory_bytes(
+    spec: ModelSpec, m: Mapping[str, Any], *, n_features: int, series_steps: int | None
+) -> int:
+    """One DP-SGD training's peak bytes (see :func:`dpsgd_memory_bytes`)."""
+    p = int(m["parameters"])
+    n = int(m["public_n_rows"])
+    rows = min(max(1, DPSGD_CHUNK_ELEMENTS // p), _dpsgd_batch_ceiling(m))
+    grads = 4 * 8 * rows * p
+    if isinstance(spec, GrudSpec):
+        t = series_steps or 1
+        data = FLOAT_BYTES * n * 3 * t * n_features
+        activations = (
+            FLOAT_BYTES
+            * rows
+            * t
+            * grud_floats_per_pair_step(hidden=spec.hidden, n_vars=n_features)
+        )
+    else:
+        data = FLOAT_BYTES * n * n_features
+        widths = n_features + (sum(spec.hidden) if isinstance(spec, MlpSpec) else 0) + 1
+        activations = FLOAT_BYTES * rows * 3 * widths
+    return data + grads + activations + FLOAT_BYTES * WITH_GRAD_AND_ADAM * p
+
+
+def dpsgd_resources(plan: PrivacyPlan, facts: ResourceFacts) -> ResourceEstimate:
+    """The registry's estimate for ``dpsgd``: its worker time and peak memory."""
+    return ResourceEstimate(
+        seconds=dpsgd_seconds(plan, series_steps=facts.series_steps),
+        memory_bytes=dpsgd_memory_bytes(
+            plan, n_features=facts.n_features, series_steps=facts.series_steps
+        ),
+        time_hint="use fewer epochs, a smaller batch or a smaller model",
+        memory_hint="use fewer samples per step or a smaller batch",
+    )

@@ -229,10 +229,10 @@ def test_dpsgd_grud_plans_beyond_the_job_time_limit_are_refused_before_any_charg
     client: Any, keys: Any, settings: Any, tmp_path: Path, monkeypatch: Any
 ) -> None:
     """Issue 11: DP-SGD's work is estimated at quote time from public values (steps,
-    expected batch, GRU-D's parameters, the grid's T; service/resources.py) and a plan
+    expected batch, GRU-D's parameters, the grid's T; service/methods/dpsgd.py) and a plan
     beyond ENCLAVE_JOB_TIME_LIMIT_S is a 422 at quote and at submission, nothing charged;
     a small plan passes, and runs."""
-    from service.resources import dpsgd_seconds
+    from service.methods.dpsgd import dpsgd_seconds
     from service.schemas import PrivacyPlan
     from tests.conftest import auth
 

@@ -1,5 +1,5 @@
-"""Quote-time estimates of a DP-SGD plan's worker time and memory (service/resources.py)
-against the worker's own DP-SGD on small cases."""
+"""Quote-time estimates of a DP-SGD plan's worker time and memory (service/methods/dpsgd.py,
+asked by service/resources.py) against the worker's own DP-SGD on small cases."""
 
 from __future__ import annotations
 
@@ -10,15 +10,10 @@ import torch
 
 from service.datasets.kinds import parse_dataset_schema
 from service.datasets.timeseries import deltas_from_masks, pack_grud_inputs
+from service.methods.dpsgd import DPSGD_CHUNK_ELEMENTS, dpsgd_memory_bytes, dpsgd_seconds
 from service.modelspec import GrudSpec, LogisticSpec, ModelSpec
 from service.plans import build_plan, plan_for_dataset
-from service.resources import (
-    DPSGD_CHUNK_ELEMENTS,
-    ResourceLimits,
-    dpsgd_memory_bytes,
-    dpsgd_seconds,
-    resource_refusal,
-)
+from service.resources import ResourceLimits, resource_refusal
 from service.schemas import JobRequest, PrivacyPlan
 from tests.unit.test_timeseries import TINY
 from worker.mechanisms import dpsgd, grad_engines

@@ -171,8 +171,8 @@ def test_schema_errors_are_one_line(tmp_path: Path) -> None:
 def test_grud_expm_memory_estimate_is_on_the_high_side_of_the_measurement() -> None:
     """benchmarks/results/grud_memory.md: 4.37 MiB per θ sample for 64 series × 48 h,
     V = 8, H = 16 (forward and backward); the estimate may exceed it, not undercut it."""
+    from service.methods.expm_nf import expm_memory_bytes
     from service.plans import build_plan
-    from service.resources import expm_memory_bytes
     from service.schemas import JobRequest
 
     def need(samples: int) -> int:
