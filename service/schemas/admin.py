@@ -1,0 +1,131 @@
+"""Admin bodies and answers: analysts and their keys, budgets and caps, the nominal
+policy, refunds, ledger entries and the ledger's verification."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from service.params import BudgetEpsilon, Delta
+from service.schemas.common import ApiInput, ApiOutput
+from service.vocabulary import EntryKind, Role
+
+
+class AnalystCreate(ApiInput):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [{"name": "alice", "role": "analyst", "expires_in_days": 90}]
+        }
+    )
+
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+    role: Literal["analyst", "admin"] = "analyst"
+    expires_in_days: float | None = Field(
+        default=None, gt=0, le=3650, description="Optional lifetime of the key, in days."
+    )
+
+
+class KeyRotate(ApiInput):
+    model_config = ConfigDict(json_schema_extra={"examples": [{"expires_in_days": 30}]})
+
+    expires_in_days: float | None = Field(
+        default=None, gt=0, le=3650, description="Optional lifetime of the new key, in days."
+    )
+
+
+class AnalystCreated(BaseModel):
+    id: int
+    name: str
+    role: Role
+    api_key: str = Field(description="Shown once; only its hash is stored.")
+    expires_at: datetime | None = None
+
+
+class BudgetUpdate(ApiInput):
+    model_config = ConfigDict(
+        json_schema_extra={"examples": [{"epsilon_total": 10.0, "delta_total": 1e-5}]}
+    )
+
+    epsilon_total: BudgetEpsilon
+    delta_total: Delta
+
+
+class CapUpdate(ApiInput):
+    model_config = ConfigDict(json_schema_extra={"examples": [{"epsilon": 2.0, "delta": 1e-6}]})
+
+    epsilon: BudgetEpsilon
+    delta: Delta
+
+
+class NominalUpdate(ApiInput):
+    """Allow methods whose guarantee is not proven: nominal and asymptotic ones."""
+
+    model_config = ConfigDict(json_schema_extra={"examples": [{"allow_nominal": True}]})
+
+    allow_nominal: bool
+
+
+class NominalPolicy(BaseModel):
+    dataset: str
+    allow_nominal: bool = Field(
+        description="Whether methods whose ε is nominal (expm_nf) may run on the dataset."
+    )
+
+
+class RefundRequest(ApiInput):
+    model_config = ConfigDict(
+        json_schema_extra={"examples": [{"reason": "the worker ran out of memory before reading"}]}
+    )
+
+    reason: str = Field(min_length=3, max_length=2000)
+    override: bool = Field(
+        default=False,
+        description=(
+            "Required to record a refund of a job that had already read private rows. Such a "
+            "refund is information only: it is written to the ledger with the reason but "
+            "returns no budget, because the job's output (even a failure) depended on the "
+            "data. Jobs that never read a private row are refunded for real without it."
+        ),
+    )
+
+
+class LedgerEntryPublic(ApiOutput):
+    id: int
+    dataset: str
+    analyst_id: int | None
+    job_id: str | None
+    kind: EntryKind
+    event: dict[str, Any] | None
+    epsilon: float
+    delta: str
+    reason: str | None
+    created_at: str
+    prev_hash: str
+    hash: str
+
+
+class ChainCheck(BaseModel):
+    """One dataset's hash chain, walked from its first entry."""
+
+    dataset: str
+    entries: int
+    ok: bool
+    first_bad_entry_id: int | None = None
+    problem: str | None = None
+
+
+class TotalMismatch(BaseModel):
+    """A running total (a cache) that differs from what its entries add up to."""
+
+    where: str
+    field: str
+    stored: Any
+    recomputed: Any
+
+
+class LedgerVerification(BaseModel):
+    ok: bool = Field(description="Every chain intact and every running total recomputed.")
+    chains: list[ChainCheck]
+    mismatches: list[TotalMismatch]

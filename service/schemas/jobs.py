@@ -1,0 +1,142 @@
+"""A job: its request, its privacy plan, the quote of its cost and its public view."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from service.modelspec import LogisticSpec, ModelSpec
+from service.params import Delta, Epsilon
+from service.schemas.budgets import BudgetView
+from service.schemas.common import ApiInput, Guarantee, Method
+from service.schemas.dpsgd import DpsgdOptions
+from service.schemas.expm import ExpmOptions
+from service.schemas.expm_nf import ExpmNfOptions
+from service.vocabulary import JobStatus
+
+
+class JobRequest(ApiInput):
+    """A training request. ε in nats; δ a probability (0 for pure mechanisms)."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "dataset": "adult",
+                    "method": "dpsgd",
+                    "epsilon": 1.0,
+                    "delta": 1e-6,
+                    "model": {"kind": "logistic"},
+                    "dpsgd": {"epochs": 3, "batch_size": 256},
+                },
+                {
+                    "dataset": "adult",
+                    "method": "expm_nf",
+                    "epsilon": 0.5,
+                    "delta": 0,
+                    "expm_nf": {"flow": "planar", "layers": 4},
+                },
+            ]
+        }
+    )
+
+    dataset: str = Field(min_length=1, max_length=64)
+    model: ModelSpec = Field(default_factory=LogisticSpec)
+    method: Method
+    epsilon: Epsilon = Field(
+        description="Requested ε (nats) for one release; at least 1e-6, the ledger's unit.",
+    )
+    delta: Delta = Field(
+        default=0.0, description="Requested δ for one release: 0 or in [1e-20, 1)."
+    )
+    samples: int = Field(
+        default=1, ge=1, le=100, description="Released models; the plan is charged once per model."
+    )
+    dpsgd: DpsgdOptions | None = None
+    expm_nf: ExpmNfOptions | None = None
+    expm: ExpmOptions | None = None
+    selection: dict[str, Any] | None = Field(
+        default=None,
+        description=(
+            "Set by POST /v1/selections only (method 'selection'): the resolved selection "
+            "request, its kind and its per-candidate budget (service/selection/api_bodies.py)."
+        ),
+    )
+
+    @model_validator(mode="after")
+    def _selection_iff_method(self) -> JobRequest:
+        if (self.selection is None) != (self.method != "selection"):
+            raise ValueError("the selection field goes with method 'selection' and only with it")
+        return self
+
+
+class PrivacyPlan(BaseModel):
+    """Every number that decides a job's privacy cost. A pure function of the request and
+    public metadata (the registered row count), computed before any private row is read.
+
+    The meaning of a version never changes; new fields are optional (see STYLE.md).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    version: Literal[1] = 1
+    method: Method
+    dataset: str
+    n_rows: int = Field(description="The dataset's public (DP noisy) row count the plan used.")
+    model: dict[str, Any]
+    epsilon: float = Field(description="ε of the whole job (all released models), nats.")
+    delta: float = Field(description="δ of the whole job.")
+    guarantee: Guarantee
+    accountant: str
+    samples: int
+    event: dict[str, Any] = Field(description="The DP event: the mechanism description as data.")
+    rdp_orders: list[float]
+    rdp_curve: list[float] = Field(description="RDP ε(α) of the job on the public grid of orders.")
+    mechanism: dict[str, Any] = Field(description="Resolved mechanism parameters.")
+
+
+class QuoteResponse(BaseModel):
+    admitted: bool
+    reason: str | None = None
+    plan: PrivacyPlan
+    charged_epsilon: float | None = Field(
+        default=None,
+        description=(
+            "What the ledger will charge, in ε terms: the plan's RDP curve (the charge the "
+            "filters add up) converted to ε at the plan's δ on the ledger's grid of orders "
+            "(Canonne, Kamath & Steinke conversion). It can exceed plan.epsilon, the stated "
+            "guarantee, when the plan was calibrated with the tighter PLD accountant, which "
+            "the ledger cannot use across adaptively chosen jobs. Null for pure plans "
+            "(δ = 0), whose charge is plan.epsilon itself."
+        ),
+    )
+    dataset_before: BudgetView
+    dataset_after: BudgetView | None
+    analyst_before: BudgetView | None
+    analyst_after: BudgetView | None
+
+
+class JobPublic(BaseModel):
+    id: str
+    dataset: str
+    status: JobStatus = Field(
+        description=(
+            "queued → running → released | failed; cancelled (by the analyst, while queued). "
+            "A failed job keeps its charge unless the admin refunds it."
+        )
+    )
+    method: Method
+    progress_step: int
+    progress_total: int
+    guarantee: Guarantee
+    epsilon: float
+    delta: float
+    error: str | None
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    request: dict[str, Any]
+    plan: PrivacyPlan
+    release_url: str | None = None
