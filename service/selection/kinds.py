@@ -1,0 +1,136 @@
+"""The kind adapter: the selection kinds' request models, the one plan of a job of a
+given kind, and the calibration of the per-training ε to a whole-workflow budget."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from service.datasets.tabular import TabularSchema, parse_schema
+from service.plans import PlanError
+from service.selection.architecture import ArchitectureRequest, architecture_plan
+from service.selection.feature_plan import feature_plan
+from service.selection.features import FeatureRequest
+from service.selection.hyperparameters import HyperparameterRequest, hyperparameter_plan
+from service.selection.plan_core import SelectionPlan
+from service.selection.summary import workflow_epsilon
+
+__all__ = [
+    "REQUEST_MODELS",
+    "SelectionKind",
+    "SelectionRequest",
+    "plan_selection",
+    "with_total_epsilon",
+]
+
+
+def with_total_epsilon(
+    request: SelectionRequest,
+    *,
+    epsilon: float,
+    delta: float,
+    dataset: str,
+    n_rows: int,
+    n_features: int,
+    schema: TabularSchema | dict[str, Any] | None = None,
+) -> SelectionRequest:
+    """The request with the largest per-training ε (bisection in log ε, 40 steps) whose
+    whole workflow is within (``epsilon``, ``delta``); the score's ε is kept as given.
+    Any kind with per-candidate trainings (``schema``: as for :func:`plan_selection`).
+    Raises PlanError if no calibratable per-training ε fits."""
+    if request.budget is None:
+        raise PlanError("this request has no per-training budget to calibrate")
+    kind = next(k for k, model in REQUEST_MODELS.items() if isinstance(request, model))
+    start = request.budget
+    refusals: list[PlanError] = []
+
+    def cost(t: float) -> float | None:
+        """Whole-workflow ε with per-training ε = t; None if t cannot be calibrated."""
+        budget = start.model_copy(update={"training_epsilon": t})
+        candidate = request.model_copy(update={"budget": budget})
+        try:
+            plan = plan_selection(
+                kind,  # type: ignore[arg-type]
+                candidate,
+                dataset=dataset,
+                n_rows=n_rows,
+                n_features=n_features,
+                schema=schema,
+            )
+        except PlanError as exc:
+            refusals.append(exc)
+            return None
+        return workflow_epsilon(plan, delta=delta)
+
+    # Very small t cannot be calibrated (σ would exceed its cap): start at the smallest
+    # calibratable t on a doubling grid up to the largest ε a training may ask for (100);
+    # the cost grows with t from there.
+    lo, low_cost = 1e-3, None
+    while lo <= 100.0 and (low_cost := cost(lo)) is None:
+        lo *= 2.0
+    if low_cost is None:
+        # Never plannable: say why (e.g. a model that does not fit the dataset).
+        raise PlanError(f"no per-training ε can be planned: {refusals[-1]}")
+    if low_cost > epsilon:
+        raise PlanError(f"no per-training ε fits a whole-workflow ε of {epsilon:g}")
+    hi = 100.0
+    for _ in range(40):
+        mid = (lo * hi) ** 0.5
+        c = cost(mid)
+        lo, hi = (mid, hi) if c is not None and c <= epsilon else (lo, mid)
+    return request.model_copy(update={"budget": start.model_copy(update={"training_epsilon": lo})})
+
+
+# ------------------------------------------------------------------ kind adapter
+
+SelectionKind = Literal["architecture", "hyperparameters", "features"]
+SelectionRequest = ArchitectureRequest | HyperparameterRequest | FeatureRequest
+REQUEST_MODELS: dict[
+    str, type[ArchitectureRequest] | type[HyperparameterRequest] | type[FeatureRequest]
+] = {
+    "architecture": ArchitectureRequest,
+    "hyperparameters": HyperparameterRequest,
+    "features": FeatureRequest,
+}
+
+
+def plan_selection(
+    kind: SelectionKind,
+    request: SelectionRequest,
+    *,
+    dataset: str,
+    n_rows: int,
+    n_features: int,
+    schema: TabularSchema | dict[str, Any] | None = None,
+) -> SelectionPlan:
+    """The one plan of a selection job of ``kind`` (raises :class:`PlanError`).
+    ``schema`` (the dataset's public schema) is needed by the ``features`` kind only."""
+    dataset_kind = (
+        str(schema.get("kind", "tabular")) if isinstance(schema, dict) else "tabular"
+    )  # the model must fit the dataset's kind (GRU-D on time series): build_plan checks
+    if kind == "architecture" and isinstance(request, ArchitectureRequest):
+        return architecture_plan(
+            request,
+            dataset=dataset,
+            n_rows=n_rows,
+            n_features=n_features,
+            dataset_kind=dataset_kind,
+        )
+    if kind == "hyperparameters" and isinstance(request, HyperparameterRequest):
+        return hyperparameter_plan(
+            request,
+            dataset=dataset,
+            n_rows=n_rows,
+            n_features=n_features,
+            dataset_kind=dataset_kind,
+        )
+    if kind == "features" and isinstance(request, FeatureRequest):
+        if isinstance(schema, dict):
+            if schema.get("kind", "tabular") != "tabular":
+                raise PlanError("feature selection needs a tabular dataset")
+            schema = parse_schema(schema)
+        if not isinstance(schema, TabularSchema):
+            raise PlanError("feature selection needs the dataset's tabular schema")
+        return feature_plan(
+            request, dataset=dataset, schema=schema, n_rows=n_rows, n_features=n_features
+        )
+    raise PlanError(f"request does not match selection kind {kind!r}")
