@@ -314,7 +314,7 @@ def speed(args: argparse.Namespace, train: TabularTrainingSet, n: int, d: int, b
         f"{os.getloadavg()[0]:.2f} at the end (other processes share the CPUs).",
         "",
     ]
-    md.write_text("\n".join(head) + table + "\n\n" + NOTES_MARKER + notes)
+    md.write_text("\n".join(head) + "\n" + table + "\n\n" + NOTES_MARKER + notes)
 
 
 def main() -> None:
