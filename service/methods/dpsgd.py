@@ -133,20 +133,17 @@ def _check_engine(request: JobRequest, options: DpsgdOptions) -> None:
         raise PlanError("engine 'jl' supports the constant noise schedule only")
 
 
-# The models and engines whose worker sum is exact fixed-point arithmetic, proven from
-# IEEE-754 alone (worker/mechanisms/exact_net.py, issue 25). GRU-D's float per-example
-# gradients and the JL engine's float projections rest on a measured assumption (A1 in
-# worker/mechanisms/grad_engines.py), so their releases are labelled nominal.
+# The models whose worker sum is exact fixed-point arithmetic in every engine (exact, ghost,
+# jl), proven from IEEE-754 alone (worker/mechanisms/exact_net.py, issue 25). GRU-D's float
+# per-example gradients rest on a measured assumption (A1 in
+# worker/mechanisms/grad_engines.py), so its releases are labelled nominal.
 PROVEN_MODELS = ("logistic", "mlp")
-PROVEN_ENGINES = ("exact", "ghost")
 
 
 def dpsgd_guarantee(request: JobRequest) -> Guarantee:
-    """ "proven" for logistic regression and MLPs (tanh or ReLU) in the exact and ghost
-    engines; "nominal" otherwise (GRU-D; the jl engine)."""
-    engine = (request.dpsgd or DpsgdOptions()).engine
-    proven = request.model.kind in PROVEN_MODELS and engine in PROVEN_ENGINES
-    return "proven" if proven else "nominal"
+    """ "proven" for logistic regression and MLPs (tanh or ReLU) in every engine; "nominal"
+    for GRU-D."""
+    return "proven" if request.model.kind in PROVEN_MODELS else "nominal"
 
 
 def _dpsgd_plan(

@@ -221,8 +221,7 @@ def test_the_guarantee_follows_the_proof_at_every_door(
 ) -> None:
     """A request parameter must not void a "proven" card (issue 25): ReLU MLPs are proven
     now that their sums are exact (worker/mechanisms/exact_net.py), in jobs and every
-    selection kind; the jl engine rests on a measured assumption and says nominal (which a
-    dataset's allow_nominal policy governs, tests/integration/test_guarantees.py)."""
+    selection kind, and in the jl engine (its projections are exact too)."""
     before = len(_charges(settings))
     relu = {"kind": "mlp", "hidden": [4], "activation": "relu"}
     r = client.post("/v1/quote", json={**JOB, "model": relu}, headers=auth(keys.alice))
@@ -235,5 +234,5 @@ def test_the_guarantee_follows_the_proof_at_every_door(
         assert r.status_code == 200 and r.json()["plan"]["guarantee"] == "proven", r.text
     jl = {**JOB, "dpsgd": {"engine": "jl", "jl_projections": 5}}
     r = client.post("/v1/quote", json=jl, headers=auth(keys.alice))
-    assert r.status_code == 200 and r.json()["plan"]["guarantee"] == "nominal", r.text
+    assert r.status_code == 200 and r.json()["plan"]["guarantee"] == "proven", r.text
     assert len(_charges(settings)) == before

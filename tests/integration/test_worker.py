@@ -147,20 +147,13 @@ def test_each_gradient_engine_job_runs_and_its_card_states_the_engine(
 ) -> None:
     options = {**BODY["dpsgd"], "engine": engine}
     if engine == "jl":
-        # jl's float projections rest on a measured assumption (issue 25): nominal, which
-        # the dataset must allow.
         options["jl_projections"] = 20
-        admin = auth(keys.admin)
-        r = client.put(
-            "/v1/admin/datasets/toy/nominal", json={"allow_nominal": True}, headers=admin
-        )
-        assert r.status_code == 200, r.text
     body = {**BODY, "model": {"kind": model}, "dpsgd": options}
     job_id = _submit(client, keys, body)
     assert execute_job(job_id, settings) == Outcome.released
     card = client.get(f"/v1/jobs/{job_id}/release", headers=auth(keys.alice)).json()
     assert card["mechanism"]["engine"] == engine
-    assert card["privacy"]["guarantee"] == ("nominal" if engine == "jl" else "proven")
+    assert card["privacy"]["guarantee"] == "proven"
     if engine == "jl":
         mech = card["mechanism"]
         assert mech["noise_multiplier"] == pytest.approx(

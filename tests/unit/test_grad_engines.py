@@ -193,13 +193,14 @@ def test_jl_hard_cap_bounds_an_example_whose_estimate_is_zero(
     module = build_module(spec, 5)
     p = parameter_count(spec, 5)
     x, y = _batch(n=10, d=5)
-    x_star, y_star = _batch(n=1, d=5, scale=30.0)
+    x_star = torch.rand(1, 5, generator=torch.Generator().manual_seed(5))  # the schema's [0, 1]
+    y_star = torch.tensor([1.0])
     g_star = _microbatch_grads(module, x_star, y_star)[0]
     v = torch.randn(1, p, dtype=torch.float64)
     v -= (v @ g_star) / (g_star @ g_star) * g_star  # ⟂ g*
     monkeypatch.setattr(ge, "gaussian_directions", lambda rng, *, count, size: v.clone())
     kw: dict[str, Any] = dict(
-        grid_bits=GRID_BITS, max_grad_norm=0.1, parameters=p, projections=1, rng=secure_rng()
+        grid_bits=GRID_BITS, max_grad_norm=0.01, parameters=p, projections=1, rng=secure_rng()
     )
     for kap in (1.0, 3.0):
         a = ge.jl_integer_sum(

@@ -242,9 +242,9 @@ def test_mlp_plan_keeps_its_old_shape_unless_the_activation_is_not_the_default()
 
 
 def test_dpsgd_guarantee_is_proven_only_where_the_sum_is_exact() -> None:
-    """Issue 25: logistic regression and MLPs (tanh and ReLU) in the exact and ghost engines
-    are proven (worker/mechanisms/exact_net.py); GRU-D and the jl engine rest on a measured
-    assumption and say nominal, in jobs and in every selection kind built on them."""
+    """Issue 25: logistic regression and MLPs (tanh and ReLU) in every engine are proven
+    (worker/mechanisms/exact_net.py); GRU-D rests on a measured assumption and says
+    nominal, in jobs and in every selection kind built on it."""
     from service.selection.plans import ArchitectureRequest, architecture_plan
 
     def guarantee(model: dict, dpsgd: dict | None = None, kind: str = "tabular") -> str:
@@ -257,7 +257,7 @@ def test_dpsgd_guarantee_is_proven_only_where_the_sum_is_exact() -> None:
     relu = {"kind": "mlp", "hidden": [4], "activation": "relu"}
     assert guarantee(relu) == guarantee({"kind": "logistic"}) == "proven"
     assert guarantee(relu, {"engine": "ghost"}) == "proven"
-    assert guarantee(relu, {"engine": "jl", "jl_projections": 5}) == "nominal"
+    assert guarantee(relu, {"engine": "jl", "jl_projections": 5}) == "proven"
     assert guarantee({"kind": "grud", "hidden": 4}, kind="timeseries") == "nominal"
     arch = ArchitectureRequest.model_validate(
         {
@@ -268,4 +268,4 @@ def test_dpsgd_guarantee_is_proven_only_where_the_sum_is_exact() -> None:
     )
     assert architecture_plan(arch, dataset="x", n_rows=1000, n_features=5).guarantee == "proven"
     jl = arch.model_copy(update={"training": DpsgdOptions(engine="jl", jl_projections=5)})
-    assert architecture_plan(jl, dataset="x", n_rows=1000, n_features=5).guarantee == "nominal"
+    assert architecture_plan(jl, dataset="x", n_rows=1000, n_features=5).guarantee == "proven"

@@ -15,13 +15,13 @@ that mechanism, post-processed:
    sampled batch sizes (timing is out of scope, below).
 2. **Clip and sum** (the plan's engine, worker/mechanisms/grad_engines.py): adding or
    removing one example moves the int64 vector S by ≤ κ·2^k in ℓ2. For logistic
-   regression and MLPs (engines ``exact`` and ``ghost``),
+   regression and MLPs (every engine),
    :class:`~worker.mechanisms.exact_net.ExactNetClipper`: each row's clipped contribution
-   in fixed-point arithmetic, the same bits whatever else is in the batch, and an exact
-   int64 sum, a proof from IEEE-754 alone (issue 25). For GRU-D (``exact``) and the ``jl``
-   engine, float64 per-example gradients weighted a little under 2^k and rounded once
-   after a bounded-error sum, a proof that also rests on a measured assumption (A1 in
-   grad_engines), so their plans say nominal.
+   (and jl's norm estimate) in fixed-point arithmetic, the same bits whatever else is in
+   the batch, and an exact int64 sum, a proof from IEEE-754 alone (issue 25). For GRU-D
+   (``exact`` only), float64 per-example gradients weighted a little under 2^k and
+   rounded once after a bounded-error sum, a proof that also rests on a measured
+   assumption (A1 in grad_engines), so its plans say nominal.
 3. **Noise** (:func:`worker.noise.rounded_gaussian`): integer noise N = round(s·Z),
    s = σ·2^k, added in exact integer arithmetic. S + round(s·Z) = round(S + s·Z) for an
    integer S, so the output is a deterministic post-processing of the Gaussian mechanism

@@ -113,6 +113,15 @@ def _ceil_log2(n: int) -> int:
     return max(0, (n - 1).bit_length())
 
 
+def _pow2_tensor(e: torch.Tensor) -> torch.Tensor:
+    """2^e as float64 for an int64 tensor e with |e| ≤ 62, exactly: a power of two built by
+    an integer shift converts to float64 exactly, and 1/2^m is an exact quotient."""
+    one = torch.ones_like(e)
+    up = torch.bitwise_left_shift(one, e.clamp(min=0)).double()
+    down = torch.bitwise_left_shift(one, (-e).clamp(min=0)).double()
+    return up / down
+
+
 def exact_net_supports(module: torch.nn.Module) -> bool:
     """Logistic regression and MLPs (tanh or ReLU): the models this module computes."""
     return isinstance(module, (Logistic, Mlp))
@@ -259,10 +268,57 @@ def norm_sq_upper(v: torch.Tensor) -> torch.Tensor:
     largest = v.abs().amax(dim=1) if width else v.new_zeros(v.shape[0])
     _, exponent = torch.frexp(largest)
     shift = torch.clamp(exponent.to(torch.int64) - half, min=0)
-    down = torch.ldexp(torch.ones_like(largest), -shift)  # 2^-s, exact
-    q = torch.ceil(v.abs() * down.unsqueeze(1))
-    up = torch.ldexp(torch.ones_like(largest), 2 * shift)  # 4^s, exact
-    return (q * q).sum(dim=1) * up
+    if v.shape[0] and int(shift.max()) > 31:  # 4^s must stay an exact int64 shift
+        raise PlanMismatch("a value exceeded the exact engine's range")
+    q = torch.ceil(v.abs() * _pow2_tensor(-shift).unsqueeze(1))  # exact scaling, ceiling
+    return (q * q).sum(dim=1) * _pow2_tensor(2 * shift)
+
+
+JL_DIRECTION_RANGE: Final[int] = 3
+"""Directions are clamped to ±2^3 before their grid (a standard normal beyond 8 has
+probability < 1.3e-15; the estimate is any public function of the directions, the hard
+cap alone bounds the sensitivity)."""
+
+
+def jl_estimates(grids: list[LayerGrid], s: RowSignals, directions: torch.Tensor) -> torch.Tensor:
+    """M̂_i = √((1/r) Σ_j ⟨g_i, v_j⟩²) (Bu et al. 2021, "Fast and Memory Efficient
+    Differentially Private-SGD via JL Projections") from exact operations, (rows,): per
+    layer l and direction j, the slice V_j,l (d_out, d_in + 1) of v_j on the grid 2^-e_l
+    (clamped to ±8, e_l = min(24, 52 − 3 − c_l − r_l − ⌈log₂(d_in + 1)⌉)), T = [A_l, 1]·V_j,lᵀ is an
+    exact integer product (partial sums ≤ 2^52), each row's T is moved onto a coarser
+    per-row power-of-two grid 2^s (exact scaling, rounding) with |T'| ≤ 2^h,
+    h = 52 − (20 + 6) − ⌈log₂ d_out⌉, so Σ_o B_o·T'_o is an exact integer sum, and
+    ⟨g_i, v_j⟩ ≈ Σ_l that·2^(s − 20 − c_l − e_l) (exact scalings; layers and directions
+    added in a fixed order, elementwise). Every step is a function of row i and the public
+    directions alone, so M̂_i is the same bits in any batch."""
+    r = directions.shape[0]
+    rows = s.valid.shape[0]
+    dots = torch.zeros(r, rows, dtype=torch.float64, device=s.valid.device)
+    offset = 0
+    for index, (grid, a, b) in enumerate(zip(grids, s.inputs, s.grads, strict=True)):
+        d_out, d_in = grid.weight.shape
+        relu_bits = 0 if index == 0 else RELU_RANGE_BITS  # the tanh case needs less
+        e = min(24, _EXACT - JL_DIRECTION_RANGE - grid.in_bits - relu_bits - _ceil_log2(d_in + 1))
+        w_part = directions[:, offset : offset + d_out * d_in].reshape(r, d_out, d_in)
+        b_part = directions[:, offset + d_out * d_in : offset + d_out * (d_in + 1)]
+        offset += d_out * (d_in + 1)
+        v = torch.cat((w_part, b_part.unsqueeze(2)), dim=2).to(a.device, torch.float64)
+        limit = float(1 << JL_DIRECTION_RANGE)
+        vq = torch.round(v.clamp(-limit, limit) * _pow2(e))  # (r, d_out, d_in + 1)
+        t = (a @ vq.reshape(r * d_out, d_in + 1).T).reshape(rows, r, d_out)  # exact
+        h = _EXACT - (GRAD_BITS + GRAD_RANGE_BITS) - _ceil_log2(d_out)
+        _, top = torch.frexp(t.abs().amax(dim=2))  # (rows, r): max |T| < 2^top
+        shift = torch.clamp(top.to(torch.int64) - h, min=0)
+        t_coarse = torch.round(t * _pow2_tensor(-shift).unsqueeze(2))
+        summed = (b.unsqueeze(1) * t_coarse).sum(dim=2)  # exact: integers, ≤ 2^52
+        scaled = summed * _pow2_tensor(shift) * _pow2(-(GRAD_BITS + grid.in_bits + e))
+        dots = dots + scaled.T
+    if offset != directions.shape[1]:
+        raise PlanMismatch("the JL directions do not match the model's parameters")
+    total = torch.zeros(rows, dtype=torch.float64, device=dots.device)
+    for j in range(r):  # a fixed order, elementwise
+        total = total + dots[j] * dots[j]
+    return torch.sqrt(total * (1.0 / r))
 
 
 class ExactNetClipper:
@@ -271,20 +327,36 @@ class ExactNetClipper:
     module docstring's proof (no assumption beyond IEEE-754)."""
 
     def __init__(
-        self, module: torch.nn.Module, *, grid_bits: int, max_grad_norm: float, parameters: int
+        self,
+        module: torch.nn.Module,
+        *,
+        grid_bits: int,
+        max_grad_norm: float,
+        parameters: int,
+        kappa: float = 1.0,
     ) -> None:
         if not 0 < grid_bits <= 20:
             raise PlanMismatch("the integer grid does not fit the exact engine's bounds")
-        positive_finite("dpsgd exact", max_grad_norm=max_grad_norm)
+        positive_finite("dpsgd exact", max_grad_norm=max_grad_norm, kappa=kappa)
+        if kappa < 1.0:
+            raise PlanMismatch("κ must be ≥ 1")
         _linears(module)
         self.module = module
         self.parameters = parameters
+        self.kappa = kappa
         self._units = _pow2(grid_bits) / max_grad_norm  # noise-grid units per gradient unit
-        self.row_cap = _pow2(grid_bits) - math.sqrt(parameters)
+        # Δ = κ·2^k; the JL engine's estimate clips at ≈ C, its hard cap at κ·C.
+        self.row_cap = kappa * _pow2(grid_bits) - math.sqrt(parameters)
         if self.row_cap <= 0:
             raise PlanMismatch("the grid is too coarse for this many parameters")
         self._target = self.row_cap * (1.0 - _MARGIN)
-        self.label = "dpsgd exact"
+        self._jl_level = self._target / kappa  # the JL clip level C in noise units (≈ 2^k)
+        # Rows per chunk so that a chunk's integer products stay ≤ 2^52 (|V·A| ≤ c_row·2^c).
+        cap_bits = math.ceil(math.log2(self.row_cap)) + FEATURE_BITS
+        self._chunk = min(CHUNK, 1 << max(0, _EXACT - cap_bits))
+        if _EXACT - cap_bits < 0:
+            raise PlanMismatch("κ·2^k is too large for the exact engine")
+        self.label = "dpsgd exact" if kappa == 1.0 else "dpsgd jl"
 
     def contributions(
         self,
@@ -292,10 +364,13 @@ class ExactNetClipper:
         y: torch.Tensor,
         *,
         grids: tuple[list[LayerGrid], Literal["tanh", "relu"]] | None = None,
+        directions: torch.Tensor | None = None,
     ) -> tuple[tuple[torch.Tensor, ...], RowSignals]:
         """(V_l per layer, signals): row i's contribution is V_l,i ⊗ [A_l, 1]_i·2^-c_l in
-        noise-grid units, a function of row i and the parameters alone; rows whose
-        contribution could exceed c_row have V = 0."""
+        noise-grid units, a function of row i, the parameters and (JL) the step's public
+        directions alone; a row's weight is min(2^k/C, (c − R_i)/N̂_i) and, with
+        ``directions``, also ≤ c/(κ·M̂_i) (:func:`jl_estimates`)."""
+        grids = grids if grids is not None else layer_grids(self.module)
         s = row_signals(self.module, x, y, grids=grids)
         with torch.no_grad():
             in_sq = [norm_sq_upper(a) for a in s.inputs]
@@ -308,6 +383,9 @@ class ExactNetClipper:
             norm = torch.sqrt(n_sq) * _UP  # ≥ ‖g_i‖ (gradient units)
             slack = torch.sqrt(r_sq) * _UP  # ≥ ½·√(Σ_l d_out·‖A_l‖²·2^-2c_l) (rounding)
             w = torch.clamp((self._target - slack) / norm, min=0.0, max=self._units)
+            if directions is not None:
+                estimate = jl_estimates(grids[0], s, directions)
+                w = torch.minimum(w, self._jl_level / estimate)  # M̂ = 0: no JL limit
             w = torch.where(s.valid, w, 0.0)  # 0/0 → NaN above; an invalid row has weight 0
             scaled = [torch.round(w.unsqueeze(1) * b * _pow2(-GRAD_BITS)) for b in s.grads]
             total = torch.zeros_like(in_sq[0])
@@ -320,28 +398,37 @@ class ExactNetClipper:
                 raise GuardFailed(f"{self.label}: a row's contribution exceeds its bound")
             return tuple(scaled), s
 
-    def __call__(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    def __call__(
+        self, x: torch.Tensor, y: torch.Tensor, directions: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """S = round(Σ_i z_i) as int64 (parameters,). Each chunk's exact integer sum t
+        (|t| < 2^53) is split exactly as t = h·2^c + l with 0 ≤ l < 2^c (floor division),
+        the h and l parts summed in int64 over chunks (no overflow below 2^24 rows), and
+        S = H + ⌊(L + 2^(c−1))/2^c⌋ = ⌊(Σ t + 2^(c−1))/2^c⌋, the exact sum rounded once."""
         if x.shape[0] > ROW_LIMIT:
             raise PlanMismatch("a batch exceeded the exact engine's row limit")
         grids = layer_grids(self.module)
-        totals: list[torch.Tensor] | None = None
-        for start in range(0, x.shape[0], CHUNK):
-            stop = start + CHUNK
-            v, s = self.contributions(x[start:stop], y[start:stop], grids=grids)
-            parts = [
-                (vl.T @ al).to(torch.int64)  # exact integer products and sums (ii)
-                for vl, al in zip(v, s.inputs, strict=True)
-            ]
-            totals = (
-                parts if totals is None else [t + p for t, p in zip(totals, parts, strict=True)]
-            )
-        if totals is None:
-            return torch.zeros(self.parameters, dtype=torch.int64, device=x.device)
         bits = [g.in_bits for g in grids[0]]
+        high: list[torch.Tensor] | None = None
+        low: list[torch.Tensor] | None = None
+        for start in range(0, x.shape[0], self._chunk):
+            stop = start + self._chunk
+            v, s = self.contributions(
+                x[start:stop], y[start:stop], grids=grids, directions=directions
+            )
+            hs, ls = [], []
+            for vl, al, c in zip(v, s.inputs, bits, strict=True):
+                t = (vl.T @ al).to(torch.int64)  # exact integer products and sums (ii)
+                h = torch.div(t, 1 << c, rounding_mode="floor")
+                hs.append(h)
+                ls.append(t - h * (1 << c))
+            high = hs if high is None else [a + b for a, b in zip(high, hs, strict=True)]
+            low = ls if low is None else [a + b for a, b in zip(low, ls, strict=True)]
+        if high is None or low is None:
+            return torch.zeros(self.parameters, dtype=torch.int64, device=x.device)
         flat: list[torch.Tensor] = []
-        for t, c in zip(totals, bits, strict=True):
-            half = 1 << (c - 1)
-            rounded = torch.div(t + half, 1 << c, rounding_mode="floor")  # round(t·2^-c)
+        for h, lo, c in zip(high, low, bits, strict=True):
+            rounded = h + torch.div(lo + (1 << (c - 1)), 1 << c, rounding_mode="floor")
             flat += [rounded[:, :-1].reshape(-1), rounded[:, -1]]
         out = torch.cat(flat)
         if out.shape != (self.parameters,):

@@ -6,33 +6,32 @@ one example changes S by at most Δ = κ·2^k in ℓ2 (k = the plan's grid_bits;
 for JL). The noise stage adds rounded Gaussian noise of scale σ·2^k, so the step is the
 Gaussian mechanism with noise multiplier σ/κ on a quantity of sensitivity Δ, post-processed.
 
-**Proven (IEEE-754 only): logistic regression and MLPs in the ``exact`` and ``ghost``
-engines.** Both compute :class:`~worker.mechanisms.exact_net.ExactNetClipper`: every row's
-clipped contribution is a function of the row and the public parameters alone, bit for bit
-(fixed-point grids, exact integer sums, a sigmoid from basic operations), the sum over rows
-is exact, and the proof (in worker/mechanisms/exact_net.py) assumes only correctly rounded
-float64 operations. ``ghost`` (Li, Tramèr, Liang & Hashimoto 2021, "Large Language Models
-Can Be Strong Differentially Private Learners"; Bu, Mao & Xu 2022, "Scalable and Efficient
-Training of Large Convolutional Neural Networks with Differential Privacy") is what that
-sum already is: per layer, row i's gradient is the rank-one b_i â_iᵀ, its norm
-‖b_i‖·‖â_i‖, and the clipped sum one matrix product Σ_i (w_i b_i) â_iᵀ per layer, with no
-per-example gradient materialised. For these models the two engine names give the same sum.
+**Proven (IEEE-754 only): logistic regression and MLPs in every engine.** ``exact``,
+``ghost`` and ``jl`` compute :class:`~worker.mechanisms.exact_net.ExactNetClipper`: every
+row's clipped contribution is a function of the row and the public parameters alone, bit
+for bit (fixed-point grids, exact integer sums, a sigmoid from basic operations), the sum
+over rows is exact, and the proof (in worker/mechanisms/exact_net.py) assumes only
+correctly rounded float64 operations. ``ghost`` (Li, Tramèr, Liang & Hashimoto 2021,
+"Large Language Models Can Be Strong Differentially Private Learners"; Bu, Mao & Xu 2022,
+"Scalable and Efficient Training of Large Convolutional Neural Networks with Differential
+Privacy") is what that sum already is: per layer, row i's gradient is the rank-one
+b_i â_iᵀ, its norm ‖b_i‖·‖â_i‖, and the clipped sum one matrix product Σ_i (w_i b_i) â_iᵀ
+per layer, with no per-example gradient materialised; ``exact`` and ``ghost`` give the same
+sum. ``jl`` (Bu, Gopi, Kulkarni, Lee, Shen & Tantipongpipat 2021, "Fast and Memory
+Efficient Differentially Private-SGD via JL Projections") adds a weight min(…, C/M̂_i) from
+r Gaussian directions drawn from the server-side generator each step, M̂_i computed in the
+same exact arithmetic (:func:`~worker.mechanisms.exact_net.jl_estimates`), with the hard
+cap at κ·C by the exact norm: sensitivity κ·2^k (accounting: service/privacy/jl.py).
 
-**Not proven (the plans label them ``nominal``): GRU-D in the exact engine, and the ``jl``
-engine.** Their sums below rest on assumption A1, a measured property of float kernels,
-which issue 25's audit showed false in general (a ReLU row on a unit's boundary moved by
-more than its own norm; smooth models drift far less, and the margin below absorbs what was
-measured, but a measurement is not a proof):
-
-* ``exact`` for any other model (:class:`IntegerClipper`): per-example gradients
-  materialised in float64 (torch.func vmap for GRU-D), example i weighted by
-  min(2^k/C, c/‖g_i‖), the weighted rows summed by :func:`reduced_integer_sum`.
-* ``jl`` (Bu, Gopi, Kulkarni, Lee, Shen & Tantipongpipat 2021, "Fast and Memory Efficient
-  Differentially Private-SGD via JL Projections"): the norm is estimated from r
-  forward-mode Jacobian-vector products with Gaussian directions v_j from the server-side
-  generator, M̂_i² = (1/r) Σ_j ⟨g_i, v_j⟩², and example i is weighted by
-  min(1, C/M̂_i, κC/‖g_i‖), the last term a hard cap with the exact ghost norm of the
-  float64 signals (accounting: service/privacy/jl.py). Logistic regression and MLPs.
+**Not proven (plans label it ``nominal``): GRU-D** (``exact`` only; ghost and jl refuse it).
+Its sum below rests on assumption A1, a measured property of float kernels, which issue
+25's audit showed false in general (a ReLU row on a unit's boundary moved by more than its
+own norm; smooth models drift far less, and the margin below absorbs what was measured,
+but a measurement is not a proof): :class:`IntegerClipper` materialises per-example
+gradients in float64 (torch.func vmap), weights example i by min(2^k/C, c/‖g_i‖) and sums
+by :func:`reduced_integer_sum`. The float ghost/jl helpers below (:func:`linear_signals`,
+:func:`capped_integer_sum`, :func:`jl_projections`) remain as the float reference the
+tests compare the exact sums with.
 
 Their float reduction's claim: ‖S(D') − S(D)‖₂ ≤ Δ for D' = D plus one example, under
 
@@ -324,6 +323,15 @@ def jl_integer_sum(
     directions = gaussian_directions(rng, count=projections, size=parameters)
     if x.shape[0] == 0:
         return torch.zeros(parameters, dtype=torch.int64, device=device)
+    if exact_net_supports(module):  # logistic regression and MLPs: IEEE-754 only
+        exact = ExactNetClipper(
+            module,
+            grid_bits=grid_bits,
+            max_grad_norm=max_grad_norm,
+            parameters=parameters,
+            kappa=kappa,
+        )
+        return exact(x, y, directions=directions)
     signals = _signals(module, x, y)
     sensitivity = kappa * 2.0**grid_bits
     bound = row_cap(parameters=parameters, sensitivity=sensitivity)
