@@ -27,8 +27,7 @@ class LogisticSpec(_Spec):
 
 
 class MlpSpec(_Spec):
-    """A small MLP with tanh (or ReLU: ExpM+NF only until issue 25; DP-SGD refuses it) hidden
-    layers and a sigmoid output in [0, 1]."""
+    """A small MLP with tanh or ReLU hidden layers and a sigmoid output in [0, 1]."""
 
     kind: Literal["mlp"] = "mlp"
     hidden: list[Width] = Field(default=[16], min_length=1, max_length=3)

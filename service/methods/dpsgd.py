@@ -133,16 +133,15 @@ def _check_engine(request: JobRequest, options: DpsgdOptions) -> None:
         raise PlanError("engine 'jl' supports the constant noise schedule only")
 
 
-# The models whose worker sum is exact fixed-point arithmetic in every engine (exact, ghost,
-# jl), proven from IEEE-754 alone (worker/mechanisms/exact_net.py, issue 25). GRU-D's float
-# per-example gradients rest on a measured assumption (A1 in
-# worker/mechanisms/grad_engines.py), so its releases are labelled nominal.
-PROVEN_MODELS = ("logistic", "mlp")
+# The models whose worker sum is exact fixed-point arithmetic, proven from IEEE-754 alone
+# (issue 25): logistic regression and MLPs in every engine (worker/mechanisms/exact_net.py),
+# GRU-D in the exact engine, the only one it has (worker/mechanisms/exact_grud.py). A model
+# kind added later is labelled nominal until its exact path exists.
+PROVEN_MODELS = ("logistic", "mlp", "grud")
 
 
 def dpsgd_guarantee(request: JobRequest) -> Guarantee:
-    """ "proven" for logistic regression and MLPs (tanh or ReLU) in every engine; "nominal"
-    for GRU-D."""
+    """ "proven" for the models of PROVEN_MODELS; "nominal" for any other."""
     return "proven" if request.model.kind in PROVEN_MODELS else "nominal"
 
 

@@ -152,7 +152,7 @@ def _register_tiny(settings: Any, folder: Path) -> None:
 GRUD_JOBS = {
     "dpsgd": (
         {"epsilon": 2.0, "delta": 1e-5, "dpsgd": {"epochs": 1, "batch_size": 10}},
-        "nominal",  # GRU-D's float per-example gradients: a measured assumption (issue 25)
+        "proven",  # worker/mechanisms/exact_grud.py (issue 25)
     ),
     "expm_nf": (
         {
@@ -295,7 +295,7 @@ def test_grud_architecture_search_through_the_api_and_the_worker(
     assert quote.status_code == 200, quote.text
     plan = quote.json()["plan"]
     assert plan["model"] == {"kind": "grud", "hidden": 3}  # the charged (largest) candidate
-    assert plan["mechanism"]["trainings"] == 2 and plan["guarantee"] == "nominal"  # GRU-D: issue 25
+    assert plan["mechanism"]["trainings"] == 2 and plan["guarantee"] == "proven"
     r = client.post("/v1/selections", json=body, headers=auth(keys.alice))
     assert r.status_code == 202, r.text
     job_id = r.json()["id"]
@@ -305,7 +305,7 @@ def test_grud_architecture_search_through_the_api_and_the_worker(
     card = client.get(f"/v1/jobs/{job_id}/release", headers=auth(keys.alice)).json()
     hidden = card["selection"]["selected"]["hidden"]
     assert hidden in ([2], [3]) and card["model"] == {"kind": "grud", "hidden": hidden[0]}
-    assert card["privacy"]["epsilon"] <= 4.0 and card["privacy"]["guarantee"] == "nominal"
+    assert card["privacy"]["epsilon"] <= 4.0 and card["privacy"]["guarantee"] == "proven"
     weights = client.get(f"/v1/jobs/{job_id}/release/weights", headers=auth(keys.alice))
     release = load_release(weights.content, card)
     module = build_module(GrudSpec(hidden=hidden[0]), 2)
@@ -334,5 +334,5 @@ def test_grud_hyperparameter_tuning_through_the_api_and_the_worker(
     assert execute_job(job["id"], settings) == Outcome.released
     card = client.get(f"/v1/jobs/{job['id']}/release", headers=auth(keys.alice)).json()
     assert card["selection"]["selected"]["learning_rate"] in (0.5, 2.0)
-    assert card["model"]["kind"] == "grud" and card["privacy"]["guarantee"] == "nominal"
+    assert card["model"]["kind"] == "grud" and card["privacy"]["guarantee"] == "proven"
     assert set(card["selection"]) == {"selected", "model", "noisy_validation_accuracy"}

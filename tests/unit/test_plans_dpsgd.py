@@ -242,9 +242,10 @@ def test_mlp_plan_keeps_its_old_shape_unless_the_activation_is_not_the_default()
 
 
 def test_dpsgd_guarantee_is_proven_only_where_the_sum_is_exact() -> None:
-    """Issue 25: logistic regression and MLPs (tanh and ReLU) in every engine are proven
-    (worker/mechanisms/exact_net.py); GRU-D rests on a measured assumption and says
-    nominal, in jobs and in every selection kind built on it."""
+    """Issue 25: logistic regression and MLPs (tanh and ReLU) in every engine
+    (worker/mechanisms/exact_net.py) and GRU-D (worker/mechanisms/exact_grud.py) are
+    proven, in jobs and in every selection kind built on them; a model kind without an
+    exact path would say nominal (service.methods.dpsgd.PROVEN_MODELS)."""
     from service.selection.plans import ArchitectureRequest, architecture_plan
 
     def guarantee(model: dict, dpsgd: dict | None = None, kind: str = "tabular") -> str:
@@ -258,7 +259,7 @@ def test_dpsgd_guarantee_is_proven_only_where_the_sum_is_exact() -> None:
     assert guarantee(relu) == guarantee({"kind": "logistic"}) == "proven"
     assert guarantee(relu, {"engine": "ghost"}) == "proven"
     assert guarantee(relu, {"engine": "jl", "jl_projections": 5}) == "proven"
-    assert guarantee({"kind": "grud", "hidden": 4}, kind="timeseries") == "nominal"
+    assert guarantee({"kind": "grud", "hidden": 4}, kind="timeseries") == "proven"
     arch = ArchitectureRequest.model_validate(
         {
             "space": {"depths": [1], "widths": [4], "activations": ["tanh", "relu"]},

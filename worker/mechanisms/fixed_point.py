@@ -29,7 +29,14 @@ import torch
 
 from worker.mechanisms.base import PlanMismatch
 
-__all__ = ["THETA_RANGE_BITS", "quantised_theta", "sigmoid_basic", "theta_bits"]
+__all__ = [
+    "THETA_RANGE_BITS",
+    "exp_neg_basic",
+    "quantised_theta",
+    "sigmoid_basic",
+    "tanh_basic",
+    "theta_bits",
+]
 
 
 THETA_RANGE_BITS: Final[int] = 10
@@ -59,30 +66,25 @@ def quantised_theta(theta: torch.Tensor, *, bits: int, limit_bits: int) -> torch
     return torch.clamp(torch.round(theta * 2.0**bits), -limit, limit)
 
 
-def sigmoid_basic(z: torch.Tensor) -> torch.Tensor:
-    """σ̃(z) in [0, 1] from IEEE basic operations only, elementwise: the same bits for an
-    element whatever tensor it sits in. exp(−|z|) as (Σ_{j≤18} (−v)^j/j!)^64 by Horner on
-    v = min(|z|, 64)/64 and six squarings, then 1/(1 + e) for z ≥ 0, else e/(1 + e): a
-    correctly rounded quotient of 0 ≤ x ≤ y lies in [0, 1], so σ̃ ∈ [0, 1] exactly. It is
-    within 1.4e-15 of σ (measured on [−80, 80]); proofs use only σ̃ ∈ [0, 1]."""
-    if z.device.type == "cpu":  # numpy's ufuncs: the same IEEE operations, less overhead
-        out = _sigmoid_basic_numpy(z.detach().double().numpy())
-        return torch.from_numpy(out)
-    v = torch.clamp(torch.abs(z), max=64.0) * (1.0 / 64.0)  # exact: |·|, min, × 2^-6
+def exp_neg_basic(u: torch.Tensor) -> torch.Tensor:
+    """exp(−u) for u ≥ 0 (elementwise; u is clamped at 0 from below) from IEEE basic
+    operations only: (Σ_{j≤18} (−v)^j/j!)^64 by Horner on v = min(u, 64)/64 and six
+    squarings, clamped at 0 (so e^-64 ≈ 1.6e-28 for u ≥ 64). The same bits for an element
+    whatever tensor it sits in (module docstring)."""
+    if u.device.type == "cpu":
+        return torch.from_numpy(_exp_neg_numpy(np.maximum(u.detach().double().numpy(), 0.0)))
+    v = torch.clamp(u, min=0.0, max=64.0) * (1.0 / 64.0)  # exact: max/min, × 2^-6
     p = torch.full_like(v, _INV_FACTORIALS[_EXP_TERMS])
     for j in range(_EXP_TERMS - 1, -1, -1):  # Horner: Σ (−v)^j / j!
         p = p * (-v) + _INV_FACTORIALS[j]
     for _ in range(_EXP_SQUARINGS):
         p = p * p
-    e = torch.clamp(p, min=0.0)  # exp(−|z|) ≥ 0
-    one_plus = 1.0 + e
-    return torch.where(z >= 0, 1.0 / one_plus, e / one_plus)
+    return torch.clamp(p, min=0.0)
 
 
-def _sigmoid_basic_numpy(z: np.ndarray) -> np.ndarray:
-    """:func:`sigmoid_basic` on the CPU, the same sequence of IEEE operations (each ufunc
-    one correctly rounded operation per element; numpy contracts nothing into an FMA)."""
-    v = np.minimum(np.abs(z), 64.0) * (1.0 / 64.0)
+def _exp_neg_numpy(u: np.ndarray) -> np.ndarray:
+    """:func:`exp_neg_basic` on the CPU for u ≥ 0, the same sequence of IEEE operations."""
+    v = np.minimum(u, 64.0) * (1.0 / 64.0)
     neg = -v
     p = np.full_like(v, _INV_FACTORIALS[_EXP_TERMS])
     for j in range(_EXP_TERMS - 1, -1, -1):
@@ -90,6 +92,32 @@ def _sigmoid_basic_numpy(z: np.ndarray) -> np.ndarray:
         np.add(p, _INV_FACTORIALS[j], out=p)
     for _ in range(_EXP_SQUARINGS):
         np.multiply(p, p, out=p)
-    e = np.maximum(p, 0.0)
+    return np.maximum(p, 0.0)
+
+
+def sigmoid_basic(z: torch.Tensor) -> torch.Tensor:
+    """σ̃(z) in [0, 1] from IEEE basic operations only, elementwise: the same bits for an
+    element whatever tensor it sits in. e = exp(−|z|) by :func:`exp_neg_basic`, then
+    1/(1 + e) for z ≥ 0, else e/(1 + e): a correctly rounded quotient of 0 ≤ x ≤ y lies in
+    [0, 1], so σ̃ ∈ [0, 1] exactly. It is within 1.4e-15 of σ (measured on [−80, 80]);
+    proofs use only σ̃ ∈ [0, 1]."""
+    if z.device.type == "cpu":  # numpy's ufuncs: the same IEEE operations, less overhead
+        out = _sigmoid_basic_numpy(z.detach().double().numpy())
+        return torch.from_numpy(out)
+    e = exp_neg_basic(torch.abs(z))
+    one_plus = 1.0 + e
+    return torch.where(z >= 0, 1.0 / one_plus, e / one_plus)
+
+
+def _sigmoid_basic_numpy(z: np.ndarray) -> np.ndarray:
+    """:func:`sigmoid_basic` on the CPU, the same sequence of IEEE operations (each ufunc
+    one correctly rounded operation per element; numpy contracts nothing into an FMA)."""
+    e = _exp_neg_numpy(np.abs(z))
     one_plus = 1.0 + e
     return np.where(z >= 0, 1.0 / one_plus, e / one_plus)
+
+
+def tanh_basic(z: torch.Tensor) -> torch.Tensor:
+    """tanh̃(z) = 2σ̃(2z) − 1 ∈ [−1, 1], elementwise from basic operations (2z and 2σ̃ are
+    exact; the subtraction is one correctly rounded operation)."""
+    return 2.0 * sigmoid_basic(2.0 * z).to(z.device) - 1.0

@@ -23,15 +23,17 @@ r Gaussian directions drawn from the server-side generator each step, M̂_i comp
 same exact arithmetic (:func:`~worker.mechanisms.exact_net.jl_estimates`), with the hard
 cap at κ·C by the exact norm: sensitivity κ·2^k (accounting: service/privacy/jl.py).
 
-**Not proven (plans label it ``nominal``): GRU-D** (``exact`` only; ghost and jl refuse it).
-Its sum below rests on assumption A1, a measured property of float kernels, which issue
-25's audit showed false in general (a ReLU row on a unit's boundary moved by more than its
-own norm; smooth models drift far less, and the margin below absorbs what was measured,
-but a measurement is not a proof): :class:`IntegerClipper` materialises per-example
-gradients in float64 (torch.func vmap), weights example i by min(2^k/C, c/‖g_i‖) and sums
-by :func:`reduced_integer_sum`. The float ghost/jl helpers below (:func:`linear_signals`,
-:func:`capped_integer_sum`, :func:`jl_projections`) remain as the float reference the
-tests compare the exact sums with.
+**GRU-D** (``exact`` only; ghost and jl refuse it) is proven the same way by
+:class:`~worker.mechanisms.exact_grud.GrudExactClipper` (fixed-point forward and backward
+through time).
+
+**The float path below is no plan's any more** (:class:`IntegerClipper` with float64
+per-example gradients, and the float ghost/jl helpers :func:`linear_signals`,
+:func:`capped_integer_sum`, :func:`jl_projections`): it is the fallback for a model
+without an exact path (whose plans service.methods.dpsgd labels nominal) and the float
+reference the tests compare the exact sums with. Its proof rests on assumption A1, a
+measured property of float kernels that issue 25's audit showed false in general (a ReLU
+row on a unit's boundary moved by more than its own norm).
 
 Their float reduction's claim: ‖S(D') − S(D)‖₂ ≤ Δ for D' = D plus one example, under
 
@@ -71,10 +73,12 @@ import torch
 from torch.func import functional_call, grad, jvp, vmap
 
 from worker.mechanisms.base import PlanMismatch
+from worker.mechanisms.exact_grud import GrudExactClipper
 from worker.mechanisms.exact_net import ExactNetClipper, exact_net_supports
 from worker.mechanisms.guards import positive_finite, row_contributions_within
 from worker.models import Logistic
 from worker.models.functional import ParamLayout
+from worker.models.grud import Grud
 
 __all__ = [
     "ROW_LIMIT",
@@ -507,11 +511,16 @@ def clipped_integer_sum(
 def exact_clipper(
     module: torch.nn.Module, *, grid_bits: int, max_grad_norm: float, parameters: int
 ) -> IntegerSum:
-    """The exact engine for ``module``: :class:`~worker.mechanisms.exact_net.ExactNetClipper`
-    for logistic regression and MLPs (IEEE-754 only, issue 25), :class:`IntegerClipper`
-    (assumption A1; plans label it nominal) for any other model (GRU-D)."""
+    """The exact engine for ``module``, IEEE-754 only (issue 25):
+    :class:`~worker.mechanisms.exact_net.ExactNetClipper` for logistic regression and MLPs,
+    :class:`~worker.mechanisms.exact_grud.GrudExactClipper` for GRU-D; any other model
+    falls back to :class:`IntegerClipper` (assumption A1), which no plan reaches today."""
     if exact_net_supports(module):
         return ExactNetClipper(
+            module, grid_bits=grid_bits, max_grad_norm=max_grad_norm, parameters=parameters
+        )
+    if isinstance(module, Grud):
+        return GrudExactClipper(
             module, grid_bits=grid_bits, max_grad_norm=max_grad_norm, parameters=parameters
         )
     return IntegerClipper(

@@ -1,0 +1,308 @@
+"""DP-SGD's clipped sum for GRU-D from IEEE-754 arithmetic alone (issue 25): each row's
+per-example gradient is computed by a hand-written forward and backward through time in
+fixed-point arithmetic, so it is a function of that row and the public parameters alone,
+bit for bit; rows are clipped and rounded to the noise grid one by one, and the sum over
+rows is an exact int64 sum.
+
+The rules are those of worker/mechanisms/exact_net.py (read its docstring first):
+elementwise basic operations (+, −, ×, ÷, √, rounding, comparisons, exact power-of-two
+scalings, and exp/σ/tanh built from them in worker/mechanisms/fixed_point.py) give the same
+bits for an element wherever it sits; every reduction (matrix product, sum over time steps,
+row norm) adds integers whose partial sums stay ≤ 2^51 < 2^53, so it is exact in any order.
+
+GRU-D (Che et al. 2018, worker/models/grud.py), per row, on grids (a grid value n stands
+for n·2^-g):
+
+* inputs: x̂ = m·v + (1 − m)(γ_x·x_last + (1 − γ_x)·x̄) elementwise, with
+  γ_x = exp(−max(0, δ·w_x + b_x)), rounded onto 2^-16 (clamped to [0, 1], where the schema
+  puts values and means); masks m·2^16; deltas δ (hours) rounded onto 2^-6;
+* each Linear layer's parameters on 2^-b with |W_int| ≤ 2^20 (b from the public largest
+  magnitude, as exact_net.layer_grids);
+* γ_h = exp(−max(0, Wγ·δ + bγ)); per step ĥ = round(γ_h ⊙ h), r, z = σ̃(·) of the exact
+  gate numerators, rh = round(r ⊙ ĥ), n = tanh̃(·), h = round((1 − z) ⊙ ĥ + z ⊙ n), all
+  hidden states on 2^-16 (|h| ≤ 1); the logit from an exact product;
+* backward through time by the chain rule of the same forward (σ' = σ(1 − σ),
+  tanh' = 1 − tanh², exp' = −exp, max(0, ·)' = [· > 0]), every signal entering a matrix
+  product (the gates' pre-activation gradients, dĥ's parts) rounded onto 2^-16 first;
+  the parameter gradients are sums over time of integer outer products: exact.
+
+**Validity.** Each reduction's exactness needs, per row, (terms)·max|left|·max|right| ≤
+2^51, checked on the row's own exact values (a row maximum is exact in any order) against
+the public |W_int| ≤ 2^20. A row failing any check, or with a non-finite input or label, is
+invalid and contributes exactly 0; the decision is a function of the row alone.
+
+**Clipping and sum.** With G the row's gradient blocks (grid values) and N̂ ≥ ‖g‖ from
+exact_net.norm_sq_upper, w = min(2^k/C, (c − ½√P)/N̂), c = 2^k(1 − 2^-20); the row's
+contribution V = round(w·g) in noise units, an integer vector; a posteriori
+‖V‖² ≤ norm_sq_upper(V) ≤ 4^k(1 − 2^-40) is checked on the real batch (GuardFailed
+otherwise: only wrong weights, never the data, can trigger it). S = Σ_i V_i in int64 is
+exact, so S(D + x*) − S(D) = V_* and ‖S(D + x*) − S(D)‖ ≤ 2^k: the sensitivity proof
+assumes only IEEE-754.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Final
+
+import torch
+
+from worker.mechanisms.base import PlanMismatch
+from worker.mechanisms.exact_net import norm_sq_upper
+from worker.mechanisms.fixed_point import exp_neg_basic, sigmoid_basic, tanh_basic
+from worker.mechanisms.guards import GuardFailed, positive_finite
+from worker.models.grud import Grud
+
+__all__ = ["GrudExactClipper", "grud_row_gradients"]
+
+STATE_BITS: Final[int] = 16
+"""x̂, masks, hidden states and gradient signals on 2^-16."""
+DELTA_BITS: Final[int] = 6
+"""Deltas (hours) on 2^-6."""
+WEIGHT_BITS: Final[int] = 20
+"""|W_int| ≤ 2^20 for every layer."""
+_FIT: Final[float] = 2.0**51
+_ROWS_PER_CHUNK: Final[int] = 256
+
+
+def _pow2(e: int) -> float:
+    return math.ldexp(1.0, e)
+
+
+@dataclass(frozen=True)
+class _Layer:
+    weight: torch.Tensor  # W_int, integer-valued float64
+    bias: torch.Tensor | None
+    bits: int
+
+    def real(self) -> float:
+        return _pow2(-self.bits)
+
+
+def _grid(weight: torch.Tensor, bias: torch.Tensor | None) -> _Layer:
+    w = weight.detach().double()
+    b = bias.detach().double() if bias is not None else None
+    largest = float(w.abs().max()) if w.numel() else 0.0
+    if b is not None and b.numel():
+        largest = max(largest, float(b.abs().max()))
+    if not math.isfinite(largest):
+        raise PlanMismatch("the model's parameters are not finite")
+    exponent = math.frexp(largest)[1] if largest > 0 else -40
+    bits = min(WEIGHT_BITS - exponent, 60)
+    scale = _pow2(bits)
+    return _Layer(
+        weight=torch.round(w * scale),
+        bias=torch.round(b * scale) if b is not None else None,
+        bits=bits,
+    )
+
+
+def _fits(left: torch.Tensor, terms: int) -> torch.Tensor:
+    """(rows,) bool: terms·max|left_row|·2^20 ≤ 2^51 (left: (rows, …) grid values)."""
+    top = left.abs().reshape(left.shape[0], -1).amax(dim=1)
+    return top * (terms * _pow2(WEIGHT_BITS)) <= _FIT  # NaN compares false
+
+
+def _round_to(x: torch.Tensor, bits: int) -> torch.Tensor:
+    return torch.round(x * _pow2(bits))
+
+
+@dataclass(frozen=True)
+class RowGradients:
+    """Per-example gradient blocks in parameters() order as grid values, each with its
+    grid exponent (block value = G·2^-bits), and the rows that met every bound."""
+
+    blocks: tuple[torch.Tensor, ...]
+    bits: tuple[int, ...]
+    valid: torch.Tensor
+
+
+def grud_row_gradients(module: Grud, x: torch.Tensor, y: torch.Tensor) -> RowGradients:
+    """The module docstring's forward and backward for a batch (x, y)."""
+    c = STATE_BITS
+    one = _pow2(c)
+    with torch.no_grad():
+        values, masks, deltas = (t.double() for t in module.split(x))
+        rows, steps, n_vars = values.shape
+        hidden = module.hidden
+        y64 = y.double()
+        valid = torch.isfinite(values).flatten(1).all(1) & torch.isfinite(masks).flatten(1).all(1)
+        valid &= torch.isfinite(deltas).flatten(1).all(1) & torch.isfinite(y64)
+        values = torch.nan_to_num(values)
+        masks = torch.nan_to_num(masks)
+        deltas = torch.nan_to_num(deltas)
+        x_mean = module.x_mean.double()
+        wx = module.gamma_x_weight.detach().double()
+        bx = module.gamma_x_bias.detach().double()
+        g_h = _grid(module.gamma_h.weight, module.gamma_h.bias)
+        g_in = _grid(module.input_gates.weight, module.input_gates.bias)
+        g_rz = _grid(module.hidden_rz.weight, None)
+        g_c = _grid(module.hidden_candidate.weight, None)
+        g_head = _grid(module.head.weight, module.head.bias)
+
+        # Inputs (elementwise), then onto their grids.
+        d_int = _round_to(deltas, DELTA_BITS)
+        d_grid = d_int * _pow2(-DELTA_BITS)
+        x_last = module.last_observed(values, masks).double()
+        a_x = d_grid * wx + bx
+        gamma_x = exp_neg_basic(a_x).to(values.device)
+        x_hat = masks * values + (1.0 - masks) * (gamma_x * x_last + (1.0 - gamma_x) * x_mean)
+        x_int = _round_to(x_hat.clamp(0.0, 1.0), c)
+        m_int = masks * one
+        inputs = torch.cat((x_int, m_int), dim=2)  # (rows, T, 2V)
+        valid &= _fits(d_int, n_vars) & _fits(inputs, 2 * n_vars)
+
+        # Hidden decay for every step: exact numerators, then exp(−max(0, ·)).
+        z_gamma = d_int @ g_h.weight.T + g_h.bias * _pow2(DELTA_BITS)  # type: ignore[operator]
+        a_gamma = z_gamma * _pow2(-(DELTA_BITS + g_h.bits))
+        gamma_h = exp_neg_basic(a_gamma).to(values.device)  # (rows, T, H)
+        gates = (inputs @ g_in.weight.T + g_in.bias * one) * _pow2(-(c + g_in.bits))  # type: ignore[operator]
+
+        h_int = torch.zeros(rows, hidden, dtype=torch.float64, device=values.device)
+        saved: list[tuple[torch.Tensor, ...]] = []
+        for t in range(steps):
+            h_prev = h_int * _pow2(-c)
+            hh = _round_to(gamma_h[:, t] * h_prev, c)  # ĥ on the grid
+            rz = (hh @ g_rz.weight.T) * _pow2(-(c + g_rz.bits))
+            r = sigmoid_basic(gates[:, t, :hidden] + rz[:, :hidden]).to(hh.device)
+            z = sigmoid_basic(gates[:, t, hidden : 2 * hidden] + rz[:, hidden:]).to(hh.device)
+            rh = torch.round(r * hh)
+            cand = (rh @ g_c.weight.T) * _pow2(-(c + g_c.bits))
+            n = tanh_basic(gates[:, t, 2 * hidden :] + cand)
+            hh_real = hh * _pow2(-c)
+            h_int = _round_to((1.0 - z) * hh_real + z * n, c)
+            saved.append((h_prev, hh, r, z, rh, n))
+        logit = (h_int @ g_head.weight.T + g_head.bias * one)[:, 0] * _pow2(-(c + g_head.bits))  # type: ignore[operator]
+
+        # Backward through time.
+        d_logit = _round_to(sigmoid_basic(logit).to(logit.device) - y64, c)  # (rows,)
+        head_w = d_logit.unsqueeze(1) * h_int  # grid 2^-2c, exact (≤ 2^32)
+        head_b = d_logit.unsqueeze(1)
+        dh = d_logit.unsqueeze(1) * _pow2(-c) * (g_head.weight[0] * g_head.real())
+        d_r_all, d_z_all, d_n_all, d_g_all, d_xhat = [], [], [], [], []
+        for t in range(steps - 1, -1, -1):
+            h_prev, hh, r, z, rh, n = saved[t]
+            hh_real = hh * _pow2(-c)
+            d_z = dh * (n - hh_real)
+            d_hh = dh * (1.0 - z)
+            dn = _round_to(dh * z * (1.0 - n * n), c)
+            valid &= _fits(dn, hidden)
+            d_rh = (dn @ g_c.weight) * _pow2(-(c + g_c.bits))
+            d_hh = d_hh + d_rh * r
+            dr = _round_to(d_rh * hh_real * r * (1.0 - r), c)
+            dz = _round_to(d_z * z * (1.0 - z), c)
+            drz = torch.cat((dr, dz), dim=1)
+            valid &= _fits(drz, 2 * hidden)
+            d_hh = d_hh + (drz @ g_rz.weight) * _pow2(-(c + g_rz.bits))
+            dgates = torch.cat((dr, dz, dn), dim=1)
+            valid &= _fits(dgates, 3 * hidden)
+            d_xhat.append((dgates @ g_in.weight[:, :n_vars]) * _pow2(-(c + g_in.bits)))
+            gh = gamma_h[:, t]
+            dg = _round_to(-(d_hh * h_prev) * gh * (a_gamma[:, t] > 0), c)
+            d_r_all.append(dr)
+            d_z_all.append(dz)
+            d_n_all.append(dn)
+            d_g_all.append(dg)
+            dh = d_hh * gh
+        for seq in (d_r_all, d_z_all, d_n_all, d_g_all, d_xhat):
+            seq.reverse()
+        d_r = torch.stack(d_r_all, 1)
+        d_z = torch.stack(d_z_all, 1)
+        d_n = torch.stack(d_n_all, 1)
+        d_g = torch.stack(d_g_all, 1)  # (rows, T, H)
+        dx = torch.stack(d_xhat, 1)  # (rows, T, V)
+        d_ax = _round_to(-(dx * (1.0 - masks) * (x_last - x_mean)) * gamma_x * (a_x > 0), c)
+        hh_seq = torch.stack([s[1] for s in saved], 1)  # ĥ (rows, T, H)
+        rh_seq = torch.stack([s[4] for s in saved], 1)
+        d_gates = torch.cat((d_r, d_z, d_n), dim=2)  # (rows, T, 3H)
+        d_rz = torch.cat((d_r, d_z), dim=2)
+        for left in (d_ax, d_g, d_gates):  # their plain sums over t: steps·max|left| ≤ 2^51
+            valid &= left.abs().flatten(1).amax(1) * float(steps) <= _FIT
+        for left, right in ((d_ax, d_int), (d_g, d_int), (d_gates, inputs), (d_rz, hh_seq)):
+            # Σ_t over outer products: steps·max|left|·max|right| ≤ 2^51 per row.
+            lt = left.abs().flatten(1).amax(1)
+            rt = right.abs().flatten(1).amax(1)
+            valid &= lt * rt * float(steps) <= _FIT
+        valid &= d_n.abs().flatten(1).amax(1) * rh_seq.abs().flatten(1).amax(1) * steps <= _FIT
+
+        def outer(left: torch.Tensor, right: torch.Tensor) -> torch.Tensor:
+            return torch.einsum("bto,bti->boi", left, right)  # exact integer sums over t
+
+        blocks = (
+            (d_ax * d_int).sum(dim=1),  # w_x: grid 2^-(c + 6)
+            d_ax.sum(dim=1),  # b_x: 2^-c
+            outer(d_g, d_int).reshape(rows, -1),  # γ_h weight: 2^-(c + 6)
+            d_g.sum(dim=1),  # γ_h bias: 2^-c
+            outer(d_gates, inputs).reshape(rows, -1),  # input gates: 2^-2c
+            d_gates.sum(dim=1),
+            outer(d_rz, hh_seq).reshape(rows, -1),  # hidden r, z: 2^-2c
+            outer(d_n, rh_seq).reshape(rows, -1),  # candidate: 2^-2c
+            head_w,
+            head_b,
+        )
+        bits = (
+            c + DELTA_BITS,
+            c,
+            c + DELTA_BITS,
+            c,
+            2 * c,
+            c,
+            2 * c,
+            2 * c,
+            2 * c,
+            c,
+        )
+        mask = valid.unsqueeze(1)
+        return RowGradients(
+            blocks=tuple(torch.where(mask, b, 0.0) for b in blocks), bits=bits, valid=valid
+        )
+
+
+class GrudExactClipper:
+    """The exact engine for GRU-D: (x, y) → S = Σ_i V_i as int64 (parameters,), sensitivity
+    ≤ 2^k by the module docstring's proof."""
+
+    def __init__(
+        self, module: Grud, *, grid_bits: int, max_grad_norm: float, parameters: int
+    ) -> None:
+        if not 0 < grid_bits <= 30:
+            raise PlanMismatch("the integer grid does not fit this model")
+        positive_finite("dpsgd exact grud", max_grad_norm=max_grad_norm)
+        self.module = module
+        self.parameters = parameters
+        self._units = _pow2(grid_bits) / max_grad_norm
+        self.row_cap = _pow2(grid_bits)
+        self._target = self.row_cap * (1.0 - 2.0**-20) - 0.5 * math.sqrt(parameters)
+        if self._target <= 0:
+            raise PlanMismatch("the grid is too coarse for this many parameters")
+
+    def contributions(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """(rows, parameters) float64 integer-valued V_i, a function of row i alone."""
+        g = grud_row_gradients(self.module, x, y)
+        n_sq = torch.zeros(g.valid.shape[0], dtype=torch.float64, device=g.valid.device)
+        for block, bits in zip(g.blocks, g.bits, strict=True):
+            n_sq = n_sq + norm_sq_upper(block) * _pow2(-2 * bits)
+        norm = torch.sqrt(n_sq) * (1.0 + 2.0**-40)  # ≥ ‖g_i‖
+        w = torch.clamp(self._target / norm, max=self._units)
+        w = torch.where(g.valid, w, 0.0)
+        parts = [
+            torch.round(w.unsqueeze(1) * (b * _pow2(-bits)))
+            for b, bits in zip(g.blocks, g.bits, strict=True)
+        ]
+        v = torch.cat(parts, dim=1)
+        if v.shape[1] != self.parameters:
+            raise PlanMismatch("the model's parameter count differs from the plan's")
+        bound = norm_sq_upper(v) * (1.0 + 2.0**-40)
+        if bool((bound > self.row_cap * self.row_cap * (1.0 - 2.0**-40)).any()):
+            raise GuardFailed("dpsgd exact grud: a row's contribution exceeds its bound")
+        return v
+
+    def __call__(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        total = torch.zeros(self.parameters, dtype=torch.int64, device=x.device)
+        for start in range(0, x.shape[0], _ROWS_PER_CHUNK):
+            v = self.contributions(
+                x[start : start + _ROWS_PER_CHUNK], y[start : start + _ROWS_PER_CHUNK]
+            )
+            total += v.to(torch.int64).sum(dim=0)  # integers ≤ 2^k each: exact
+        return total
