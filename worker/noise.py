@@ -30,9 +30,11 @@ Construction (rejection sampling in the style of Canonne, Kamath & Steinke 2020,
 Discrete Gaussian for Differential Privacy", NeurIPS, arXiv:2004.00010, Algorithms 1-3):
 
 1. Proposal Y ~ discrete Laplace of integer scale t = ⌊s⌋ + 1, q(y) ∝ exp(−|y|/t), drawn
-   exactly as in CKS Algorithm 2: U uniform in {0..t−1} kept with probability exp(−U/t),
-   V = number of successes of Bernoulli(e^{-1}) trials before the first failure,
-   X = U + t·V, a fair sign, and (sign −, X = 0) rejected.
+   exactly as in CKS Algorithm 2 with a power-of-two block B = 2^j, the largest ≤ t/8 (1 if
+   t < 16; CKS use the block t, any block works, and a small one keeps U ≈ 95% of the
+   time instead of 63%): U uniform in {0..B−1} (j random bits) kept with
+   probability exp(−U/t), V ≥ 0 geometric with P(V ≥ v) = r^v, r = e^{−B/t}, X = U + B·V,
+   a fair sign, and (sign −, X = 0) rejected. P(X = x) ∝ e^{−U/t}·r^V = e^{−x/t}.
 2. Accept Y = k with probability exp(−Γ(k)), where
        Γ(k) = k²/(2s²) − |k|/t − L(k) + F,   L(k) = log J(k),
        J(k) = ∫_{−½}^{½} exp(−v²/(2s²) + |k|·v/s²) dv,
@@ -52,13 +54,43 @@ Discrete Gaussian for Differential Privacy", NeurIPS, arXiv:2004.00010, Algorith
    remainder bound is ≤ 1e-17 relative (remainder (n!)⁴/((2n+1)((2n)!)³)·|f^{(2n)}|, derivative
    bounded by Cauchy's estimate on a circle of optimal radius; see `_quadrature_order`).
 
-Numerical rule: no float uniform is ever compared against a probability. Every Bernoulli is
-drawn exactly from unbiased integers (`Generator.integers` is exact given ideal bits):
-Bernoulli(a/b) is "an integer uniform in [0, b) is below a"; Bernoulli(exp(−a/b)) for
-0 ≤ a ≤ b uses CKS Algorithm 1 (K ← 1; while Bernoulli((a/b)/K): K ← K+1; return K odd,
-with Bernoulli((a/b)/K) = Bernoulli(a/b)·Bernoulli(1/K)); Bernoulli(exp(−γ)) for large γ is
-⌊γ⌋ independent Bernoulli(e^{-1}) trials times one Bernoulli(exp(−frac(γ))). The proposal in
-step 1 is therefore exact; the only floating-point quantity is Γ(k).
+Numerical rule: no float uniform is ever compared against a probability, and the only
+floating-point quantity that enters the law is Γ̂(k). Every random decision is "a uniform
+W = 0.b₁b₂… on [0, 1), read from the generator's raw 64-bit words, is below an exact real",
+settled by integer comparisons and certified bounds (exact given ideal random bits):
+
+* Words and bits. Each proposal takes one raw 64-bit word (two when j > 31): its top j bits
+  are U, bit 32 the sign, bits 16-31 the first 16 bits of V's uniform, bits 0-15 the first
+  16 bits of the acceptance uniform (disjoint bits of a uniform word are independent
+  uniforms). Later bits of a uniform, when needed, are fresh words.
+* V = #{v ≥ 1 : W < r^v} (so P(V ≥ v) = P(W < r^v) = r^v), counted up to the v beyond which
+  X > K anyway. With w the first 16 bits, W < r^v if w < ⌊r^v·2^16⌋ and W > r^v if
+  w > ⌊r^v·2^16⌋ (a table over w); where w equals a threshold (< 0.3% of proposals) 48
+  more bits are compared with ⌊r^v·2^64⌋ the same way, and a tie there (2^-64) goes to the
+  exact path below. The thresholds are exact integers (integer bounds on r^v refined until
+  their floors agree).
+* Steps 1 and 2 accept together: keeping U (probability exp(−U/t)) and accepting k
+  (exp(−Γ̂(k))) are one Bernoulli(exp(−y)), y = U/t + Γ̂(k) = U/t + ⌊Γ̂⌋ + frac/2^53, a
+  rational. Floats lo ≤ 2^16·e^{−y} ≤ hi are certified from IEEE-754 basic operations alone
+  (no libm function): z = fl(fl(U/t) + frac·2^-53) is within 2^-51 of y − ⌊Γ̂⌋ (two
+  roundings of values < 2); i = 64·⌊Γ̂⌋ + ⌊64z⌋ and d = z − ⌊64z⌋/64 ∈ [0, 1/64) are exact;
+  e^{−i/64} is bracketed by a table (integer bounds at 256 bits, rounded outward to floats;
+  i ≥ 4096, i.e. y ≥ 64 − 2^-51, uses [0, 2e^{−64}]); e^{−d} by the cubic
+  1 − d + d²/2 − d³/6 evaluated by Horner, within d⁴/24 + 2^-52 < 2^-28 absolute, so
+  2^-27.9 relative; the products round twice more. All of this is < 2^-27 relative, and
+  lo, hi widen the estimate by 2^-20. W's first 16 bits w accept if w + 1 ≤ lo and
+  reject if w ≥ hi, which settles all but ≈ 2^-16 of the proposals; those go to:
+* the exact path (Python integers): e^{−y} bounded at P bits with every rounding outward
+  (Taylor series of e^{r} for the fractional part r, terms rounded down or up, tail bounded
+  by the last term; reciprocal; (e^{−1})^⌊y⌋ by binary powering), W known to B bits; if
+  neither "W < lower" nor "W ≥ upper" is settled, P doubles and W gets 64 more random bits,
+  which ends with probability 1 (at once when y = 0).
+
+The floats only decide how often the fast comparisons settle, never the outcome, so the
+proposal in step 1 is exact and the accepted law is exactly P̃(k) ∝ q(k)·exp(−Γ̂(k)) below.
+(`discrete_laplace` keeps the earlier construction: `Generator.integers` draws, Bernoulli(a/b)
+as "an integer uniform in [0, b) is below a", Bernoulli(exp(−a/b)) by CKS Algorithm 1 and
+Bernoulli(exp(−m)) as m Bernoulli(e^{-1}) trials: no floating point at all.)
 
 Support cap. Proposals with |k| > K = ⌈40·s⌉ are rejected, so the output law is p restricted
 to |k| ≤ K and renormalised. The removed mass is P(|Z| > (K+½)/s) ≤ P(|Z| > 40) < e^{-800}
@@ -74,8 +106,9 @@ Bound on the floating-point error: PMF_RELATIVE_ERROR
 -----------------------------------------------------
 Write u = 2^-53 (unit roundoff). The accepted law is P̃(k) ∝ q(k)·exp(−Γ̂(k)) where q is
 exact and Γ̂(k) is the computed exponent after its fractional part is floored to the 2^-53
-grid. If |Γ̂(k) − Γ(k) − c| ≤ ε for all |k| ≤ K and one constant c, then
-|log P̃(k) − log P(k)| ≤ 2ε (ε from the weight, ε from the normaliser). Count, with
+grid (`_exponent_parts`, in the operation order counted here: the same values, bit for bit,
+as before the sampler was sped up). If |Γ̂(k) − Γ(k) − c| ≤ ε for all |k| ≤ K and one
+constant c, then |log P̃(k) − log P(k)| ≤ 2ε (ε from the weight, ε from the normaliser). Count, with
 |k| ≤ K so z = |k|/s ≤ 41, b = z/s ≤ 41, and assuming numpy's float64 exp and log are
 within 4 ulp (8u relative; checked against mpmath in the unit tests), and with Gauss-Legendre
 nodes within 4u absolute and weights within 16u relative (they are computed in 50-digit
@@ -345,6 +378,160 @@ def _two_sided_laplace(
     return _first_accepted(propose, size, rate=rate)
 
 
+# ------------------------------------------------- certified Bernoulli(exp(−y)), exact path
+
+
+def _exp_pos_bounds(num: int, den: int, q: int) -> tuple[int, int]:
+    """Integers lo ≤ e^{num/den}·2^q ≤ hi (0 ≤ num/den ≤ 1): the Taylor series with every
+    term rounded down (lo) or up (hi), and the tail after the last term n bounded by that
+    term (ratio r/(n+1) ≤ ½)."""
+    lo = hi = lo_term = hi_term = 1 << q
+    n = 0
+    while hi_term > 1 or 2 * num > (n + 1) * den:
+        n += 1
+        lo_term = lo_term * num // (den * n)
+        hi_term = -(-hi_term * num // (den * n))
+        lo += lo_term
+        hi += hi_term
+    return lo, hi + hi_term
+
+
+@lru_cache(maxsize=32)
+def _exp_neg_one_bounds(q: int) -> tuple[int, int]:
+    lo, hi = _exp_pos_bounds(1, 1, q)
+    return (1 << (2 * q)) // hi, -(-(1 << (2 * q)) // lo)
+
+
+def _exp_neg_bounds(num: int, den: int, precision: int) -> tuple[int, int]:
+    """Integers lo ≤ e^{−num/den}·2^precision ≤ hi for a rational num/den ≥ 0, exactly
+    (integer arithmetic, every rounding outward): e^{−r} for the fractional part r as the
+    reciprocal of the bounds on e^{r}, times (e^{−1})^⌊num/den⌋ by binary powering."""
+    q = precision + 64
+    whole, rem = divmod(num, den)
+    e_lo, e_hi = _exp_pos_bounds(rem, den, q)
+    lo, hi = (1 << (2 * q)) // e_hi, -(-(1 << (2 * q)) // e_lo)
+    b_lo, b_hi = _exp_neg_one_bounds(q)
+    while whole:
+        if whole & 1:
+            lo, hi = (lo * b_lo) >> q, -(-(hi * b_hi) >> q)
+        whole >>= 1
+        if whole:
+            b_lo, b_hi = (b_lo * b_lo) >> q, -(-(b_hi * b_hi) >> q)
+    shift = q - precision
+    return lo >> shift, -(-hi >> shift)
+
+
+def _below_exp_neg(rng: np.random.Generator, u: list[int], num: int, den: int) -> bool:
+    """Exactly whether U < e^{−num/den}, U being the uniform binary fraction known to
+    u = [bits, length] so far (refined in place with fresh 64-bit words while the bounds
+    cannot tell; ends with probability 1, at once when e^{−num/den} = 1)."""
+    precision = max(128, u[1] + 64)
+    while True:
+        lo, hi = _exp_neg_bounds(num, den, precision)
+        bits, length = u
+        if (bits + 1) << precision <= lo << length:  # U < (bits+1)/2^B ≤ e^{−y}
+            return True
+        if bits << precision >= hi << length:  # U ≥ bits/2^B ≥ e^{−y}
+            return False
+        precision *= 2
+        u[0], u[1] = (bits << 64) | int(rng.bit_generator.random_raw(1)[0]), length + 64
+
+
+def _floor_exp_neg(num: int, den: int, bits: int) -> int:
+    """⌊e^{−num/den}·2^bits⌋ exactly (bounds refined until their floors agree)."""
+    extra = 64
+    while True:
+        lo, hi = _exp_neg_bounds(num, den, bits + extra)
+        if lo >> extra == hi >> extra:
+            return lo >> extra
+        extra *= 2  # pragma: no cover - only if e^{−y}·2^bits is within 2^-64 of an integer
+
+
+#: Leading bits of U compared in the vectorised step (V and the acceptance each get 16).
+_LEAD_BITS = 16
+_LEAD = float(1 << _LEAD_BITS)
+#: exp(−y) for y < _EXP_TABLE_STEPS/_EXP_TABLE_RES is bounded by a table of e^{−i/64} times
+#: a cubic on [0, 1/64); relative error < 2^-27.9 (module docstring), far inside this margin.
+_EXP_TABLE_RES = 64
+_EXP_TABLE_STEPS = 64 * 64
+_ACCEPT_MARGIN = 2.0**-20
+_ONE_SIXTH = 1.0 / 6.0
+
+
+@lru_cache(maxsize=1)
+def _exp_table() -> tuple[FloatArray, FloatArray]:
+    """Floats lo_i ≤ e^{−i/64} ≤ hi_i for i < 4096 (integer bounds at 256 bits, powered with
+    outward rounding, divided by 2^256 with Python's correctly rounded int division, moved one
+    ulp outward), and a last entry [0, 2·e^{−64}] bounding every e^{−y} with y ≥ 64 − 2^-50."""
+    q = 256
+    step_lo, step_hi = _exp_neg_bounds(1, _EXP_TABLE_RES, q)
+    lo_i = hi_i = 1 << q
+    lo = np.empty(_EXP_TABLE_STEPS + 1)
+    hi = np.empty(_EXP_TABLE_STEPS + 1)
+    for i in range(_EXP_TABLE_STEPS):
+        lo[i] = np.nextafter(lo_i / (1 << q), 0.0)
+        hi[i] = np.nextafter(hi_i / (1 << q), 2.0)
+        lo_i, hi_i = (lo_i * step_lo) >> q, -(-(hi_i * step_hi) >> q)
+    lo[-1], hi[-1] = 0.0, 2.0 * np.nextafter(hi_i / (1 << q), 2.0)
+    lo.flags.writeable = hi.flags.writeable = False
+    return lo, hi
+
+
+def _lead_bounds(
+    u: IntArray, t: int, whole: FloatArray, frac_num: FloatArray
+) -> tuple[FloatArray, FloatArray]:
+    """Floats lo ≤ 2^16·e^{−y} ≤ hi, y = u/t + whole + frac_num/2^53 (integers, u < t < 2^53;
+    derivation in the module docstring: table of e^{−i/64} times a cubic on [0, 1/64))."""
+    lo_table, hi_table = _exp_table()
+    z = u / t  # one rounding (u, t < 2^53 are exact floats)
+    z += frac_num * 2.0**-53  # the addend is exact; one rounding
+    z *= float(_EXP_TABLE_RES)
+    i = np.floor(z)
+    z -= i  # exact, then exact scaling: d = z − i/64 ∈ [0, 1/64)
+    z *= 1.0 / _EXP_TABLE_RES
+    i += whole * float(_EXP_TABLE_RES)
+    np.minimum(i, float(_EXP_TABLE_STEPS), out=i)
+    index = i.astype(np.intp)
+    poly = z * -_ONE_SIXTH  # 1 − d + d²/2 − d³/6 by Horner
+    poly += 0.5
+    poly *= z
+    poly -= 1.0
+    poly *= z
+    poly += 1.0
+    lo = lo_table[index] * poly
+    lo *= (1.0 - _ACCEPT_MARGIN) * _LEAD
+    poly *= hi_table[index]
+    poly *= (1.0 + _ACCEPT_MARGIN) * _LEAD
+    return lo, poly
+
+
+def _accept_exp_neg(
+    rng: np.random.Generator,
+    lead: FloatArray,
+    u: IntArray,
+    t: int,
+    whole: FloatArray,
+    frac_num: FloatArray,
+    needed: BoolArray,
+) -> BoolArray:
+    """Bernoulli(exp(−y)), y = u/t + whole + frac_num/2^53, exactly: "W < e^{−y}" for a
+    uniform W = 0.b₁b₂… whose first 16 bits are ``lead``.
+
+    W's interval [lead, lead + 1)/2^16 below lo/2^16 accepts, at or above hi/2^16 rejects
+    (`_lead_bounds`); the rest (≈ 2^-16 of them) go to the exact integer path with fresh
+    bits. Entries with ``needed`` False are left undecided (False): they are rejected for
+    another reason.
+    """
+    lo, hi = _lead_bounds(u, t, whole, frac_num)
+    accept = lead + 1.0 <= lo
+    open_ = np.flatnonzero(needed & ~accept & (lead < hi))
+    den = t << 53
+    for j in open_.tolist():
+        num = (int(u[j]) << 53) + int(frac_num[j]) * t + int(whole[j]) * den
+        accept[j] = _below_exp_neg(rng, [int(lead[j]), _LEAD_BITS], num, den)
+    return accept
+
+
 # ------------------------------------------------------------------------ rounded Gaussian
 
 
@@ -412,7 +599,6 @@ class _GaussianPlan:
     nodes_sq: FloatArray  # v_i²
     weights: FloatArray  # Gauss-Legendre weights on [−½, ½]
     offset: float  # F
-    laplace: _LaplacePlan
     table_whole: IntArray | None  # ⌊Γ̂(k)⌋ for k = 0..K (small scales)
     table_frac: IntArray | None  # 2^53·frac(Γ̂(k))
     # P(accept) = Σ_k q(k)·exp(−Γ(k)) = s·√(2π)·e^{−F}·tanh(1/(2t)) (Σ_k exp(−k²/(2s²))·J(k)
@@ -423,31 +609,56 @@ class _GaussianPlan:
 def _log_weight(plan: _GaussianPlan, k_abs: IntArray) -> tuple[FloatArray, FloatArray]:
     """(h, e) = (k²/(2s²), |k|/t + L(k)) in float64, in the operation order of the error count.
 
-    log(p(k)/q(k)) = e − h + const; the acceptance exponent is Γ = h − (e − F).
+    log(p(k)/q(k)) = e − h + const; the acceptance exponent is Γ = h − (e − F). (The sum of
+    the quadrature terms starts from the first term: 0 + x = x, the same value as before.)
     """
     kf = k_abs.astype(np.float64)
     z = kf / plan.scale
-    h = 0.5 * (z * z)
     b = z / plan.scale
-    total = np.zeros_like(b)
+    z *= z
+    z *= 0.5  # h
+    total: FloatArray | None = None
     for d, vsq, w in zip(plan.shifted_nodes, plan.nodes_sq, plan.weights, strict=True):
-        total += w * np.exp(b * d - plan.alpha * vsq)
-    log_j = 0.5 * b + np.log(total)
-    return h, kf / plan.t + log_j
+        term = b * d
+        term -= plan.alpha * vsq
+        np.exp(term, out=term)
+        term *= w
+        if total is None:
+            total = term
+        else:
+            total += term
+    assert total is not None  # the order is ≥ 1
+    np.log(total, out=total)
+    b *= 0.5
+    b += total  # L
+    kf /= plan.t
+    kf += b
+    return z, kf
+
+
+def _exponent_parts(
+    plan: _GaussianPlan, k_abs: IntArray, offset: float
+) -> tuple[FloatArray, FloatArray]:
+    """Γ̂(k) = whole + frac/2^53 ≥ 0 as two float arrays of exact integers (see `_exponent`)."""
+    h, e = _log_weight(plan, k_abs)
+    h_whole = np.floor(h)
+    h -= h_whole
+    e -= offset
+    h -= e  # f = (h − ⌊h⌋) − (e − offset)
+    f_whole = np.floor(h)
+    h -= f_whole  # frac(f)
+    h *= float(_TWO53)
+    np.floor(h, out=h)
+    h_whole += f_whole
+    if h_whole.size and float(h_whole.min()) < 0:  # excluded by the margin in F; never bias
+        raise RuntimeError("rounded Gaussian: negative acceptance exponent")
+    return h_whole, h
 
 
 def _exponent(plan: _GaussianPlan, k_abs: IntArray, offset: float) -> tuple[IntArray, IntArray]:
     """Γ̂(k) = whole + frac/2^53 ≥ 0 (Γ = k²/(2s²) − |k|/t − L(k) + offset), split exactly."""
-    h, e = _log_weight(plan, k_abs)
-    h_whole = np.floor(h)
-    f = (h - h_whole) - (e - offset)
-    f_whole = np.floor(f)
-    frac = f - f_whole
-    whole = h_whole.astype(np.int64) + f_whole.astype(np.int64)
-    frac_num = np.floor(frac * float(_TWO53)).astype(np.int64)
-    if whole.size and int(whole.min()) < 0:  # excluded by the margin in F; never bias silently
-        raise RuntimeError("rounded Gaussian: negative acceptance exponent")
-    return whole, frac_num
+    whole, frac_num = _exponent_parts(plan, k_abs, offset)
+    return whole.astype(np.int64), frac_num.astype(np.int64)
 
 
 def _max_log_weight(plan: _GaussianPlan, min_abs: int) -> float:
@@ -476,7 +687,6 @@ def _gaussian_plan(scale: float) -> _GaussianPlan:
         nodes_sq=nodes * nodes,
         weights=0.5 * w,
         offset=0.0,
-        laplace=_laplace_plan(float(t), cap),
         table_whole=None,
         table_frac=None,
         acceptance=0.5,
@@ -498,17 +708,135 @@ def _gaussian_plan(scale: float) -> _GaussianPlan:
     )
 
 
-def _accept(
-    rng: np.random.Generator, plan: _GaussianPlan, y: IntArray, offset: float | None
-) -> BoolArray:
-    k_abs = np.abs(y)
+@dataclass(frozen=True)
+class _ProposalPlan:
+    """The discrete-Laplace proposal of scale t as X = U + 2^j·V (module docstring, step 1).
+
+    U is j uniform bits (2^j ≤ t/8, or j = 0); V ~ Geometric, P(V ≥ v) = r^v with
+    r = e^{−2^j/t}, counted only up to ``v_stop`` (beyond it X > ``limit`` anyway):
+    V = #{1 ≤ v ≤ v_stop : W < r^v} for a uniform W. ``lead_v`` gives V from W's first 16
+    bits w, or −1 where w = ⌊r^v·2^16⌋ for some v (those draw 48 more bits and use
+    ``floor64``; ties there, probability 2^-64 each, go to the exact integer path).
+    """
+
+    t: int
+    shift: int  # j
+    limit: int
+    v_stop: int
+    lead_v: npt.NDArray[np.int16]
+    floor64: npt.NDArray[np.uint64]  # ⌊r^v·2^64⌋ for v = 1..v_stop
+    keep_rate: float  # P(keep U) = E e^{−U/t}: sizes batches, nothing else
+
+
+#: B = 2^j is the largest power of two ≤ t/2^_BLOCK_BELOW (1 if there is none): U is kept
+#: with probability 0.94-0.97 on average (0.63-0.79 with B ≤ t), for a longer V table.
+_BLOCK_BELOW = 3
+
+
+@lru_cache(maxsize=16)
+def _proposal_plan(t: int, limit: int) -> _ProposalPlan:
+    shift = max(t.bit_length() - 1 - _BLOCK_BELOW, 0)
+    block = 1 << shift
+    v_stop = limit // block + 1
+    floor16 = np.array(
+        [_floor_exp_neg(v * block, t, _LEAD_BITS) for v in range(1, v_stop + 1)], dtype=np.int64
+    )
+    floor64 = np.array(
+        [_floor_exp_neg(v * block, t, 64) for v in range(1, v_stop + 1)], dtype=np.uint64
+    )
+    w = np.arange(1 << _LEAD_BITS, dtype=np.int64)
+    # ⌊·⌋ is non-increasing in v: #{v : w < floor16_v} by binary search on the reversed list.
+    count = v_stop - np.searchsorted(floor16[::-1], w, side="right")
+    lead_v = np.where(np.isin(w, floor16), -1, count).astype(np.int16)
+    lead_v.flags.writeable = floor64.flags.writeable = False
+    keep_rate = math.expm1(-block / t) / (block * math.expm1(-1.0 / t))
+    return _ProposalPlan(t, shift, limit, v_stop, lead_v, floor64, keep_rate)
+
+
+def _geometric_tail(rng: np.random.Generator, prop: _ProposalPlan, lead: IntArray) -> IntArray:
+    """V for the entries whose first 16 bits did not settle it: 48 fresh bits each, compared
+    with ⌊r^v·2^64⌋ (W < r^v if W's 64-bit prefix w < ⌊r^v·2^64⌋, W > r^v if w > it); a tie
+    goes to the exact path."""
+    prefix = (lead.astype(np.uint64) << np.uint64(64 - _LEAD_BITS)) | (
+        rng.bit_generator.random_raw(lead.size) >> np.uint64(_LEAD_BITS)
+    )
+    below = prefix[:, None] < prop.floor64[None, :]
+    v = below.sum(axis=1).astype(np.int64)
+    for j in np.flatnonzero((prefix[:, None] == prop.floor64[None, :]).any(axis=1)).tolist():
+        v[j] = _exact_geometric(rng, prop, [int(prefix[j]), 64])
+    return v
+
+
+def _exact_geometric(rng: np.random.Generator, prop: _ProposalPlan, u: list[int]) -> int:
+    """#{1 ≤ v ≤ v_stop : W < r^v} exactly, W known to u = [bits, length] (refined in place)."""
+    count = 0
+    while count < prop.v_stop and _below_exp_neg(rng, u, (count + 1) << prop.shift, prop.t):
+        count += 1
+    return count
+
+
+_CHUNK = 1 << 15  # proposals per vectorised pass: the working arrays stay in cache
+
+
+def _propose_rounded(
+    rng: np.random.Generator,
+    plan: _GaussianPlan,
+    prop: _ProposalPlan,
+    size: int,
+    min_abs: int,
+    offset: float | None,
+) -> tuple[IntArray, BoolArray]:
+    """``size`` proposals and whether each is accepted (module docstring, steps 1-2), in
+    chunks of `_CHUNK` (the chunks are consecutive stretches of one i.i.d. stream)."""
+    values = np.empty(size, dtype=np.int64)
+    ok = np.empty(size, dtype=np.bool_)
+    for start in range(0, size, _CHUNK):
+        stop = min(start + _CHUNK, size)
+        values[start:stop], ok[start:stop] = _propose_chunk(
+            rng, plan, prop, stop - start, min_abs, offset
+        )
+    return values, ok
+
+
+def _propose_chunk(
+    rng: np.random.Generator,
+    plan: _GaussianPlan,
+    prop: _ProposalPlan,
+    size: int,
+    min_abs: int,
+    offset: float | None,
+) -> tuple[IntArray, BoolArray]:
+    """One raw 64-bit word per proposal: its top j bits are U (a second word when j > 31),
+    bit 32 the sign, bits 16-31 the lead of V's uniform and bits 0-15 the lead of the
+    acceptance uniform (disjoint bits of a uniform word are independent uniforms)."""
+    words = rng.bit_generator.random_raw(size)
+    j = prop.shift
+    source = words if j <= 31 else rng.bit_generator.random_raw(size)
+    top = (source >> np.uint64(64 - j)).astype(np.int64) if j else None  # >> 64: undefined
+    u = np.zeros(size, dtype=np.int64) if top is None else top
+    negative = (words & np.uint64(1 << 32)) != 0
+    lead_v = ((words >> np.uint64(16)) & np.uint64(0xFFFF)).astype(np.intp)
+    lead_accept = (words & np.uint64(0xFFFF)).astype(np.float64)
+    v = prop.lead_v[lead_v].astype(np.int64)
+    open_ = np.flatnonzero(v < 0)
+    if open_.size:
+        v[open_] = _geometric_tail(rng, prop, lead_v[open_])
+    x = v << j
+    x += u
+    valid = x <= prop.limit
+    x += min_abs
+    if min_abs == 0:
+        valid &= ~(negative & (x == 0))
+    k = np.minimum(x, plan.cap)  # rejected entries stay in range, their exponent unused
     if offset is None and plan.table_whole is not None and plan.table_frac is not None:
-        whole, frac_num = plan.table_whole[k_abs], plan.table_frac[k_abs]
+        whole = plan.table_whole[k].astype(np.float64)
+        frac_num = plan.table_frac[k].astype(np.float64)
     else:
-        whole, frac_num = _exponent(plan, k_abs, plan.offset if offset is None else offset)
-    ok = _bernoulli_exp_neg_ratio(rng, frac_num, _TWO53)
-    ok[ok] = _bernoulli_exp_neg_int(rng, whole[ok])
-    return ok
+        whole, frac_num = _exponent_parts(plan, k, plan.offset if offset is None else offset)
+    accept = _accept_exp_neg(rng, lead_accept, u, prop.t, whole, frac_num, valid)
+    valid &= accept
+    np.negative(x, out=x, where=negative)
+    return x, valid
 
 
 def _sample_rounded_gaussian(
@@ -516,17 +844,19 @@ def _sample_rounded_gaussian(
 ) -> IntArray:
     """Rejection loop; min_abs > 0 draws the law conditioned on |N| ≥ min_abs (tests only).
 
-    Conditioning: the proposal conditioned on |Y| ≥ min_abs, accepted with
+    Conditioning: the proposal conditioned on |Y| ≥ min_abs (|Y| = min_abs + X with X the
+    unconditioned half-line proposal capped at K − min_abs, by memorylessness), accepted with
     exp(−Γ(k) + const), yields p restricted to |k| ≥ min_abs; the constant is re-chosen as
     the max over that range so acceptance stays efficient.
     """
     offset = None if min_abs == 0 else _max_log_weight(plan, min_abs) + _OFFSET_MARGIN
+    prop = _proposal_plan(plan.t, plan.cap - min_abs)
+    rate = prop.keep_rate * (plan.acceptance if min_abs == 0 else 0.5)
 
     def propose(m: int) -> tuple[IntArray, BoolArray]:
-        y = _two_sided_laplace(rng, plan.laplace, m, min_abs)
-        return y, _accept(rng, plan, y, offset)
+        return _propose_rounded(rng, plan, prop, m, min_abs, offset)
 
-    return _first_accepted(propose, size, rate=plan.acceptance if min_abs == 0 else 0.5)
+    return _first_accepted(propose, size, rate=rate)
 
 
 # ------------------------------------------------------------------------------ public API

@@ -205,7 +205,7 @@ def test_batched_rejection_keeps_the_first_accepted_in_stream_order(rate: float)
 # ---------------------------------------------------------------------- goodness of fit
 
 
-@pytest.mark.parametrize("scale", [1.0, 2.5, 37.3, 1000.0, 0.8 * 2**20])
+@pytest.mark.parametrize("scale", [1.0, 2.5, 37.3, 1000.0, 1e5, 0.8 * 2**20, 1e7, 3e10, 2.0**40])
 def test_rounded_gaussian_matches_exact_pmf(scale: float) -> None:
     n = 1_000_000
     x = rounded_gaussian(secure_rng(), scale=scale, size=n)
@@ -422,3 +422,217 @@ def test_numpy_exp_log_and_legendre_nodes_meet_the_assumed_accuracy() -> None:
                 weight = 2 / ((1 - r * r) * dpn**2)
                 assert abs(float(mpmath.mpf(float(xi)) - r)) <= 4 * U, order
                 assert abs(float((mpmath.mpf(float(wi)) - weight) / weight)) <= 16 * U, order
+
+
+# ------------------------------------------------ certified comparisons and the exact path
+
+
+def _mp_exp_neg(num: int, den: int) -> mpmath.mpf:
+    return mpmath.exp(-mpmath.mpf(num) / den)
+
+
+@pytest.mark.parametrize(
+    ("num", "den"),
+    [(0, 1), (1, 1), (1, 64), (5, 7), (2**53 - 1, 2**53), (10**6, 1), (123456789, 1000001 << 53)],
+)
+@pytest.mark.parametrize("precision", [16, 64, 200])
+def test_exp_neg_bounds_bracket_the_exact_value(num: int, den: int, precision: int) -> None:
+    lo, hi = noise._exp_neg_bounds(num, den, precision)
+    with mpmath.workdps(precision // 3 + 40):
+        exact = _mp_exp_neg(num, den) * mpmath.mpf(2) ** precision
+        assert lo <= exact <= hi
+    assert hi - lo <= 4 + (num // den).bit_length()  # tight: a few units of 2^-precision
+    if num == 0:
+        assert lo == hi == 1 << precision
+
+
+def test_exp_table_brackets_every_entry() -> None:
+    lo, hi = noise._exp_table()
+    with mpmath.workdps(40):
+        for i in range(lo.size - 1):
+            exact = mpmath.exp(-mpmath.mpf(i) / 64)
+            assert mpmath.mpf(float(lo[i])) <= exact <= mpmath.mpf(float(hi[i])), i
+            assert hi[i] - lo[i] <= 4 * np.spacing(hi[i])
+        assert lo[-1] == 0.0 and mpmath.mpf(float(hi[-1])) >= 2 * mpmath.exp(-64)
+
+
+def _lead_bound_cases() -> tuple[IntArray, int, IntArray, IntArray]:
+    """(u, t, whole, frac) spread over the whole range, the table's edges included."""
+    rng = np.random.default_rng()
+    t = 1_000_001
+    n = 3000
+    u = rng.integers(0, 1 << 19, size=n)
+    whole = np.concatenate([rng.integers(0, 12, size=n - 106), rng.integers(12, 70, size=100)])
+    whole = np.concatenate([[0, 0, 63, 63, 64, 900], whole])
+    frac = rng.integers(0, 2**53, size=n)
+    u[:6] = [0, (1 << 19) - 1, (1 << 19) - 1, 0, 0, 5]
+    frac[:6] = [0, 2**53 - 1, 2**53 - 1, 0, 0, 7]
+    return u, t, whole, frac
+
+
+def test_lead_bounds_are_certified_against_mpmath() -> None:
+    """lo ≤ 2^16·e^{−y} ≤ hi for y = u/t + whole + frac/2^53 (the fast path's certificate),
+    with lo, hi within ~2^-19 of each other where y < 64."""
+    u, t, whole, frac = _lead_bound_cases()
+    lo, hi = noise._lead_bounds(u, t, whole.astype(np.float64), frac.astype(np.float64))
+    with mpmath.workdps(50):
+        for j in range(u.size):
+            y = mpmath.mpf(int(u[j])) / t + int(whole[j]) + mpmath.mpf(int(frac[j])) / 2**53
+            exact = mpmath.exp(-y) * 2**16
+            assert mpmath.mpf(float(lo[j])) <= exact <= mpmath.mpf(float(hi[j])), j
+            if y < 63.9:
+                assert hi[j] - lo[j] <= 2.0**-18 * hi[j]
+
+
+def test_fast_accept_and_reject_decisions_are_implied_by_the_exact_value(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Leads placed on and around ⌊2^16·e^{−y}⌋: whatever the fast path settles must hold for
+    the exact value (accept: (w+1)/2^16 ≤ e^{−y}; reject: w/2^16 ≥ e^{−y}); only the rest may
+    go to the exact path, and that path's answers are used as returned."""
+    u, t, whole, frac = _lead_bound_cases()
+    with mpmath.workdps(50):
+        exact = [
+            mpmath.exp(-(mpmath.mpf(int(a)) / t + int(b) + mpmath.mpf(int(c)) / 2**53)) * 2**16
+            for a, b, c in zip(u, whole, frac, strict=True)
+        ]
+    floors = np.array([int(mpmath.floor(e)) for e in exact])
+    sent: dict[int, bool] = {}
+
+    def fake_exact(rng: np.random.Generator, state: list[int], num: int, den: int) -> bool:
+        assert state[1] == 16 and den == t << 53
+        sent[num] = len(sent) % 2 == 0
+        return sent[num]
+
+    monkeypatch.setattr(noise, "_below_exp_neg", fake_exact)
+    nums = [
+        (int(a) << 53) + int(c) * t + int(b) * (t << 53)
+        for a, b, c in zip(u, whole, frac, strict=True)
+    ]
+    for delta in (-2, -1, 0, 1, 2):
+        lead = np.clip(floors + delta, 0, 2**16 - 1)
+        sent.clear()
+        got = noise._accept_exp_neg(
+            secure_rng(),
+            lead.astype(np.float64),
+            u,
+            t,
+            whole.astype(np.float64),
+            frac.astype(np.float64),
+            np.ones(u.size, dtype=np.bool_),
+        )
+        for j in range(u.size):
+            w = int(lead[j])
+            if nums[j] in sent:  # the exact path's answer is the one used
+                assert got[j] == sent[nums[j]]
+            elif got[j]:  # a settled accept: W < (w+1)/2^16 ≤ e^{−y}
+                assert w + 1 <= exact[j], j
+            else:  # a settled reject: W ≥ w/2^16 ≥ e^{−y}
+                assert w >= exact[j], j
+            if w == floors[j] and exact[j] >= 1:  # 16 bits cannot settle it
+                assert nums[j] in sent
+        if delta:  # off the ties, only e^{−y} < 2^-16 with w = 0 (and y = 0) need more bits
+            assert len(sent) <= u.size // 5
+
+
+@pytest.mark.parametrize(("num", "den"), [(1, 3), (7 * 2**53 + 5, 3 << 53), (0, 1), (3, 1)])
+def test_exact_path_has_the_conditional_law(num: int, den: int) -> None:
+    """With W's first 16 bits fixed to w = ⌊2^16 e^{−y}⌋ (the case sent to the exact path),
+    P(W < e^{−y}) = 2^16 e^{−y} − w; with w one above or below, 0 or 1."""
+    rng = secure_rng()
+    with mpmath.workdps(40):
+        scaled = _mp_exp_neg(num, den) * 2**16
+    w = min(int(mpmath.floor(scaled)), 2**16 - 1)
+    p = float(min(scaled - w, 1))
+    n = 20_000
+    hits = sum(noise._below_exp_neg(rng, [w, 16], num, den) for _ in range(n))
+    if p in (0.0, 1.0):
+        assert hits == n * p
+    else:
+        assert stats.binomtest(hits, n, p).pvalue > P_MIN, (hits, n * p)
+    if w + 1 < 2**16:
+        assert not noise._below_exp_neg(rng, [w + 1, 16], num, den)
+    if w >= 1:
+        assert noise._below_exp_neg(rng, [w - 1, 16], num, den)
+
+
+@pytest.mark.parametrize("scale", [1.0, 2.5, 1e6, 2.0**40])
+def test_geometric_thresholds_and_lead_table_are_exact(scale: float) -> None:
+    """⌊r^v·2^64⌋ against mpmath, and every entry of the 16-bit table: a settled V means
+    (w+1)/2^16 ≤ r^V (if V ≥ 1) and w/2^16 ≥ r^{V+1} (if V < v_stop); −1 only on ties."""
+    plan = noise._gaussian_plan(scale)
+    prop = noise._proposal_plan(plan.t, plan.cap)
+    block = 1 << prop.shift
+    assert block == 1 << max(plan.t.bit_length() - 4, 0)  # the largest 2^j ≤ t/8, or 1
+    assert prop.v_stop == plan.cap // block + 1 and prop.floor64.size == prop.v_stop
+    with mpmath.workdps(60):
+        powers = [_mp_exp_neg(v * block, plan.t) for v in range(1, prop.v_stop + 1)]
+        f64 = [int(mpmath.floor(p * mpmath.mpf(2) ** 64)) for p in powers]
+        f16 = np.array([int(mpmath.floor(p * 2**16)) for p in powers])
+    assert [int(x) for x in prop.floor64] == f64
+    w = np.arange(2**16)
+    tie = np.isin(w, f16)
+    assert np.array_equal(prop.lead_v < 0, tie)
+    v = prop.lead_v.astype(np.int64)
+    with_f16 = np.concatenate([[2**16], f16, [-1]])  # r^0·2^16 and "beyond v_stop"
+    settled = ~tie
+    # W < r^V: (w + 1) ≤ ⌊r^V 2^16⌋; W ≥ r^{V+1}: w > ⌊r^{V+1} 2^16⌋ (or V = v_stop).
+    assert np.all(w[settled] + 1 <= with_f16[v[settled]])
+    assert np.all(w[settled] > with_f16[v[settled] + 1])
+
+
+def test_geometric_tail_has_the_conditional_law() -> None:
+    """Leads on a threshold ⌊r^v 2^16⌋: V ∈ {v−1, v} with P(V ≥ v) = r^v·2^16 − lead; lead 0:
+    P(V ≥ v) = r^v·2^16 for the v with r^v 2^16 < 1. And the exact path from a 64-bit tie."""
+    plan = noise._gaussian_plan(2.5)
+    prop = noise._proposal_plan(plan.t, plan.cap)
+    block = 1 << prop.shift
+    rng = secure_rng()
+    n = 200_000
+    with mpmath.workdps(60):
+        powers = [_mp_exp_neg(v * block, plan.t) for v in range(1, prop.v_stop + 1)]
+    for v in (1, 3):
+        scaled = powers[v - 1] * 2**16
+        lead = int(mpmath.floor(scaled))
+        got = noise._geometric_tail(rng, prop, np.full(n, lead, dtype=np.intp))
+        assert set(np.unique(got).tolist()) <= {v - 1, v}
+        hits = int((got >= v).sum())
+        assert stats.binomtest(hits, n, float(scaled - lead)).pvalue > P_MIN
+    got = noise._geometric_tail(rng, prop, np.zeros(n, dtype=np.intp))
+    v = next(i + 1 for i, p in enumerate(powers) if p * 2**16 < 0.5)
+    hits = int((got >= v).sum())
+    assert stats.binomtest(hits, n, float(powers[v - 1] * 2**16)).pvalue > P_MIN
+    # A tie at 64 bits (probability 2^-64 in use) is settled by the exact path.
+    v = 2
+    with mpmath.workdps(60):
+        scaled = powers[v - 1] * mpmath.mpf(2) ** 64
+        p = float(scaled - mpmath.floor(scaled))
+    m = 4000
+    counts = [noise._exact_geometric(rng, prop, [int(prop.floor64[v - 1]), 64]) for _ in range(m)]
+    assert set(counts) <= {v - 1, v}
+    assert stats.binomtest(sum(c >= v for c in counts), m, p).pvalue > P_MIN
+
+
+@pytest.mark.parametrize("scale", [2.5, 1e6])
+def test_rounded_gaussian_through_the_exact_path(
+    monkeypatch: pytest.MonkeyPatch, scale: float
+) -> None:
+    """A wide margin (2^-4 instead of 2^-20) sends ~1/10 of the acceptance decisions to the
+    exact integer path: the output law must not change."""
+    monkeypatch.setattr(noise, "_ACCEPT_MARGIN", 2.0**-4)
+    calls = 0
+    real = noise._below_exp_neg
+
+    def counting(rng: np.random.Generator, u: list[int], num: int, den: int) -> bool:
+        nonlocal calls
+        calls += 1
+        return real(rng, u, num, den)
+
+    monkeypatch.setattr(noise, "_below_exp_neg", counting)
+    n = 60_000
+    x = rounded_gaussian(secure_rng(), scale=scale, size=n)
+    assert calls > n // 50
+    half = math.ceil(5 * scale)
+    cdf, sf = gaussian_cdf(scale)
+    pvalue, cells = chi_square_pvalue(x, cdf, sf, -half, half, max(1, round(2 * half / 100)))
+    assert cells >= 9 and pvalue > P_MIN, (pvalue, cells)
