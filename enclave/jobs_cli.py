@@ -18,7 +18,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
+from rich.table import Column, Table
 
 from enclave.errors import fail
 from service.version import __version__
@@ -275,6 +275,63 @@ def select(
         f"selection {job['status']}: ε = {job['epsilon']:g}, δ = {job['delta']:g} charged"
     )
     typer.echo(job["id"])
+
+
+@jobs_app.command("list")
+def list_jobs(
+    url: Url = DEFAULT_URL,
+    key: Key = None,
+    limit: Annotated[int, typer.Option(min=1, max=1000, help="Jobs a page (newest first).")] = 50,
+    cursor: Annotated[
+        str | None,
+        typer.Option(help="Start after this cursor (printed under the previous page)."),
+    ] = None,
+    every: Annotated[
+        bool, typer.Option("--all", help="Every matching job: all pages, one table.")
+    ] = False,
+    status: Annotated[
+        str | None, typer.Option(help="queued, running, released, failed or cancelled.")
+    ] = None,
+    dataset: DatasetOpt = None,
+    method: Annotated[str | None, typer.Option(help="dpsgd, expm, expm_nf or selection.")] = None,
+    guarantee: Annotated[
+        str | None, typer.Option(help="The plan's: proven, asymptotic or nominal.")
+    ] = None,
+    created_after: Annotated[
+        str | None, typer.Option(help="ISO 8601, inclusive (no offset: UTC).")
+    ] = None,
+    created_before: Annotated[
+        str | None, typer.Option(help="ISO 8601, exclusive (no offset: UTC).")
+    ] = None,
+) -> None:
+    """Your jobs, newest first (GET /v1/jobs): filters combine; without --all, the next
+    page's cursor is printed under the table. The API checks the values (one error line)."""
+    params: dict[str, Any] = {"limit": limit, "status": status, "dataset": dataset}
+    params |= {"method": method, "guarantee": guarantee, "created_after": created_after}
+    params |= {"created_before": created_before}
+    params = {k: v for k, v in params.items() if v is not None}
+    api = Api(url, key)
+    jobs: list[dict[str, Any]] = []
+    while True:
+        response = api.call(
+            "GET", "/v1/jobs", params={**params, **({"cursor": cursor} if cursor else {})}
+        )
+        jobs += response.json()
+        cursor = response.headers.get("X-Next-Cursor")
+        if not every or not cursor:
+            break
+    # Fold, never truncate: the id goes on to `watch` and `download`.
+    names = ("dataset", "method", "status", "steps", "ε", "δ", "created", "error")
+    table = Table(Column("job", overflow="fold"), *names, title="Your jobs, newest first")
+    for j in jobs:
+        table.add_row(
+            j["id"], j["dataset"], j["method"], j["status"],
+            f"{j['progress_step']}/{j['progress_total']}", f"{j['epsilon']:g}", f"{j['delta']:g}",
+            str(j["created_at"])[:19], escape(j.get("error") or ""),
+        )  # fmt: skip
+    console.print(table)
+    if cursor:
+        console.print(f"more jobs: --cursor {cursor}", soft_wrap=True)
 
 
 @jobs_app.command("watch")

@@ -13,6 +13,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from service.auth import expiry, hash_api_key, key_is_live, new_api_key, revoke_key, rotate_key
+from service.job_pages import DEFAULT_LIMIT, JobFilters, job_page
 from service.jobs import as_utc, job_public
 from service.ledger.accounting import ledger_entry_public
 from service.ledger.budgets import set_analyst_cap, set_dataset_budget
@@ -140,6 +141,36 @@ class JobRow:
     job: JobPublic
     analyst: str
     refunded: bool = False
+
+
+@dataclass(frozen=True)
+class JobRows:
+    """A page of :class:`JobRow` and the next page's cursor (None on the last page)."""
+
+    rows: list[JobRow]
+    next_cursor: str | None
+
+
+def jobs_page(
+    s: Session,
+    filters: JobFilters | None = None,
+    *,
+    limit: int = DEFAULT_LIMIT,
+    cursor: str | None = None,
+) -> JobRows:
+    """Every analyst's jobs that ``filters`` match, newest first, a page after ``cursor``
+    (:mod:`service.job_pages`; :class:`BadCursor` for a cursor not issued here)."""
+    page = job_page(s, filters or JobFilters(), limit=limit, cursor=cursor)
+    refunded = set(
+        s.scalars(
+            select(LedgerEntry.job_id).where(
+                LedgerEntry.kind == EntryKind.refund,
+                LedgerEntry.job_id.in_([j.id for j, _, _ in page.rows]),
+            )
+        )
+    )
+    rows = [JobRow(job_public(j, ds), a, j.id in refunded) for j, ds, a in page.rows]
+    return JobRows(rows, page.next_cursor)
 
 
 def jobs_newest_first(s: Session, *, limit: int, offset: int = 0) -> list[JobRow]:

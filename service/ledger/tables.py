@@ -18,6 +18,7 @@ from sqlalchemy import (
     DateTime,
     Enum,
     ForeignKey,
+    Index,
     Integer,
     String,
     Text,
@@ -98,6 +99,9 @@ class Job(Base):
     __tablename__ = "jobs"
     __table_args__ = (
         UniqueConstraint("analyst_id", "idempotency_key", name="uq_jobs_idempotency"),
+        # Keyset paging of job listings, newest first (migration 0005, service/job_pages.py).
+        Index("ix_jobs_created_at_id", "created_at", "id"),
+        Index("ix_jobs_analyst_created_at_id", "analyst_id", "created_at", "id"),
     )
 
     id: Mapped[str] = mapped_column(String(36), primary_key=True)

@@ -10,13 +10,23 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Annotated
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Query, Request, Response
 
 from service import admin as ops
 from service.api.deps import AdminDep, EngineDep
 from service.api.errors import ProblemError
 from service.api.openapi import AUTHENTICATED, JSON_BODY, problem_responses
+from service.api.paging import (
+    AnalystName,
+    Cursor,
+    FiltersDep,
+    Limit,
+    cursor_problems,
+    link_next,
+    paged_responses,
+)
 from service.db import transaction
+from service.job_pages import DEFAULT_LIMIT
 from service.ledger.accounting import AccountingSummary, accounting_summary
 from service.ledger.audit import check_totals, verify_all
 from service.ledger.errors import InvalidLedgerOperation
@@ -156,13 +166,30 @@ def refund(job_id: str, body: RefundRequest, _: AdminDep, engine: EngineDep) -> 
     "/jobs",
     response_model=list[JobPublic],
     operation_id="adminListJobs",
-    responses=problem_responses(422),
+    responses={
+        **paged_responses("Every analyst's jobs, newest first: one page of them."),
+        **problem_responses(422),
+    },
 )
 def all_jobs(
-    _: AdminDep, engine: EngineDep, limit: Annotated[int, Query(ge=1, le=1000)] = 100
+    request: Request,
+    response: Response,
+    _: AdminDep,
+    engine: EngineDep,
+    filters: FiltersDep,
+    analyst: AnalystName = None,
+    limit: Limit = DEFAULT_LIMIT,
+    cursor: Cursor = None,
 ) -> list[JobPublic]:
-    with transaction(engine) as s:
-        return [row.job for row in ops.jobs_newest_first(s, limit=limit)]
+    """Every analyst's jobs that the filters match, newest first (by creation time, then
+    id), a page at a time: the next page's cursor is in the `X-Next-Cursor` header and the
+    next page's URL in `Link: <…>; rel="next"`; both are absent on the last page."""
+    with cursor_problems(), transaction(engine) as s:
+        page = ops.jobs_page(
+            s, filters.model_copy(update={"analyst": analyst}), limit=limit, cursor=cursor
+        )
+    link_next(request, response, page.next_cursor)
+    return [row.job for row in page.rows]
 
 
 @router.get(

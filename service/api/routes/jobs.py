@@ -6,7 +6,7 @@ import logging
 from dataclasses import dataclass
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Header, Response
+from fastapi import APIRouter, Header, Request, Response
 from fastapi.responses import FileResponse
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
@@ -16,9 +16,18 @@ from service.api.deps import CallerDep, EngineDep, PlanningDep, SettingsDep
 from service.api.errors import ProblemError
 from service.api.lookups import dataset_or_404, visible_job_or_404
 from service.api.openapi import AUTHENTICATED, JSON_BODY, problem_responses
+from service.api.paging import (
+    Cursor,
+    FiltersDep,
+    Limit,
+    cursor_problems,
+    link_next,
+    paged_responses,
+)
 from service.config import Settings
 from service.datasets.kinds import parse_dataset_schema
 from service.db import transaction
+from service.job_pages import DEFAULT_LIMIT, job_page
 from service.jobs import enqueue, job_public
 from service.ledger.accounting import dataset_guarantee
 from service.ledger.admission import BudgetExceeded, admit_job
@@ -28,7 +37,7 @@ from service.ledger.filter_view import Evaluation, cap_filter, dataset_filter, e
 from service.ledger.locks import lock_job
 from service.ledger.nominal import nominal_refusal
 from service.ledger.refunds import cancel_job
-from service.ledger.tables import AnalystCap, Dataset, Job, JobStatus, Release
+from service.ledger.tables import AnalystCap, Dataset, JobStatus, Release
 from service.plans import PlanError, plan_for_dataset
 from service.privacy.amounts import from_micro
 from service.privacy.deadline import PlanningTimeout, planning_deadline
@@ -266,16 +275,32 @@ def admit_and_enqueue(
     return view
 
 
-@router.get("/jobs", response_model=list[JobPublic], operation_id="listJobs")
-def list_jobs(caller: CallerDep, engine: EngineDep) -> list[JobPublic]:
-    with transaction(engine) as s:
-        rows = s.execute(
-            select(Job, Dataset.name)
-            .join(Dataset, Dataset.id == Job.dataset_id)
-            .where(Job.analyst_id == caller.id)
-            .order_by(Job.created_at.desc())
-        ).all()
-        return [job_public(job, name) for job, name in rows]
+@router.get(
+    "/jobs",
+    response_model=list[JobPublic],
+    operation_id="listJobs",
+    responses={
+        **paged_responses("Your jobs, newest first: one page of them."),
+        **problem_responses(422),
+    },
+)
+def list_jobs(
+    request: Request,
+    response: Response,
+    caller: CallerDep,
+    engine: EngineDep,
+    filters: FiltersDep,
+    limit: Limit = DEFAULT_LIMIT,
+    cursor: Cursor = None,
+) -> list[JobPublic]:
+    """Your jobs that the filters match, newest first (by creation time, then id), a page
+    at a time: the next page's cursor is in the `X-Next-Cursor` header and the next page's
+    URL in `Link: <…>; rel="next"`; both are absent on the last page."""
+    with cursor_problems(), transaction(engine) as s:
+        page = job_page(s, filters, analyst_id=caller.id, limit=limit, cursor=cursor)
+        jobs = [job_public(job, name) for job, name, _ in page.rows]
+    link_next(request, response, page.next_cursor)
+    return jobs
 
 
 @router.get(
