@@ -23,6 +23,7 @@ from rich.table import Table
 
 from enclave.analyst import score_csv
 from enclave.processes import child_env, free_port, start_api, start_worker, stop, wait_ready
+from service.private_files import make_private_dir
 from service.releases import load_release
 
 REPO = Path(__file__).resolve().parents[1]
@@ -47,7 +48,7 @@ def run_demo(
     home = Path(".enclave-demo").resolve()
     if home.exists():
         shutil.rmtree(home)
-    home.mkdir(parents=True)
+    make_private_dir(home)  # 0700: it holds the private data and the logs
     env_vars = {"ENCLAVE_HOME": str(home), "ENCLAVE_SWEEP_INTERVAL_S": "2"}
     os.environ.update(env_vars)
     from service.config import get_settings

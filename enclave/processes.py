@@ -8,8 +8,11 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import BinaryIO
 
 import httpx
+
+from service.private_files import open_private_file
 
 
 def free_port() -> int:
@@ -23,6 +26,12 @@ def child_env(extra: dict[str, str]) -> dict[str, str]:
     env.update(extra)
     env.setdefault("PYTHONUNBUFFERED", "1")
     return env
+
+
+def _open_log(log: Path) -> BinaryIO:
+    """Append to ``log``, a file only its owner may read (0600 whatever the umask, issue
+    26): a child's output may name private details."""
+    return os.fdopen(open_private_file(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND), "ab")
 
 
 def start_api(
@@ -46,7 +55,7 @@ def start_api(
         "--workers",
         str(workers),
     ]
-    out = open(log, "ab") if log else subprocess.DEVNULL  # noqa: SIM115
+    out = _open_log(log) if log else subprocess.DEVNULL
     return subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, cwd=cwd)
 
 
@@ -69,7 +78,7 @@ def start_worker(
         "-n",
         f"{name}@%h",
     ]
-    out = open(log, "ab") if log else subprocess.DEVNULL  # noqa: SIM115
+    out = _open_log(log) if log else subprocess.DEVNULL
     return subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT)
 
 

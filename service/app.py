@@ -23,6 +23,7 @@ from service.dashboard import routes as dashboard
 from service.db import engine_for
 from service.jobs import sweep
 from service.logs import RequestLog
+from service.private_files import warn_private_permissions
 from service.version import __version__
 
 log = logging.getLogger("enclave.api")
@@ -98,6 +99,8 @@ def _sweeper(settings: Settings, stop: threading.Event) -> None:
 
 def create_app(settings: Settings | None = None, *, run_sweeper: bool = True) -> FastAPI:
     settings = settings or get_settings()
+    # Start-up check (issue 26): a warning per private folder or file others may read.
+    warn_private_permissions(settings)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

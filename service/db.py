@@ -16,6 +16,7 @@ from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.orm import Session, sessionmaker
 
 from service.config import get_settings
+from service.private_files import create_private_sqlite
 
 
 def is_sqlite(url: str) -> bool:
@@ -24,6 +25,9 @@ def is_sqlite(url: str) -> bool:
 
 def make_engine(url: str, **kwargs: Any) -> Engine:
     if is_sqlite(url):
+        # A new ledger file is created 0600 here, not by SQLite with the umask's mode; its
+        # -wal and -shm files take that mode (issue 26).
+        create_private_sqlite(url)
         engine = create_engine(
             url, connect_args={"timeout": 60, "check_same_thread": False}, **kwargs
         )

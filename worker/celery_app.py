@@ -13,13 +13,21 @@ harmless, and the cancellation is not:
   start the mechanism again on the same rows (another attempt): a Redis restart would
   turn every running job into a second execution. Left running, the job finishes and is
   released once, as issue 11's broker-restart fault test checks (one attempt).
+
+A starting worker checks the private folders' permissions (issue 26,
+:func:`service.private_files.warn_private_permissions`): one warning per folder wider than
+0700 or file wider than 0600; it starts anyway.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 from celery import Celery
+from celery.signals import worker_init
 
 from service.config import get_settings
+from service.private_files import warn_private_permissions
 from service.queue import celery_config
 
 
@@ -35,3 +43,10 @@ def make_celery() -> Celery:
 
 
 app = make_celery()
+
+
+@worker_init.connect
+def check_permissions_at_start(sender: Any = None, **_: Any) -> None:
+    """Start-up check of this worker's private folders (never stops the worker)."""
+    if getattr(sender, "app", None) is app:
+        warn_private_permissions(get_settings())

@@ -1,8 +1,9 @@
 """Private data: registration (validation against the public schema) and loading.
 
 Only the enclave runs this module. The private volume (`ENCLAVE_DATA_DIR`) holds one
-folder per dataset with the validated rows; the ledger holds only the public schema and
-the public row count.
+folder per dataset with the validated rows (folders 0700, files 0600 whatever the umask:
+``service.private_files``); the ledger holds only the public schema and the public row
+count.
 
 :data:`WORKER_KINDS` is the worker's table of data kinds (issue 23), the counterpart of
 the service's ``service.datasets.kinds.DATA_KINDS`` (a contract test keeps both naming the
@@ -13,6 +14,7 @@ loads and encodes them, and what the model card says about that encoding.
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +39,7 @@ from service.datasets.timeseries import (
     validate_series,
     wide_to_long,
 )
+from service.private_files import make_private_dir, open_private_file
 from worker.mechanisms.base import TabularTrainingSet
 
 ROWS_FILE = "rows.csv.gz"
@@ -146,8 +149,13 @@ def prepare_dataset(
 
 
 def _write_gzip_csv(path: Path, frame: pd.DataFrame) -> None:
+    """Write ``frame`` gzip-compressed to a temporary file beside ``path``, created ``0600``
+    whatever the umask (issue 26), flushed and fsynced, then renamed over ``path``."""
     tmp = path.with_name(path.name + ".tmp")
-    frame.to_csv(tmp, index=False, compression="gzip")
+    with os.fdopen(open_private_file(tmp), "wb") as fh:
+        frame.to_csv(fh, index=False, compression="gzip")
+        fh.flush()
+        os.fsync(fh.fileno())
     tmp.replace(path)
 
 
@@ -170,16 +178,14 @@ def _store_timeseries(
     data_dir: Path, schema: DatasetSchema, prepared: Prepared | PreparedSeries
 ) -> Path:
     assert isinstance(prepared, PreparedSeries)
-    target = dataset_dir(data_dir, schema.name)
-    target.mkdir(parents=True, exist_ok=True)
+    target = make_private_dir(dataset_dir(data_dir, schema.name))
     _write_gzip_csv(target / OUTCOMES_FILE, prepared.validated.outcomes)
     _write_gzip_csv(target / OBSERVATIONS_FILE, prepared.validated.observations)
     return target / OBSERVATIONS_FILE
 
 
 def store_rows(data_dir: Path, schema: TabularSchema, frame: pd.DataFrame) -> Path:
-    target = dataset_dir(data_dir, schema.name)
-    target.mkdir(parents=True, exist_ok=True)
+    target = make_private_dir(dataset_dir(data_dir, schema.name))
     _write_gzip_csv(target / ROWS_FILE, frame)
     return target / ROWS_FILE
 

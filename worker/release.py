@@ -19,6 +19,7 @@ from safetensors.torch import load as load_safetensors_torch
 from safetensors.torch import save as save_safetensors
 
 from service.modelspec import ModelSpec, parameter_count
+from service.private_files import PRIVATE_FILE_MODE, make_private_dir
 from service.releases import (
     NEIGHBOURING_RELATION,
     STATEMENTS,
@@ -198,7 +199,7 @@ def check_release_space(release_dir: Path, needed_bytes: int) -> None:
     this before any private row is read: a release that could not be written after
     training would keep the charge of a job whose data was read."""
     try:
-        release_dir.mkdir(parents=True, exist_ok=True)
+        make_private_dir(release_dir)
         fd, probe = tempfile.mkstemp(dir=release_dir, prefix=".space-check-")
         try:
             os.write(fd, b"0" * 4096)
@@ -240,9 +241,10 @@ def _fsync_dir(directory: Path) -> None:
 
 
 def _write_atomically(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` all or nothing: a temporary file in the same folder,
-    flushed and fsynced, then renamed over ``path``. Transient errors are retried with a
-    short backoff; on any failure the temporary file is removed."""
+    """Write ``data`` to ``path`` all or nothing: a temporary file in the same folder
+    (``0600``: mkstemp's mode, chmod-ed again in case), flushed and fsynced, then renamed
+    over ``path``. Transient errors are retried with a short backoff; on any failure the
+    temporary file is removed."""
     for delay in (*WRITE_RETRY_DELAYS_S, None):
         tmp: str | None = None
         try:
@@ -250,6 +252,7 @@ def _write_atomically(path: Path, data: bytes) -> None:
                 dir=path.parent, prefix=f".{path.name}.", suffix=".tmp", delete=False
             ) as f:
                 tmp = f.name
+                os.fchmod(f.fileno(), PRIVATE_FILE_MODE)
                 f.write(data)
                 f.flush()
                 os.fsync(f.fileno())
@@ -273,7 +276,7 @@ def write_release(
     nothing of this run's release is left (the weights are removed, and the run's folder
     if it is then empty) and the error is raised."""
     paths = release_paths(release_dir, job_id, run_token)
-    paths.directory.mkdir(parents=True, exist_ok=True)
+    make_private_dir(paths.directory)  # and the job's folder: 0700 (issue 26)
     text = json.dumps(card, indent=2, sort_keys=True).encode()
     try:
         _write_atomically(paths.weights, payload)
