@@ -108,8 +108,11 @@ NoiseDecay = Annotated[float, _NotBool, _Finite, Field(gt=0, lt=1)]
 """Decaying-noise DP-SGD's per-epoch factor R: (0, 1)."""
 JlProjections = Annotated[int, _NotBool, Field(ge=1, le=64)]
 """The JL engine's number of random projections r: [1, 64]."""
-Width = Annotated[int, _NotBool, Field(ge=1, le=256)]
-"""Hidden units of one MLP layer: [1, 256]."""
+Width = Annotated[int, _NotBool, Field(ge=1, le=1024)]
+"""Hidden units of one MLP layer: [1, 1024]. The exact DP-SGD engine's grids hold at this
+width (worker/mechanisms/exact_net.py) and one Adult epoch at width 1024 took 2.4 s on one
+thread (benchmarks/results/dpsgd_widths.md); larger jobs are refused by the worker's
+resource limits (service/resources.py), not by this cap."""
 Depth = Annotated[int, _NotBool, Field(ge=1, le=3)]
 """Hidden layers of an MLP in an architecture search: [1, 3]."""
 

@@ -280,3 +280,23 @@ def test_jl_sum_moves_by_at_most_kappa_2k_when_one_row_is_added(spec: Any) -> No
             worst = max(worst, int(((a - b) ** 2).sum()))
     assert worst <= (kappa * 2**GRID_BITS) ** 2
     assert worst > (2**GRID_BITS) ** 2  # some row was kept above C by a small estimate
+
+
+def test_the_width_cap_follows_the_engine() -> None:
+    """Issue 25: the API's width cap is what the exact engine's grids hold (1024); a
+    DP-SGD plan for an MLP of width 1024 builds and says proven, 1025 is refused."""
+    from pydantic import ValidationError
+
+    from service.plans import build_plan
+    from service.schemas import JobRequest
+
+    body = {"dataset": "x", "method": "dpsgd", "epsilon": 1, "delta": 1e-5}
+    wide = JobRequest.model_validate({**body, "model": {"kind": "mlp", "hidden": [1024]}})
+    assert build_plan(wide, n_rows=30_000, n_features=104).guarantee == "proven"
+    with pytest.raises(ValidationError):
+        JobRequest.model_validate({**body, "model": {"kind": "mlp", "hidden": [1025]}})
+    module = _model(MlpSpec(hidden=[1024, 1024], activation="relu"), 104, seed=40)
+    grids, _ = en.layer_grids(module)
+    assert all(
+        float(g.weight.abs().max()) >= 2.0**15 for g in grids
+    )  # ≥ 15 bits of the parameters' range kept at width 1024
