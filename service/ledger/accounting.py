@@ -15,7 +15,7 @@ from datetime import datetime
 from decimal import Decimal
 
 from pydantic import BaseModel, Field
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from service.ledger.filter_view import dataset_filter
@@ -114,12 +114,25 @@ def dataset_guarantee(session: Session, dataset_id: int) -> Guarantee:
     return weakest_guarantee(*(label for label in labels if label in GUARANTEE_ORDER))
 
 
-def accounting_summary(session: Session, dataset: Dataset) -> AccountingSummary:
+def accounting_summary(
+    session: Session, dataset: Dataset, *, compose_pld: bool = True
+) -> AccountingSummary:
+    """The dataset's figures. ``compose_pld=False`` leaves ``pld_epsilon`` out (None) and
+    counts the charges in force without reading their events: composing every charge by
+    PLD takes time proportional to the ledger, too slow for the dashboard's home page on
+    a large ledger (issue 26); the dataset's own page and the API compose it."""
     guarantee = dataset_guarantee(session, dataset.id)
     view = dataset_filter(dataset).view(guarantee=guarantee)
-    events = charged_events(session, dataset)
     delta = float(Decimal(dataset.delta_total))
     pld_eps: float | None = None
+    if not compose_pld:
+        in_force = session.scalar(
+            select(func.count()).select_from(charges_in_force(dataset.id).subquery())
+        )
+        events: list[DpEvent] = []
+    else:
+        events = charged_events(session, dataset)
+        in_force = len(events)
     if delta > 0 and events:
         # Information only, never used to admit: an event type without a PLD (random
         # stopping, any-of) makes it "not available". Nothing else is caught: any other
@@ -134,7 +147,7 @@ def accounting_summary(session: Session, dataset: Dataset) -> AccountingSummary:
         epsilon_total=view.epsilon_total,
         delta_total=delta,
         guarantee=guarantee,
-        charges_in_force=len(events),
+        charges_in_force=in_force or 0,
         naive_epsilon_sum=view.spent_epsilon_sum,
         epsilon_spent=view.epsilon_spent,
         pld_epsilon=pld_eps,
