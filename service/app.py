@@ -12,7 +12,6 @@ from fastapi import Depends, FastAPI
 
 from service.api.docs import install_docs
 from service.api.errors import install_handlers, problem_response
-from service.api.limits import Limiter
 from service.api.metrics import Metrics, MetricsMiddleware
 from service.api.metrics import router as metrics_router
 from service.api.middleware import ServerErrors, reject_hostile_input
@@ -22,6 +21,7 @@ from service.config import Settings, get_settings
 from service.dashboard import routes as dashboard
 from service.db import engine_for
 from service.jobs import sweep
+from service.limits import Limiter
 from service.logs import RequestLog
 from service.private_files import warn_private_permissions
 from service.version import __version__

@@ -86,7 +86,7 @@ class Settings(BaseSettings):
     # Memory a worker may use for one job; plans estimated above it are refused at quote
     # time (service/resources.py), before anything is charged.
     worker_memory_bytes: int = Field(default=16 * 2**30, ge=2**20)
-    # Rate limits per API process (service/api/limits.py): a token bucket per key on every
+    # Rate limits per API process (service/limits.py): a token bucket per key on every
     # authenticated call, and caps on concurrent quotes/submissions per key and in total.
     rate_limit_per_s: float = Field(default=20.0, gt=0)
     rate_limit_burst: int = Field(default=100, ge=1)

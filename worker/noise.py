@@ -143,6 +143,13 @@ What this does NOT defend against
   "Exact" above means exact for ideal random bits.
 * Memory disclosure of the generator state, or a caller that reuses noise.
 
+Why one module (over 500 lines): about 480 of its code lines and most of this docstring are
+the rounded Gaussian, whose construction, fast comparisons and error bound above are one
+argument over helpers it shares with the exact integer path (`_exp_neg_bounds`,
+`_below_exp_neg`, `_first_accepted`, which discrete Laplace uses too), and the unit tests
+patch those helpers on this module to force the exact path; splitting off discrete Laplace
+(~180 lines) would still leave the Gaussian part near 700 lines with its proof split across files.
+
 No function here accepts a seed: an analyst-chosen seed would let the analyst subtract the
 noise (see `worker/rng.py`).
 """

@@ -1,4 +1,6 @@
-"""Shared dependencies: the engine, settings and the caller's identity and role."""
+"""The API's dependencies: the caller's identity and role (from its API key), its planning
+slot; the engine, settings and limiter come from service.app_state (shared with the
+dashboard) and are re-exported here."""
 
 from __future__ import annotations
 
@@ -8,28 +10,16 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from sqlalchemy import Engine
 
 from service.api.errors import ProblemError
-from service.api.limits import Limiter
+from service.app_state import EngineDep as EngineDep
+from service.app_state import LimiterDep as LimiterDep
+from service.app_state import SettingsDep as SettingsDep
 from service.auth import analyst_for_key
-from service.config import Settings
 from service.db import transaction
 from service.ledger.tables import Role
 
 _bearer = HTTPBearer(auto_error=False, description="An API key issued by the admin.")
-
-
-def get_engine_dep(request: Request) -> Engine:
-    return request.app.state.engine  # type: ignore[no-any-return]
-
-
-def get_settings_dep(request: Request) -> Settings:
-    return request.app.state.settings  # type: ignore[no-any-return]
-
-
-EngineDep = Annotated[Engine, Depends(get_engine_dep)]
-SettingsDep = Annotated[Settings, Depends(get_settings_dep)]
 
 
 @dataclass(frozen=True)
@@ -37,13 +27,6 @@ class Caller:
     id: int
     name: str
     role: Role
-
-
-def get_limiter_dep(request: Request) -> Limiter:
-    return request.app.state.limiter  # type: ignore[no-any-return]
-
-
-LimiterDep = Annotated[Limiter, Depends(get_limiter_dep)]
 
 
 def current_caller(

@@ -7,7 +7,7 @@ No loss, row count, norm or ε of any job appears here.
 
 Public unless ``ENCLAVE_METRICS_TOKEN`` is set: then a scrape must send
 ``Authorization: Bearer <token>`` (compared in constant time), else 401. Either way each
-scrape spends a token of its client address's rate-limit bucket (service/api/limits.py).
+scrape spends a token of its client address's rate-limit bucket (service/limits.py).
 
 Each app has its own registry (tests build many apps in one process). With several
 uvicorn worker processes, set ``PROMETHEUS_MULTIPROC_DIR`` to an empty folder shared by
@@ -35,8 +35,8 @@ from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 from sqlalchemy import Engine, func, select
 
-from service.api.deps import LimiterDep, SettingsDep
 from service.api.errors import ProblemError
+from service.app_state import LimiterDep, SettingsDep
 from service.db import transaction
 from service.ledger.tables import Job, JobStatus
 

@@ -318,7 +318,7 @@ def test_rate_limits_answer_429_with_retry_after(settings: Any, keys: Any) -> No
 
 def test_global_planning_cap() -> None:
     from service.api.errors import ProblemError
-    from service.api.limits import Limiter
+    from service.limits import Limiter
 
     limiter = Limiter(rate_per_s=1.0, burst=1, planning_per_key=5, planning_global=1)
     with limiter.planning(1):

@@ -184,7 +184,7 @@ def test_work_over_the_limit_is_refused_before_an_expensive_calibration(
 def test_the_last_planning_slot_is_kept_for_a_key_that_holds_none() -> None:
     """Issue 19 item 8: a few analysts must not hold every planning slot."""
     from service.api.errors import ProblemError
-    from service.api.limits import Limiter
+    from service.limits import Limiter
 
     limiter = Limiter(rate_per_s=1.0, burst=1, planning_per_key=3, planning_global=3)
     with limiter.planning(1), limiter.planning(1):

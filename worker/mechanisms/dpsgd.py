@@ -37,6 +37,10 @@ that mechanism, post-processed:
    parameters view, so the step is one in-place update.
 
 Timing side channels (a step's duration grows with the sampled batch) are out of scope.
+
+Why one module (over 500 lines): the four stages above are the one mechanism the ledger
+charged, and most of the length is the Poisson sampler's exactness argument next to its
+code (:class:`PoissonSampler`); the clip-and-sum engines are already their own modules.
 """
 
 from __future__ import annotations

@@ -59,6 +59,12 @@ G = m + ⌈log₂ K⌉), and rounding once adds ≤ √P, so
 GRU-D (recurrent layers, elementwise decay parameters) is not supported by ghost or jl: the
 plan refuses it (422); the JL estimator itself (:func:`jl_projections`) runs on GRU-D and
 is tested there.
+
+Why one module (over 500 lines): the float engines (exact, ghost, jl) share the reduction
+whose proof (A1-A3 and :func:`row_cap` above) covers them all, next to the one interface and
+the dispatch (:func:`exact_clipper`) that picks each model's path, so the proof stays with
+the code it covers; the exact paths themselves are already their own modules
+(exact_net.py, exact_grud.py).
 """
 
 from __future__ import annotations

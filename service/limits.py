@@ -34,8 +34,8 @@ from typing import Any
 
 from fastapi import Request
 
-from service.api.errors import ProblemError
 from service.config import Settings
+from service.problems import ProblemError
 
 # Address buckets kept at most (per kind); beyond it, full (idle) buckets are dropped, then
 # the least recently used ones, so a flood of addresses cannot grow memory without bound.
