@@ -12,6 +12,7 @@ from rich.markup import escape
 from rich.table import Column, Table
 
 from enclave.errors import fail
+from enclave.privacy_text import privacy_number
 from service import admin as ops
 from service.config import get_settings
 from service.db import engine_for, transaction
@@ -80,7 +81,7 @@ def admin_jobs(
         failure = (j.error or "") + (" (refunded)" if row.refunded else "")
         table.add_row(
             j.id, row.analyst, j.dataset, j.method, str(j.status),
-            f"{j.progress_step}/{j.progress_total}", f"{j.epsilon:g}", escape(failure),
+            f"{j.progress_step}/{j.progress_total}", privacy_number(j.epsilon), escape(failure),
         )  # fmt: skip
     console.print(table)
     if cursor is not None:

@@ -29,8 +29,10 @@ from sqlalchemy.exc import ArgumentError, IntegrityError, OperationalError, Prog
 from sqlalchemy.orm import Session
 from typer.core import TyperGroup
 
+from enclave.analyst_cli import add_analyst_commands
 from enclave.errors import database_setup_error, fail
 from enclave.jobs_cli import jobs_app
+from enclave.privacy_text import privacy_number
 from service import admin as ops
 from service.auth import expiry, hash_api_key, new_api_key, revoke_key, rotate_key
 from service.config import get_settings
@@ -80,6 +82,7 @@ app.add_typer(analysts_app, name="analysts")
 app.add_typer(ledger_app, name="ledger")
 app.add_typer(admin_app, name="admin")
 app.add_typer(jobs_app, name="jobs")
+add_analyst_commands(jobs_app)  # jobs datasets list/show, jobs cancel (enclave.analyst_cli)
 
 console = Console()
 
@@ -252,7 +255,8 @@ def datasets_register(
     console.print(f"registered {name} (exact counts: shown here, inside the enclave, only)")
     _print_report(reg.report)
     console.print(
-        f"public row count: {reg.noisy_n_rows} (DP noisy count, ε = {reg.count_epsilon:g}, "
+        f"public row count: {reg.noisy_n_rows} (DP noisy count, "
+        f"ε = {privacy_number(reg.count_epsilon)}, "
         "charged to the dataset's budget; plans use only this)"
     )
     if reg.warning:
@@ -271,7 +275,14 @@ def datasets_budget(name: str, epsilon: Number, delta: Number) -> None:
             )
         except InvalidLedgerOperation as exc:
             fail(f"refused: {exc}")
-        console.print(dataset_filter(ds).view().model_dump())
+        v = dataset_filter(ds).view()
+    console.print(
+        f"budget of {name}: {v.rule} rule, (ε, δ) = ({privacy_number(v.epsilon_total)}, "
+        f"{privacy_number(v.delta_total)}); Σε charged {privacy_number(v.spent_epsilon_sum)}, "
+        f"ε spent {privacy_number(v.epsilon_spent)}, "
+        f"remaining ε {privacy_number(v.remaining_epsilon, down=True)}",
+        soft_wrap=True,
+    )
 
 
 @datasets_app.command("list")
@@ -293,10 +304,10 @@ def datasets_list() -> None:
                 ds.name,
                 str(ds.n_rows),
                 v.rule,
-                f"{v.epsilon_total:g}",
-                f"{v.delta_total:g}",
-                f"{v.spent_epsilon_sum:g}",
-                f"{v.remaining_epsilon:.4g}",
+                privacy_number(v.epsilon_total),
+                privacy_number(v.delta_total),
+                privacy_number(v.spent_epsilon_sum),
+                privacy_number(v.remaining_epsilon, down=True),
                 str(ds.allow_nominal),
             )
     console.print(table)
@@ -389,7 +400,10 @@ def analysts_cap(name: str, dataset: str, epsilon: Number, delta: Number) -> Non
             set_analyst_cap(s, analyst=a, dataset=ds, epsilon=cap.epsilon, delta=cap.delta)
         except InvalidLedgerOperation as exc:
             fail(f"refused: {exc}")
-    console.print(f"cap set: {name} on {dataset}: ε={epsilon}, δ={delta}")
+    console.print(
+        f"cap set: {name} on {dataset}: "
+        f"ε={privacy_number(cap.epsilon)}, δ={privacy_number(cap.delta)}"
+    )
 
 
 @analysts_app.command("list")
@@ -406,9 +420,12 @@ def analysts_list() -> None:
                 table.add_row(*head, "", "", "")
                 continue
             cap = (
-                f"ε {sp.cap.epsilon_total:g} ({sp.cap.remaining_epsilon:.4g})" if sp.cap else "none"
+                f"ε {privacy_number(sp.cap.epsilon_total)} "
+                f"({privacy_number(sp.cap.remaining_epsilon, down=True)})"
+                if sp.cap
+                else "none"
             )
-            table.add_row(*head, sp.dataset, f"{sp.epsilon_sum:g}", cap)
+            table.add_row(*head, sp.dataset, privacy_number(sp.epsilon_sum), cap)
     console.print(table)
 
 
@@ -478,8 +495,8 @@ def ledger_table(rows: list[dict]) -> Table:
             r["dataset"],
             r["kind"],
             (r["job_id"] or "")[:8],
-            f"{r['epsilon']:g}",
-            r["delta"],
+            privacy_number(r["epsilon"]),
+            privacy_number(r["delta"]),
             (r["reason"] or "")[:40],
             r["hash"][:12],
         )

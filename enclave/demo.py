@@ -22,6 +22,7 @@ from rich.console import Console
 from rich.table import Table
 
 from enclave.analyst import score_csv
+from enclave.privacy_text import privacy_number
 from enclave.processes import child_env, free_port, start_api, start_worker, stop, wait_ready
 from service.private_files import make_private_dir
 from service.releases import load_release
@@ -92,9 +93,10 @@ def run_demo(
         budget = ds["budget"]
         console.print(
             f"dataset {ds['name']}: {ds['n_rows']} rows (public DP noisy count, "
-            f"ε = {ds['count_epsilon']:g} charged at registration), "
-            f"{len(ds['public_schema']['columns'])} columns, budget ε={budget['epsilon_total']}, "
-            f"δ={budget['delta_total']} ({budget['rule']} rule)"
+            f"ε = {privacy_number(ds['count_epsilon'])} charged at registration), "
+            f"{len(ds['public_schema']['columns'])} columns, "
+            f"budget ε={privacy_number(budget['epsilon_total'])}, "
+            f"δ={privacy_number(budget['delta_total'])} ({budget['rule']} rule)"
         )
         request = {
             "dataset": "adult",
@@ -138,7 +140,7 @@ def _run_job(
         f"quote: admitted={quote['admitted']}, noise multiplier "
         f"{quote['plan']['mechanism']['noise_multiplier']:.3f}, "
         f"{quote['plan']['mechanism']['steps']} steps; remaining ε after: "
-        f"{quote['dataset_after']['remaining_epsilon']:.3f}"
+        f"{privacy_number(quote['dataset_after']['remaining_epsilon'], down=True)}"
     )
     job = (
         analyst.post("/v1/jobs", json=request, headers={"Idempotency-Key": key})
@@ -164,7 +166,8 @@ def _run_job(
     release = load_release(weights, card)
     p = card["privacy"]
     console.print(
-        f"release: {card['model']['kind']}, ε={p['epsilon']}, δ={p['delta']}, "
+        f"release: {card['model']['kind']}, ε={privacy_number(p['epsilon'])}, "
+        f"δ={privacy_number(p['delta'])}, "
         f"accountant={p['accountant']}, guarantee={p['guarantee'].upper()}"
     )
     console.print(f"  {p['statement']}")

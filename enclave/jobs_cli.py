@@ -21,6 +21,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Column, Table
 
 from enclave.errors import fail
+from enclave.privacy_text import privacy_number, remaining_notes
 from service.version import __version__
 
 jobs_app = typer.Typer(
@@ -136,11 +137,14 @@ SamplesOpt = Annotated[int | None, typer.Option(help="Released models (each char
 def _budget(view: dict[str, Any] | None) -> str:
     if view is None:
         return "none"
-    return f"{view['remaining_epsilon']:.4g} of ε {view['epsilon_total']:g}"
+    remaining = privacy_number(view["remaining_epsilon"], down=True)
+    return f"{remaining} of ε {privacy_number(view['epsilon_total'])}"
 
 
 def _change(before: dict[str, Any] | None, after: dict[str, Any] | None) -> str:
-    return f"{_budget(before)} → {_budget(after)}"
+    if before is None:
+        return "no cap"
+    return f"{_budget(before)} → {'refused' if after is None else _budget(after)}"
 
 
 NOT_PROVEN = {"nominal": ": not proven"}
@@ -161,9 +165,9 @@ def quote_table(quote: dict[str, Any]) -> Table:
             plan["guarantee"].upper() + (": not proven" if plan["guarantee"] == "nominal" else ""),
         ),
         ("accountant", plan["accountant"]),
-        ("stated ε (nats)", f"{plan['epsilon']:g}"),
-        ("stated δ", f"{plan['delta']:g}"),
-        ("charged_epsilon", "= stated ε (pure)" if charged is None else f"{charged:.6g}"),
+        ("stated ε (nats)", privacy_number(plan["epsilon"])),
+        ("stated δ", privacy_number(plan["delta"])),
+        ("charged_epsilon", "= stated ε (pure)" if charged is None else privacy_number(charged)),
         ("samples", str(plan["samples"])),
         ("steps", str(mech.get("steps", ""))),
     ]
@@ -171,14 +175,8 @@ def quote_table(quote: dict[str, Any]) -> Table:
         if name in mech:
             rows.append((name, f"{mech[name]:g}"))
     rows += [
-        (
-            "dataset ε remaining",
-            f"{_budget(quote['dataset_before'])} → {_budget(quote['dataset_after'])}",
-        ),
-        (
-            "your cap remaining",
-            f"{_budget(quote['analyst_before'])} → {_budget(quote['analyst_after'])}",
-        ),
+        ("dataset ε remaining", _change(quote["dataset_before"], quote["dataset_after"])),
+        ("your cap remaining", _change(quote["analyst_before"], quote["analyst_after"])),
         ("admitted", "yes" if quote["admitted"] else f"no: {quote.get('reason') or ''}"),
     ]
     for name, value in rows:
@@ -203,6 +201,8 @@ def quote(
     request = _request_body(body, dataset, method, epsilon, delta, model, samples)
     answer = Api(url, key).json("POST", "/v1/quote", json=request)
     console.print(quote_table(answer))
+    for note in remaining_notes(answer):  # what "remaining" means, and why a refusal
+        console.print(note, soft_wrap=True)
     if not answer["admitted"]:
         fail(f"not admitted: {answer.get('reason') or 'budget exceeded'}")
 
@@ -231,7 +231,7 @@ def submit(
     again = " (the same Idempotency-Key: the first job)" if response.status_code == 200 else ""
     console.print(
         f"job {job['status']}{again}: step {job['progress_step']} of {job['progress_total']}, "
-        f"ε = {job['epsilon']:g}, δ = {job['delta']:g} charged"
+        f"ε = {privacy_number(job['epsilon'])}, δ = {privacy_number(job['delta'])} charged"
     )
     typer.echo(job["id"])
 
@@ -264,15 +264,19 @@ def select(
         console.print(quote_table(answer))
         mech = answer["plan"]["mechanism"]
         for stage, values in mech["stages"].items():
-            console.print(f"stage {stage}: ε = {values['epsilon']:g}, δ = {values['delta']:g}")
+            eps, delta = privacy_number(values["epsilon"]), privacy_number(values["delta"])
+            console.print(f"stage {stage}: ε = {eps}, δ = {delta}")
         console.print(f"trainings: {mech['trainings']}, runs: {mech['runs']}")
+        for note in remaining_notes(answer):
+            console.print(note, soft_wrap=True)
         if not answer["admitted"]:
             fail(f"not admitted: {answer.get('reason') or 'budget exceeded'}")
         return
     headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
     job = api.call("POST", "/v1/selections", json=request, headers=headers).json()
     console.print(
-        f"selection {job['status']}: ε = {job['epsilon']:g}, δ = {job['delta']:g} charged"
+        f"selection {job['status']}: ε = {privacy_number(job['epsilon'])}, "
+        f"δ = {privacy_number(job['delta'])} charged"
     )
     typer.echo(job["id"])
 
@@ -326,7 +330,8 @@ def list_jobs(
     for j in jobs:
         table.add_row(
             j["id"], j["dataset"], j["method"], j["status"],
-            f"{j['progress_step']}/{j['progress_total']}", f"{j['epsilon']:g}", f"{j['delta']:g}",
+            f"{j['progress_step']}/{j['progress_total']}",
+            privacy_number(j["epsilon"]), privacy_number(j["delta"]),
             str(j["created_at"])[:19], escape(j.get("error") or ""),
         )  # fmt: skip
     console.print(table)
@@ -402,8 +407,8 @@ def download(
     privacy = release.card.get("privacy", {})
     console.print(
         f"wrote {folder / CARD_FILE} and {folder / WEIGHTS_FILE}; "
-        f"{str(privacy.get('guarantee', '')).upper()} guarantee, ε = {privacy.get('epsilon')}, "
-        f"δ = {privacy.get('delta')}",
+        f"{str(privacy.get('guarantee', '')).upper()} guarantee, "
+        f"ε = {privacy_number(privacy.get('epsilon'))}, δ = {privacy_number(privacy.get('delta'))}",
         soft_wrap=True,
     )
 
