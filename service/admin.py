@@ -219,7 +219,7 @@ def signed_delta(kind: EntryKind, epsilon_micro: int, delta: str) -> str:
 def ledger_entry_shown(entry: LedgerEntry, dataset_name: str) -> LedgerEntryPublic:
     """A ledger entry as every view shows it: :func:`signed_delta`'s sign convention."""
     public = ledger_entry_public(entry, dataset_name)
-    delta = signed_delta(EntryKind(entry.kind), entry.epsilon_micro, entry.delta)
+    delta = float(signed_delta(EntryKind(entry.kind), entry.epsilon_micro, entry.delta))
     return public if delta == public.delta else public.model_copy(update={"delta": delta})
 
 

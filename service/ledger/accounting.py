@@ -174,7 +174,7 @@ def ledger_entry_public(entry: LedgerEntry, dataset_name: str) -> LedgerEntryPub
         kind=EntryKind(entry.kind),
         event=entry.event,
         epsilon=from_micro(entry.epsilon_micro),
-        delta=entry.delta,
+        delta=float(entry.delta),
         reason=entry.reason,
         created_at=entry.created_at,
         prev_hash=entry.prev_hash,

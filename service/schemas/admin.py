@@ -99,7 +99,14 @@ class LedgerEntryPublic(ApiOutput):
     kind: EntryKind
     event: dict[str, Any] | None
     epsilon: float
-    delta: str
+    delta: float = Field(
+        description=(
+            "δ of the entry, a number like ε (negative on a refund that returned budget, "
+            "as ε). The ledger row keeps δ as the exact decimal string it hashes into the "
+            "chain; that string is the shortest repr of the plan's float δ, so this float is "
+            "the same value."
+        )
+    )
     reason: str | None
     created_at: str
     prev_hash: str

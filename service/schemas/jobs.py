@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, model_validator
 
 from service.modelspec import LogisticSpec, ModelSpec
 from service.params import Delta, Epsilon
@@ -72,6 +72,13 @@ class JobRequest(ApiInput):
         return self
 
 
+# The plan format's version: the value 1, validated as `Literal[1]`, documented as an
+# integer in [1, 1]. Pydantic's own schema for `Literal[1]` is `{"const": 1}`, from which
+# openapi-python-client 0.29.1 writes `if version != 1and ...` (a SyntaxWarning, a
+# SyntaxError under `python -W error`); the bounds say the same and generate valid code.
+PlanVersion = Annotated[Literal[1], WithJsonSchema({"type": "integer", "minimum": 1, "maximum": 1})]
+
+
 class PrivacyPlan(BaseModel):
     """Every number that decides a job's privacy cost. A pure function of the request and
     public metadata (the registered row count), computed before any private row is read.
@@ -81,7 +88,7 @@ class PrivacyPlan(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    version: Literal[1] = 1
+    version: PlanVersion = Field(default=1, description="The plan format's version.")
     method: Method
     dataset: str
     n_rows: int = Field(description="The dataset's public (DP noisy) row count the plan used.")

@@ -63,20 +63,20 @@ def test_a_refund_shows_negative_epsilon_and_delta_in_every_view(
     rows = _entries(client, keys, job)
     (charge,), (refund,) = rows["charge"], rows["refund"]
     assert refund["epsilon"] == -charge["epsilon"] < 0
-    assert float(charge["delta"]) == pytest.approx(1e-5)
-    assert refund["delta"] == "-" + charge["delta"]  # the API: δ signed like ε
+    assert charge["delta"] == 1e-5  # a number, like ε: the plan's δ exactly
+    assert refund["delta"] == -charge["delta"]  # the API: δ signed like ε
 
     shown = CliRunner().invoke(app, ["ledger", "show"], env={"COLUMNS": "250"})
     assert shown.exit_code == 0, shown.output
     (line,) = [ln for ln in shown.output.splitlines() if " refund " in ln and job[:8] in ln]
     cells = [c.strip() for c in line.split("│")]
-    assert f"{refund['epsilon']:g}" in cells and f"-{charge['delta']}" in cells, line
+    assert f"{refund['epsilon']:g}" in cells and f"{refund['delta']:g}" in cells, line
 
     # The dashboard shows the same figures (it no longer signs them itself).
     login = client.post("/dashboard/login", data={"api_key": keys.admin}, follow_redirects=False)
     assert login.status_code == 303
     page = client.get("/dashboard/ledger").text
-    assert f"<td>-{charge['delta']}</td>" in page
+    assert f"<td>{refund['delta']:g}</td>" in page  # -1e-05
     # The stored row is unchanged: the chain still verifies.
     assert client.get("/v1/admin/ledger/verify", headers=auth(keys.admin)).json()["ok"] is True
 
