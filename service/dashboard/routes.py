@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Annotated, Any
-from urllib.parse import quote
+from typing import Annotated, Any, get_args
+from urllib.parse import quote, urlencode
 
 from fastapi import APIRouter, Cookie, Depends, FastAPI, Form, Request
 from fastapi.responses import HTMLResponse, PlainTextResponse, RedirectResponse, Response
@@ -32,17 +32,19 @@ from service.dashboard.sessions import (
     session_for_token,
 )
 from service.dashboard.views import (
+    PAGE_SIZE,
     guarantee_label,
     page_number,
     paging,
     timestamp,
 )
 from service.db import transaction
+from service.job_pages import BadCursor, JobFilters, count_matching
 from service.ledger.accounting import accounting_summary, spending_over_time
 from service.ledger.audit import check_totals, verify_all
 from service.ledger.checkpoints import verify_incrementally
 from service.ledger.errors import InvalidLedgerOperation
-from service.ledger.tables import Dataset
+from service.ledger.tables import Analyst, Dataset, JobStatus
 from service.schemas import (
     AnalystCreate,
     BudgetUpdate,
@@ -51,6 +53,7 @@ from service.schemas import (
     NominalUpdate,
     RefundRequest,
 )
+from service.schemas.common import GUARANTEE_ORDER, Method
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 templates = Jinja2Templates(directory=str(TEMPLATES))
@@ -246,16 +249,62 @@ def jobs(
     request: Request,
     engine: EngineDep,
     admin: AdminPage,
-    page: str | None = None,
+    status: str | None = None,
+    dataset: str | None = None,
+    method: str | None = None,
+    guarantee: str | None = None,
+    analyst: str | None = None,
+    cursor: str | None = None,
     done: str | None = None,
 ) -> Response:
-    number = page_number(page)
-    if number is None:
-        return bad_page(request, admin, "/dashboard/jobs")
+    """Every analyst's jobs, newest first, filtered by the form's fields (a blank field
+    matches every job) and paged by cursor (service/job_pages.py)."""
+    raw = {"status": status, "dataset": dataset, "method": method}
+    raw |= {"guarantee": guarantee, "analyst": analyst}
+    try:
+        filters = JobFilters.model_validate({k: blank_is_none(v) for k, v in raw.items()})
+    except ValidationError as exc:
+        return bad_filter(request, admin, exc)
+    cursor = blank_is_none(cursor)
     with transaction(engine) as s:
-        paged = paging(number, ops.count_jobs(s))
-        rows = ops.jobs_newest_first(s, limit=paged.size, offset=paged.offset)
-    return render(request, "jobs.html", admin, rows=rows, paging=paged, done=done_message(done))
+        try:
+            page = ops.jobs_page(s, filters, limit=PAGE_SIZE, cursor=cursor)
+        except BadCursor:
+            return render(
+                request,
+                "error.html",
+                admin,
+                status_code=400,
+                title="No such page",
+                message="The page link is not one this dashboard made: start from the first page.",
+                back="/dashboard/jobs",
+            )
+        total = count_matching(s, filters)
+        datasets = list(s.scalars(select(Dataset.name).order_by(Dataset.name)))
+        analysts = list(s.scalars(select(Analyst.name).order_by(Analyst.name)))
+    query = filters.query_params()
+    return render(
+        request,
+        "jobs.html",
+        admin,
+        rows=page.rows,
+        filters=filters,
+        total=total,
+        size=PAGE_SIZE,
+        first=cursor is None,
+        first_url="/dashboard/jobs" + (f"?{urlencode(query)}" if query else ""),
+        next_url=None
+        if page.next_cursor is None
+        else "/dashboard/jobs?" + urlencode({**query, "cursor": page.next_cursor}),
+        choices={
+            "status": [s.value for s in JobStatus],
+            "method": list(get_args(Method)),
+            "guarantee": list(GUARANTEE_ORDER),
+            "dataset": datasets,
+            "analyst": analysts,
+        },
+        done=done_message(done),
+    )
 
 
 @router.get("/ledger", response_class=HTMLResponse)
@@ -313,6 +362,20 @@ FORM_ERRORS = (ValidationError, ops.NotFound, InvalidLedgerOperation)
 
 def blank_is_none(value: str | None) -> str | None:
     return None if value is None or not value.strip() else value.strip()
+
+
+def bad_filter(request: Request, admin: AdminSession, exc: ValidationError) -> Response:
+    """A filter value the jobs page does not know: a 422 page saying which."""
+    detail = "; ".join(f"{'.'.join(str(x) for x in e['loc'])}: {e['msg']}" for e in exc.errors())
+    return render(
+        request,
+        "error.html",
+        admin,
+        status_code=422,
+        title="Invalid filter",
+        message=f"No jobs were looked up: {detail}",
+        back="/dashboard/jobs",
+    )
 
 
 @router.get("/datasets/{name}", response_class=HTMLResponse)
