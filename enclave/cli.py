@@ -23,13 +23,14 @@ import typer
 from pydantic import ValidationError
 from rich.console import Console
 from rich.markup import escape
-from rich.table import Column, Table
+from rich.table import Table
 from sqlalchemy import select
 from sqlalchemy.exc import ArgumentError, IntegrityError, OperationalError, ProgrammingError
 from sqlalchemy.orm import Session
 from typer.core import TyperGroup
 
 from enclave.analyst_cli import add_analyst_commands
+from enclave.admin_jobs import admin_jobs
 from enclave.errors import database_setup_error, fail
 from enclave.jobs_cli import jobs_app
 from enclave.privacy_text import privacy_number
@@ -445,26 +446,8 @@ def datasets_nominal(
         console.print(f"{ds.name}: nominal methods {'allowed' if ds.allow_nominal else 'refused'}")
 
 
-@admin_app.command("jobs")
-def admin_jobs(
-    limit: Annotated[int, typer.Option(min=1, max=1000, help="Newest first, at most.")] = 50,
-) -> None:
-    """Every analyst's jobs, newest first, with the failure reason the worker recorded
-    (the detail stays in the worker's log) and whether a failed job was refunded."""
-    names = ("job", "analyst", "dataset", "method", "status", "steps", "ε", "failure")
-    # Fold, never truncate: an admin copies the job id into `admin refund`.
-    columns = [Column(n, overflow="fold") for n in names]
-    table = Table(*columns, title="Jobs, newest first")
-    with transaction(_engine()) as s:
-        rows = ops.jobs_newest_first(s, limit=limit)
-    for row in rows:
-        j = row.job
-        failure = (j.error or "") + (" (refunded)" if row.refunded else "")
-        table.add_row(
-            j.id, row.analyst, j.dataset, j.method, str(j.status),
-            f"{j.progress_step}/{j.progress_total}", f"{j.epsilon:g}", escape(failure),
-        )  # fmt: skip
-    console.print(table)
+# Filters, --cursor and --all (issue 26): enclave/admin_jobs.py.
+admin_app.command("jobs")(admin_jobs)
 
 
 @admin_app.command("refund")

@@ -26,7 +26,6 @@ from service.ledger.tables import (
     AnalystCap,
     Dataset,
     EntryKind,
-    Job,
     JobStatus,
     LedgerEntry,
     Role,
@@ -171,30 +170,6 @@ def jobs_page(
     )
     rows = [JobRow(job_public(j, ds), a, j.id in refunded) for j, ds, a in page.rows]
     return JobRows(rows, page.next_cursor)
-
-
-def jobs_newest_first(s: Session, *, limit: int, offset: int = 0) -> list[JobRow]:
-    rows = s.execute(
-        select(Job, Dataset.name, Analyst.name)
-        .join(Dataset, Dataset.id == Job.dataset_id)
-        .join(Analyst, Analyst.id == Job.analyst_id)
-        .order_by(Job.created_at.desc(), Job.id)
-        .limit(limit)
-        .offset(offset)
-    ).all()
-    refunded = set(
-        s.scalars(
-            select(LedgerEntry.job_id).where(
-                LedgerEntry.kind == EntryKind.refund,
-                LedgerEntry.job_id.in_([j.id for j, _, _ in rows]),
-            )
-        )
-    )
-    return [JobRow(job_public(j, ds), a, j.id in refunded) for j, ds, a in rows]
-
-
-def count_jobs(s: Session) -> int:
-    return int(s.scalar(select(func.count()).select_from(Job)) or 0)
 
 
 def signed_delta(kind: EntryKind, epsilon_micro: int, delta: str) -> str:
