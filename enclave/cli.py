@@ -29,8 +29,8 @@ from sqlalchemy.exc import ArgumentError, IntegrityError, OperationalError, Prog
 from sqlalchemy.orm import Session
 from typer.core import TyperGroup
 
-from enclave.analyst_cli import add_analyst_commands
 from enclave.admin_jobs import admin_jobs
+from enclave.analyst_cli import add_analyst_commands
 from enclave.errors import database_setup_error, fail
 from enclave.jobs_cli import jobs_app
 from enclave.privacy_text import privacy_number
