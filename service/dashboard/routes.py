@@ -21,7 +21,7 @@ from pydantic import ValidationError
 from sqlalchemy import select
 
 from service import admin as ops
-from service.api.deps import EngineDep, LimiterDep, SettingsDep
+from service.app_state import EngineDep, LimiterDep, SettingsDep
 from service.dashboard.chart import build_chart
 from service.dashboard.security import DashboardHeaders
 from service.dashboard.sessions import (
