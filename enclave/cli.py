@@ -46,6 +46,7 @@ from service.ledger.errors import InvalidLedgerOperation
 from service.ledger.filter_view import dataset_filter
 from service.ledger.tables import Analyst, Dataset, Role
 from service.migrate import upgrade
+from service.private_files import make_private_dir
 from service.schemas import AnalystCreate, BudgetUpdate, CapUpdate, KeyRotate, RefundRequest
 from service.version import __version__
 
@@ -136,7 +137,7 @@ def _engine():  # type: ignore[no-untyped-def]
 
 
 def _home() -> None:
-    get_settings().home.mkdir(parents=True, exist_ok=True)
+    make_private_dir(get_settings().home)  # a new home is 0700 (issue 26)
 
 
 @db_app.command("upgrade")
@@ -554,7 +555,7 @@ def up(port: int = 8000) -> None:
     db_upgrade()
     home = get_settings().home
     logs = home / "logs"
-    logs.mkdir(parents=True, exist_ok=True)
+    make_private_dir(logs)  # 0700; the logs are 0600 (enclave.processes)
     # The children get the absolute home, so they agree with this process on every path.
     env = child_env({"ENCLAVE_HOME": str(home)})
     api_proc = start_api(env, port, log=logs / "api.log")
