@@ -1,7 +1,7 @@
 """Owner-only files for the enclave's private data (issue 26).
 
 Private data folders are ``0700`` and their files ``0600``, whatever the process umask:
-the registered rows (``DATA_DIR``), the releases (``RELEASE_DIR``), the embedded mode's
+the registered rows (the worker's data folder), the releases (``RELEASE_DIR``), the embedded mode's
 logs (``HOME/logs``) and its SQLite ledger. Everything that writes there creates its
 folders with :func:`make_private_dir` and its files with :func:`open_private_file` (or, for
 a temporary file, ``tempfile.mkstemp``, which is ``0600`` by itself, plus an explicit
@@ -150,27 +150,17 @@ def _check_tree(root: Path) -> list[str]:
 
 
 def check_private_permissions(
-    home: Path,
-    *,
-    data_dir: Path | None = None,
-    release_dir: Path | None = None,
-    ledger_file: Path | None = None,
+    folders: Iterable[Path], *, ledger_file: Path | None = None
 ) -> list[str]:
     """One line per private folder wider than ``0700`` or file wider than ``0600`` (or
-    that cannot be checked), walking the data folder (default ``home/private-data``), the
-    release folder (default ``home/releases``) and ``home/logs``, and looking at the SQLite
-    ledger (default ``home/ledger.sqlite``) with its side files. Paths that do not exist
-    are skipped; nothing is read but modes."""
-    roots = [
-        data_dir if data_dir is not None else home / "private-data",
-        release_dir if release_dir is not None else home / "releases",
-        home / "logs",
-    ]
-    ledger = ledger_file if ledger_file is not None else home / "ledger.sqlite"
-    files: Iterable[Path] = [ledger, *(Path(f"{ledger}{s}") for s in SQLITE_SIDE_SUFFIXES)]
+    that cannot be checked), walking ``folders`` and looking at the SQLite ledger file
+    with its side files. Paths that do not exist are skipped; nothing is read but modes."""
+    files: list[Path] = []
+    if ledger_file is not None:
+        files = [ledger_file, *(Path(f"{ledger_file}{s}") for s in SQLITE_SIDE_SUFFIXES)]
     problems: list[str] = []
     seen: set[Path] = set()
-    for path in [*roots, *files]:
+    for path in [*folders, *files]:
         if path in seen:
             continue
         seen.add(path)
@@ -178,22 +168,28 @@ def check_private_permissions(
     return problems
 
 
-def settings_permission_problems(settings: Settings) -> list[str]:
-    """:func:`check_private_permissions` on these settings' folders (and the SQLite ledger
-    file, in embedded mode)."""
+def settings_permission_problems(
+    settings: Settings, *, private_folders: Iterable[Path] = ()
+) -> list[str]:
+    """:func:`check_private_permissions` on the release folder, ``HOME/logs``, the SQLite
+    ledger (embedded mode) and ``private_folders``: the worker adds its data folder, which
+    the service never names (only the worker reads the private data volume)."""
     return check_private_permissions(
-        settings.home,
-        data_dir=settings.resolved_data_dir,
-        release_dir=settings.resolved_release_dir,
+        [settings.resolved_release_dir, settings.home / "logs", *private_folders],
         ledger_file=sqlite_file(settings.resolved_database_url),
     )
 
 
-def warn_private_permissions(settings: Settings, logger: logging.Logger = log) -> list[str]:
+def warn_private_permissions(
+    settings: Settings,
+    logger: logging.Logger = log,
+    *,
+    private_folders: Iterable[Path] = (),
+) -> list[str]:
     """The start-up check: log one warning per problem (at most :data:`MAX_WARNINGS`,
     then one line with the count of the rest), never raise; returns the problems."""
     try:
-        problems = settings_permission_problems(settings)
+        problems = settings_permission_problems(settings, private_folders=private_folders)
     except Exception as exc:  # the check must never stop a start-up
         logger.warning("could not check the private files' permissions: %s", exc)
         return []

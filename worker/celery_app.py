@@ -49,4 +49,6 @@ app = make_celery()
 def check_permissions_at_start(sender: Any = None, **_: Any) -> None:
     """Start-up check of this worker's private folders (never stops the worker)."""
     if getattr(sender, "app", None) is app:
-        warn_private_permissions(get_settings())
+        settings = get_settings()
+        # The worker alone names the private data folder (the service never reads it).
+        warn_private_permissions(settings, private_folders=[settings.resolved_data_dir])

@@ -124,7 +124,7 @@ def test_registration_writes_0600_files_in_0700_folders(
     for path in [ledger, *ledger.parent.glob("ledger.sqlite-*")]:
         assert _mode(path) == 0o600, path.name
     assert _mode(home_settings.home) == 0o700
-    assert check_private_permissions(home_settings.home) == []
+    assert _check(home_settings.home) == []
 
 
 def test_a_release_writes_0600_files_in_0700_folders(umask: int, tmp_path: Path) -> None:
@@ -186,6 +186,12 @@ def test_the_cli_makes_a_new_home_private(umask: int, home_settings: Settings) -
     assert _mode(home_settings.home / "ledger.sqlite") == 0o600
 
 
+def _check(home: Path) -> list[str]:
+    """The whole embedded home as the API and the worker together check it."""
+    folders = [home / "private-data", home / "releases", home / "logs"]
+    return check_private_permissions(folders, ledger_file=home / "ledger.sqlite")
+
+
 def _clean_tree(home: Path) -> None:
     for folder in ("private-data/toy", "releases/job/token", "logs"):
         make_private_dir(home / folder)
@@ -198,15 +204,15 @@ def _clean_tree(home: Path) -> None:
 
 def test_the_check_reports_wide_paths_and_nothing_for_a_clean_tree(tmp_path: Path) -> None:
     home = tmp_path / "home"
-    assert check_private_permissions(home) == []  # nothing there yet: nothing to report
+    assert _check(home) == []  # nothing there yet: nothing to report
     _clean_tree(home)
-    assert check_private_permissions(home) == []
+    assert _check(home) == []
     (home / "private-data" / "toy" / "rows.csv.gz").chmod(0o644)
     (home / "releases" / "job").chmod(0o755)
     (home / "ledger.sqlite").chmod(0o640)
     (home / "logs" / "api.log").chmod(0o400)  # narrower is fine
     (home / "logs" / "link").symlink_to(home / "logs" / "api.log")  # links: not checked
-    problems = check_private_permissions(home)
+    problems = _check(home)
     assert problems == [
         f"private file {home}/private-data/toy/rows.csv.gz has mode 0644, wider than 0600: "
         f"others may read it (fix: chmod 600 {home}/private-data/toy/rows.csv.gz)",
@@ -225,7 +231,7 @@ def test_the_check_walks_folders_outside_the_home(tmp_path: Path) -> None:
     data.chmod(0o755)
     (releases / "x").write_bytes(b"")
     (releases / "x").chmod(0o666)
-    problems = check_private_permissions(tmp_path / "home", data_dir=data, release_dir=releases)
+    problems = check_private_permissions([data, releases])
     assert [p.split(" has ")[0] for p in problems] == [
         f"private folder {data}",
         f"private file {releases}/x",
@@ -249,9 +255,9 @@ def test_the_api_warns_at_start_up(
     with caplog.at_level(logging.WARNING, logger="enclave.permissions"):
         create_app(home_settings, run_sweeper=False)  # warns, does not fail
     warnings = [r.getMessage() for r in caplog.records if r.name == "enclave.permissions"]
-    assert len(warnings) == 2
-    assert warnings[0].startswith(f"private file {home}/private-data/toy/rows.csv.gz has mode 0644")
-    assert warnings[1].startswith(f"private folder {home}/releases has mode 0755")
+    # The API checks what it owns; the data folder is the worker's (it never names it).
+    assert len(warnings) == 1
+    assert warnings[0].startswith(f"private folder {home}/releases has mode 0755")
     assert all(r.levelno == logging.WARNING for r in caplog.records)
     assert "secret" not in caplog.text
 
@@ -267,9 +273,11 @@ def test_the_worker_warns_at_start_up(
     with caplog.at_level(logging.WARNING, logger="enclave.permissions"):
         check_permissions_at_start(sender=SimpleNamespace(app=SimpleNamespace()))  # not ours
         assert caplog.records == []
+        (home / "private-data" / "toy" / "rows.csv.gz").chmod(0o644)  # the worker's folder
         check_permissions_at_start(sender=SimpleNamespace(app=app))
     assert [r.getMessage().split(" has ")[0] for r in caplog.records] == [
-        f"private file {home}/logs/api.log"
+        f"private file {home}/logs/api.log",
+        f"private file {home}/private-data/toy/rows.csv.gz",
     ]
 
 
@@ -287,7 +295,7 @@ def test_many_problems_are_capped_and_a_failing_check_does_not_raise(
         assert len(warn_private_permissions(home_settings)) == 5
     assert len(caplog.records) == 4 and caplog.records[-1].getMessage().startswith("2 more")
 
-    def broken(_settings: Any) -> list[str]:
+    def broken(_settings: Any, **_: Any) -> list[str]:
         raise PermissionError("no")
 
     monkeypatch.setattr(private_files, "settings_permission_problems", broken)
