@@ -35,7 +35,7 @@ from enclave.errors import database_setup_error, fail
 from enclave.jobs_cli import jobs_app
 from enclave.privacy_text import privacy_number
 from service import admin as ops
-from service.auth import expiry, hash_api_key, new_api_key, revoke_key, rotate_key
+from service.auth import expiry, hash_api_key, new_api_key
 from service.config import get_settings
 from service.datasets.kinds import DATA_KINDS, DatasetSchema, load_schema_yaml
 from service.datasets.tabular import SchemaError
@@ -374,20 +374,33 @@ def _dataset_named(s: Session, name: str) -> Dataset:
 
 
 @analysts_app.command("rotate")
-def analysts_rotate(name: str, expires_days: ExpiresDays = None) -> None:
-    """Give an analyst a new API key (printed once); the old key stops working at once."""
-    body = _checked(KeyRotate, expires_in_days=expires_days)
-    with transaction(_engine()) as s:
-        key = rotate_key(_analyst_named(s, name), expires_in_days=body.expires_in_days)
+def analysts_rotate(
+    name: str,
+    expires_days: Annotated[
+        float | None,
+        typer.Option(
+            parser=_number,
+            help="Lifetime of the new key, in days (without it: the current key's expiry).",
+        ),
+    ] = None,
+    no_expiry: Annotated[bool, typer.Option(help="The new key never expires.")] = False,
+) -> None:
+    """Give an analyst a new API key (printed once); the old key stops working at once. It
+    keeps the current key's expiry unless --expires-days or --no-expiry says otherwise (as
+    POST /v1/admin/analysts/{name}/key)."""
+    body = _checked(KeyRotate, expires_in_days=expires_days, no_expiry=no_expiry)
+    with _refusals(), transaction(_engine()) as s:
+        key = ops.rotate_analyst_key(s, name, body).api_key
     console.print(f"rotated the key of {name}; the old key no longer works")
     typer.echo(key)
 
 
 @analysts_app.command("revoke")
 def analysts_revoke(name: str) -> None:
-    """Revoke an analyst's API key at once (API and dashboard); `rotate` issues a new one."""
-    with transaction(_engine()) as s:
-        revoke_key(_analyst_named(s, name))
+    """Revoke an analyst's API key at once (API and dashboard); `rotate` issues a new one.
+    The last live admin key is never revoked (refused, exit 1)."""
+    with _refusals(), transaction(_engine()) as s:
+        ops.revoke_analyst_key(s, name)
     console.print(f"revoked the key of {name}")
 
 
@@ -466,7 +479,14 @@ def admin_refund(
     body = _checked(RefundRequest, reason=reason, override=override)
     with _refusals(), transaction(_engine()) as s:
         job = ops.refund_failed_job(s, job_id, body)
-    console.print(f"refunded job {job.id} on {job.dataset}: {escape(body.reason)}")
+        information_only = ops.refund_is_information_only_for(s, job.id)
+    if information_only:
+        console.print(
+            f"recorded an information-only refund of job {job.id} on {job.dataset} (its charge "
+            f"stays: it had read private rows): {escape(body.reason)}"
+        )
+    else:
+        console.print(f"refunded job {job.id} on {job.dataset}: {escape(body.reason)}")
 
 
 def ledger_table(rows: list[dict]) -> Table:
@@ -477,7 +497,7 @@ def ledger_table(rows: list[dict]) -> Table:
         table.add_row(
             str(r["id"]),
             r["dataset"],
-            r["kind"],
+            r.get("label") or r["kind"],
             (r["job_id"] or "")[:8],
             privacy_number(r["epsilon"]),
             privacy_number(r["delta"]),

@@ -7,7 +7,7 @@ the page for the dashboard). The caller owns the transaction.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
@@ -15,8 +15,8 @@ from sqlalchemy.orm import Session
 from service.auth import expiry, hash_api_key, key_is_live, new_api_key, revoke_key, rotate_key
 from service.job_pages import DEFAULT_LIMIT, JobFilters, job_page
 from service.jobs import as_utc, job_public
-from service.ledger.accounting import ledger_entry_public
-from service.ledger.budgets import set_analyst_cap, set_dataset_budget
+from service.ledger.accounting import ledger_entry_public, refund_is_information_only
+from service.ledger.budgets import set_analyst_cap, set_dataset_budget, set_nominal_policy
 from service.ledger.errors import InvalidLedgerOperation, LedgerError
 from service.ledger.filter_view import cap_filter, dataset_filter
 from service.ledger.locks import lock_job
@@ -84,14 +84,56 @@ def create_analyst(s: Session, body: AnalystCreate) -> AnalystCreated:
     return _created(a, key)
 
 
+def rotated_key_expiry(
+    a: Analyst, body: KeyRotate, *, now: datetime | None = None
+) -> datetime | None:
+    """When the rotated key expires: after ``expires_in_days`` if given; never with
+    ``no_expiry``; else (the lifetime left blank) when the current key expires, so a
+    rotation never lifts an expiry the admin once set. A key already past its expiry has
+    none left to keep: that rotation is refused and asks for a lifetime (or no expiry)."""
+    if body.expires_in_days is not None:
+        return expiry(body.expires_in_days)
+    if body.no_expiry:
+        return None
+    current = as_utc(a.key_expires_at)
+    if current is not None and current <= (now or datetime.now(UTC)):
+        raise InvalidLedgerOperation(
+            f"{a.name}'s key expired on {current:%Y-%m-%d %H:%M} UTC, so there is no expiry "
+            "to keep: give the new key a lifetime in days, or choose no expiry"
+        )
+    return current
+
+
 def rotate_analyst_key(s: Session, name: str, body: KeyRotate) -> AnalystCreated:
-    """A new key for the analyst (returned once); the old one stops working at once."""
+    """A new key for the analyst (returned once); the old one stops working at once. Its
+    expiry: :func:`rotated_key_expiry` (a blank lifetime keeps the current one)."""
     a = analyst_named(s, name)
-    return _created(a, rotate_key(a, expires_in_days=body.expires_in_days))
+    return _created(a, rotate_key(a, expires_at=rotated_key_expiry(a, body)))
+
+
+class LastAdminKey(InvalidLedgerOperation):
+    """Revoking this key would leave no live admin key: nobody could administer the
+    service (nor issue a new admin key) through the API or the dashboard."""
+
+
+def revocable_analyst(s: Session, name: str) -> Analyst:
+    """The analyst whose key may be revoked: :class:`NotFound` if none, :class:`LastAdminKey`
+    if theirs is the last live admin key (checked before asking for confirmation, and again
+    when revoking)."""
+    a = analyst_named(s, name)
+    if Role(a.role) == Role.admin and key_is_live(a):
+        admins = s.scalars(select(Analyst).where(Analyst.role == Role.admin, Analyst.id != a.id))
+        if not any(key_is_live(other) for other in admins):
+            raise LastAdminKey(
+                f"{a.name}'s key is the last live admin key: revoking it would lock every "
+                "admin out; create or re-key another admin first"
+            )
+    return a
 
 
 def revoke_analyst_key(s: Session, name: str) -> None:
-    revoke_key(analyst_named(s, name))
+    """Revoke the analyst's key at once; never the last live admin key (:class:`LastAdminKey`)."""
+    revoke_key(revocable_analyst(s, name))
 
 
 def update_budget(s: Session, name: str, body: BudgetUpdate) -> BudgetView:
@@ -112,9 +154,8 @@ def update_cap(s: Session, dataset: str, analyst: str, body: CapUpdate) -> Budge
 
 
 def set_nominal(s: Session, name: str, *, allow_nominal: bool) -> Dataset:
-    ds = dataset_named(s, name)
-    ds.allow_nominal = allow_nominal
-    return ds
+    """Set the dataset's nominal policy; written to the ledger as budget changes are."""
+    return set_nominal_policy(s, dataset=dataset_named(s, name), allow_nominal=allow_nominal)
 
 
 def refund_failed_job(s: Session, job_id: str, body: RefundRequest) -> JobPublic:
@@ -133,6 +174,16 @@ def refund_failed_job(s: Session, job_id: str, body: RefundRequest) -> JobPublic
     return job_public(job, s.get_one(Dataset, job.dataset_id).name)
 
 
+def refund_is_information_only_for(s: Session, job_id: str) -> bool:
+    """Whether the job's refund (if any) is an information-only one (its charge stays)."""
+    events = s.scalars(
+        select(LedgerEntry.event).where(
+            LedgerEntry.job_id == job_id, LedgerEntry.kind == EntryKind.refund
+        )
+    )
+    return any(refund_is_information_only(e) for e in events)
+
+
 @dataclass(frozen=True)
 class JobRow:
     """A job as the admin sees it: with the analyst who submitted it."""
@@ -140,6 +191,9 @@ class JobRow:
     job: JobPublic
     analyst: str
     refunded: bool = False
+    #: The refund is an admin's information-only override (the job had read private rows):
+    #: recorded in the ledger, but the charge stays.
+    information_only: bool = False
 
 
 @dataclass(frozen=True)
@@ -160,15 +214,19 @@ def jobs_page(
     """Every analyst's jobs that ``filters`` match, newest first, a page after ``cursor``
     (:mod:`service.job_pages`; :class:`BadCursor` for a cursor not issued here)."""
     page = job_page(s, filters or JobFilters(), limit=limit, cursor=cursor)
-    refunded = set(
-        s.scalars(
-            select(LedgerEntry.job_id).where(
+    refunds = {
+        job_id: refund_is_information_only(event)
+        for job_id, event in s.execute(
+            select(LedgerEntry.job_id, LedgerEntry.event).where(
                 LedgerEntry.kind == EntryKind.refund,
                 LedgerEntry.job_id.in_([j.id for j, _, _ in page.rows]),
             )
-        )
-    )
-    rows = [JobRow(job_public(j, ds), a, j.id in refunded) for j, ds, a in page.rows]
+        ).tuples()
+    }
+    rows = [
+        JobRow(job_public(j, ds), a, j.id in refunds, refunds.get(j.id, False))
+        for j, ds, a in page.rows
+    ]
     return JobRows(rows, page.next_cursor)
 
 

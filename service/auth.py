@@ -49,12 +49,14 @@ def key_is_live(analyst: Analyst, *, now: datetime | None = None) -> bool:
     return expires is None or expires > (now or datetime.now(UTC))
 
 
-def rotate_key(analyst: Analyst, *, expires_in_days: float | None = None) -> str:
-    """Give ``analyst`` a new key (returned once); the old one stops working at once."""
+def rotate_key(analyst: Analyst, *, expires_at: datetime | None) -> str:
+    """Give ``analyst`` a new key (returned once), expiring at ``expires_at`` (None: never);
+    the old one stops working at once. Which expiry a rotation keeps or sets is decided by
+    :func:`service.admin.rotate_analyst_key`."""
     key = new_api_key()
     analyst.key_hash = hash_api_key(key)
     analyst.key_revoked_at = None
-    analyst.key_expires_at = expiry(expires_in_days)
+    analyst.key_expires_at = expires_at
     return key
 
 

@@ -4,6 +4,9 @@ as SVG (templates/chart.html renders it; no script, no library).
 x is the entry's time, y the dataset's valid ε spent after it (see
 :func:`service.ledger.accounting.spending_over_time`); the line steps at each charge or
 refund; every charge, refund and release is one marker; the budget ε_total is a dashed line.
+By default the y axis runs to the budget (or past it); zoomed (the page's ``?scale=spent``)
+it runs to the largest ε spent × 1.1, so a small spend of a large budget is not a flat line,
+and the budget line is drawn only if it falls inside.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ class Chart:
     line: str
     markers: list[Marker]
     budget_y: float
+    budget_shown: bool
     y_ticks: list[Tick]
     x_ticks: list[Tick]
     plot_left: int
@@ -46,12 +50,19 @@ class Chart:
     plot_bottom: int
 
 
-def build_chart(points: list[SpendingPoint], *, epsilon_total: float) -> Chart:
-    """Scale ``points`` into the SVG's box; the y range always shows the budget."""
+def build_chart(
+    points: list[SpendingPoint], *, epsilon_total: float, zoom_to_spent: bool = False
+) -> Chart:
+    """Scale ``points`` into the SVG's box; the y range shows the budget, or (zoomed) runs
+    to the largest finite ε spent × 1.1 (the budget's range while nothing is spent)."""
     x0, x1 = LEFT, WIDTH - RIGHT
     y0, y1 = HEIGHT - BOTTOM, TOP
     finite = [p.epsilon_spent for p in points if p.epsilon_spent != float("inf")]
-    y_max = max([epsilon_total, *finite]) * 1.05 or 1.0
+    spent_max = max(finite, default=0.0)
+    if zoom_to_spent and spent_max > 0:
+        y_max = spent_max * 1.1
+    else:
+        y_max = max([epsilon_total, *finite]) * 1.05 or 1.0
     times = [p.at.timestamp() for p in points]
     t0, t1 = (min(times), max(times)) if times else (0.0, 0.0)
 
@@ -86,6 +97,7 @@ def build_chart(points: list[SpendingPoint], *, epsilon_total: float) -> Chart:
         line=" ".join(line),
         markers=markers,
         budget_y=sy(epsilon_total),
+        budget_shown=epsilon_total <= y_max,
         y_ticks=y_ticks,
         x_ticks=x_ticks,
         plot_left=x0,

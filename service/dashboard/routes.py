@@ -34,8 +34,10 @@ from service.dashboard.sessions import (
 from service.dashboard.views import (
     PAGE_SIZE,
     guarantee_label,
+    here,
     page_number,
     paging,
+    safe_back,
     timestamp,
 )
 from service.db import transaction
@@ -59,6 +61,7 @@ TEMPLATES = Path(__file__).resolve().parent / "templates"
 templates = Jinja2Templates(directory=str(TEMPLATES))
 templates.env.globals.update(
     guarantee_label=guarantee_label,
+    here=here,
     timestamp=timestamp,
 )
 router = APIRouter(prefix="/dashboard", include_in_schema=False)
@@ -328,6 +331,8 @@ DONE = {
     "cap": "Cap saved.",
     "revoked": "Key revoked: it authenticates nobody from now on.",
     "refund": "Refund recorded in the ledger.",
+    "refund_information_only": "Information-only refund recorded in the ledger: the job had "
+    "read private rows, so its charge stays and no budget came back.",
 }
 
 
@@ -358,6 +363,9 @@ def refused(request: Request, admin: AdminSession, exc: Exception, back: str) ->
 
 
 FORM_ERRORS = (ValidationError, ops.NotFound, InvalidLedgerOperation)
+#: Every form's hidden field naming the page it was on (path and query; templates fill it
+#: with ``here(...)``), for the Back link of a refusal: :func:`safe_back` checks it.
+BackField = Annotated[str | None, Form()]
 
 
 def blank_is_none(value: str | None) -> str | None:
@@ -380,8 +388,24 @@ def bad_filter(request: Request, admin: AdminSession, exc: ValidationError) -> R
 
 @router.get("/datasets/{name}", response_class=HTMLResponse)
 def dataset_page(
-    request: Request, name: str, engine: EngineDep, admin: AdminPage, done: str | None = None
+    request: Request,
+    name: str,
+    engine: EngineDep,
+    admin: AdminPage,
+    done: str | None = None,
+    scale: str | None = None,
 ) -> Response:
+    if scale not in (None, "", "budget", "spent"):
+        return render(
+            request,
+            "error.html",
+            admin,
+            status_code=400,
+            title="No such scale",
+            message="The chart's scale is 'budget' (the whole budget) or 'spent' (zoomed to "
+            "what is spent).",
+            back=f"/dashboard/datasets/{quote(name)}",
+        )
     with transaction(engine) as s:
         try:
             ds = ops.dataset_named(s, name)
@@ -399,7 +423,10 @@ def dataset_page(
         a=summary,
         n_rows=n_rows,
         allow_nominal=allow_nominal,
-        chart=build_chart(points, epsilon_total=summary.epsilon_total),
+        chart=build_chart(
+            points, epsilon_total=summary.epsilon_total, zoom_to_spent=scale == "spent"
+        ),
+        zoomed=scale == "spent",
         points=points,
         analysts=[row.name for row in overview],
         caps=caps,
@@ -415,8 +442,9 @@ def budget_form(
     admin: AdminForm,
     epsilon_total: Annotated[str, Form()] = "",
     delta_total: Annotated[str, Form()] = "",
+    back: BackField = None,
 ) -> Response:
-    back = f"/dashboard/datasets/{quote(name)}"
+    page = f"/dashboard/datasets/{quote(name)}"
     try:
         body = BudgetUpdate.model_validate(
             {"epsilon_total": epsilon_total, "delta_total": delta_total}
@@ -424,8 +452,8 @@ def budget_form(
         with transaction(engine) as s:
             ops.update_budget(s, name, body)
     except FORM_ERRORS as exc:
-        return refused(request, admin, exc, back)
-    return RedirectResponse(f"{back}?done=budget", status_code=303)
+        return refused(request, admin, exc, safe_back(back, page))
+    return RedirectResponse(f"{page}?done=budget", status_code=303)
 
 
 @router.post("/datasets/{name}/nominal")
@@ -435,15 +463,16 @@ def nominal_form(
     engine: EngineDep,
     admin: AdminForm,
     allow_nominal: Annotated[str, Form()] = "",
+    back: BackField = None,
 ) -> Response:
-    back = f"/dashboard/datasets/{quote(name)}"
+    page = f"/dashboard/datasets/{quote(name)}"
     try:
         body = NominalUpdate.model_validate({"allow_nominal": allow_nominal})
         with transaction(engine) as s:
             ops.set_nominal(s, name, allow_nominal=body.allow_nominal)
     except FORM_ERRORS as exc:
-        return refused(request, admin, exc, back)
-    return RedirectResponse(f"{back}?done=nominal", status_code=303)
+        return refused(request, admin, exc, safe_back(back, page))
+    return RedirectResponse(f"{page}?done=nominal", status_code=303)
 
 
 @router.post("/datasets/{name}/caps")
@@ -455,15 +484,16 @@ def cap_form(
     analyst: Annotated[str, Form()] = "",
     epsilon: Annotated[str, Form()] = "",
     delta: Annotated[str, Form()] = "",
+    back: BackField = None,
 ) -> Response:
-    back = f"/dashboard/datasets/{quote(name)}"
+    page = f"/dashboard/datasets/{quote(name)}"
     try:
         body = CapUpdate.model_validate({"epsilon": epsilon, "delta": delta})
         with transaction(engine) as s:
             ops.update_cap(s, name, analyst, body)
     except FORM_ERRORS as exc:
-        return refused(request, admin, exc, back)
-    return RedirectResponse(f"{back}?done=cap", status_code=303)
+        return refused(request, admin, exc, safe_back(back, page))
+    return RedirectResponse(f"{page}?done=cap", status_code=303)
 
 
 @router.get("/analysts", response_class=HTMLResponse)
@@ -483,6 +513,7 @@ def create_analyst_form(
     name: Annotated[str, Form()] = "",
     role: Annotated[str, Form()] = "analyst",
     expires_in_days: Annotated[str | None, Form()] = None,
+    back: BackField = None,
 ) -> Response:
     try:
         body = AnalystCreate.model_validate(
@@ -491,7 +522,7 @@ def create_analyst_form(
         with transaction(engine) as s:
             created = ops.create_analyst(s, body)
     except FORM_ERRORS as exc:
-        return refused(request, admin, exc, "/dashboard/analysts")
+        return refused(request, admin, exc, safe_back(back, "/dashboard/analysts"))
     return render(request, "key.html", admin, created=created, action="created")
 
 
@@ -502,23 +533,54 @@ def rotate_key_form(
     engine: EngineDep,
     admin: AdminForm,
     expires_in_days: Annotated[str | None, Form()] = None,
+    no_expiry: Annotated[str | None, Form()] = None,
+    back: BackField = None,
 ) -> Response:
+    """A new key; a blank lifetime keeps the current key's expiry (service.admin's
+    rotated_key_expiry), the "no expiry" box removes it."""
     try:
-        body = KeyRotate.model_validate({"expires_in_days": blank_is_none(expires_in_days)})
+        body = KeyRotate.model_validate(
+            {"expires_in_days": blank_is_none(expires_in_days), "no_expiry": no_expiry == "true"}
+        )
         with transaction(engine) as s:
             created = ops.rotate_analyst_key(s, name, body)
     except FORM_ERRORS as exc:
-        return refused(request, admin, exc, "/dashboard/analysts")
+        return refused(request, admin, exc, safe_back(back, "/dashboard/analysts"))
     return render(request, "key.html", admin, created=created, action="rotated")
 
 
 @router.post("/analysts/{name}/revoke")
-def revoke_key_form(request: Request, name: str, engine: EngineDep, admin: AdminForm) -> Response:
+def revoke_key_form(
+    request: Request,
+    name: str,
+    engine: EngineDep,
+    admin: AdminForm,
+    confirm: Annotated[str | None, Form()] = None,
+    back: BackField = None,
+) -> Response:
+    """Two steps: the analysts page's button asks (a page with a second form, nothing
+    revoked); that form, with ``confirm=yes``, revokes. Both refuse the last live admin
+    key (409)."""
+    page = safe_back(back, "/dashboard/analysts")
     try:
         with transaction(engine) as s:
-            ops.revoke_analyst_key(s, name)
+            if confirm != "yes":
+                analyst = ops.revocable_analyst(s, name)
+                role, own_key = analyst.role, analyst.name == admin.admin
+            else:
+                ops.revoke_analyst_key(s, name)
     except FORM_ERRORS as exc:
-        return refused(request, admin, exc, "/dashboard/analysts")
+        return refused(request, admin, exc, page)
+    if confirm != "yes":
+        return render(
+            request,
+            "revoke.html",
+            admin,
+            name=name,
+            role=role,
+            own_key=own_key,
+            back=page,
+        )
     return RedirectResponse("/dashboard/analysts?done=revoked", status_code=303)
 
 
@@ -530,11 +592,14 @@ def refund_form(
     admin: AdminForm,
     reason: Annotated[str, Form()] = "",
     override: Annotated[str | None, Form()] = None,
+    back: BackField = None,
 ) -> Response:
     try:
         body = RefundRequest.model_validate({"reason": reason, "override": override == "true"})
         with transaction(engine) as s:
-            ops.refund_failed_job(s, job_id, body)
+            job = ops.refund_failed_job(s, job_id, body)
+            information_only = ops.refund_is_information_only_for(s, job.id)
     except FORM_ERRORS as exc:
-        return refused(request, admin, exc, "/dashboard/jobs")
-    return RedirectResponse("/dashboard/jobs?done=refund", status_code=303)
+        return refused(request, admin, exc, safe_back(back, "/dashboard/jobs"))
+    done = "refund_information_only" if information_only else "refund"
+    return RedirectResponse(f"/dashboard/jobs?done={done}", status_code=303)

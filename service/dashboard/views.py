@@ -6,12 +6,40 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
+from urllib.parse import parse_qsl, urlencode, urlsplit
 
 from service.ledger.tables import JobStatus
 from service.schemas import JobPublic
 
 PAGE_SIZE = 50
 MAX_PAGE = 10**6
+DASHBOARD = "/dashboard"
+MAX_BACK = 2000
+
+
+def safe_back(raw: str | None, default: str) -> str:
+    """The page a refused form's Back link returns to: the form's hidden ``back`` field (the
+    path and query of the page the form was on) if it is a same-site relative path of the
+    dashboard, else ``default``. Never an open redirect: no scheme, no host, no
+    protocol-relative ``//`` or backslash, no control character, no dot segment; a path
+    under /dashboard only."""
+    if not raw or len(raw) > MAX_BACK or not raw.isprintable() or "\\" in raw:
+        return default
+    parts = urlsplit(raw)
+    path = parts.path
+    if parts.scheme or parts.netloc or parts.fragment or raw.startswith("//"):
+        return default
+    if not (path == DASHBOARD or path.startswith(DASHBOARD + "/")):
+        return default
+    if any(seg in (".", "..") for seg in path.split("/")) or "//" in path:
+        return default
+    return raw
+
+
+def here(path: str, query: str) -> str:
+    """A page's path and query for a form's ``back`` field, less the ``done`` notice."""
+    kept = [(k, v) for k, v in parse_qsl(query, keep_blank_values=True) if k != "done"]
+    return path + (f"?{urlencode(kept)}" if kept else "")
 
 
 def timestamp(value: str | datetime | None) -> str:

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from datetime import datetime
 from decimal import Decimal
+from typing import Any
 
 from pydantic import BaseModel, Field
 from sqlalchemy import func, select
@@ -165,6 +166,22 @@ def accounting_summary(
     )
 
 
+def refund_is_information_only(event: dict[str, Any] | None) -> bool:
+    """Whether a refund entry's event marks it information only: an admin's override for a
+    job that had read private rows, which returns no budget (service/ledger/refunds.py)."""
+    return bool((event or {}).get("information_only"))
+
+
+def entry_label(kind: EntryKind, event: dict[str, Any] | None) -> str:
+    """How every view names an entry: its kind, except an information-only refund (which
+    returned nothing, unlike a refund) and a nominal-policy switch (a ``budget`` entry)."""
+    if kind == EntryKind.refund and refund_is_information_only(event):
+        return "refund (information only)"
+    if kind == EntryKind.budget and (event or {}).get("action") == "set_nominal":
+        return "budget (nominal policy)"
+    return kind.value
+
+
 def ledger_entry_public(entry: LedgerEntry, dataset_name: str) -> LedgerEntryPublic:
     return LedgerEntryPublic(
         id=entry.id,
@@ -172,6 +189,7 @@ def ledger_entry_public(entry: LedgerEntry, dataset_name: str) -> LedgerEntryPub
         analyst_id=entry.analyst_id,
         job_id=entry.job_id,
         kind=EntryKind(entry.kind),
+        label=entry_label(EntryKind(entry.kind), entry.event),
         event=entry.event,
         epsilon=from_micro(entry.epsilon_micro),
         delta=float(entry.delta),

@@ -57,6 +57,22 @@ def set_dataset_budget(
     return ds
 
 
+def set_nominal_policy(session: Session, *, dataset: Dataset, allow_nominal: bool) -> Dataset:
+    """Allow or refuse, on a dataset, the methods whose guarantee is not proven (nominal and
+    asymptotic ones). Written to the ledger as budget and cap changes are: a zero-cost
+    ``budget`` entry in the dataset's hash chain, action ``set_nominal``."""
+    ds = lock_dataset(session, dataset.id)
+    ds.allow_nominal = allow_nominal
+    _zero_cost_entry(
+        session,
+        ds,
+        kind=EntryKind.budget,
+        event={"action": "set_nominal", "allow_nominal": allow_nominal},
+        reason=f"nominal methods {'allowed' if allow_nominal else 'refused'} by the admin",
+    )
+    return ds
+
+
 def set_analyst_cap(
     session: Session, *, analyst: Analyst, dataset: Dataset, epsilon: float, delta: float
 ) -> AnalystCap:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from service.params import BudgetEpsilon, Delta
 from service.schemas.common import ApiInput, ApiOutput
@@ -31,8 +31,24 @@ class KeyRotate(ApiInput):
     model_config = ConfigDict(json_schema_extra={"examples": [{"expires_in_days": 30}]})
 
     expires_in_days: float | None = Field(
-        default=None, gt=0, le=3650, description="Optional lifetime of the new key, in days."
+        default=None,
+        gt=0,
+        le=3650,
+        description=(
+            "Lifetime of the new key, in days. Absent (or null): the new key keeps the "
+            "current key's expiry (none if it had none); refused if that has passed."
+        ),
     )
+    no_expiry: bool = Field(
+        default=False,
+        description="The new key never expires (not with expires_in_days).",
+    )
+
+    @model_validator(mode="after")
+    def _one_lifetime(self) -> KeyRotate:
+        if self.no_expiry and self.expires_in_days is not None:
+            raise ValueError("give expires_in_days or no_expiry, not both")
+        return self
 
 
 class AnalystCreated(BaseModel):
@@ -97,6 +113,15 @@ class LedgerEntryPublic(ApiOutput):
     analyst_id: int | None
     job_id: str | None
     kind: EntryKind
+    label: str = Field(
+        default="",
+        description=(
+            "How the dashboard and the CLI name the entry: its kind, except 'refund "
+            "(information only)' for an admin's override refund of a job that had read "
+            "private rows (it returned no budget) and 'budget (nominal policy)' for a switch "
+            "of the dataset's nominal policy."
+        ),
+    )
     event: dict[str, Any] | None
     epsilon: float
     delta: float = Field(

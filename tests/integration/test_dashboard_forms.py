@@ -141,6 +141,9 @@ def test_analyst_forms_create_rotate_and_revoke_keys(client: Any, keys: Any) -> 
     assert client.get("/v1/datasets", headers=auth(carol.group(1))).status_code == 401
     assert client.get("/v1/datasets", headers=auth(new.group(1))).status_code == 200
     r = post(client, "/dashboard/analysts/carol/revoke", {"csrf": csrf})
+    assert r.status_code == 200 and "Revoke carol's key?" in r.text  # asks first (issue 26)
+    assert client.get("/v1/datasets", headers=auth(new.group(1))).status_code == 200
+    r = post(client, "/dashboard/analysts/carol/revoke", {"csrf": csrf, "confirm": "yes"})
     assert r.status_code == 303
     assert client.get("/v1/datasets", headers=auth(new.group(1))).status_code == 401
     page = client.get("/dashboard/analysts").text

@@ -82,13 +82,16 @@ def create_analyst(body: AnalystCreate, _: AdminDep, engine: EngineDep) -> Analy
     "/analysts/{name}/key",
     response_model=AnalystCreated,
     operation_id="rotateAnalystKey",
-    responses={**JSON_BODY, **problem_responses(404)},
+    responses={**JSON_BODY, **problem_responses(404, 409)},
 )
 def rotate_analyst_key(
     name: str, body: KeyRotate, _: AdminDep, engine: EngineDep
 ) -> AnalystCreated:
     """Rotate an analyst's API key: the new key is returned once, the old one stops working
-    at once (API and dashboard). Also re-enables a revoked analyst."""
+    at once (API and dashboard). Also re-enables a revoked analyst. The new key expires
+    after `expires_in_days`, never with `no_expiry: true`, and otherwise when the current
+    key does (a rotation never lifts an expiry); if the current key has already expired
+    there is no expiry to keep, and the rotation is refused (409) until one is given."""
     with problems(), transaction(engine) as s:
         return ops.rotate_analyst_key(s, name, body)
 
@@ -97,10 +100,11 @@ def rotate_analyst_key(
     "/analysts/{name}/key",
     status_code=204,
     operation_id="revokeAnalystKey",
-    responses=problem_responses(404, 422),
+    responses=problem_responses(404, 409, 422),
 )
 def revoke_analyst_key(name: str, _: AdminDep, engine: EngineDep) -> None:
-    """Revoke an analyst's API key, effective at once (API and dashboard)."""
+    """Revoke an analyst's API key, effective at once (API and dashboard). The last live
+    admin key is never revoked (409): nobody could administer the service any more."""
     with problems(), transaction(engine) as s:
         ops.revoke_analyst_key(s, name)
 
