@@ -9,20 +9,33 @@ count.
 the service's ``service.datasets.kinds.DATA_KINDS`` (a contract test keeps both naming the
 same kinds): how registration reads, validates and stores a kind's private rows, how a job
 loads and encodes them, and what the model card says about that encoding.
+
+A job's encoded arrays are kept beside the rows (``worker.encoded``, issue 26): built
+when the dataset is registered (or by the first job that finds none), keyed by the rows
+file's digest, the public schema and :data:`ENCODING_VERSION`, read back by later jobs.
 """
 
 from __future__ import annotations
 
+import functools
+import hashlib
+import io
+import json
+import logging
 import math
 import os
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+import numpy as np
 import pandas as pd
 import torch
 
+from service.datasets import tabular as _tabular_module
+from service.datasets import timeseries as _timeseries_module
 from service.datasets.kinds import DEFAULT_KIND, DatasetSchema
 from service.datasets.tabular import (
     TabularSchema,
@@ -40,12 +53,18 @@ from service.datasets.timeseries import (
     wide_to_long,
 )
 from service.private_files import make_private_dir, open_private_file
+from worker.encoded import Arrays, cached_arrays
 from worker.mechanisms.base import TabularTrainingSet
 
 ROWS_FILE = "rows.csv.gz"
 # A time-series dataset: its validated observations (long format) and outcomes.
 OBSERVATIONS_FILE = "observations.csv.gz"
 OUTCOMES_FILE = "outcomes.csv.gz"
+# Bump when what a loader returns for the same rows and schema changes (the encoding
+# modules' source and the numpy/pandas versions are in the cache key as well).
+ENCODING_VERSION = 1
+
+log = logging.getLogger("enclave.worker.data")
 
 
 def dataset_dir(data_dir: Path, name: str) -> Path:
@@ -163,8 +182,28 @@ def store_prepared(
     data_dir: Path, schema: DatasetSchema, prepared: Prepared | PreparedSeries
 ) -> Path:
     """Write the validated rows to the private volume (the dataset's folder), as the
-    schema's :data:`WORKER_KINDS` entry stores them."""
-    return WORKER_KINDS[schema.kind].store(data_dir, schema, prepared)
+    schema's :data:`WORKER_KINDS` entry stores them, then the encoded arrays a job will
+    load (:func:`warm_encoded`)."""
+    path = WORKER_KINDS[schema.kind].store(data_dir, schema, prepared)
+    warm_encoded(data_dir, schema)
+    return path
+
+
+def warm_encoded(data_dir: Path, schema: DatasetSchema) -> None:
+    """Build the stored rows' encoded cache (``worker.encoded``) the way a job loads them,
+    so the first job reads it too. Never fails a registration: a dataset whose rows
+    cannot be encoded is logged (the exception's type only) and its jobs report it."""
+    try:
+        WORKER_KINDS[schema.kind].load(
+            data_dir,
+            schema.model_dump(mode="json"),
+            torch.device("cpu"),
+            before_first_read=lambda: None,
+        )
+    except Exception as exc:
+        log.warning(
+            "dataset %s: could not build the encoded cache (%s)", schema.name, type(exc).__name__
+        )
 
 
 def _store_tabular(
@@ -192,6 +231,37 @@ def store_rows(data_dir: Path, schema: TabularSchema, frame: pd.DataFrame) -> Pa
 
 def _read_stored(fh: Any) -> pd.DataFrame:
     return pd.read_csv(fh, compression="gzip", dtype=str, keep_default_na=False, na_values=[""])
+
+
+@functools.cache
+def _code_digest() -> str:
+    """The encoding's version: :data:`ENCODING_VERSION`, the source of the modules that
+    validate and encode (this one included) and the numpy and pandas versions."""
+    h = hashlib.sha256(f"v{ENCODING_VERSION}|np {np.__version__}|pd {pd.__version__}".encode())
+    for module in (_tabular_module, _timeseries_module, sys.modules[__name__]):
+        h.update(Path(str(module.__file__)).read_bytes())
+    return h.hexdigest()
+
+
+def encoded_key(kind: str, schema_json: str, raw_files: list[bytes]) -> str:
+    """The encoded cache's key: the kind, the parsed public schema (its JSON), the raw
+    rows files' digests and :func:`_code_digest`."""
+    fields = {
+        "kind": kind,
+        "schema": schema_json,
+        "rows": [hashlib.sha256(raw).hexdigest() for raw in raw_files],
+        "code": _code_digest(),
+    }
+    return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()
+
+
+def _float32(values: Any) -> np.ndarray:
+    """As the loaders always converted (torch's float32 conversion, on the CPU)."""
+    return torch.as_tensor(values, dtype=torch.float32).numpy()
+
+
+def _on_device(arrays: Arrays, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.from_numpy(arrays["x"]).to(device), torch.from_numpy(arrays["y"]).to(device)
 
 
 def load_training_set(
@@ -224,14 +294,20 @@ def _load_tabular(
     *,
     before_first_read: Callable[[], None],
 ) -> TabularTrainingSet:
-    """The encoded rows (n, d) of a registered tabular dataset, by its schema."""
+    """The encoded rows (n, d) of a registered tabular dataset, by its schema (from the
+    encoded cache when its key matches)."""
     schema = parse_schema(public_schema)
-    with (dataset_dir(data_dir, schema.name) / ROWS_FILE).open("rb") as fh:
+    folder = dataset_dir(data_dir, schema.name)
+    with (folder / ROWS_FILE).open("rb") as fh:
         before_first_read()
-        raw = _read_stored(fh)
-    table = encode(schema, validate_frame(schema, raw).frame)
-    x = torch.as_tensor(table.x, dtype=torch.float32, device=device)
-    y = torch.as_tensor(table.y, dtype=torch.float32, device=device)
+        raw = fh.read()
+
+    def build() -> Arrays:
+        table = encode(schema, validate_frame(schema, _read_stored(io.BytesIO(raw))).frame)
+        return {"x": _float32(table.x), "y": _float32(table.y)}
+
+    key = encoded_key("tabular", schema.model_dump_json(), [raw])
+    x, y = _on_device(cached_arrays(folder, key, ("x", "y"), build), device)
     if not (math.isfinite(float(x.sum())) and x.min() >= 0 and x.max() <= 1):
         raise ValueError("encoded features left [0, 1]")
     return TabularTrainingSet(x=x, y=y)
@@ -244,15 +320,23 @@ def _load_series(
     *,
     before_first_read: Callable[[], None],
 ) -> TabularTrainingSet:
-    """GRU-D's inputs (n, 3, T, V) for a registered time-series dataset, by its schema."""
+    """GRU-D's inputs (n, 3, T, V) for a registered time-series dataset, by its schema
+    (from the encoded cache when its key matches)."""
     schema = TimeSeriesSchema.model_validate(public_schema)
     folder = dataset_dir(data_dir, schema.name)
     with (folder / OBSERVATIONS_FILE).open("rb") as obs, (folder / OUTCOMES_FILE).open("rb") as out:
         before_first_read()
-        validated = validate_series(schema, _read_stored(obs), _read_stored(out))
-    enc = encode_series(schema, validated)
-    x = torch.as_tensor(enc.x, dtype=torch.float32, device=device)
-    y = torch.as_tensor(enc.y, dtype=torch.float32, device=device)
+        raw_obs, raw_out = obs.read(), out.read()
+
+    def build() -> Arrays:
+        validated = validate_series(
+            schema, _read_stored(io.BytesIO(raw_obs)), _read_stored(io.BytesIO(raw_out))
+        )
+        enc = encode_series(schema, validated)
+        return {"x": _float32(enc.x), "y": _float32(enc.y)}
+
+    key = encoded_key("timeseries", schema.model_dump_json(), [raw_obs, raw_out])
+    x, y = _on_device(cached_arrays(folder, key, ("x", "y"), build), device)
     values_masks = x[:, :2]
     deltas = x[:, 2]
     if not (

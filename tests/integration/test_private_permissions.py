@@ -112,9 +112,13 @@ def test_registration_writes_0600_files_in_0700_folders(
         [
             ".",
             series,
+            f"{series}/.encoded.lock",
+            f"{series}/encoded.npz",
             f"{series}/observations.csv.gz",
             f"{series}/outcomes.csv.gz",
             "toy",
+            "toy/.encoded.lock",
+            "toy/encoded.npz",
             "toy/rows.csv.gz",
         ]
     )
