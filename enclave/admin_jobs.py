@@ -1,5 +1,8 @@
 """`enclave admin jobs`: every analyst's jobs, filtered and paged by cursor, read from the
-ledger database with the same query as ``GET /v1/admin/jobs`` (service/job_pages.py)."""
+ledger database with the same query as ``GET /v1/admin/jobs`` (service/job_pages.py);
+`enclave admin job`: one job (``GET /v1/admin/jobs/{job_id}``). Both show what the worker
+recorded of the run (stage reached, whether the private rows were read, failure category),
+which the analyst's views never show."""
 
 from __future__ import annotations
 
@@ -17,8 +20,14 @@ from service import admin as ops
 from service.config import get_settings
 from service.db import engine_for, transaction
 from service.job_pages import MAX_LIMIT, BadCursor, JobFilters
+from service.schemas import AdminJob
 
 console = Console()
+
+
+def data_read_text(job: AdminJob) -> str:
+    """The worker's record of whether the job read the private rows."""
+    return {True: "yes", False: "no", None: "not recorded"}[job.data_read]
 
 
 def admin_jobs(
@@ -48,9 +57,10 @@ def admin_jobs(
         str | None, typer.Option(help="ISO 8601, exclusive (no offset: UTC).")
     ] = None,
 ) -> None:
-    """Every analyst's jobs, newest first, with the failure reason the worker recorded
-    (the detail stays in the worker's log) and whether a failed job was refunded. Filters
-    combine; without --all, the next page's cursor is printed under the table."""
+    """Every analyst's jobs, newest first, with the stage each reached, whether it read the
+    private rows, the failure category and reason the worker recorded (the detail stays in
+    the worker's log) and whether a failed job was refunded. Filters combine; without
+    --all, the next page's cursor is printed under the table."""
     values = {"status": status, "dataset": dataset, "method": method, "guarantee": guarantee}
     values |= {"analyst": analyst, "created_after": created_after}
     values |= {"created_before": created_before}
@@ -72,7 +82,8 @@ def admin_jobs(
         cursor = page.next_cursor
         if not every or cursor is None:
             break
-    names = ("job", "analyst", "dataset", "method", "status", "steps", "ε", "failure")
+    names = ["job", "analyst", "dataset", "method", "status", "stage", "read data", "steps", "ε"]
+    names += ["category", "failure"]
     # Fold, never truncate: an admin copies the job id into `admin refund`.
     columns = [Column(n, overflow="fold") for n in names]
     table = Table(*columns, title="Jobs, newest first")
@@ -80,9 +91,42 @@ def admin_jobs(
         j = row.job
         failure = (j.error or "") + (" (refunded)" if row.refunded else "")
         table.add_row(
-            j.id, row.analyst, j.dataset, j.method, str(j.status),
-            f"{j.progress_step}/{j.progress_total}", privacy_number(j.epsilon), escape(failure),
+            j.id, row.analyst, j.dataset, j.method, str(j.status), j.stage_reached or "",
+            data_read_text(j), f"{j.progress_step}/{j.progress_total}",
+            privacy_number(j.epsilon), j.failure_category or "", escape(failure),
         )  # fmt: skip
     console.print(table)
     if cursor is not None:
         console.print(f"more jobs: --cursor {cursor}", soft_wrap=True)
+
+
+def admin_job(job_id: str) -> None:
+    """One job of any analyst: its plan's charge, status, the stage it reached, whether it
+    read the private rows (recorded by the worker just before the first read: a failed job
+    that did keeps its charge, and `admin refund` then needs --override), the failure
+    category (from the error's type) and reason; the detail stays in the worker's log."""
+    engine = engine_for(get_settings().resolved_database_url)
+    try:
+        with transaction(engine) as s:
+            row = ops.job_row(s, job_id)
+    except ops.NotFound as exc:
+        fail(str(exc))
+    j = row.job
+    failure = (j.error or "") + (" (refunded)" if row.refunded else "")
+    table = Table("", Column("", overflow="fold"), show_header=False, title=f"Job {j.id}")
+    for name, value in (
+        ("analyst", row.analyst),
+        ("dataset", j.dataset),
+        ("method", j.method),
+        ("ε, δ", f"{privacy_number(j.epsilon)}, {privacy_number(j.delta)}"),
+        ("status", str(j.status)),
+        ("stage reached", j.stage_reached or "not recorded"),
+        ("read private rows", data_read_text(j)),
+        ("failure category", j.failure_category or ""),
+        ("failure", failure),
+        ("steps", f"{j.progress_step}/{j.progress_total}"),
+        ("created", j.created_at.isoformat()),
+        ("finished", j.finished_at.isoformat() if j.finished_at else ""),
+    ):
+        table.add_row(name, escape(str(value)))
+    console.print(table)

@@ -29,7 +29,7 @@ from sqlalchemy.exc import ArgumentError, IntegrityError, OperationalError, Prog
 from sqlalchemy.orm import Session
 from typer.core import TyperGroup
 
-from enclave.admin_jobs import admin_jobs
+from enclave.admin_jobs import admin_job, admin_jobs
 from enclave.analyst_cli import add_analyst_commands
 from enclave.errors import database_setup_error, fail
 from enclave.jobs_cli import jobs_app
@@ -462,6 +462,7 @@ def datasets_nominal(
 
 # Filters, --cursor and --all (issue 26): enclave/admin_jobs.py.
 admin_app.command("jobs")(admin_jobs)
+admin_app.command("job")(admin_job)
 
 
 @admin_app.command("refund")

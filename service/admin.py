@@ -14,7 +14,7 @@ from sqlalchemy.orm import Session
 
 from service.auth import expiry, hash_api_key, key_is_live, new_api_key, revoke_key, rotate_key
 from service.job_pages import DEFAULT_LIMIT, JobFilters, job_page
-from service.jobs import as_utc, job_public
+from service.jobs import admin_job, as_utc, job_public
 from service.ledger.accounting import ledger_entry_public, refund_is_information_only
 from service.ledger.budgets import set_analyst_cap, set_dataset_budget, set_nominal_policy
 from service.ledger.errors import InvalidLedgerOperation, LedgerError
@@ -26,12 +26,14 @@ from service.ledger.tables import (
     AnalystCap,
     Dataset,
     EntryKind,
+    Job,
     JobStatus,
     LedgerEntry,
     Role,
 )
 from service.privacy.amounts import from_micro
 from service.schemas import (
+    AdminJob,
     AnalystCreate,
     AnalystCreated,
     BudgetUpdate,
@@ -186,9 +188,10 @@ def refund_is_information_only_for(s: Session, job_id: str) -> bool:
 
 @dataclass(frozen=True)
 class JobRow:
-    """A job as the admin sees it: with the analyst who submitted it."""
+    """A job as the admin sees it: with what the worker recorded of the run and the
+    analyst who submitted it."""
 
-    job: JobPublic
+    job: AdminJob
     analyst: str
     refunded: bool = False
     #: The refund is an admin's information-only override (the job had read private rows):
@@ -224,10 +227,33 @@ def jobs_page(
         ).tuples()
     }
     rows = [
-        JobRow(job_public(j, ds), a, j.id in refunds, refunds.get(j.id, False))
+        JobRow(admin_job(j, ds), a, j.id in refunds, refunds.get(j.id, False))
         for j, ds, a in page.rows
     ]
     return JobRows(rows, page.next_cursor)
+
+
+def job_row(s: Session, job_id: str) -> JobRow:
+    """One job as the admin sees it (:class:`NotFound` if there is none)."""
+    found = (
+        s.execute(
+            select(Job, Dataset.name, Analyst.name)
+            .join(Dataset, Dataset.id == Job.dataset_id)
+            .join(Analyst, Analyst.id == Job.analyst_id)
+            .where(Job.id == job_id)
+        ).first()
+        if len(job_id) <= 36
+        else None
+    )
+    if found is None:
+        raise NotFound(f"no job {job_id!r}")
+    job, dataset, analyst = found
+    refunded = s.scalar(
+        select(func.count())
+        .select_from(LedgerEntry)
+        .where(LedgerEntry.kind == EntryKind.refund, LedgerEntry.job_id == job_id)
+    )
+    return JobRow(admin_job(job, dataset), analyst, bool(refunded))
 
 
 def signed_delta(kind: EntryKind, epsilon_micro: int, delta: str) -> str:

@@ -20,7 +20,7 @@ from service.config import Settings
 from service.db import transaction
 from service.ledger.tables import Job, JobStatus
 from service.queue import Waiting, send_run_job, waiting_in_broker
-from service.schemas import JobPublic, PrivacyPlan
+from service.schemas import AdminJob, JobPublic, PrivacyPlan
 
 log = logging.getLogger("enclave.jobs")
 
@@ -166,4 +166,15 @@ def job_public(job: Job, dataset_name: str) -> JobPublic:
         request=job.request,
         plan=plan,
         release_url=f"/v1/jobs/{job.id}/release" if job.status == JobStatus.released else None,
+    )
+
+
+def admin_job(job: Job, dataset_name: str) -> AdminJob:
+    """The admin's view of a job: the public view and what the worker recorded of the run
+    (never shown to an analyst: it may depend on the private rows)."""
+    return AdminJob(
+        **job_public(job, dataset_name).model_dump(),
+        stage_reached=job.stage_reached,
+        data_read=job.data_read,
+        failure_category=job.failure_category,
     )

@@ -12,7 +12,9 @@
    only if it is still ours and still running: a duplicate run is never released.
 
 What an analyst can see of a failure is a generic sentence; the detail goes to the
-enclave's log only.
+enclave's log only. The admin also sees what the runner records on the job row as it goes
+(issue 26): the stage reached (JobStage), whether the rows were read (`data_read`, with
+`data_touched`) and a failure category from the error's type (:func:`failure_category`).
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from service.db import engine_for, transaction
 from service.jobs import as_utc
 from service.ledger.locks import lock_job
 from service.ledger.releases import record_release
-from service.ledger.tables import Dataset, Job, JobStatus, Release
+from service.ledger.tables import Dataset, FailureCategory, Job, JobStage, JobStatus, Release
 from service.modelspec import ModelSpec
 from service.plans import PlanError, plan_for_dataset, progress_total
 from service.privacy.amounts import from_micro
@@ -47,6 +49,7 @@ from worker.mechanisms.base import MechanismOutput, ProgressFn, TabularTrainingS
 from worker.mechanisms.guards import GuardFailed, finite_release
 from worker.release import (
     RELEASE_SPACE_FAILURE,
+    ReleaseSpaceError,
     check_release_space,
     model_card,
     release_size_bound,
@@ -86,6 +89,19 @@ class Superseded(Exception):
     """Another worker took this job over (our heartbeat went stale)."""
 
 
+def failure_category(exc: BaseException, *, data_read: bool) -> FailureCategory:
+    """The admin's category of a failure after the plan check, from the error's type and
+    whether the rows were read: never from its message or any value it carries (those
+    may depend on the rows). A failed plan check is plan_mismatch, whatever the error."""
+    if isinstance(exc, GuardFailed):
+        return FailureCategory.guard_failed
+    if isinstance(exc, ReleaseSpaceError | MemoryError | torch.OutOfMemoryError):
+        return FailureCategory.resource_limit
+    if isinstance(exc, OSError) and not data_read:
+        return FailureCategory.data_unavailable  # no such data file, no permission
+    return FailureCategory.internal_error
+
+
 def _claim(engine: Engine, settings: Settings, job_id: str) -> tuple[str, Job, Dataset] | None:
     now = datetime.now(UTC)
     with transaction(engine) as s:
@@ -99,6 +115,7 @@ def _claim(engine: Engine, settings: Settings, job_id: str) -> tuple[str, Job, D
         if job.attempts >= settings.max_attempts:
             job.status = JobStatus.failed
             job.error = GENERIC_FAILURE
+            job.failure_category = FailureCategory.worker_lost
             job.finished_at = now
             log.error("job %s: giving up after %d attempts", job_id, job.attempts)
             return None
@@ -115,17 +132,35 @@ def _claim(engine: Engine, settings: Settings, job_id: str) -> tuple[str, Job, D
         return token, job, ds
 
 
-def _finish_failed(engine: Engine, job_id: str, token: str, message: str) -> None:
+def _finish_failed(
+    engine: Engine, job_id: str, token: str, message: str, category: FailureCategory
+) -> None:
     with transaction(engine) as s:
         job = lock_job(s, job_id)
         if job is not None and job.run_token == token and job.status == JobStatus.running:
             job.status = JobStatus.failed
             job.error = message
+            job.failure_category = category
             job.finished_at = datetime.now(UTC)
 
 
+def _reach(engine: Engine, job_id: str, token: str, stage: JobStage) -> None:
+    """Record the stage this run reached (the admin's view); Superseded if the job is no
+    longer this run's."""
+    with transaction(engine) as s:
+        res = s.execute(
+            update(Job)
+            .where(Job.id == job_id, Job.run_token == token, Job.status == JobStatus.running)
+            .values(stage_reached=stage)
+        )
+        if res.rowcount == 0:  # type: ignore[attr-defined]
+            raise Superseded(job_id)
+
+
 def _mark_data_touched(engine: Engine, job_id: str, token: str) -> None:
-    """Record, before the first private row is read, that this job reads private data.
+    """Record, before the first private row is read, that this job reads private data
+    (``data_touched``, which the refunds read, and ``data_read``, the admin's view of it:
+    the same update, so they never disagree).
 
     From here on the job is a round of the ledger's filter (service/privacy/filters.py):
     its charge can no longer be refunded for real. Raises Superseded (and nothing is
@@ -135,7 +170,7 @@ def _mark_data_touched(engine: Engine, job_id: str, token: str) -> None:
         res = s.execute(
             update(Job)
             .where(Job.id == job_id, Job.run_token == token, Job.status == JobStatus.running)
-            .values(data_touched=True)
+            .values(data_touched=True, data_read=True)
         )
         if res.rowcount == 0:  # type: ignore[attr-defined]
             raise Superseded(job_id)
@@ -247,19 +282,28 @@ def execute_job(job_id: str, settings: Settings | None = None) -> Outcome:
             raise PlanError("stored plan differs from the recomputed plan")
     except Exception:
         log.exception("job %s: plan check failed", job_id)
-        _finish_failed(engine, job_id, token, PLAN_FAILURE)
+        _finish_failed(engine, job_id, token, PLAN_FAILURE, FailureCategory.plan_mismatch)
         return Outcome.failed
     # Before any private row is read: a release that cannot be written fails the job now,
     # untouched, so its charge is refunded (refunds.refund_unread_failure), not burned.
     try:
         bound = release_size_bound(plan, ds.public_schema)
         check_release_space(settings.resolved_release_dir, bound)
-    except Exception:
+    except Exception as exc:
         log.exception("job %s: the release folder cannot take this release", job_id)
-        _finish_failed(engine, job_id, token, RELEASE_SPACE_FAILURE)
+        category = failure_category(exc, data_read=False)
+        _finish_failed(engine, job_id, token, RELEASE_SPACE_FAILURE, category)
         return Outcome.failed
     interval = max(0.2, min(5.0, settings.heartbeat_timeout_s / 4))
+    read = False
+
+    def before_first_read() -> None:
+        nonlocal read
+        _mark_data_touched(engine, job_id, token)
+        read = True
+
     try:
+        _reach(engine, job_id, token, JobStage.planned)
         with Heartbeat(engine, job_id, token, interval, total=progress_total(plan)) as hb:
             apply_threads(settings.worker_threads)
             device = resolve_device(settings.device)
@@ -267,8 +311,10 @@ def execute_job(job_id: str, settings: Settings | None = None) -> Outcome:
                 settings.resolved_data_dir,
                 ds.public_schema,
                 device,
-                before_first_read=lambda: _mark_data_touched(engine, job_id, token),
+                before_first_read=before_first_read,
             )
+            _reach(engine, job_id, token, JobStage.data_loaded)
+            _reach(engine, job_id, token, JobStage.training)
             selected: dict[str, Any] | None = None
             if selection is not None:
                 output, selected = _run_selection(
@@ -284,6 +330,7 @@ def execute_job(job_id: str, settings: Settings | None = None) -> Outcome:
                 if not _transient(exc):
                     raise
                 log.warning("job %s: final heartbeat failed (ledger unreachable)", job_id)
+        _reach(engine, job_id, token, JobStage.releasing)
         # Fail closed before anything is written (worker/mechanisms/guards.py).
         finite_release(output.releases)
         payload = weights_bytes(output.releases)
@@ -314,7 +361,8 @@ def execute_job(job_id: str, settings: Settings | None = None) -> Outcome:
         # analyst sees the generic message whatever failed (a guard may depend on rows).
         kind = "a privacy guard" if isinstance(exc, GuardFailed) else "an error"
         log.exception("job %s failed on %s", job_id, kind)
-        _finish_failed(engine, job_id, token, GENERIC_FAILURE)
+        category = failure_category(exc, data_read=read)
+        _finish_failed(engine, job_id, token, GENERIC_FAILURE, category)
         return Outcome.failed
     return _release_with_retries(engine, job_id, token, digest, card)
 
@@ -347,6 +395,7 @@ def _release(engine: Engine, job_id: str, token: str, digest: str, card: dict[st
         s.add(Release(job_id=job_id, weights_sha256=digest, card=card))
         record_release(s, job=job, weights_sha256=digest)
         job.status = JobStatus.released
+        job.stage_reached = JobStage.released
         job.progress_step = job.progress_total = int(job.progress_total or job.progress_step)
         job.finished_at = datetime.now(UTC)
     return Outcome.released

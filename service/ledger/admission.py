@@ -24,7 +24,15 @@ from service.ledger.errors import InvalidLedgerOperation, LedgerError, NominalNo
 from service.ledger.filter_view import Evaluation, Filter, evaluate
 from service.ledger.idempotency import find_idempotent, request_digest
 from service.ledger.nominal import _nominal_reason
-from service.ledger.tables import AnalystCap, Dataset, EntryKind, Job, JobStatus, LedgerEntry
+from service.ledger.tables import (
+    AnalystCap,
+    Dataset,
+    EntryKind,
+    Job,
+    JobStage,
+    JobStatus,
+    LedgerEntry,
+)
 from service.plans import progress_total
 from service.schemas import JobRequest, PrivacyPlan
 
@@ -241,6 +249,8 @@ def admit_job(
         "progress_total": progress_total(plan),
         "attempts": 0,
         "data_touched": False,
+        "stage_reached": JobStage.queued,
+        "data_read": False,
         "created_at": datetime.now(UTC),
     }
     conn = db.connection() if isinstance(db, Session) else db

@@ -29,6 +29,8 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 # The ledger's vocabularies live in their own module so that the API's schemas can name
 # them without importing the ORM (issue 23); re-exported here for the tables' users.
 from service.vocabulary import EntryKind as EntryKind
+from service.vocabulary import FailureCategory as FailureCategory
+from service.vocabulary import JobStage as JobStage
 from service.vocabulary import JobStatus as JobStatus
 from service.vocabulary import Role as Role
 
@@ -124,6 +126,16 @@ class Job(Base):
     started_at: Mapped[datetime | None]
     heartbeat_at: Mapped[datetime | None]
     finished_at: Mapped[datetime | None]
+    # What the worker recorded of the run, for the admin only (issue 26, migration 0007;
+    # worker/runner.py). NULL: a job older than the record. data_read is set in the same
+    # update as data_touched, just before the first private byte is read.
+    stage_reached: Mapped[JobStage | None] = mapped_column(
+        _enum(JobStage), nullable=True, default=JobStage.queued
+    )
+    data_read: Mapped[bool | None] = mapped_column(Boolean, nullable=True, default=False)
+    failure_category: Mapped[FailureCategory | None] = mapped_column(
+        _enum(FailureCategory), nullable=True
+    )
 
 
 class LedgerEntry(Base):

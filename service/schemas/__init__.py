@@ -7,7 +7,8 @@ One module per concept; every public name is re-exported here, so importers writ
   of request bodies and of responses read from ORM objects;
 - :mod:`~service.schemas.dpsgd`, :mod:`~service.schemas.expm`,
   :mod:`~service.schemas.expm_nf`: each method's options (as :mod:`service.methods`);
-- :mod:`~service.schemas.jobs`: a job's request, privacy plan, quote and public view;
+- :mod:`~service.schemas.jobs`: a job's request, privacy plan, quote, public view and
+  the admin's view;
 - :mod:`~service.schemas.budgets`: budgets as the caller sees them, a dataset with its
   budgets;
 - :mod:`~service.schemas.admin`: admin bodies, ledger entries and verification;
@@ -40,7 +41,7 @@ from service.schemas.common import (
 from service.schemas.dpsgd import DpsgdOptions
 from service.schemas.expm import MCMC_ONLY_FIELDS, ExpmOptions
 from service.schemas.expm_nf import ExpmNfOptions
-from service.schemas.jobs import JobPublic, JobRequest, PrivacyPlan, QuoteResponse
+from service.schemas.jobs import AdminJob, JobPublic, JobRequest, PrivacyPlan, QuoteResponse
 from service.schemas.problems import (
     Health,
     Problem,
@@ -53,6 +54,7 @@ from service.schemas.releases import CardPreprocessing, CardPrivacy, ModelCard
 __all__ = [
     "GUARANTEE_ORDER",
     "MCMC_ONLY_FIELDS",
+    "AdminJob",
     "AnalystCreate",
     "AnalystCreated",
     "BudgetUpdate",

@@ -14,7 +14,7 @@ from service.schemas.common import ApiInput, Guarantee, Method
 from service.schemas.dpsgd import DpsgdOptions
 from service.schemas.expm import ExpmOptions
 from service.schemas.expm_nf import ExpmNfOptions
-from service.vocabulary import JobStatus
+from service.vocabulary import FailureCategory, JobStage, JobStatus
 
 
 class JobRequest(ApiInput):
@@ -147,3 +147,32 @@ class JobPublic(BaseModel):
     request: dict[str, Any]
     plan: PrivacyPlan
     release_url: str | None = None
+
+
+class AdminJob(JobPublic):
+    """A job as the admin sees it (GET /v1/admin/jobs, /v1/admin/jobs/{job_id}): the
+    analyst's view and what the worker recorded of the run. Never in the analyst's view:
+    how far a job got and why it failed may depend on the private rows (a guard can fail
+    on them)."""
+
+    stage_reached: JobStage | None = Field(
+        description=(
+            "The last stage the worker reached: queued → planned (the plan re-derived, no "
+            "row read) → data_loaded → training → releasing → released. Null: not recorded "
+            "(a job older than the record)."
+        )
+    )
+    data_read: bool | None = Field(
+        description=(
+            "Whether the worker opened the private rows: a fact it records just before the "
+            "first read, not derived from the rows. A failed job that read them keeps its "
+            "charge (a refund is then information only). Null: not recorded."
+        )
+    )
+    failure_category: FailureCategory | None = Field(
+        description=(
+            "Why a failed job failed, from the type of the error (never its message or a "
+            "data value): plan_mismatch, resource_limit, data_unavailable, guard_failed, "
+            "worker_lost or internal_error. Null unless failed (or not recorded)."
+        )
+    )

@@ -31,6 +31,7 @@ from service.ledger.accounting import AccountingSummary, accounting_summary
 from service.ledger.audit import check_totals, verify_all
 from service.ledger.errors import InvalidLedgerOperation
 from service.schemas import (
+    AdminJob,
     AnalystCreate,
     AnalystCreated,
     BudgetUpdate,
@@ -168,7 +169,7 @@ def refund(job_id: str, body: RefundRequest, _: AdminDep, engine: EngineDep) -> 
 
 @router.get(
     "/jobs",
-    response_model=list[JobPublic],
+    response_model=list[AdminJob],
     operation_id="adminListJobs",
     responses={
         **paged_responses("Every analyst's jobs, newest first: one page of them."),
@@ -184,16 +185,32 @@ def all_jobs(
     analyst: AnalystName = None,
     limit: Limit = DEFAULT_LIMIT,
     cursor: Cursor = None,
-) -> list[JobPublic]:
+) -> list[AdminJob]:
     """Every analyst's jobs that the filters match, newest first (by creation time, then
     id), a page at a time: the next page's cursor is in the `X-Next-Cursor` header and the
-    next page's URL in `Link: <…>; rel="next"`; both are absent on the last page."""
+    next page's URL in `Link: <…>; rel="next"`; both are absent on the last page. Each
+    job as the analyst sees it, with what the worker recorded of the run (the stage it
+    reached, whether it read the private rows, why it failed): admin-only facts."""
     with cursor_problems(), transaction(engine) as s:
         page = ops.jobs_page(
             s, filters.model_copy(update={"analyst": analyst}), limit=limit, cursor=cursor
         )
     link_next(request, response, page.next_cursor)
     return [row.job for row in page.rows]
+
+
+@router.get(
+    "/jobs/{job_id}",
+    response_model=AdminJob,
+    operation_id="adminGetJob",
+    responses=problem_responses(404, 422),
+)
+def one_job(job_id: str, _: AdminDep, engine: EngineDep) -> AdminJob:
+    """Any analyst's job, with what the worker recorded of the run: the stage it reached,
+    whether it read the private rows (recorded before the first read) and the category of
+    a failure (from the error's type). The detail stays in the enclave's log."""
+    with problems(), transaction(engine) as s:
+        return ops.job_row(s, job_id).job
 
 
 @router.get(
