@@ -106,29 +106,55 @@ Bound on the floating-point error: PMF_RELATIVE_ERROR
 -----------------------------------------------------
 Write u = 2^-53 (unit roundoff). The accepted law is P̃(k) ∝ q(k)·exp(−Γ̂(k)) where q is
 exact and Γ̂(k) is the computed exponent after its fractional part is floored to the 2^-53
-grid (`_exponent_parts`, in the operation order counted here: the same values, bit for bit,
-as before the sampler was sped up). If |Γ̂(k) − Γ(k) − c| ≤ ε for all |k| ≤ K and one
-constant c, then |log P̃(k) − log P(k)| ≤ 2ε (ε from the weight, ε from the normaliser). Count, with
-|k| ≤ K so z = |k|/s ≤ 41, b = z/s ≤ 41, and assuming numpy's float64 exp and log are
-within 4 ulp (8u relative; checked against mpmath in the unit tests), and with Gauss-Legendre
-nodes within 4u absolute and weights within 16u relative (they are computed in 50-digit
-decimal arithmetic and rounded once, so within u/2; also checked):
+grid (`_exponent_parts`, in the operation order counted here). If |Γ̂(k) − Γ(k) − c| ≤ ε for
+all |k| ≤ K and one constant c, then |log P̃(k) − log P(k)| ≤ 2ε (ε from the weight, ε from
+the normaliser). The count assumes only IEEE-754 binary64 arithmetic (correct rounding of
++, −, ×, ÷, √; exact scaling by powers of two, frexp, floor, comparisons): exp and log are
+`worker.ieee_math.exp`/`log`, built from those operations with bounds proven in their
+docstrings (exp within 1.1u relative for normal results; log within u·|y| + 1.01u absolute),
+not numpy's or the platform's libm, whose accuracy is only a measured property. Gauss-
+Legendre nodes are within 4u absolute and weights within 16u relative (they are computed in
+50-digit decimal arithmetic from nodes certified by sign changes of P_n and rounded once, so
+within u; `_gauss_legendre`, also checked in the tests). With |k| ≤ K so z = |k|/s ≤ 41,
+b = z/s ≤ 41:
   h = ½(z·z) ≤ 840.5, relative 3u ............................................. 2522u
   L = ½b + log S, S = Σ W_i exp(b·d_i − α v_i²), d_i = v_i − ½: each exponent
-      ≤ 41·3u (b, product) + 41·4u (node) + 1u (α v²) + 41.2u (rounding) ≤ 371u; exp 8u;
-      weight 16u; product 1u; sum of ≤ 64 positive terms 63u; log: 8u·|log S| ≤ 8u·3.9
-      (S ≥ e^{−α/4}(1−e^{−b})/b); ½b 41u; final sum 20.5u ............................ 552u
+      ≤ 41·3u (b, product) + 41·4u (node) + 1u (α v²) + 41.2u (rounding) ≤ 371u, in
+      [−42, 0]; exp 1.1u; weight 16u; product 1u; sum of ≤ 64 positive terms 63u (so S
+      within 452.1u relative, log S within 452.2u absolute); log: u·|log S| + 1.01u
+      ≤ 4.91u (S ≥ e^{−α/4}(1−e^{−b})/b, so |log S| ≤ 3.9); ½b 41u; final sum 20.5u ....... 519u
   |k|/t ≤ 40.5, relative u ..................................................... 41u
   g = (|k|/t + L) − F: two roundings, |values| ≤ 62 ................................ 123u
   Γ split exactly as ⌊h⌋ + (h − ⌊h⌋) (Sterbenz); f = (h − ⌊h⌋) − g, |f| ≤ 63 ........ 63u
   f − ⌊f⌋ (exact unless f < 0: ≤ u); flooring to the 2^-53 grid (≤ u) ............... 2u
-  GL truncation (≤ 1e-17 relative) ................................................. 0.1u
-  total ε ≤ 3304u ≈ 3.67e-13, so |log P̃/P| ≤ 2ε ≤ 7.4e-13 and
-  |P̃(k)/P(k) − 1| ≤ e^{2ε} − 1 < 7.5e-13 ≤ PMF_RELATIVE_ERROR = 1e-12 for all |k| ≤ K.
-Measured against 60-digit mpmath (unit test), the worst |Γ̂ − Γ − c| is ≈ 1400u.
+  GL truncation (≤ 1e-17 relative; the order n is chosen with IEEE operations only and a
+      margin, `_quadrature_order`) ................................................... 0.1u
+  total ε ≤ 3271u ≈ 3.632e-13, so |log P̃/P| ≤ 2ε ≤ 7.27e-13 and
+  |P̃(k)/P(k) − 1| ≤ e^{2ε} − 1 < 7.3e-13 ≤ PMF_RELATIVE_ERROR = 1e-12 for all |k| ≤ K.
+(With numpy's exp and log assumed within 4 ulp, as before issue 25's IEEE-only rule, the
+count was 3304u; the proven functions are tighter than that assumption, so the charged
+constant is unchanged.) Measured against 60-digit mpmath (unit test), the worst
+|Γ̂ − Γ − c| is ≈ 1350u (at s = 2.5; ≈ 1400u with numpy's exp and log).
 Discrete Laplace draws contain no floating point at all (exact for ideal random bits).
 For DP accounting this means every privacy-loss value of the rounded Gaussian is within
 2·PMF_RELATIVE_ERROR (nats) of the exact mechanism's, i.e. negligible.
+
+Library functions: which ones can change the law. Only Γ̂ enters the law, and it uses
+`ieee_math.exp`/`log` (above). The other transcendental calls in this module, and why they
+need no accuracy guarantee:
+* `_quadrature_order` (the quadrature order n, which bounds the truncation above) uses
+  exact integer factorials, `ieee_math.log` and IEEE √ with a 1e-9 log-space margin; the
+  Cauchy radius ρ may be any positive number.
+* `_gauss_legendre` takes numpy's `leggauss` only as Newton starting points; the nodes are
+  certified (sign changes of P_n in 50-digit decimal arithmetic).
+* F (`_max_log_weight`, via the same `_log_weight`): any constant cancels in P̃; only
+  Γ̂ ≥ 0 matters, and that is checked on every evaluation (RuntimeError otherwise).
+* `math.exp`, `math.expm1`, `math.tanh`, `math.sqrt` in `plan.acceptance`, `keep_rate`,
+  the discrete-Laplace rates and `_first_accepted`: batch sizes only (how many proposals
+  are drawn ahead; the output is the first accepted ones in stream order whatever the batch
+  sizes), never an outcome.
+* `_lead_bounds` (the fast accept/reject test) uses basic operations and a table built from
+  exact integers; it only decides which decisions the exact integer path settles.
 
 What this does NOT defend against
 ---------------------------------
@@ -169,6 +195,7 @@ import numpy.typing as npt
 from randomgen import ChaCha
 
 from service.privacy.sampling import PMF_RELATIVE_ERROR as _CHARGED_PMF_RELATIVE_ERROR
+from worker import ieee_math
 
 if TYPE_CHECKING:  # torch is only needed by `to_torch`
     import torch
@@ -178,8 +205,9 @@ BoolArray = npt.NDArray[np.bool_]
 FloatArray = npt.NDArray[np.float64]
 
 #: Bound on |P̃(k)/P(k) − 1| for every k in the support of `rounded_gaussian` (derivation in
-#: the module docstring: the count gives < 7.5e-13). The ledger charges this value
-#: (service/privacy/sampling.py holds the one definition, so the two cannot drift apart).
+#: the module docstring, assuming IEEE-754 arithmetic only: the count gives < 7.3e-13). The
+#: ledger charges this value (service/privacy/sampling.py holds the one definition, so the
+#: two cannot drift apart).
 PMF_RELATIVE_ERROR: float = _CHARGED_PMF_RELATIVE_ERROR
 #: `rounded_gaussian` rejects |k| > ⌈GAUSSIAN_CAP_SIGMAS · scale⌉ (removed mass < e^{-800}).
 GAUSSIAN_CAP_SIGMAS: float = 40.0
@@ -195,6 +223,8 @@ _TABLE_MAX_CAP = 2**17
 # computed Γ ≥ 0 (float errors are ≤ 1e-12 ≪ 1e-9).
 _OFFSET_MARGIN = 1e-9
 _QUADRATURE_TOLERANCE = 1e-17
+# Log-space slack of the order test (`_quadrature_order`): covers its rounding (< 1e-11).
+_ORDER_MARGIN = 1e-9
 
 
 def secure_rng() -> np.random.Generator:
@@ -542,26 +572,52 @@ def _accept_exp_neg(
 # ------------------------------------------------------------------------ rounded Gaussian
 
 
+def _log_factorial(n: int) -> float:
+    """ln(n!) from the exact integer: n! = 2^e·m, m = n!/2^e ∈ [½, 1] by Python's correctly
+    rounded int/int division, ln(n!) = e·ln 2 + ln m with `ieee_math.log` (error ≪ 1e-12)."""
+    exact = math.factorial(n)
+    e = exact.bit_length()
+    m = exact / (1 << e)
+    return e * ieee_math.LN2_HI + (e * ieee_math.LN2_LO + _scalar_log(m))
+
+
+def _scalar_log(x: float) -> float:
+    return float(ieee_math.log(np.array([x]))[0])
+
+
 def _quadrature_order(alpha: float, beta: float) -> int:
     """Smallest Gauss-Legendre order n with relative error ≤ 1e-17 for J (see module doc).
 
     Integrand f(v) = exp(−αv² + β(v − ½)) on [−½, ½], β ≥ 0. Remainder ≤
     (n!)⁴/((2n+1)((2n)!)³)·max|f^{(2n)}|, and by Cauchy on a circle of radius ρ,
-    |f^{(2n)}| ≤ (2n)!·exp(αρ² + βρ)/ρ^{2n} (Re(−αz²) ≤ αρ², Re β(z − ½) ≤ βρ); ρ minimises
-    the bound (2αρ² + βρ = 2n). The integral is ≥ e^{−α/4}(1 − e^{−β})/β.
+    |f^{(2n)}| ≤ (2n)!·exp(αρ² + βρ)/ρ^{2n} (Re(−αz²) ≤ αρ², Re β(z − ½) ≤ βρ) for any
+    ρ > 0 (so ρ, chosen near the minimiser 2αρ² + βρ = 2n, needs no accuracy). The integral
+    is ≥ e^{−α/4}(1 − e^{−β})/β ≥ e^{−α/4}·max(e^{−β/2}, [β ≥ 1]·0.632/β)
+    ((1 − e^{−β})/β = e^{−β/2}·sinh(β/2)/(β/2), and 1 − e^{−1} > 0.632).
+
+    The test is made in log space with IEEE operations only: factorials are exact integers
+    (`_log_factorial`), logs are `ieee_math.log` (error ≤ u·|y| + 1.01u), √ is IEEE. For
+    n ≤ 128 and s ∈ [1, 2^40], ρ ∈ [0.03, s·√(2n)] so |log ρ| ≤ 31, and the |terms| sum to
+    < 1.3·10^4 (4 ln n! ≤ 1976, 2 ln (2n)! ≤ 2336, αρ² + βρ ≤ 2n, 2n|ln ρ| ≤ 7936); each
+    term is within 6u of itself plus 1.01u per log and the sum rounds 5 times, so each side
+    is within 2e-11 of the exact value, and the comparison keeps a margin of 1e-9: a
+    returned n provably meets the tolerance (libm's lgamma/exp/log are not used).
     """
-    lower = math.exp(-alpha / 4) * (-math.expm1(-beta) / beta if beta > 0 else 1.0)
+    log_lower = -alpha / 4 - beta / 2
+    if beta >= 1:
+        log_lower = max(log_lower, -alpha / 4 + _scalar_log(0.632) - _scalar_log(beta))
+    target = _scalar_log(_QUADRATURE_TOLERANCE) + log_lower - _ORDER_MARGIN
     for n in range(1, 129):
         rho = 4 * n / (beta + math.sqrt(beta * beta + 16 * alpha * n))
         log_bound = (
-            4 * math.lgamma(n + 1)
-            - math.log(2 * n + 1)
-            - 2 * math.lgamma(2 * n + 1)
+            4 * _log_factorial(n)
+            - _scalar_log(2 * n + 1)
+            - 2 * _log_factorial(2 * n)
             + alpha * rho * rho
             + beta * rho
-            - 2 * n * math.log(rho)
+            - 2 * n * _scalar_log(rho)
         )
-        if log_bound - math.log(lower) <= math.log(_QUADRATURE_TOLERANCE):
+        if log_bound <= target:
             return n
     raise RuntimeError("no Gauss-Legendre order reaches the tolerance")  # unreachable, s ≥ 1
 
@@ -573,6 +629,13 @@ def _gauss_legendre(order: int) -> tuple[FloatArray, FloatArray]:
     numpy's `leggauss` nodes are accurate, but its weights are off by up to ~3000u at order
     30; so each node is refined by Newton's method and its weight 2/((1−x²)P'_n(x)²) is
     evaluated in 50-digit decimal arithmetic, then rounded once.
+
+    `leggauss` only supplies starting points: each refined node x is certified by a sign
+    change of P_n on [x − 1e-40, x + 1e-40] (P_n evaluated in 50 digits, error < 1e-46,
+    while |P_n(x ± 1e-40)| ≈ 1e-40·|P'_n| ≥ 1e-40 at the roots), and the n intervals are
+    disjoint; P_n has exactly n simple roots in (−1, 1), so every root is found and each
+    float node is within u/2 + 1e-40 of its root (a RuntimeError otherwise). The weight
+    formula at x then differs from the exact weight by far less than u.
     """
 
     def legendre(x: Decimal) -> tuple[Decimal, Decimal]:
@@ -581,16 +644,23 @@ def _gauss_legendre(order: int) -> tuple[FloatArray, FloatArray]:
             previous, current = current, ((2 * j - 1) * x * current - (j - 1) * previous) / j
         return current, order * (x * current - previous) / (x * x - 1)
 
-    guesses, _ = np.polynomial.legendre.leggauss(order)
+    guesses, _ = np.polynomial.legendre.leggauss(order)  # sorted ascending
     nodes, weights = [], []
+    certified: list[Decimal] = []  # right ends of the certified intervals
     with localcontext() as ctx:
         ctx.prec = 50
+        radius = Decimal("1e-40")
         for guess in guesses:
             x = Decimal(float(guess))
             for _ in range(4):  # quadratic convergence from ~1e-16
                 value, slope = legendre(x)
                 x -= value / slope
             _, slope = legendre(x)
+            below, _ = legendre(x - radius)
+            above, _ = legendre(x + radius)
+            if not below * above < 0 or (certified and x - radius <= certified[-1]):
+                raise RuntimeError(f"Gauss-Legendre node {len(certified)} of {order}: no root")
+            certified.append(x + radius)
             nodes.append(float(x))
             weights.append(float(2 / ((1 - x * x) * slope * slope)))
     return np.array(nodes), np.array(weights)
@@ -628,14 +698,14 @@ def _log_weight(plan: _GaussianPlan, k_abs: IntArray) -> tuple[FloatArray, Float
     for d, vsq, w in zip(plan.shifted_nodes, plan.nodes_sq, plan.weights, strict=True):
         term = b * d
         term -= plan.alpha * vsq
-        np.exp(term, out=term)
+        term = ieee_math.exp(term)  # proven 1.1u (not numpy's exp: module docstring)
         term *= w
         if total is None:
             total = term
         else:
             total += term
     assert total is not None  # the order is ≥ 1
-    np.log(total, out=total)
+    total = ieee_math.log(total)  # proven u·|log S| + 1.01u
     b *= 0.5
     b += total  # L
     kf /= plan.t
@@ -646,7 +716,25 @@ def _log_weight(plan: _GaussianPlan, k_abs: IntArray) -> tuple[FloatArray, Float
 def _exponent_parts(
     plan: _GaussianPlan, k_abs: IntArray, offset: float
 ) -> tuple[FloatArray, FloatArray]:
-    """Γ̂(k) = whole + frac/2^53 ≥ 0 as two float arrays of exact integers (see `_exponent`)."""
+    """Γ̂(k) = whole + frac/2^53 ≥ 0 as two float arrays of exact integers (see `_exponent`),
+    in blocks of 4096 (elementwise, so the values do not depend on the blocking; the
+    temporaries of `ieee_math`'s exp and log then stay in cache, ~3x faster than 32768)."""
+    if k_abs.size <= _EXPONENT_BLOCK:
+        return _exponent_block(plan, k_abs, offset)
+    whole = np.empty(k_abs.size)
+    frac = np.empty(k_abs.size)
+    for start in range(0, k_abs.size, _EXPONENT_BLOCK):
+        stop = start + _EXPONENT_BLOCK
+        whole[start:stop], frac[start:stop] = _exponent_block(plan, k_abs[start:stop], offset)
+    return whole, frac
+
+
+_EXPONENT_BLOCK = 4096
+
+
+def _exponent_block(
+    plan: _GaussianPlan, k_abs: IntArray, offset: float
+) -> tuple[FloatArray, FloatArray]:
     h, e = _log_weight(plan, k_abs)
     h_whole = np.floor(h)
     h -= h_whole
