@@ -299,7 +299,10 @@ def rounded_gaussian_previous(rng: np.random.Generator, *, scale: float, size: i
 
 
 def check_exponent_identical(scales: list[float]) -> int:
-    """Γ̂ from the current `_exponent` equals the previous code's, bit for bit."""
+    """Γ̂ from the current `_exponent` agrees with the previous code's: the integer parts
+    exactly, the fractional parts within 2^-40 (933cfbb replaced numpy's exp/log in Γ̂ by
+    worker/ieee_math.py's proven ones, so the bits moved on purpose; the law's bound is
+    the module docstring's)."""
     rng = np.random.default_rng(0)
     checked = 0
     for s in scales:
@@ -307,7 +310,9 @@ def check_exponent_identical(scales: list[float]) -> int:
         k = np.concatenate([rng.integers(0, plan.cap + 1, 200_000), np.arange(1000), [plan.cap]])
         for offset in (plan.offset, plan.offset + 0.37):
             a, b = _exponent_previous(plan, k, offset), noise._exponent(plan, k, offset)
-            if not (np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1])):
+            whole_a = a[0].astype(np.float64) + a[1].astype(np.float64) * 2.0**-53
+            whole_b = b[0].astype(np.float64) + b[1].astype(np.float64) * 2.0**-53
+            if np.abs(whole_a - whole_b).max() > 2.0**-40 * max(1.0, np.abs(whole_a).max()):
                 raise SystemExit(f"exponent differs at scale {s}")
             checked += k.size
     return checked
@@ -368,7 +373,7 @@ def main() -> None:
         "(`secure_rng`). Shared 2-core machine: medians of interleaved rounds "
         f"({args.rounds}), each timing {args.draws} draws in calls of `size` draws; the"
         " speed-up is the median of the per-round ratios (paired, same round).",
-        f"Γ̂ (`_exponent`) bit-identical to the previous code on {checked} (k, offset) pairs.",
+        f"Γ̂ (`_exponent`) within 2^-40 of the previous code on {checked} (k, offset) pairs.",
         "",
         "| scale s | size | previous ns/draw | current ns/draw | speed-up | current Mdraws/s |"
         " std/s |",
