@@ -330,7 +330,14 @@ def execute_job(job_id: str, settings: Settings | None = None) -> Outcome:
                 if not _transient(exc):
                     raise
                 log.warning("job %s: final heartbeat failed (ledger unreachable)", job_id)
-        _reach(engine, job_id, token, JobStage.releasing)
+        try:
+            _reach(engine, job_id, token, JobStage.releasing)
+        except DBAPIError as exc:
+            # The stage is the admin's view only: a ledger outage here must not cost the
+            # trained model, whose release below retries (the release records 'released').
+            if not _transient(exc):
+                raise
+            log.warning("job %s: stage 'releasing' not recorded (ledger unreachable)", job_id)
         # Fail closed before anything is written (worker/mechanisms/guards.py).
         finite_release(output.releases)
         payload = weights_bytes(output.releases)
