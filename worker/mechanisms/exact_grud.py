@@ -50,7 +50,13 @@ import torch
 
 from worker.mechanisms.base import PlanMismatch
 from worker.mechanisms.exact_net import norm_sq_upper
-from worker.mechanisms.fixed_point import exp_neg_basic, sigmoid_basic, tanh_basic
+from worker.mechanisms.fixed_point import (
+    exp_neg_basic,
+    parameters_on_grid,
+    pow2,
+    sigmoid_basic,
+    tanh_basic,
+)
 from worker.mechanisms.guards import GuardFailed, positive_finite
 from worker.models.grud import Grud
 
@@ -66,10 +72,6 @@ _FIT: Final[float] = 2.0**51
 _ROWS_PER_CHUNK: Final[int] = 256
 
 
-def _pow2(e: int) -> float:
-    return math.ldexp(1.0, e)
-
-
 @dataclass(frozen=True)
 class _Layer:
     weight: torch.Tensor  # W_int, integer-valued float64
@@ -77,35 +79,22 @@ class _Layer:
     bits: int
 
     def real(self) -> float:
-        return _pow2(-self.bits)
+        return pow2(-self.bits)
 
 
 def _grid(weight: torch.Tensor, bias: torch.Tensor | None) -> _Layer:
-    w = weight.detach().double()
-    b = bias.detach().double() if bias is not None else None
-    largest = float(w.abs().max()) if w.numel() else 0.0
-    if b is not None and b.numel():
-        largest = max(largest, float(b.abs().max()))
-    if not math.isfinite(largest):
-        raise PlanMismatch("the model's parameters are not finite")
-    exponent = math.frexp(largest)[1] if largest > 0 else -40
-    bits = min(WEIGHT_BITS - exponent, 60)
-    scale = _pow2(bits)
-    return _Layer(
-        weight=torch.round(w * scale),
-        bias=torch.round(b * scale) if b is not None else None,
-        bits=bits,
-    )
+    w_int, b_int, bits = parameters_on_grid(weight, bias, range_bits=WEIGHT_BITS)
+    return _Layer(weight=w_int, bias=b_int, bits=bits)
 
 
 def _fits(left: torch.Tensor, terms: int) -> torch.Tensor:
     """(rows,) bool: terms·max|left_row|·2^20 ≤ 2^51 (left: (rows, …) grid values)."""
     top = left.abs().reshape(left.shape[0], -1).amax(dim=1)
-    return top * (terms * _pow2(WEIGHT_BITS)) <= _FIT  # NaN compares false
+    return top * (terms * pow2(WEIGHT_BITS)) <= _FIT  # NaN compares false
 
 
 def _round_to(x: torch.Tensor, bits: int) -> torch.Tensor:
-    return torch.round(x * _pow2(bits))
+    return torch.round(x * pow2(bits))
 
 
 @dataclass(frozen=True)
@@ -121,7 +110,7 @@ class RowGradients:
 def grud_row_gradients(module: Grud, x: torch.Tensor, y: torch.Tensor) -> RowGradients:
     """The module docstring's forward and backward for a batch (x, y)."""
     c = STATE_BITS
-    one = _pow2(c)
+    one = pow2(c)
     with torch.no_grad():
         values, masks, deltas = (t.double() for t in module.split(x))
         rows, steps, n_vars = values.shape
@@ -143,7 +132,7 @@ def grud_row_gradients(module: Grud, x: torch.Tensor, y: torch.Tensor) -> RowGra
 
         # Inputs (elementwise), then onto their grids.
         d_int = _round_to(deltas, DELTA_BITS)
-        d_grid = d_int * _pow2(-DELTA_BITS)
+        d_grid = d_int * pow2(-DELTA_BITS)
         x_last = module.last_observed(values, masks).double()
         a_x = d_grid * wx + bx
         gamma_x = exp_neg_basic(a_x).to(values.device)
@@ -154,50 +143,50 @@ def grud_row_gradients(module: Grud, x: torch.Tensor, y: torch.Tensor) -> RowGra
         valid &= _fits(d_int, n_vars) & _fits(inputs, 2 * n_vars)
 
         # Hidden decay for every step: exact numerators, then exp(−max(0, ·)).
-        z_gamma = d_int @ g_h.weight.T + g_h.bias * _pow2(DELTA_BITS)  # type: ignore[operator]
-        a_gamma = z_gamma * _pow2(-(DELTA_BITS + g_h.bits))
+        z_gamma = d_int @ g_h.weight.T + g_h.bias * pow2(DELTA_BITS)  # type: ignore[operator]
+        a_gamma = z_gamma * pow2(-(DELTA_BITS + g_h.bits))
         gamma_h = exp_neg_basic(a_gamma).to(values.device)  # (rows, T, H)
-        gates = (inputs @ g_in.weight.T + g_in.bias * one) * _pow2(-(c + g_in.bits))  # type: ignore[operator]
+        gates = (inputs @ g_in.weight.T + g_in.bias * one) * pow2(-(c + g_in.bits))  # type: ignore[operator]
 
         h_int = torch.zeros(rows, hidden, dtype=torch.float64, device=values.device)
         saved: list[tuple[torch.Tensor, ...]] = []
         for t in range(steps):
-            h_prev = h_int * _pow2(-c)
+            h_prev = h_int * pow2(-c)
             hh = _round_to(gamma_h[:, t] * h_prev, c)  # ĥ on the grid
-            rz = (hh @ g_rz.weight.T) * _pow2(-(c + g_rz.bits))
+            rz = (hh @ g_rz.weight.T) * pow2(-(c + g_rz.bits))
             r = sigmoid_basic(gates[:, t, :hidden] + rz[:, :hidden]).to(hh.device)
             z = sigmoid_basic(gates[:, t, hidden : 2 * hidden] + rz[:, hidden:]).to(hh.device)
             rh = torch.round(r * hh)
-            cand = (rh @ g_c.weight.T) * _pow2(-(c + g_c.bits))
+            cand = (rh @ g_c.weight.T) * pow2(-(c + g_c.bits))
             n = tanh_basic(gates[:, t, 2 * hidden :] + cand)
-            hh_real = hh * _pow2(-c)
+            hh_real = hh * pow2(-c)
             h_int = _round_to((1.0 - z) * hh_real + z * n, c)
             saved.append((h_prev, hh, r, z, rh, n))
-        logit = (h_int @ g_head.weight.T + g_head.bias * one)[:, 0] * _pow2(-(c + g_head.bits))  # type: ignore[operator]
+        logit = (h_int @ g_head.weight.T + g_head.bias * one)[:, 0] * pow2(-(c + g_head.bits))  # type: ignore[operator]
 
         # Backward through time.
         d_logit = _round_to(sigmoid_basic(logit).to(logit.device) - y64, c)  # (rows,)
         head_w = d_logit.unsqueeze(1) * h_int  # grid 2^-2c, exact (≤ 2^32)
         head_b = d_logit.unsqueeze(1)
-        dh = d_logit.unsqueeze(1) * _pow2(-c) * (g_head.weight[0] * g_head.real())
+        dh = d_logit.unsqueeze(1) * pow2(-c) * (g_head.weight[0] * g_head.real())
         d_r_all, d_z_all, d_n_all, d_g_all, d_xhat = [], [], [], [], []
         for t in range(steps - 1, -1, -1):
             h_prev, hh, r, z, rh, n = saved[t]
-            hh_real = hh * _pow2(-c)
+            hh_real = hh * pow2(-c)
             d_z = dh * (n - hh_real)
             d_hh = dh * (1.0 - z)
             dn = _round_to(dh * z * (1.0 - n * n), c)
             valid &= _fits(dn, hidden)
-            d_rh = (dn @ g_c.weight) * _pow2(-(c + g_c.bits))
+            d_rh = (dn @ g_c.weight) * pow2(-(c + g_c.bits))
             d_hh = d_hh + d_rh * r
             dr = _round_to(d_rh * hh_real * r * (1.0 - r), c)
             dz = _round_to(d_z * z * (1.0 - z), c)
             drz = torch.cat((dr, dz), dim=1)
             valid &= _fits(drz, 2 * hidden)
-            d_hh = d_hh + (drz @ g_rz.weight) * _pow2(-(c + g_rz.bits))
+            d_hh = d_hh + (drz @ g_rz.weight) * pow2(-(c + g_rz.bits))
             dgates = torch.cat((dr, dz, dn), dim=1)
             valid &= _fits(dgates, 3 * hidden)
-            d_xhat.append((dgates @ g_in.weight[:, :n_vars]) * _pow2(-(c + g_in.bits)))
+            d_xhat.append((dgates @ g_in.weight[:, :n_vars]) * pow2(-(c + g_in.bits)))
             gh = gamma_h[:, t]
             dg = _round_to(-(d_hh * h_prev) * gh * (a_gamma[:, t] > 0), c)
             d_r_all.append(dr)
@@ -271,8 +260,8 @@ class GrudExactClipper:
         positive_finite("dpsgd exact grud", max_grad_norm=max_grad_norm)
         self.module = module
         self.parameters = parameters
-        self._units = _pow2(grid_bits) / max_grad_norm
-        self.row_cap = _pow2(grid_bits)
+        self._units = pow2(grid_bits) / max_grad_norm
+        self.row_cap = pow2(grid_bits)
         self._target = self.row_cap * (1.0 - 2.0**-20) - 0.5 * math.sqrt(parameters)
         if self._target <= 0:
             raise PlanMismatch("the grid is too coarse for this many parameters")
@@ -282,12 +271,12 @@ class GrudExactClipper:
         g = grud_row_gradients(self.module, x, y)
         n_sq = torch.zeros(g.valid.shape[0], dtype=torch.float64, device=g.valid.device)
         for block, bits in zip(g.blocks, g.bits, strict=True):
-            n_sq = n_sq + norm_sq_upper(block) * _pow2(-2 * bits)
+            n_sq = n_sq + norm_sq_upper(block) * pow2(-2 * bits)
         norm = torch.sqrt(n_sq) * (1.0 + 2.0**-40)  # ≥ ‖g_i‖
         w = torch.clamp(self._target / norm, max=self._units)
         w = torch.where(g.valid, w, 0.0)
         parts = [
-            torch.round(w.unsqueeze(1) * (b * _pow2(-bits)))
+            torch.round(w.unsqueeze(1) * (b * pow2(-bits)))
             for b, bits in zip(g.blocks, g.bits, strict=True)
         ]
         v = torch.cat(parts, dim=1)

@@ -9,52 +9,60 @@ Route (a) of the issue, exact fixed-point arithmetic through the network. Notati
 
 * **Which operations, and why each is batch-independent.** (i) Elementwise +, −, ×, ÷, √,
   |·|, max/min, comparisons, rounding to an integer, and scaling by an exact power of two
-  (``math.ldexp``): each element's result is a correctly rounded (or exact) function of
-  that element's operands alone (IEEE-754 §5), so the same bits in any lane, position or
-  batch; eager torch and numpy run every such operation as its own kernel, so no FMA joins
-  two of them. Transcendentals come only from :func:`fixed_point.sigmoid_basic`, built from
-  these. (ii) Reductions (matrix products, row sums, the sum over rows) only ever add
-  integers whose partial sums, in any order and any association, stay below 2^53 in
-  magnitude: every such sum is exact in float64 (each partial sum is an integer of at most
-  53 bits, so representable, and its rounding is the identity), hence the same whatever
-  order a BLAS kernel picks. Each bound is below. (iii) A row maximum is exact in any
-  order. (iv) The final sum over rows is in int64 (exact below 2^63).
-* **Forward.** Features x ∈ [0, 1] (the schema's encoding; clamped) on 2^-16; layer l's
-  weights and bias on 2^-b_l with |W_int| ≤ 2^m_l, b_l chosen from the public parameters'
-  largest magnitude (:func:`layer_grids`), m_l so that a row whose inputs have
-  |A| ≤ 2^(c_l + r_l) gives a pre-activation numerator Z = A·W_intᵀ + 2^c_l·b_int whose
-  partial sums are ≤ (d_in + 1)·2^(c_l + r_l + m_l) ≤ 2^52: exact (ii). Hidden
-  activations on 2^-12: tanh as 2σ̃(2z) − 1 ∈ [−1, 1] rounded to the grid (r = 0), ReLU as
-  round(max(Z, 0)·2^(12 − c_l − b_l)) (r = 8: a row with a hidden activation above 2^8 is
-  *invalid*, below). ReLU's decision Z > 0 is on the exact numerator, so a row on a unit's
-  boundary decides the same way in every batch (the audit's construction, issue 25).
-* **Backward.** Output-gradient B_L = round((σ̃(z) − y)·2^16) (logit loss BCE); through
-  layer l: T = B_l·W_int,l (partial sums ≤ d_out·2^(16 + 8 + m_l) ≤ 2^52 for a row with
-  |B| ≤ 2^24: exact), then elementwise (i): tanh δ = round(fl(T·(2^24 − H²))·2^-(b_l + 24)),
-  ReLU δ = round(T·2^-b_l)·[Z > 0]. A row with |δ| > 2^24 (|∂ℓ/∂a| > 2^8) is invalid.
+  (``math.ldexp``, or an integer shift converted to float64): each element's result is a
+  correctly rounded (or exact) function of that element's operands alone (IEEE-754 §5), so
+  the same bits in any lane, position or batch; eager torch and numpy run every such
+  operation as its own kernel, so no FMA joins two of them. Transcendentals come only from
+  :func:`fixed_point.sigmoid_basic` and :func:`fixed_point.tanh_basic`, built from these.
+  (ii) Reductions (matrix products, row sums, the sum over rows) only ever add integers
+  whose partial sums, in any order and any association, stay below 2^53 in magnitude:
+  every such sum is exact in float64 (each partial sum is an integer of at most 53 bits,
+  so representable, and its rounding is the identity), hence the same whatever order a
+  BLAS kernel picks. Each bound is below. (iii) A row maximum is exact in any order. (iv)
+  The final sum over rows is in int64 (exact below 2^63).
+* **Forward.** Features x ∈ [0, 1] (the schema's encoding; clamped) on 2^-18
+  (FEATURE_BITS); layer l's weights and bias on 2^-b_l with |W_int| ≤ 2^m_l, b_l chosen from
+  the public parameters' largest magnitude (:func:`layer_grids`,
+  fixed_point.parameters_on_grid), m_l so that a row whose inputs have |A| ≤ 2^(c_l + r_l)
+  gives a pre-activation numerator Z = A·W_intᵀ + 2^c_l·b_int whose partial sums are
+  ≤ (d_in + 1)·2^(c_l + r_l + m_l) ≤ 2^52: exact (ii). Hidden activations on 2^-16
+  (HIDDEN_BITS): tanh as fixed_point.tanh_basic = 2σ̃(2z) − 1 ∈ [−1, 1] rounded to the grid
+  (r = 0), ReLU as round(max(Z, 0)·2^(16 − c_l − b_l)) (r = 8, RELU_RANGE_BITS: a row with a
+  hidden activation above 2^8 is *invalid*, below). ReLU's decision Z > 0 is on the exact
+  numerator, so a row on a unit's boundary decides the same way in every batch (the
+  audit's construction, issue 25).
+* **Backward.** Output gradient B_L = round((σ̃(z) − y)·2^20) (GRAD_BITS; BCE with logits);
+  through layer l: T = B_l·W_int,l (partial sums ≤ d_out·2^(20 + 6 + m_l) ≤ 2^52 for a row
+  with |B| ≤ 2^26: exact), then elementwise (i): tanh δ = round(fl(T·(2^32 − H²))·
+  2^-(b_l + 32)) (H² ≤ 2^32 exact), ReLU δ = round(T·2^-b_l)·[Z > 0]. A row with
+  |δ| > 2^26 (|∂ℓ/∂a| > 2^6, GRAD_RANGE_BITS) is invalid.
 * **Invalid rows** (a bound above exceeded, a non-finite feature or label) are decided
   from that row's exact values by exact comparisons, so the decision is itself
   batch-independent, and contribute exactly 0. (A row's float results never mix with
   another row's: row i of a matrix product depends on row i's operands only.)
-* **Clipping, row by row.** Row i's gradient for layer l is B_l ⊗ [A_l, 1]·2^-(16 + c_l).
+* **Clipping, row by row.** Row i's gradient for layer l is B_l ⊗ [A_l, 1]·2^-(20 + c_l).
   :func:`norm_sq_upper` gives an upper bound on ‖v‖² of a grid vector by exact integer
   sums (ii) after rounding |v| *up* to a coarser per-row power-of-two grid. From them a
-  weight w_i = min(2^k/C, (c − R_i)/N̂_i) (N̂_i ≥ ‖g_i‖, R_i ≥ the rounding term below),
-  and the row's contribution in noise-grid units is V_l ⊗ [A_l, 1]·2^-c_l with
-  V_l = round(w_i·B_l·2^-16). Its norm is checked a posteriori from the integers:
-  U_i = (1 + 2^-40)·Σ_l norm_sq_upper(V_l)·norm_sq_upper([A_l, 1])·2^-2c_l (≤ 12 rounded
-  operations of relative error 2^-53 each, so U_i ≥ ‖contribution‖²); a row with
-  U_i > c_row² fails the job (GuardFailed: it can only happen if the weights above are
-  wrong, whatever the data, since w_i aims at c_row·(1 − 2^-20) less the rounding term).
-* **Sum.** Σ_i V_l,iᵀ[A_l, 1]_i per chunk of ≤ 1024 rows as a float64 matrix product of
-  integers: |V_j·A_j'| ≤ ‖V‖·‖A‖ ≤ c_row·2^c_l ≤ 2^(20 + 16), partial sums ≤ 2^46: exact
-  (ii); chunks are added in int64 (≤ 2^24 rows: ≤ 2^60); S = round(T·2^-c_l) in integer
-  arithmetic.
+  weight w_i = min(2^k/C, (c − R_i)/N̂_i) (N̂_i ≥ ‖g_i‖, R_i ≥ the rounding term below;
+  for the jl engine also ≤ c/(κ·M̂_i), :func:`jl_estimates`), and the row's contribution
+  in noise-grid units is V_l ⊗ [A_l, 1]·2^-c_l with V_l = round(w_i·B_l·2^-20). Its norm is
+  checked a posteriori from the integers: U_i = (1 + 2^-40)·Σ_l norm_sq_upper(V_l)·
+  norm_sq_upper([A_l, 1])·2^-2c_l (≤ 12 rounded operations of relative error 2^-53 each, so
+  U_i ≥ ‖contribution‖²); a row with U_i > c_row² fails the job (GuardFailed: it can only
+  happen if the weights above are wrong, whatever the data, since w_i aims at
+  c_row·(1 − 2^-20) less the rounding term).
+* **Sum.** Σ_i V_l,iᵀ[A_l, 1]_i per chunk of rows as a float64 matrix product of integers:
+  |V_j·A_j'| ≤ ‖V‖·‖A‖ ≤ c_row·2^c_l, and the chunk holds at most 2^(52 − ⌈log₂ c_row⌉ − 18)
+  rows (≤ 1024), so its partial sums stay ≤ 2^52: exact (ii). Each chunk's integer total t
+  is split exactly as t = h·2^c + l (0 ≤ l < 2^c, floor division in int64), the h and l
+  parts are summed over chunks in int64 (no overflow below 2^24 rows), and
+  S = H + ⌊(L + 2^(c−1))/2^c⌋, the exact sum rounded once.
 
 **Sensitivity.** With z_i the exact contribution of row i (batch-independent, ‖z_i‖ ≤ c_row)
 and S = round(Σ_i z_i) coordinatewise, adding one row x* changes each coordinate of the
 exact sum by z_*,j and its rounding by at most |z_*,j| + 1, so
-‖S(D + x*) − S(D)‖₂ ≤ ‖z_*‖₂ + √P ≤ c_row + √P = 2^k with c_row = 2^k − √P. No drift term
+‖S(D + x*) − S(D)‖₂ ≤ ‖z_*‖₂ + √P ≤ c_row + √P = κ·2^k with c_row = κ·2^k − √P (κ = 1
+but for jl). No drift term
 and no float-summation term: nothing but (i)–(iv).
 
 The grids change what is computed from the float network only by rounding public
@@ -71,7 +79,13 @@ from typing import Final, Literal
 import torch
 
 from worker.mechanisms.base import PlanMismatch
-from worker.mechanisms.fixed_point import sigmoid_basic
+from worker.mechanisms.fixed_point import (
+    parameters_on_grid,
+    pow2,
+    pow2_tensor,
+    sigmoid_basic,
+    tanh_basic,
+)
 from worker.mechanisms.guards import GuardFailed, positive_finite
 from worker.models import Logistic, Mlp
 
@@ -94,9 +108,7 @@ GRAD_BITS: Final[int] = 20
 RELU_RANGE_BITS: Final[int] = 8
 """A ReLU activation above 2^8 makes its row invalid (tanh is within [−1, 1])."""
 GRAD_RANGE_BITS: Final[int] = 6
-"""An output gradient above 2^8 in magnitude makes its row invalid."""
-MAX_WEIGHT_BITS: Final[int] = 60
-"""b_l is at most 60 (the parameters' grid is never finer than 2^-60)."""
+"""An output gradient above 2^6 in magnitude makes its row invalid."""
 ROW_LIMIT: Final[int] = 1 << 24
 CHUNK: Final[int] = 1024
 _EXACT: Final[int] = 52  # partial sums of integers ≤ 2^52 < 2^53: exact in any order
@@ -104,22 +116,8 @@ _UP: Final[float] = 1.0 + 2.0**-40  # covers ≤ 12 roundings of relative error 
 _MARGIN: Final[float] = 2.0**-20  # the weights aim at c_row·(1 − 2^-20)
 
 
-def _pow2(e: int) -> float:
-    """2^e exactly (C's ldexp scales by a power of two without rounding in range)."""
-    return math.ldexp(1.0, e)
-
-
 def _ceil_log2(n: int) -> int:
     return max(0, (n - 1).bit_length())
-
-
-def _pow2_tensor(e: torch.Tensor) -> torch.Tensor:
-    """2^e as float64 for an int64 tensor e with |e| ≤ 62, exactly: a power of two built by
-    an integer shift converts to float64 exactly, and 1/2^m is an exact quotient."""
-    one = torch.ones_like(e)
-    up = torch.bitwise_left_shift(one, e.clamp(min=0)).double()
-    down = torch.bitwise_left_shift(one, (-e).clamp(min=0)).double()
-    return up / down
 
 
 def exact_net_supports(module: torch.nn.Module) -> bool:
@@ -151,7 +149,7 @@ class LayerGrid:
 def layer_grids(module: torch.nn.Module) -> tuple[list[LayerGrid], Literal["tanh", "relu"]]:
     """Each layer's parameters on the grid 2^-b_l with |W_int|, |b_int| ≤ 2^m_l: m_l from
     the forward bound (d_in + 1)·2^(c_l + r_l + m_l) ≤ 2^52 and, for a layer the backward
-    passes through (every layer but the first), d_out·2^(16 + 8 + m_l) ≤ 2^52; b_l = m_l − e
+    passes through (every layer but the first), d_out·2^(20 + 6 + m_l) ≤ 2^52; b_l = m_l − e
     with max|θ_l| < 2^e (frexp's exponent), so rounding keeps |θ_int| ≤ 2^m_l. Public: a
     function of the parameters alone."""
     layers, activation = _linears(module)
@@ -164,22 +162,13 @@ def layer_grids(module: torch.nn.Module) -> tuple[list[LayerGrid], Literal["tanh
         room = _EXACT - (in_bits + in_range + _ceil_log2(d_in + 1))
         if index > 0:
             room = min(room, _EXACT - (GRAD_BITS + GRAD_RANGE_BITS + _ceil_log2(d_out)))
-        w = layer.weight.detach().double()
-        b = (
-            layer.bias.detach().double()
-            if layer.bias is not None
-            else torch.zeros(d_out, dtype=torch.float64, device=w.device)
-        )
-        largest = float(max(w.abs().max(), b.abs().max()))
-        if not math.isfinite(largest):
-            raise PlanMismatch("the model's parameters are not finite")
-        exponent = math.frexp(largest)[1] if largest > 0 else -MAX_WEIGHT_BITS
-        bits = min(room - exponent, MAX_WEIGHT_BITS)
-        scale = _pow2(bits)
+        w_int, b_int, bits = parameters_on_grid(layer.weight, layer.bias, range_bits=room)
+        if b_int is None:
+            b_int = torch.zeros(d_out, dtype=torch.float64, device=w_int.device)
         grids.append(
             LayerGrid(
-                weight=torch.round(w * scale),
-                bias=torch.round(b * scale),
+                weight=w_int,
+                bias=b_int,
                 bits=bits,
                 in_bits=in_bits,
             )
@@ -209,43 +198,42 @@ def row_signals(
     :func:`layer_grids` of the module when the caller has it already."""
     grids_, activation = grids if grids is not None else layer_grids(module)
     with torch.no_grad():
-        a = torch.trunc(x.double().clamp(0.0, 1.0) * _pow2(FEATURE_BITS))
+        a = torch.trunc(x.double().clamp(0.0, 1.0) * pow2(FEATURE_BITS))
         valid = torch.isfinite(a).all(dim=1) & torch.isfinite(y.double())
         inputs: list[torch.Tensor] = []
         numerators: list[torch.Tensor] = []
         hidden: list[torch.Tensor] = []
         for index, grid in enumerate(grids_):
-            one = torch.full((a.shape[0], 1), _pow2(grid.in_bits), dtype=torch.float64)
+            one = torch.full((a.shape[0], 1), pow2(grid.in_bits), dtype=torch.float64)
             inputs.append(torch.cat((a, one.to(a.device)), dim=1))
-            z_num = a @ grid.weight.T + grid.bias * _pow2(grid.in_bits)  # exact (ii)
+            z_num = a @ grid.weight.T + grid.bias * pow2(grid.in_bits)  # exact (ii)
             numerators.append(z_num)
             if index == len(grids_) - 1:
                 break
             shift = -(grid.in_bits + grid.bits)
             if activation == "tanh":
-                t = 2.0 * sigmoid_basic(z_num * _pow2(shift + 1)).to(z_num.device) - 1.0
-                a = torch.round(t * _pow2(HIDDEN_BITS))
-                limit = _pow2(HIDDEN_BITS)
+                a = torch.round(tanh_basic(z_num * pow2(shift)) * pow2(HIDDEN_BITS))
+                limit = pow2(HIDDEN_BITS)
             else:
-                a = torch.round(torch.clamp(z_num, min=0.0) * _pow2(shift + HIDDEN_BITS))
-                limit = _pow2(HIDDEN_BITS + RELU_RANGE_BITS)
+                a = torch.round(torch.clamp(z_num, min=0.0) * pow2(shift + HIDDEN_BITS))
+                limit = pow2(HIDDEN_BITS + RELU_RANGE_BITS)
             valid &= a.abs().amax(dim=1) <= limit  # NaN compares false: invalid
             hidden.append(a)
         last = grids_[-1]
-        logit = numerators[-1][:, 0] * _pow2(-(last.in_bits + last.bits))
+        logit = numerators[-1][:, 0] * pow2(-(last.in_bits + last.bits))
         residual = sigmoid_basic(logit).to(logit.device) - y.double()
-        b = torch.round(residual * _pow2(GRAD_BITS)).unsqueeze(1)
+        b = torch.round(residual * pow2(GRAD_BITS)).unsqueeze(1)
         grads = [b]
-        grad_limit = _pow2(GRAD_BITS + GRAD_RANGE_BITS)
+        grad_limit = pow2(GRAD_BITS + GRAD_RANGE_BITS)
         for index in range(len(grids_) - 1, 0, -1):
             grid = grids_[index]
             t = b @ grid.weight  # exact (ii) for a valid row
             if activation == "tanh":
                 h = hidden[index - 1]
-                factor = _pow2(2 * HIDDEN_BITS) - h * h  # exact: |h| ≤ 2^12
-                b = torch.round(t * factor * _pow2(-(grid.bits + 2 * HIDDEN_BITS)))
+                factor = pow2(2 * HIDDEN_BITS) - h * h  # exact: |h| ≤ 2^16
+                b = torch.round(t * factor * pow2(-(grid.bits + 2 * HIDDEN_BITS)))
             else:
-                b = torch.round(t * _pow2(-grid.bits)) * (numerators[index - 1] > 0)
+                b = torch.round(t * pow2(-grid.bits)) * (numerators[index - 1] > 0)
             valid &= b.abs().amax(dim=1) <= grad_limit
             grads.append(b)
         grads.reverse()
@@ -270,8 +258,8 @@ def norm_sq_upper(v: torch.Tensor) -> torch.Tensor:
     shift = torch.clamp(exponent.to(torch.int64) - half, min=0)
     if v.shape[0] and int(shift.max()) > 31:  # 4^s must stay an exact int64 shift
         raise PlanMismatch("a value exceeded the exact engine's range")
-    q = torch.ceil(v.abs() * _pow2_tensor(-shift).unsqueeze(1))  # exact scaling, ceiling
-    return (q * q).sum(dim=1) * _pow2_tensor(2 * shift)
+    q = torch.ceil(v.abs() * pow2_tensor(-shift).unsqueeze(1))  # exact scaling, ceiling
+    return (q * q).sum(dim=1) * pow2_tensor(2 * shift)
 
 
 JL_DIRECTION_RANGE: Final[int] = 3
@@ -304,14 +292,14 @@ def jl_estimates(grids: list[LayerGrid], s: RowSignals, directions: torch.Tensor
         offset += d_out * (d_in + 1)
         v = torch.cat((w_part, b_part.unsqueeze(2)), dim=2).to(a.device, torch.float64)
         limit = float(1 << JL_DIRECTION_RANGE)
-        vq = torch.round(v.clamp(-limit, limit) * _pow2(e))  # (r, d_out, d_in + 1)
+        vq = torch.round(v.clamp(-limit, limit) * pow2(e))  # (r, d_out, d_in + 1)
         t = (a @ vq.reshape(r * d_out, d_in + 1).T).reshape(rows, r, d_out)  # exact
         h = _EXACT - (GRAD_BITS + GRAD_RANGE_BITS) - _ceil_log2(d_out)
         _, top = torch.frexp(t.abs().amax(dim=2))  # (rows, r): max |T| < 2^top
         shift = torch.clamp(top.to(torch.int64) - h, min=0)
-        t_coarse = torch.round(t * _pow2_tensor(-shift).unsqueeze(2))
+        t_coarse = torch.round(t * pow2_tensor(-shift).unsqueeze(2))
         summed = (b.unsqueeze(1) * t_coarse).sum(dim=2)  # exact: integers, ≤ 2^52
-        scaled = summed * _pow2_tensor(shift) * _pow2(-(GRAD_BITS + grid.in_bits + e))
+        scaled = summed * pow2_tensor(shift) * pow2(-(GRAD_BITS + grid.in_bits + e))
         dots = dots + scaled.T
     if offset != directions.shape[1]:
         raise PlanMismatch("the JL directions do not match the model's parameters")
@@ -344,9 +332,9 @@ class ExactNetClipper:
         self.module = module
         self.parameters = parameters
         self.kappa = kappa
-        self._units = _pow2(grid_bits) / max_grad_norm  # noise-grid units per gradient unit
+        self._units = pow2(grid_bits) / max_grad_norm  # noise-grid units per gradient unit
         # Δ = κ·2^k; the JL engine's estimate clips at ≈ C, its hard cap at κ·C.
-        self.row_cap = kappa * _pow2(grid_bits) - math.sqrt(parameters)
+        self.row_cap = kappa * pow2(grid_bits) - math.sqrt(parameters)
         if self.row_cap <= 0:
             raise PlanMismatch("the grid is too coarse for this many parameters")
         self._target = self.row_cap * (1.0 - _MARGIN)
@@ -378,8 +366,8 @@ class ExactNetClipper:
             n_sq = torch.zeros_like(in_sq[0])
             r_sq = torch.zeros_like(in_sq[0])
             for a2, b2, b_out, c in zip(in_sq, grad_sq, s.grads, s.in_bits, strict=True):
-                n_sq = n_sq + b2 * a2 * _pow2(-2 * (GRAD_BITS + c))
-                r_sq = r_sq + a2 * (0.25 * b_out.shape[1]) * _pow2(-2 * c)
+                n_sq = n_sq + b2 * a2 * pow2(-2 * (GRAD_BITS + c))
+                r_sq = r_sq + a2 * (0.25 * b_out.shape[1]) * pow2(-2 * c)
             norm = torch.sqrt(n_sq) * _UP  # ≥ ‖g_i‖ (gradient units)
             slack = torch.sqrt(r_sq) * _UP  # ≥ ½·√(Σ_l d_out·‖A_l‖²·2^-2c_l) (rounding)
             w = torch.clamp((self._target - slack) / norm, min=0.0, max=self._units)
@@ -387,10 +375,10 @@ class ExactNetClipper:
                 estimate = jl_estimates(grids[0], s, directions)
                 w = torch.minimum(w, self._jl_level / estimate)  # M̂ = 0: no JL limit
             w = torch.where(s.valid, w, 0.0)  # 0/0 → NaN above; an invalid row has weight 0
-            scaled = [torch.round(w.unsqueeze(1) * b * _pow2(-GRAD_BITS)) for b in s.grads]
+            scaled = [torch.round(w.unsqueeze(1) * b * pow2(-GRAD_BITS)) for b in s.grads]
             total = torch.zeros_like(in_sq[0])
             for v, a2, c in zip(scaled, in_sq, s.in_bits, strict=True):
-                total = total + norm_sq_upper(v) * a2 * _pow2(-2 * c)
+                total = total + norm_sq_upper(v) * a2 * pow2(-2 * c)
             # The proof's precondition on the real batch: every row's contribution ≤ c_row
             # (invalid rows have w = 0, so V = 0). fl(c_row²)·(1 − 2^-40) < c_row².
             limit = self.row_cap * self.row_cap * (1.0 - 2.0**-40)

@@ -32,6 +32,9 @@ from worker.mechanisms.base import PlanMismatch
 __all__ = [
     "THETA_RANGE_BITS",
     "exp_neg_basic",
+    "parameters_on_grid",
+    "pow2",
+    "pow2_tensor",
     "quantised_theta",
     "sigmoid_basic",
     "tanh_basic",
@@ -64,6 +67,48 @@ def quantised_theta(theta: torch.Tensor, *, bits: int, limit_bits: int) -> torch
     power-of-two scaling, rounding to an integer, a comparison)."""
     limit = float(2**limit_bits)
     return torch.clamp(torch.round(theta * 2.0**bits), -limit, limit)
+
+
+def pow2(e: int) -> float:
+    """2^e exactly (C's ldexp scales by a power of two without rounding in range)."""
+    return math.ldexp(1.0, e)
+
+
+def pow2_tensor(e: torch.Tensor) -> torch.Tensor:
+    """2^e as float64 for an int64 tensor e with |e| ≤ 62, exactly: a power of two built by
+    an integer shift converts to float64 exactly, and 1/2^m is an exact quotient."""
+    one = torch.ones_like(e)
+    up = torch.bitwise_left_shift(one, e.clamp(min=0)).double()
+    down = torch.bitwise_left_shift(one, (-e).clamp(min=0)).double()
+    return up / down
+
+
+MAX_GRID_BITS: Final[int] = 60
+"""A layer's parameter grid is never finer than 2^-60."""
+
+
+def parameters_on_grid(
+    weight: torch.Tensor, bias: torch.Tensor | None, *, range_bits: int
+) -> tuple[torch.Tensor, torch.Tensor | None, int]:
+    """(W_int, b_int, b): a Linear layer's public parameters on the grid 2^-b with
+    |W_int|, |b_int| ≤ 2^range_bits, b = range_bits − e where max|θ| < 2^e (frexp's exponent,
+    exact), at most :data:`MAX_GRID_BITS`; rounding to an integer then cannot pass 2^range_bits.
+    Non-finite parameters are refused (PlanMismatch). Integer-valued float64 tensors."""
+    w = weight.detach().double()
+    b = bias.detach().double() if bias is not None else None
+    parts = [w.reshape(-1)] + ([b.reshape(-1)] if b is not None else [])
+    flat = torch.cat(parts)
+    largest = float(flat.abs().max()) if flat.numel() else 0.0
+    if not math.isfinite(largest):
+        raise PlanMismatch("the model's parameters are not finite")
+    exponent = math.frexp(largest)[1] if largest > 0 else -MAX_GRID_BITS
+    bits = min(range_bits - exponent, MAX_GRID_BITS)
+    scale = pow2(bits)
+    return (
+        torch.round(w * scale),
+        torch.round(b * scale) if b is not None else None,
+        bits,
+    )
 
 
 def exp_neg_basic(u: torch.Tensor) -> torch.Tensor:
