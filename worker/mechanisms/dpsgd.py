@@ -56,8 +56,12 @@ import torch
 
 from service.modelspec import ModelSpec
 from worker.mechanisms.base import MechanismOutput, PlanMismatch, ProgressFn, TabularTrainingSet
-from worker.mechanisms.exact_net import exact_net_supports
-from worker.mechanisms.grad_engines import IntegerSum, exact_clipper, jl_integer_sum
+from worker.mechanisms.grad_engines import (
+    IntegerSum,
+    exact_clipper,
+    ghost_clipper,
+    jl_integer_sum,
+)
 from worker.mechanisms.guards import GuardFailed, positive_finite
 from worker.models import build_module
 from worker.noise import rounded_gaussian, secure_rng
@@ -492,11 +496,7 @@ def integer_sum_for(
     if params.engine == "exact":
         return exact_clipper(module, grid_bits=k, max_grad_norm=c, parameters=size)
     if params.engine == "ghost":
-        # Ghost clipping's sum for logistic regression and MLPs is the exact fixed-point one
-        # (worker/mechanisms/exact_net.py); ghost_integer_sum refuses any other model.
-        if not exact_net_supports(module):
-            raise PlanMismatch("ghost needs logistic regression or an MLP")
-        return exact_clipper(module, grid_bits=k, max_grad_norm=c, parameters=size)
+        return ghost_clipper(module, grid_bits=k, max_grad_norm=c, parameters=size)
     if params.engine == "jl":
         r, kappa = params.jl_projections, params.jl_kappa
         return lambda x, y: jl_integer_sum(

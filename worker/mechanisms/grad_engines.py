@@ -28,12 +28,12 @@ cap at κ·C by the exact norm: sensitivity κ·2^k (accounting: service/privacy
 through time).
 
 **The float path below is no plan's any more** (:class:`IntegerClipper` with float64
-per-example gradients, and the float ghost/jl helpers :func:`linear_signals`,
-:func:`capped_integer_sum`, :func:`jl_projections`): it is the fallback for a model
-without an exact path (whose plans service.methods.dpsgd labels nominal) and the float
-reference the tests compare the exact sums with. Its proof rests on assumption A1, a
-measured property of float kernels that issue 25's audit showed false in general (a ReLU
-row on a unit's boundary moved by more than its own norm).
+per-example gradients; the float signals :func:`linear_signals` and projections
+:func:`jl_projections`): it is the fallback of the exact engine for a model without an
+exact path (whose plans service.methods.dpsgd labels nominal; ghost and jl refuse such a
+model) and the float reference the tests compare the exact sums with. Its proof rests on
+assumption A1, a measured property of float kernels that issue 25's audit showed false in
+general (a ReLU row on a unit's boundary moved by more than its own norm).
 
 Their float reduction's claim: ‖S(D') − S(D)‖₂ ≤ Δ for D' = D plus one example, under
 
@@ -90,9 +90,9 @@ __all__ = [
     "ROW_LIMIT",
     "IntegerClipper",
     "LinearSignals",
-    "capped_integer_sum",
     "clipped_integer_sum",
     "exact_clipper",
+    "ghost_clipper",
     "ghost_integer_sum",
     "gradient_engine",
     "jl_integer_sum",
@@ -230,30 +230,19 @@ def reduced_integer_sum(
     return torch.round(out).to(torch.int64)
 
 
-def capped_integer_sum(
-    signals: LinearSignals, weights: torch.Tensor, *, parameters: int
-) -> torch.Tensor:
-    """round(Σ_i weights_i · g_i) as int64 (parameters,), g_i from the signals; the caller
-    makes weights_i·‖g_i‖ ≤ c_row(1 − 2^-20) (integer units). Float64 chunked GEMMs and a
-    pairwise sum over chunks (:func:`reduced_integer_sum`), as the module docstring's proof
-    needs."""
-    scaled = [weights.unsqueeze(1) * b for b in signals.grads]
-
-    def chunk_sum(start: int, stop: int) -> torch.Tensor:
-        flat: list[torch.Tensor] = []
-        for a, wb, has_bias in zip(signals.inputs, scaled, signals.bias, strict=True):
-            total = wb[start:stop].T @ a[start:stop]
-            flat += [total[:, :-1].reshape(-1), total[:, -1]] if has_bias else [total.reshape(-1)]
-        return torch.cat(flat)
-
-    return reduced_integer_sum(int(weights.shape[0]), chunk_sum, parameters=parameters)
-
-
-def _signals(module: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> LinearSignals:
-    layers = linear_layers(module)
-    if layers is None:
-        raise PlanMismatch("ghost and jl need a model whose parameters all sit in Linear layers")
-    return linear_signals(module, layers, x, y)
+def ghost_clipper(
+    module: torch.nn.Module, *, grid_bits: int, max_grad_norm: float, parameters: int
+) -> ExactNetClipper:
+    """Ghost clipping for logistic regression and MLPs: per layer, row i's contribution is
+    (w_i·b_i) ⊗ â_i and the clipped sum one matrix product per layer, never a materialised
+    per-example gradient, which is what :class:`~worker.mechanisms.exact_net.ExactNetClipper`
+    computes, exactly (IEEE-754 only). Sensitivity ≤ 2^k. Any other model is refused."""
+    positive_finite("dpsgd ghost", max_grad_norm=max_grad_norm)
+    if not exact_net_supports(module):
+        raise PlanMismatch("ghost needs logistic regression or an MLP")
+    return ExactNetClipper(
+        module, grid_bits=grid_bits, max_grad_norm=max_grad_norm, parameters=parameters
+    )
 
 
 def ghost_integer_sum(
@@ -265,14 +254,8 @@ def ghost_integer_sum(
     max_grad_norm: float,
     parameters: int,
 ) -> torch.Tensor:
-    """Ghost clipping for logistic regression and MLPs: per layer, row i's contribution is
-    (w_i·b_i) ⊗ â_i and the clipped sum one matrix product per layer, never a materialised
-    per-example gradient, which is what :class:`~worker.mechanisms.exact_net.ExactNetClipper`
-    computes, exactly (IEEE-754 only). Sensitivity ≤ 2^k."""
-    positive_finite("dpsgd ghost", max_grad_norm=max_grad_norm)
-    if not exact_net_supports(module):
-        raise PlanMismatch("ghost needs logistic regression or an MLP")
-    clip = ExactNetClipper(
+    """One batch's ghost-clipped int64 sum (:func:`ghost_clipper`)."""
+    clip = ghost_clipper(
         module, grid_bits=grid_bits, max_grad_norm=max_grad_norm, parameters=parameters
     )
     return clip(x, y)
@@ -326,37 +309,25 @@ def jl_integer_sum(
     kappa: float,
     rng: np.random.Generator,
 ) -> torch.Tensor:
-    """DP-SGD-JL with the hard cap: weights min(1, C/M̂_i, κC/‖g_i‖). Sensitivity ≤ κ·2^k."""
+    """DP-SGD-JL with the hard cap: weights min(1, C/M̂_i, κC/‖g_i‖), computed by
+    :class:`~worker.mechanisms.exact_net.ExactNetClipper` (M̂_i by
+    :func:`~worker.mechanisms.exact_net.jl_estimates`). Sensitivity ≤ κ·2^k."""
     positive_finite("dpsgd jl", max_grad_norm=max_grad_norm, kappa=kappa)
     device = x.device
     # Fresh directions every step, drawn even for an empty batch (the draw is data-free).
     directions = gaussian_directions(rng, count=projections, size=parameters)
     if x.shape[0] == 0:
         return torch.zeros(parameters, dtype=torch.int64, device=device)
-    if exact_net_supports(module):  # logistic regression and MLPs: IEEE-754 only
-        exact = ExactNetClipper(
-            module,
-            grid_bits=grid_bits,
-            max_grad_norm=max_grad_norm,
-            parameters=parameters,
-            kappa=kappa,
-        )
-        return exact(x, y, directions=directions)
-    signals = _signals(module, x, y)
-    sensitivity = kappa * 2.0**grid_bits
-    bound = row_cap(parameters=parameters, sensitivity=sensitivity)
-    ratio = bound * (1.0 - _MARGIN)
-    ratio /= sensitivity  # c_row/Δ: the clip level C becomes ratio·C
-    units = 2.0**grid_bits / max_grad_norm
-    estimates = jl_norm_estimates(module, x, y, directions)
-    norms = signals.norms()
-    clip = torch.minimum(
-        ratio * max_grad_norm / torch.clamp(estimates, min=1e-300),
-        ratio * kappa * max_grad_norm / torch.clamp(norms, min=1e-300),
+    if not exact_net_supports(module):  # the plan refuses jl for any other model
+        raise PlanMismatch("jl needs logistic regression or an MLP")
+    exact = ExactNetClipper(
+        module,
+        grid_bits=grid_bits,
+        max_grad_norm=max_grad_norm,
+        parameters=parameters,
+        kappa=kappa,
     )
-    weights = units * torch.clamp(clip, max=1.0)
-    row_contributions_within("dpsgd jl", weights, norms, bound)
-    return capped_integer_sum(signals, weights, parameters=parameters)
+    return exact(x, y, directions=directions)
 
 
 # ------------------------------------------------------------------ the exact engine
