@@ -15,6 +15,15 @@ from rich.markup import escape
 from rich.table import Column, Table
 
 from enclave.errors import fail
+from enclave.job_options import (
+    CreatedAfterOpt,
+    CreatedBeforeOpt,
+    CursorOpt,
+    EveryOpt,
+    GuaranteeOpt,
+    MethodFilterOpt,
+    StatusOpt,
+)
 from enclave.privacy_text import privacy_number
 from service import admin as ops
 from service.config import get_settings
@@ -34,28 +43,15 @@ def admin_jobs(
     limit: Annotated[
         int, typer.Option(min=1, max=MAX_LIMIT, help="Jobs a page (newest first).")
     ] = 50,
-    cursor: Annotated[
-        str | None,
-        typer.Option(help="Start after this cursor (printed under the previous page)."),
-    ] = None,
-    every: Annotated[
-        bool, typer.Option("--all", help="Every matching job: all pages, one table.")
-    ] = False,
-    status: Annotated[
-        str | None, typer.Option(help="queued, running, released, failed or cancelled.")
-    ] = None,
+    cursor: CursorOpt = None,
+    every: EveryOpt = False,
+    status: StatusOpt = None,
     dataset: Annotated[str | None, typer.Option(help="Dataset name.")] = None,
-    method: Annotated[str | None, typer.Option(help="dpsgd, expm, expm_nf or selection.")] = None,
-    guarantee: Annotated[
-        str | None, typer.Option(help="The plan's: proven, asymptotic or nominal.")
-    ] = None,
+    method: MethodFilterOpt = None,
+    guarantee: GuaranteeOpt = None,
     analyst: Annotated[str | None, typer.Option(help="Analyst name.")] = None,
-    created_after: Annotated[
-        str | None, typer.Option(help="ISO 8601, inclusive (no offset: UTC).")
-    ] = None,
-    created_before: Annotated[
-        str | None, typer.Option(help="ISO 8601, exclusive (no offset: UTC).")
-    ] = None,
+    created_after: CreatedAfterOpt = None,
+    created_before: CreatedBeforeOpt = None,
 ) -> None:
     """Every analyst's jobs, newest first, with the stage each reached, whether it read the
     private rows, the failure category and reason the worker recorded (the detail stays in

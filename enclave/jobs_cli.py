@@ -21,6 +21,15 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Column, Table
 
 from enclave.errors import fail
+from enclave.job_options import (
+    CreatedAfterOpt,
+    CreatedBeforeOpt,
+    CursorOpt,
+    EveryOpt,
+    GuaranteeOpt,
+    MethodFilterOpt,
+    StatusOpt,
+)
 from enclave.privacy_text import privacy_number, remaining_notes
 from service.version import __version__
 
@@ -286,27 +295,14 @@ def list_jobs(
     url: Url = DEFAULT_URL,
     key: Key = None,
     limit: Annotated[int, typer.Option(min=1, max=1000, help="Jobs a page (newest first).")] = 50,
-    cursor: Annotated[
-        str | None,
-        typer.Option(help="Start after this cursor (printed under the previous page)."),
-    ] = None,
-    every: Annotated[
-        bool, typer.Option("--all", help="Every matching job: all pages, one table.")
-    ] = False,
-    status: Annotated[
-        str | None, typer.Option(help="queued, running, released, failed or cancelled.")
-    ] = None,
+    cursor: CursorOpt = None,
+    every: EveryOpt = False,
+    status: StatusOpt = None,
     dataset: DatasetOpt = None,
-    method: Annotated[str | None, typer.Option(help="dpsgd, expm, expm_nf or selection.")] = None,
-    guarantee: Annotated[
-        str | None, typer.Option(help="The plan's: proven, asymptotic or nominal.")
-    ] = None,
-    created_after: Annotated[
-        str | None, typer.Option(help="ISO 8601, inclusive (no offset: UTC).")
-    ] = None,
-    created_before: Annotated[
-        str | None, typer.Option(help="ISO 8601, exclusive (no offset: UTC).")
-    ] = None,
+    method: MethodFilterOpt = None,
+    guarantee: GuaranteeOpt = None,
+    created_after: CreatedAfterOpt = None,
+    created_before: CreatedBeforeOpt = None,
 ) -> None:
     """Your jobs, newest first (GET /v1/jobs): filters combine; without --all, the next
     page's cursor is printed under the table. The API checks the values (one error line)."""
