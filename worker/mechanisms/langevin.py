@@ -190,16 +190,6 @@ def row_residuals(
     )
 
 
-def _use_sparse(x_int: torch.Tensor) -> bool:
-    """CSR storage where it is faster: on the CPU, at most a quarter of the entries nonzero
-    (one-hot encodings: Adult's are 12 %). Measured on 30,162 × 105 rows: CSR's two
-    products take 0.3 ms against 1.3 ms column-major at 12 % nonzero and lose above ~30 %.
-    The choice changes the time of a step only, never a bit of its result."""
-    if x_int.device.type != "cpu" or not x_int.numel():
-        return False
-    return int(torch.count_nonzero(x_int)) * 4 <= x_int.numel()
-
-
 def _csr(dense: torch.Tensor) -> torch.Tensor:
     with warnings.catch_warnings():  # "Sparse CSR tensor support is in beta state"
         warnings.simplefilter("ignore", UserWarning)
@@ -215,10 +205,13 @@ class ExactRowSums:
     partial sums are integers below 2^53 (module docstring), so every order of summation,
     with or without FMA, and skipping the zero products, gives the same exact values; a
     row's residual is then :func:`_residuals` of that value (σ̃ reads a numerator 0 the
-    same whatever its sign). The storage: compressed sparse rows (x_int and x_intᵀ) where
-    :func:`_use_sparse` says so, else one column-major copy (both products then run as
+    same whatever its sign). The storage: one column-major copy (both products then run as
     column-combination GEMVs: 0.7 ms against 1.6 ms for row-major x_int @ θ on Adult-sized
-    data). Labels are converted to float64 once, not every step."""
+    data), whatever the data: a compressed-sparse-rows copy (``sparse=True``; 0.3 ms on
+    Adult's 12 % nonzero entries) is only for callers whose density is public, because a
+    sparse product's time grows with the number of nonzero entries, a count of the private
+    rows (Adult's numeric zeros) that a job's duration would show. Labels are converted to
+    float64 once, not every step."""
 
     def __init__(
         self,
@@ -228,7 +221,7 @@ class ExactRowSums:
         feature_bits: int,
         residual_bits: int,
         theta_bits: int,
-        sparse: bool | None = None,
+        sparse: bool = False,
     ) -> None:
         self.parameters = int(x_int.shape[1])
         self.device = x_int.device
@@ -237,7 +230,7 @@ class ExactRowSums:
             "residual_bits": residual_bits,
             "theta_bits": theta_bits,
         }
-        self.sparse = _use_sparse(x_int) if sparse is None else sparse
+        self.sparse = sparse and x_int.device.type == "cpu"
         y64 = y.double()
         # Per chunk (≤ 2^20 rows, the exact-sum bound): (forward, backward, labels).
         self._chunks: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
