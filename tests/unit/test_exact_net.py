@@ -5,6 +5,7 @@ by at most 2^k, checked exactly in integers, for rows on a ReLU unit's boundary 
 
 from __future__ import annotations
 
+import hashlib
 import math
 from typing import Any
 
@@ -300,3 +301,58 @@ def test_the_width_cap_follows_the_engine() -> None:
     assert all(
         float(g.weight.abs().max()) >= 2.0**15 for g in grids
     )  # ≥ 15 bits of the parameters' range kept at width 1024
+
+
+def _golden_digest() -> str:
+    """sha256 over the int64 sums of the exact, ghost and jl engines for fixed models and
+    batches: logistic regression and tanh/ReLU MLPs (widths 16, 64, 256 and 64-16), two
+    parameter scales, C ∈ {1, 0.05}, batches of 1, 37 and 1,500 rows (two chunks)."""
+    digest = hashlib.sha256()
+    d = 24
+    x, y = _data(1500, d, seed=50)
+    x[::7, 2] = x[::7, 3]  # ties between features (and ReLU pre-activations near 0)
+    specs = [
+        LogisticSpec(),
+        MlpSpec(hidden=[16]),
+        MlpSpec(hidden=[64]),
+        MlpSpec(hidden=[16], activation="relu"),
+        MlpSpec(hidden=[64, 16], activation="relu"),
+    ]
+    for spec in specs:
+        for std in (0.3, 3.0):
+            module = _model(spec, d, seed=51, std=std)
+            p = sum(t.numel() for t in module.parameters())
+            for clip in (1.0, 0.05):
+                for n in (1, 37, 1500):
+                    exact = en.ExactNetClipper(
+                        module, grid_bits=GRID_BITS, max_grad_norm=clip, parameters=p
+                    )
+                    digest.update(exact(x[:n], y[:n]).numpy().tobytes())
+                    ghost = ge.ghost_integer_sum(
+                        module, x[:n], y[:n], grid_bits=GRID_BITS, max_grad_norm=clip, parameters=p
+                    )
+                    digest.update(ghost.numpy().tobytes())
+                    directions = ge.gaussian_directions(np.random.default_rng(52), count=3, size=p)
+                    jl = en.ExactNetClipper(
+                        module, grid_bits=GRID_BITS, max_grad_norm=clip, parameters=p, kappa=3.2
+                    )
+                    digest.update(jl(x[:n], y[:n], directions).numpy().tobytes())
+    x, y = _data(300, 104, seed=53)
+    for activation in ("tanh", "relu"):
+        module = _model(MlpSpec(hidden=[256], activation=activation), 104, seed=54, std=0.2)
+        p = sum(t.numel() for t in module.parameters())
+        for grid_bits in (GRID_BITS, 12):
+            exact = en.ExactNetClipper(module, grid_bits=grid_bits, max_grad_norm=0.1, parameters=p)
+            digest.update(exact(x, y).numpy().tobytes())
+    return digest.hexdigest()
+
+
+GOLDEN = "8a9018327d96550bb88cc1c548bdd65ece77ef5c05f71caf0a65141f7a854bab"
+
+
+def test_the_sums_are_the_golden_bits() -> None:
+    """The engines' outputs, bit for bit, as recorded before the speed work of issue 25
+    (commit bf711ea's code): a faster implementation must give the same int64 sums. The
+    inputs come from torch's seeded generator (torch 2.13 CPU); the sums themselves are
+    exact integer arithmetic and IEEE basic operations, so platform-independent."""
+    assert _golden_digest() == GOLDEN
