@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from service.datasets.kinds import DATA_KINDS, DEFAULT_KIND, DataKind
-from service.methods import METHODS, method_key
+from service.methods import METHODS, method_key, plan_key
 from service.methods.common import PlanError as PlanError
 from service.methods.common import PlanFacts
 from service.modelspec import ModelSpec
@@ -131,12 +131,11 @@ def plan_for_dataset(
 
 def progress_total(plan: PrivacyPlan) -> int:
     """T of a job's progress "step k of T", from its plan alone (data-independent): the
-    steps the worker's mechanism counts. DP-SGD and the Langevin sampler count each
-    released sample's steps (``steps × samples``); ``expm_nf`` trains one flow for all its
-    samples (``steps``). Set on the job at admission, so it reads "0 of T" while queued."""
+    steps the worker's mechanism counts, as the method's METHODS entry says (DP-SGD and
+    the Langevin sampler count each released sample's steps, ``expm_nf`` trains one flow
+    for all its samples). Set on the job at admission, so it reads "0 of T" while queued."""
     if plan.method == "selection":
         # Trainings of a fixed-size search; 1 when their number is random (random
         # stopping: K is never shown, so progress is 0 of 1 until the release).
         return int(plan.mechanism.get("trainings") or 1)
-    steps = int(plan.mechanism["steps"])
-    return steps if plan.method == "expm_nf" else steps * plan.samples
+    return METHODS[plan_key(plan)].progress_total(plan)

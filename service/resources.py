@@ -18,7 +18,7 @@ from pydantic import TypeAdapter
 
 from service.datasets.kinds import DatasetSchema
 from service.datasets.timeseries import TimeSeriesSchema
-from service.methods import METHODS, plan_key
+from service.methods import METHODS, method_key, plan_key
 from service.methods.common import ResourceEstimate, ResourceFacts
 from service.methods.dpsgd import dpsgd_training_memory_bytes, dpsgd_training_seconds
 from service.methods.expm_nf import expm_memory_bytes
@@ -79,22 +79,12 @@ class ResourceLimits:
 
 def work_twin(request: JobRequest) -> JobRequest | None:
     """A request whose plan costs the worker exactly what ``request``'s does but is cheap to
-    plan, or None when planning ``request`` is cheap already (issue 19: four analysts held
-    every planning slot with DP-SGD plans whose PLD or decaying-schedule calibration took
-    ~20 s and then failed the work limit). The work and memory estimates of a DP-SGD plan
-    depend on its steps, batch, model and engine, never on σ, its accountant or its noise
-    schedule; the twin keeps those and calibrates one constant σ by RDP (milliseconds).
-    The service refuses a plan over the limits from the twin before calibrating the real
+    plan, or None when planning ``request`` is cheap already (issue 19): the method's
+    METHODS entry says (DP-SGD's, service/methods/dpsgd.py ``dpsgd_work_twin``). The
+    service refuses a plan over the limits from the twin before calibrating the real
     one."""
-    options = request.dpsgd
-    if request.method != "dpsgd" or options is None:
-        return None
-    if options.accountant == "rdp" and options.noise_schedule == "constant":
-        return None
-    cheap = options.model_copy(
-        update={"accountant": "rdp", "noise_schedule": "constant", "noise_decay": None}
-    )
-    return request.model_copy(update={"dpsgd": cheap})
+    entry = METHODS.get(method_key(request))
+    return None if entry is None else entry.work_twin(request)
 
 
 def selection_resources(plan: PrivacyPlan, facts: ResourceFacts) -> ResourceEstimate:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from decimal import Decimal
-from typing import get_args
 
 from service.datasets.kinds import DEFAULT_KIND
 from service.ledger.charges import charge_for
@@ -22,8 +21,7 @@ from service.ledger.nominal import nominal_refusal
 from service.ledger.tables import Dataset
 from service.params import EPSILON_FLOOR
 from service.plans import PlanError, data_kind, plan_for_dataset
-from service.schemas import JobRequest
-from service.schemas import TrainingMethod as Method
+from service.schemas import TRAINING_METHODS, JobRequest
 
 PROBE_EPSILON = 1.0
 """Largest ε (nats) of the probe requests (or the dataset's remaining ε where smaller)."""
@@ -39,7 +37,7 @@ class _Probe:
     planned: bool  # False: no plan could be built (PlanError), the filter was not asked
 
 
-def _probe(ds: Dataset, method: Method, *, epsilon: float, delta: float) -> _Probe:
+def _probe(ds: Dataset, method: str, *, epsilon: float, delta: float) -> _Probe:
     try:
         # The model that fits the dataset's kind (its DATA_KINDS entry's default model;
         # an unknown kind is plan_for_dataset's PlanError, "unknown dataset kind").
@@ -56,7 +54,7 @@ def _probe(ds: Dataset, method: Method, *, epsilon: float, delta: float) -> _Pro
     return _Probe(reason, planned=True)
 
 
-def _method_refusal(ds: Dataset, method: Method, *, epsilon: float) -> str | None:
+def _method_refusal(ds: Dataset, method: str, *, epsilon: float) -> str | None:
     delta_total = float(Decimal(ds.delta_total))
     first: str | None = None
     for fraction in PROBE_FRACTIONS:
@@ -77,7 +75,7 @@ def _method_refusal(ds: Dataset, method: Method, *, epsilon: float) -> str | Non
     return first or "the dataset's budget has no ε left"
 
 
-def method_refusals(ds: Dataset) -> dict[Method, str | None]:
+def method_refusals(ds: Dataset) -> dict[str, str | None]:
     """For each method, why a request for it would be refused now (None: admitted).
 
     Probes: ε = min(1, remaining ε) × 1, 0.1, 0.01, each with δ = 0 and, on a dataset
@@ -86,7 +84,7 @@ def method_refusals(ds: Dataset) -> dict[Method, str | None]:
     for DP-SGD, nominal methods off for ExpM+NF) hold at every ε and δ.
     """
     epsilon = min(PROBE_EPSILON, dataset_filter(ds).remaining_epsilon())
-    return {m: _method_refusal(ds, m, epsilon=epsilon) for m in get_args(Method)}
+    return {m: _method_refusal(ds, m, epsilon=epsilon) for m in TRAINING_METHODS}
 
 
 def no_method_warning(ds: Dataset) -> str | None:

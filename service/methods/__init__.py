@@ -2,7 +2,9 @@
 sampler) has its own module here with its options' defaults, its plan builder and its
 resource estimate, and one entry below with its guarantee label. The worker's table is
 worker/mechanisms/registry.py; a contract test checks both tables name the same keys.
-Adding a method is its module here, its mechanism there, and one line in each table.
+Adding a method is its module here, its mechanism there, one line in each table and its name
+in ``service.schemas.TRAINING_METHODS`` (with, where it has options, its options model and
+the ``JobRequest`` field named after it).
 """
 
 from __future__ import annotations
@@ -17,12 +19,22 @@ from service.methods.common import (
     ResourceFacts,
     no_estimate,
 )
-from service.methods.dpsgd import dpsgd_guarantee, dpsgd_resources, plan_dpsgd
+from service.methods.dpsgd import (
+    dpsgd_guarantee,
+    dpsgd_resources,
+    dpsgd_work_twin,
+    plan_dpsgd,
+)
 from service.methods.expm import langevin_resources, plan_langevin, plan_mcmc
 from service.methods.expm_nf import expm_nf_resources, plan_expm_nf
 from service.schemas import Guarantee, JobRequest, PrivacyPlan
 
 __all__ = ["METHODS", "MethodEntry", "method_key", "plan_key"]
+
+
+def steps_times_samples(plan: PrivacyPlan) -> int:
+    """The job's progress total when each released sample runs the plan's steps."""
+    return int(plan.mechanism["steps"]) * plan.samples
 
 
 @dataclass(frozen=True)
@@ -35,6 +47,12 @@ class MethodEntry:
     plan: Callable[[JobRequest, PlanFacts], MethodPlan]
     guarantee: Callable[[JobRequest], Guarantee]
     resources: Callable[[PrivacyPlan, ResourceFacts], ResourceEstimate]
+    progress_total: Callable[[PrivacyPlan], int] = steps_times_samples
+    """T of the job's "step k of T" from its plan alone (data-independent): the steps its
+    mechanism counts; by default each released sample's steps (``steps × samples``)."""
+    work_twin: Callable[[JobRequest], JobRequest | None] = lambda _request: None
+    """A request whose plan costs the worker what the request's does but is quick to plan
+    (service/resources.py ``work_twin``), or None: planning is quick already."""
 
 
 def _always(guarantee: Guarantee) -> Callable[[JobRequest], Guarantee]:
@@ -42,10 +60,18 @@ def _always(guarantee: Guarantee) -> Callable[[JobRequest], Guarantee]:
 
 
 METHODS: dict[tuple[str, str | None], MethodEntry] = {
-    ("dpsgd", None): MethodEntry(plan_dpsgd, dpsgd_guarantee, dpsgd_resources),
+    ("dpsgd", None): MethodEntry(
+        plan_dpsgd, dpsgd_guarantee, dpsgd_resources, work_twin=dpsgd_work_twin
+    ),
     ("expm", "langevin"): MethodEntry(plan_langevin, _always("proven"), langevin_resources),
     ("expm", "mcmc"): MethodEntry(plan_mcmc, _always("asymptotic"), no_estimate),
-    ("expm_nf", None): MethodEntry(plan_expm_nf, _always("nominal"), expm_nf_resources),
+    ("expm_nf", None): MethodEntry(
+        # One flow is trained for all the samples: its steps are the job's.
+        plan_expm_nf,
+        _always("nominal"),
+        expm_nf_resources,
+        lambda plan: int(plan.mechanism["steps"]),
+    ),
 }
 
 

@@ -352,6 +352,24 @@ DPSGD_GRUD_ELEMENTS_PER_S = 1e7  # torch.func vmap over GRU-D, elements = B·P·
 DPSGD_CHUNK_ELEMENTS = 1 << 24
 
 
+def dpsgd_work_twin(request: JobRequest) -> JobRequest | None:
+    """A request whose plan costs the worker exactly what ``request``'s does but is cheap to
+    plan, or None when planning ``request`` is cheap already (issue 19: four analysts held
+    every planning slot with DP-SGD plans whose PLD or decaying-schedule calibration took
+    ~20 s and then failed the work limit). The work and memory estimates of a DP-SGD plan
+    depend on its steps, batch, model and engine, never on σ, its accountant or its noise
+    schedule; the twin keeps those and calibrates one constant σ by RDP (milliseconds)."""
+    options = request.dpsgd
+    if options is None:
+        return None
+    if options.accountant == "rdp" and options.noise_schedule == "constant":
+        return None
+    cheap = options.model_copy(
+        update={"accountant": "rdp", "noise_schedule": "constant", "noise_decay": None}
+    )
+    return request.model_copy(update={"dpsgd": cheap})
+
+
 def _dpsgd_batch_ceiling(m: Mapping[str, Any]) -> int:
     """A Poisson batch size that is practically never exceeded: B + 10√B + 10 rows (B the
     expected batch), at most the public row count (``m``: a DP-SGD plan's mechanism)."""

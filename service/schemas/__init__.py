@@ -33,9 +33,12 @@ from service.schemas.admin import (
 from service.schemas.budgets import BudgetView, DatasetPublic
 from service.schemas.common import (
     GUARANTEE_ORDER,
+    SELECTION_METHOD,
+    TRAINING_METHODS,
     Guarantee,
     Method,
     TrainingMethod,
+    method_names,
     weakest_guarantee,
 )
 from service.schemas.dpsgd import DpsgdOptions
@@ -54,6 +57,8 @@ from service.schemas.releases import CardPreprocessing, CardPrivacy, ModelCard
 __all__ = [
     "GUARANTEE_ORDER",
     "MCMC_ONLY_FIELDS",
+    "SELECTION_METHOD",
+    "TRAINING_METHODS",
     "AdminJob",
     "AnalystCreate",
     "AnalystCreated",
@@ -87,5 +92,6 @@ __all__ = [
     "TotalMismatch",
     "TrainingMethod",
     "ValidationIssue",
+    "method_names",
     "weakest_guarantee",
 ]

@@ -4,15 +4,67 @@ classes of request bodies (:class:`ApiInput`) and of responses read from ORM obj
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import AfterValidator, BaseModel, ConfigDict, WithJsonSchema
+from pydantic_core import PydanticCustomError
 
 from service.params import InputModel
 
-TrainingMethod = Literal["dpsgd", "expm_nf", "expm"]
-Method = Literal[TrainingMethod, "selection"]
-"""``selection``: a selection job (POST /v1/selections), never submitted to POST /v1/jobs."""
+TRAINING_METHODS: list[str] = ["dpsgd", "expm_nf", "expm"]
+"""The request schema's table of methods (issue 23): the names a training request may give
+as ``method``, one line per method. A method's plan builder, guarantee and resource estimate
+are its entry in service.methods.METHODS, its mechanism its entry in
+worker/mechanisms/registry.py, and its options (where it has any) a field of ``JobRequest``
+named after it; tests/unit/test_method_registry.py keeps the tables naming the same methods
+and runs a method registered in them alone (a dummy) end to end."""
+SELECTION_METHOD = "selection"
+"""A selection job's method (POST /v1/selections), never submitted to POST /v1/jobs."""
+
+
+def _names(names: list[str]) -> str:
+    quoted = [repr(n) for n in names]
+    return quoted[0] if len(quoted) == 1 else ", ".join(quoted[:-1]) + f" or {quoted[-1]}"
+
+
+def _training_method(value: str) -> str:
+    # Looked up when a value is validated, not when the model is built, so the table is the
+    # one place a method is named; the error is pydantic's own for a Literal.
+    if value not in TRAINING_METHODS:
+        raise PydanticCustomError(
+            "literal_error", "Input should be {expected}", {"expected": _names(TRAINING_METHODS)}
+        )
+    return value
+
+
+def _method(value: str) -> str:
+    names = [*TRAINING_METHODS, SELECTION_METHOD]
+    if value not in names:
+        raise PydanticCustomError(
+            "literal_error", "Input should be {expected}", {"expected": _names(names)}
+        )
+    return value
+
+
+TrainingMethod = Annotated[
+    str,
+    AfterValidator(_training_method),
+    WithJsonSchema({"enum": list(TRAINING_METHODS), "type": "string"}),
+]
+"""A name in :data:`TRAINING_METHODS` (documented as the enum of the names at start-up)."""
+Method = Annotated[
+    str,
+    AfterValidator(_method),
+    WithJsonSchema({"enum": [*TRAINING_METHODS, SELECTION_METHOD], "type": "string"}),
+]
+"""A training method or ``selection``."""
+
+
+def method_names() -> list[str]:
+    """Every value a job's ``method`` may take: the training methods, then ``selection``."""
+    return [*TRAINING_METHODS, SELECTION_METHOD]
+
+
 Guarantee = Literal["proven", "asymptotic", "nominal"]
 """How far a release's (ε, δ) is proven, strongest first: **proven** (a proof covers the run
 that executed, finite steps included), **asymptotic** (the sampler is exact only in the

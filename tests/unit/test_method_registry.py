@@ -1,14 +1,10 @@
-"""The method tables (issue 23): a method registered in the service's ``METHODS`` and the
-worker's ``MECHANISMS`` alone (a dummy, monkeypatched in) is picked up by plan building,
-the quote-time resource estimate and the worker's dispatch, without editing any other
-module; and the resource estimate of every registered method is its entry's.
-
-How far a new method gets without editing anything else: ``JobRequest.method`` and
-``PrivacyPlan.method`` are ``Literal``s (service/schemas.py), so a request naming the
-dummy is refused by validation, and :func:`build_plan` (given an unvalidated copy) calls the
-dummy's plan builder and guarantee and then fails building the ``PrivacyPlan``. A method's
-options are also a field of ``JobRequest`` per method. Adding a real method therefore
-still means its name in ``TrainingMethod`` (and an options field where it has options).
+"""The method tables (issue 23): a method registered in the request schema's
+``TRAINING_METHODS``, the service's ``METHODS`` and the worker's ``MECHANISMS`` alone (a
+dummy, monkeypatched in) is picked up by request validation, plan building, the quote-time
+resource estimate and the worker's dispatch, without editing any other module; and the
+resource estimate of every registered method is its entry's. A method with options adds
+its options model and the ``JobRequest`` field named after the method.
+tests/integration/test_method_contract.py runs the same dummy through the API and worker.
 """
 
 from __future__ import annotations
@@ -21,13 +17,14 @@ import torch
 import yaml
 from pydantic import ValidationError
 
+import service.schemas.common as schemas_common
 from service.datasets.kinds import parse_dataset_schema
 from service.methods import METHODS, MethodEntry, method_key, plan_key
 from service.methods.common import MethodPlan, PlanFacts, ResourceEstimate, ResourceFacts
 from service.plans import build_plan, plan_for_dataset
 from service.privacy.events import PoissonSubsampledGaussianEvent
 from service.resources import ResourceLimits, plan_resources, resource_refusal
-from service.schemas import JobRequest, PrivacyPlan
+from service.schemas import TRAINING_METHODS, JobRequest, PrivacyPlan
 from worker.mechanisms.base import MechanismOutput, TabularTrainingSet
 from worker.mechanisms.registry import MECHANISMS, Mechanism, mechanism_key, run_mechanism
 
@@ -62,6 +59,7 @@ def run_dummy(**kwargs: Any) -> MechanismOutput:
 def dummy(monkeypatch: pytest.MonkeyPatch) -> None:
     calls.clear()
     entry = MethodEntry(_plan_dummy, lambda _request: "nominal", _dummy_resources)
+    monkeypatch.setattr(schemas_common, "TRAINING_METHODS", [*TRAINING_METHODS, "dummy"])
     monkeypatch.setitem(METHODS, DUMMY, entry)
     monkeypatch.setitem(MECHANISMS, DUMMY, Mechanism(__name__, "run_dummy"))
 
@@ -80,25 +78,27 @@ def _request(method: str, **options: Any) -> JobRequest:
 
 
 def _dummy_plan() -> PrivacyPlan:
-    """A dummy plan as build_plan would make it, were ``PrivacyPlan.method`` open: a real
-    plan's copy (``model_copy`` does not validate) with the dummy's method and mechanism."""
-    real = plan_for_dataset(_request("dpsgd"), n_rows=1000, public_schema=ADULT)
-    return real.model_copy(update={"method": "dummy", "mechanism": {"steps": 7, "parameters": 5}})
+    """The dummy's plan as build_plan makes it (the fixture must be active); the calls
+    it made are forgotten."""
+    plan = plan_for_dataset(_request("dummy"), n_rows=1000, public_schema=ADULT)
+    calls.clear()
+    return plan
 
 
-def test_a_request_naming_the_dummy_is_refused_by_the_method_literal(dummy: None) -> None:
-    with pytest.raises(ValidationError, match="method"):
+def test_a_request_naming_an_unregistered_method_is_refused() -> None:
+    with pytest.raises(
+        ValidationError, match="Input should be 'dpsgd', 'expm_nf', 'expm' or 'selection'"
+    ):
         _request("dummy")
 
 
-def test_plan_building_calls_the_dummys_entry_up_to_the_plans_method_literal(
-    dummy: None,
-) -> None:
-    request = _request("dpsgd").model_copy(update={"dpsgd": None, "method": "dummy"})
+def test_plan_building_calls_the_dummys_entry(dummy: None) -> None:
+    request = _request("dummy")
     assert method_key(request) == DUMMY
-    with pytest.raises(ValidationError, match="method"):  # PrivacyPlan.method: a Literal
-        build_plan(request, n_rows=1000, n_features=4)
+    plan = build_plan(request, n_rows=1000, n_features=4)
     assert calls == [("plan", PlanFacts(n_rows=1000, n_features=4))]
+    assert plan.method == "dummy" and plan.guarantee == "nominal"
+    assert plan.mechanism == {"steps": 7, "parameters": 5}
 
 
 def test_the_resource_estimate_and_its_refusal_come_from_the_dummys_entry(dummy: None) -> None:
@@ -126,12 +126,16 @@ def test_the_worker_runs_the_dummys_mechanism(dummy: None) -> None:
         device=torch.device("cpu"),
         progress=lambda k, t: None,
     )
-    assert calls == [("run", {"steps": 7, "parameters": 5})]
-    assert out.releases[0]["w"].shape == (5,)
+    parameters = plan.mechanism["parameters"]  # Adult's encoded width + 1
+    assert calls == [("run", {"steps": 7, "parameters": parameters})]
+    assert out.releases[0]["w"].shape == (parameters,)
 
 
-def test_without_an_entry_a_plan_has_no_estimate() -> None:
+def test_without_an_entry_a_plan_has_no_estimate(
+    dummy: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
     plan = _dummy_plan()
+    monkeypatch.delitem(METHODS, DUMMY)
     estimate = plan_resources(plan, schema=parse_dataset_schema(ADULT))
     assert estimate == ResourceEstimate()
     assert (

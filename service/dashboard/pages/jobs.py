@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, get_args
+from typing import Annotated
 from urllib.parse import urlencode
 
 from fastapi import Form, Request
@@ -29,7 +29,7 @@ from service.db import transaction
 from service.job_pages import BadCursor, JobFilters, count_matching
 from service.ledger.tables import Analyst, Dataset, JobStatus
 from service.schemas import RefundRequest
-from service.schemas.common import GUARANTEE_ORDER, Method
+from service.schemas.common import GUARANTEE_ORDER, method_names
 
 router = page_router()
 
@@ -88,7 +88,7 @@ def jobs(
         else "/dashboard/jobs?" + urlencode({**query, "cursor": page.next_cursor}),
         choices={
             "status": [s.value for s in JobStatus],
-            "method": list(get_args(Method)),
+            "method": method_names(),
             "guarantee": list(GUARANTEE_ORDER),
             "dataset": datasets,
             "analyst": analysts,

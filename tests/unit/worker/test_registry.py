@@ -6,14 +6,14 @@ from __future__ import annotations
 import inspect
 import typing
 
-from service.schemas import ExpmOptions, TrainingMethod
+from service.schemas import TRAINING_METHODS, ExpmOptions
 from worker.mechanisms.registry import MECHANISMS
 
 
 def _keys() -> set[tuple[str, str | None]]:
     samplers = typing.get_args(ExpmOptions.model_fields["sampler"].annotation)
     keys: set[tuple[str, str | None]] = set()
-    for method in typing.get_args(TrainingMethod):
+    for method in TRAINING_METHODS:
         keys |= {(method, s) for s in samplers} if method == "expm" else {(method, None)}
     return keys
 
@@ -31,7 +31,7 @@ def test_every_registered_mechanism_takes_the_registrys_call() -> None:
 
 
 def test_the_service_and_the_worker_register_the_same_methods() -> None:
-    """Adding a method means an entry in both tables (service/methods, worker registry)."""
+    """Adding a method means a line in each table (its name, service/methods, the worker)."""
     from service.methods import METHODS as PLANNERS
 
     assert set(PLANNERS) == set(MECHANISMS) == _keys()
