@@ -16,6 +16,7 @@ import torch
 from service.modelspec import LogisticSpec, MlpSpec, parameter_count
 from service.privacy.sampling import GRID_BITS
 from worker.mechanisms import exact_net as en
+from worker.mechanisms import fixed_point as fp
 from worker.mechanisms import grad_engines as ge
 from worker.mechanisms.base import PlanMismatch
 from worker.mechanisms.dpsgd import DpsgdParams, integer_sum_for
@@ -356,3 +357,33 @@ def test_the_sums_are_the_golden_bits() -> None:
     inputs come from torch's seeded generator (torch 2.13 CPU); the sums themselves are
     exact integer arithmetic and IEEE basic operations, so platform-independent."""
     assert _golden_digest() == GOLDEN
+
+
+def _sigmoid_unblocked(z: np.ndarray) -> np.ndarray:
+    """fixed_point's σ̃ as one pass per operation over the whole array (the pre-blocking
+    code): the reference the blocked kernels must match bit for bit."""
+    v = np.minimum(np.abs(z), 64.0) * (1.0 / 64.0)
+    p = np.full_like(v, 1.0 / math.factorial(18))
+    for j in range(17, -1, -1):
+        p = p * -v + 1.0 / math.factorial(j)
+    for _ in range(6):
+        p = p * p
+    e = np.maximum(p, 0.0)
+    return np.where(z >= 0, 1.0 / (1.0 + e), e / (1.0 + e))
+
+
+@pytest.mark.parametrize("shape", [(0,), (1,), (3, 5), (7, 16385), (40_000,)])
+def test_blocked_sigmoid_and_tanh_are_the_unblocked_bits(shape: tuple[int, ...]) -> None:
+    """The CPU kernels run block by block (fixed_point._BLOCK): same bits as one pass per
+    operation, across block boundaries, for ±0, NaN, ±inf and beyond the clamp at 64."""
+    rng = np.random.default_rng(60)
+    z = rng.standard_normal(shape) * rng.choice([1e-3, 1.0, 30.0, 1e3], size=shape)
+    z.reshape(-1)[: min(z.size, 6)] = [0.0, -0.0, np.nan, np.inf, -np.inf, 64.0][: z.size]
+    got = fp.sigmoid_basic(torch.from_numpy(z)).numpy()
+    assert np.array_equal(got.view(np.int64), _sigmoid_unblocked(z).view(np.int64))
+    z_int = torch.from_numpy(np.round(z * 2.0**30))
+    for scale in (-30, -40):
+        s = _sigmoid_unblocked((2.0 * (z_int * 2.0**scale)).numpy())
+        want = torch.round((2.0 * torch.from_numpy(s) - 1.0) * 2.0**16).numpy()
+        tanh = fp.tanh_on_grid(z_int, scale_bits=scale, out_bits=16).numpy()
+        assert np.array_equal(tanh.view(np.int64), want.view(np.int64))

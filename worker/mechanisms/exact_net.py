@@ -13,7 +13,9 @@ Route (a) of the issue, exact fixed-point arithmetic through the network. Notati
   correctly rounded (or exact) function of that element's operands alone (IEEE-754 §5), so
   the same bits in any lane, position or batch; eager torch and numpy run every such
   operation as its own kernel, so no FMA joins two of them. Transcendentals come only from
-  :func:`fixed_point.sigmoid_basic` and :func:`fixed_point.tanh_basic`, built from these.
+  :func:`fixed_point.sigmoid_basic` and :func:`fixed_point.tanh_on_grid` (tanh_basic's
+  operations, fused block by block on the CPU: the same operations per element), built
+  from these.
   (ii) Reductions (matrix products, row sums, the sum over rows) only ever add integers
   whose partial sums, in any order and any association, stay below 2^53 in magnitude:
   every such sum is exact in float64 (each partial sum is an integer of at most 53 bits,
@@ -84,7 +86,7 @@ from worker.mechanisms.fixed_point import (
     pow2,
     pow2_tensor,
     sigmoid_basic,
-    tanh_basic,
+    tanh_on_grid,
 )
 from worker.mechanisms.guards import GuardFailed, positive_finite
 from worker.models import Logistic, Mlp
@@ -212,7 +214,7 @@ def row_signals(
                 break
             shift = -(grid.in_bits + grid.bits)
             if activation == "tanh":
-                a = torch.round(tanh_basic(z_num * pow2(shift)) * pow2(HIDDEN_BITS))
+                a = tanh_on_grid(z_num, scale_bits=shift, out_bits=HIDDEN_BITS)
                 limit = pow2(HIDDEN_BITS)
             else:
                 a = torch.round(torch.clamp(z_num, min=0.0) * pow2(shift + HIDDEN_BITS))
