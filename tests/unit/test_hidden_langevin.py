@@ -32,6 +32,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from service.privacy.hidden_langevin import (
+    GAUSSIAN_ORDERS,
     HiddenLangevinProblem,
     amplification,
     contraction_factor,
@@ -42,7 +43,7 @@ from service.privacy.hidden_langevin import (
     noise_for_epsilon,
     noise_for_rdp,
 )
-from service.privacy.orders import CALIBRATION_ORDERS, ORDERS
+from service.privacy.orders import ORDERS
 from service.privacy.rdp import epsilon_from_rdp, gaussian_rdp
 
 STEPS = (1, 2, 10, 100, 10_000)
@@ -174,10 +175,10 @@ def test_one_percent_less_noise_than_required_fails(
     below = _exact_quadratic_rdp(sigma=0.99 * sigma.noise_multiplier, orders=ORDERS, **kw)
     assert np.any(below > target)
 
-    eps, delta = 0.5, 1e-5
+    eps, delta = (0.5 if steps % 2 else 0.002), 1e-5  # 0.002: best order above 1024
     calibrated = noise_for_epsilon(problem=problem, steps=steps, epsilon=eps, delta=delta)
     assert calibrated.epsilon is not None and calibrated.epsilon <= eps
-    orders = CALIBRATION_ORDERS
+    orders = GAUSSIAN_ORDERS
     exact_at = _exact_quadratic_rdp(sigma=calibrated.noise_multiplier, orders=orders, **kw)
     assert epsilon_from_rdp(rdp=exact_at, orders=orders, delta=delta) <= eps
     exact_below = _exact_quadratic_rdp(
