@@ -122,7 +122,9 @@ gradients and N of std σ·Δ on the fixed-point sum. In this module's terms:
   of n_max rows divided by n̂ gives E; outside the clamp E is unbounded, so a projection
   onto the clamp's box is needed. With n_max·2^-a comparable to 1 (Adult: 30162·2^-16
   ≈ 0.46) the term (1 + 2nE/L)² multiplies the bound by ≈ 3.7: the residual grid must
-  be much finer than 1/n_max for this bound to pay off;
+  be much finer than 1/n_max for this bound to pay off. The float64 update
+  θ − (lr/n̂)·(noisy + l2·θ) rounds too: its error (a few ulps of θ per step, divided
+  by η to express it in gradient units) belongs in E as well;
 * (C5) holds for continuous Gaussian noise only: the worker's integer noise
   round(σΔZ) on the gradient sum is not a Gaussian in θ-space, and step 2 above needs
   the Gaussian shift cost; the composition proof covers it as post-processing of the
