@@ -28,7 +28,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeAlias
 
 import numpy as np
 import pandas as pd
@@ -36,6 +36,7 @@ import torch
 
 from service.datasets import tabular as _tabular_module
 from service.datasets import timeseries as _timeseries_module
+from service.datasets.images import ImageSchema, encode_pixels
 from service.datasets.kinds import DEFAULT_KIND, DatasetSchema
 from service.datasets.tabular import (
     TabularSchema,
@@ -54,12 +55,15 @@ from service.datasets.timeseries import (
 )
 from service.private_files import make_private_dir, open_private_file
 from worker.encoded import Arrays, cached_arrays
+from worker.images import ImageReadError, ValidatedImages, check_images, read_npz_bytes
 from worker.mechanisms.base import TabularTrainingSet
 
 ROWS_FILE = "rows.csv.gz"
 # A time-series dataset: its validated observations (long format) and outcomes.
 OBSERVATIONS_FILE = "observations.csv.gz"
 OUTCOMES_FILE = "outcomes.csv.gz"
+# An image dataset: its kept images' raw pixels (n, C, H, W) and class indices (n).
+IMAGES_FILE = "images.npz"
 # Bump when what a loader returns for the same rows and schema changes (the encoding
 # modules' source and the numpy/pandas versions are in the cache key as well).
 ENCODING_VERSION = 1
@@ -107,6 +111,10 @@ class PreparedSeries:
     @property
     def report(self) -> TimeSeriesReport:
         return self.validated.report
+
+
+PreparedAny: TypeAlias = Prepared | PreparedSeries | ValidatedImages
+"""What a kind's ``prepare`` returns: the kept rows and their report (``.report``)."""
 
 
 def _read_wide(schema: TimeSeriesSchema, folder: Path) -> dict[str, pd.DataFrame]:
@@ -159,9 +167,40 @@ def _prepare_timeseries(
     return prepare_series(schema, csv_path, outcomes_path)
 
 
+def _prepare_images(
+    schema: DatasetSchema, path: Path, outcomes_path: Path | None
+) -> ValidatedImages:
+    """The images at ``path`` (a folder or a file, as ``source.format`` says), read and
+    validated by the schema (worker/images.py)."""
+    assert isinstance(schema, ImageSchema)
+    if outcomes_path is not None:
+        raise CsvReadError("an outcomes file is for time-series datasets only")
+    try:
+        return check_images(schema, path)
+    except ImageReadError as exc:
+        raise CsvReadError(str(exc)) from None
+
+
+def _images_refusal(schema: DatasetSchema) -> str | None:
+    """Every model today is binary (y in {0, 1}): an image dataset of more than two
+    classes would train on meaningless targets, so it is not registered yet."""
+    assert isinstance(schema, ImageSchema)
+    if schema.n_classes != 2:
+        return (
+            f"image datasets of {schema.n_classes} classes cannot be registered yet: the "
+            "models are binary (multi-class models are issue 20's next step); "
+            "`enclave datasets check` reads them"
+        )
+    return None
+
+
+def _no_refusal(schema: DatasetSchema) -> str | None:
+    return None
+
+
 def prepare_dataset(
     schema: DatasetSchema, csv_path: Path, outcomes_path: Path | None = None
-) -> Prepared | PreparedSeries:
+) -> PreparedAny:
     """The dry run and registration's first step, for any kind of schema (its
     :data:`WORKER_KINDS` entry's ``prepare``)."""
     return WORKER_KINDS[schema.kind].prepare(schema, csv_path, outcomes_path)
@@ -178,9 +217,7 @@ def _write_gzip_csv(path: Path, frame: pd.DataFrame) -> None:
     tmp.replace(path)
 
 
-def store_prepared(
-    data_dir: Path, schema: DatasetSchema, prepared: Prepared | PreparedSeries
-) -> Path:
+def store_prepared(data_dir: Path, schema: DatasetSchema, prepared: PreparedAny) -> Path:
     """Write the validated rows to the private volume (the dataset's folder), as the
     schema's :data:`WORKER_KINDS` entry stores them, then the encoded arrays a job will
     load (:func:`warm_encoded`)."""
@@ -206,21 +243,30 @@ def warm_encoded(data_dir: Path, schema: DatasetSchema) -> None:
         )
 
 
-def _store_tabular(
-    data_dir: Path, schema: DatasetSchema, prepared: Prepared | PreparedSeries
-) -> Path:
+def _store_tabular(data_dir: Path, schema: DatasetSchema, prepared: PreparedAny) -> Path:
     assert isinstance(schema, TabularSchema) and isinstance(prepared, Prepared)
     return store_rows(data_dir, schema, prepared.frame)
 
 
-def _store_timeseries(
-    data_dir: Path, schema: DatasetSchema, prepared: Prepared | PreparedSeries
-) -> Path:
+def _store_timeseries(data_dir: Path, schema: DatasetSchema, prepared: PreparedAny) -> Path:
     assert isinstance(prepared, PreparedSeries)
     target = make_private_dir(dataset_dir(data_dir, schema.name))
     _write_gzip_csv(target / OUTCOMES_FILE, prepared.validated.outcomes)
     _write_gzip_csv(target / OBSERVATIONS_FILE, prepared.validated.observations)
     return target / OBSERVATIONS_FILE
+
+
+def _store_images(data_dir: Path, schema: DatasetSchema, prepared: PreparedAny) -> Path:
+    assert isinstance(prepared, ValidatedImages)
+    target = make_private_dir(dataset_dir(data_dir, schema.name))
+    path = target / IMAGES_FILE
+    tmp = path.with_name(path.name + ".tmp")
+    with os.fdopen(open_private_file(tmp), "wb") as fh:
+        np.savez(fh, pixels=prepared.pixels, y=prepared.y)
+        fh.flush()
+        os.fsync(fh.fileno())
+    tmp.replace(path)
+    return path
 
 
 def store_rows(data_dir: Path, schema: TabularSchema, frame: pd.DataFrame) -> Path:
@@ -348,6 +394,30 @@ def _load_series(
     return TabularTrainingSet(x=x, y=y, public_means=schema.scaled_means)
 
 
+def _load_images(
+    data_dir: Path,
+    public_schema: dict,
+    device: torch.device,
+    *,
+    before_first_read: Callable[[], None],
+) -> TabularTrainingSet:
+    """The flattened encoded pixels (n, H·W·C) in [0, 1] of a registered image dataset
+    and its class indices as y (two classes: y in {0, 1})."""
+    schema = ImageSchema.model_validate(public_schema)
+    if schema.n_classes != 2:
+        raise ValueError("the models are binary: an image dataset needs two classes")
+    with (dataset_dir(data_dir, schema.name) / IMAGES_FILE).open("rb") as fh:
+        before_first_read()
+        arrays = read_npz_bytes(fh.read())
+    pixels, y = arrays["pixels"], arrays["y"]
+    x = encode_pixels(schema, pixels).reshape(len(pixels), schema.n_features)
+    if len(y) != len(x) or not np.isin(y, (0, 1)).all():
+        raise ValueError("stored image labels left {0, 1}")
+    return TabularTrainingSet(
+        x=torch.from_numpy(x).to(device), y=torch.from_numpy(y.astype(np.float32)).to(device)
+    )
+
+
 class _Load(Protocol):
     def __call__(
         self,
@@ -365,15 +435,18 @@ class WorkerDataKind:
 
     name: str
     """The schema's ``kind`` value, the entry's key (as in the service's DATA_KINDS)."""
-    prepare: Callable[[DatasetSchema, Path, Path | None], Prepared | PreparedSeries]
+    prepare: Callable[[DatasetSchema, Path, Path | None], PreparedAny]
     """Registration's and the dry run's first step: read the private file(s) (the
     optional second path is a time series' outcomes file) and validate them."""
-    store: Callable[[Path, DatasetSchema, Prepared | PreparedSeries], Path]
+    store: Callable[[Path, DatasetSchema, PreparedAny], Path]
     """Write the validated rows to the private volume; the path written."""
     load: _Load
     """A job's training set: read the stored rows and encode them by the public schema."""
     preprocessing: str
     """The model card's description of the (data-independent) encoding."""
+    refusal: Callable[[DatasetSchema], str | None] = _no_refusal
+    """Why registration refuses this schema for now (None: it does not); checked before
+    any private file is read. ``enclave datasets check`` reads the files regardless."""
 
 
 WORKER_KINDS: dict[str, WorkerDataKind] = {
@@ -403,6 +476,20 @@ WORKER_KINDS: dict[str, WorkerDataKind] = {
             "declared positive values. One row of the neighbouring relation is one stay (all "
             "its observations and its outcome)."
         ),
+    ),
+    "images": WorkerDataKind(
+        name="images",
+        prepare=_prepare_images,
+        store=_store_images,
+        load=_load_images,
+        preprocessing=(
+            "Data-independent: each image's pixels are clipped to the schema's declared "
+            "[min, max] and scaled to [0, 1] (service/datasets/images.py encode_pixels), "
+            "then flattened channel-major to H·W·C features; the target is the class's "
+            "index in the schema's classes (two classes: 0 and 1). One row of the "
+            "neighbouring relation is one image."
+        ),
+        refusal=_images_refusal,
     ),
 }
 """The worker's data kinds by name; the service's are ``service.datasets.kinds.DATA_KINDS``."""

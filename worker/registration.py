@@ -19,7 +19,8 @@ from service.ledger.tables import Dataset
 from service.params import DELTA_FLOOR, EPSILON_FLOOR
 from service.privacy.filters import EPSILON_TOTAL_MAX
 from service.privacy.sampling import default_count_epsilon
-from worker.data import CsvReadError, prepare_dataset, store_prepared
+from worker.data import WORKER_KINDS, CsvReadError, prepare_dataset, store_prepared
+from worker.images import ImageReport
 from worker.noise import discrete_laplace, secure_rng
 
 
@@ -27,7 +28,7 @@ class RegistrationError(ValueError):
     """Registration refused; ``report`` is the validation report when the rows were read."""
 
     def __init__(
-        self, message: str, report: ValidationReport | TimeSeriesReport | None = None
+        self, message: str, report: ValidationReport | TimeSeriesReport | ImageReport | None = None
     ) -> None:
         super().__init__(message)
         self.report = report
@@ -41,7 +42,7 @@ class Registered:
     name: str
     noisy_n_rows: int
     count_epsilon: float
-    report: ValidationReport | TimeSeriesReport
+    report: ValidationReport | TimeSeriesReport | ImageReport
     path: Path
     warning: str | None = None  # e.g. no method can be admitted (policy.no_method_warning)
 
@@ -93,6 +94,9 @@ def register_dataset(
     with transaction(engine) as s:
         if s.scalars(select(Dataset).where(Dataset.name == schema.name)).first():
             raise RegistrationError(f"a dataset named {schema.name!r} is already registered")
+    kind_refused = WORKER_KINDS[schema.kind].refusal(schema)
+    if kind_refused:
+        raise RegistrationError(kind_refused)
     try:
         prepared = prepare_dataset(schema, csv_path, outcomes_path)
     except CsvReadError as exc:

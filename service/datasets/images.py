@@ -205,6 +205,17 @@ class ImageSchema(_Strict):
         return self.height * self.width * self.channels
 
     @property
+    def feature_names(self) -> list[str]:
+        """The encoded inputs' names in flattening order (channel-major, then row, then
+        column): ``px_c_y_x``."""
+        return [
+            f"px_{c}_{y}_{x}"
+            for c in range(self.channels)
+            for y in range(self.height)
+            for x in range(self.width)
+        ]
+
+    @property
     def n_classes(self) -> int:
         return len(self.classes)
 

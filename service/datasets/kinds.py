@@ -1,8 +1,8 @@
 """A dataset's public schema of any kind, chosen by its ``kind``: ``tabular``
-(service/datasets/tabular.py) or ``timeseries`` (service/datasets/timeseries.py, which
-builds on the tabular module's pieces). Its own module so that the tabular module need not
-import the time-series one (issue 23: the two used to import each other; now only
-timeseries imports tabular).
+(service/datasets/tabular.py), ``timeseries`` (service/datasets/timeseries.py, which
+builds on the tabular module's pieces) or ``images`` (service/datasets/images.py).
+Its own module so that the tabular module need not import the time-series one (issue
+23: the two used to import each other; now only timeseries imports tabular).
 
 :data:`DATA_KINDS` is the service's one table of data kinds (issue 23): everything the
 service needs from a kind (parse its public schema, its encoded width, the models that
@@ -22,6 +22,7 @@ from typing import Any, TypeAlias
 import yaml
 from pydantic import ValidationError
 
+from service.datasets.images import ImageSchema
 from service.datasets.tabular import (
     SchemaError,
     TabularSchema,
@@ -41,7 +42,7 @@ __all__ = [
     "parse_dataset_schema",
 ]
 
-DatasetSchema: TypeAlias = TabularSchema | TimeSeriesSchema
+DatasetSchema: TypeAlias = TabularSchema | TimeSeriesSchema | ImageSchema
 """A public schema of any kind."""
 
 
@@ -79,6 +80,19 @@ def _describe_series(schema: TimeSeriesSchema) -> str:
     )
 
 
+def _describe_images(schema: ImageSchema) -> str:
+    return (
+        f"schema {schema.name!r}: {schema.n_classes} classes of {schema.height}×{schema.width} "
+        f"images, {schema.channels} channel(s) ({schema.n_features} encoded features)"
+    )
+
+
+def _image_norm_sq_bound(schema: ImageSchema) -> int:
+    """‖(x, 1)‖² ≤ H·W·C + 1: every encoded pixel lies in [0, 1] (encode_pixels clips to
+    the declared range before scaling), plus the bias 1."""
+    return schema.n_features + 1
+
+
 DEFAULT_KIND = "tabular"
 """The kind of a schema that names none."""
 
@@ -100,6 +114,17 @@ DATA_KINDS: dict[str, DataKind] = {
         norm_sq_bound=None,
         mapping_keys="name, kind, grid, outcome, variables",
         describe=_describe_series,
+    ),
+    # Logistic regression and MLPs on the flattened pixels (a CNN comes later, issue 20);
+    # with binary models only, registration takes two classes for now (worker/data.py).
+    "images": DataKind(
+        name="images",
+        parse=ImageSchema.model_validate,
+        model_kinds=frozenset({"logistic", "mlp"}),
+        default_model=LogisticSpec,
+        norm_sq_bound=_image_norm_sq_bound,
+        mapping_keys="name, kind, height, width, channels, classes, pixels, source",
+        describe=_describe_images,
     ),
 }
 """The service's data kinds by name; the worker's are ``worker.data.WORKER_KINDS``."""
