@@ -59,8 +59,12 @@ loaded row count, only by the public n̂.
 
 from __future__ import annotations
 
+import itertools
 import math
 import warnings
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -135,23 +139,38 @@ class LangevinParams:
 
 
 def quantised_features(x: torch.Tensor, *, feature_bits: int, norm_sq_bound: int) -> torch.Tensor:
-    """(n, d + 1) float64 holding the integers trunc(x·2^c) and the bias column 2^c.
+    """(n, d + 1) float64 holding the integers trunc(x·2^c) and the bias column 2^c (a
+    view of one column-major array, the layout :class:`ExactRowSums` reads).
 
-    Raises :class:`PlanMismatch` unless every row's ‖x_int‖² ≤ B·2^(2c), checked exactly
-    in int64 (the sensitivity the plan was charged for).
+    Raises :class:`PlanMismatch` unless every entry of x lies in [0, 1] and every row's
+    ‖x_int‖² ≤ B·2^(2c), both checked exactly: x·2^c and its truncation are exact (a
+    power-of-two scaling of a float32 widened to float64, then an integer part), each
+    square is an integer ≤ 2^(2c) ≤ 2^32 and a row's sum of P ≤ 2^20 of them an integer
+    below 2^53, exact in float64 in any order; B·2^(2c) < 2^53 is exact too.
     """
     scale = 2.0**feature_bits
-    # NaN fails both comparisons, so finiteness is checked on its own (a NaN truncated to
-    # int64 is undefined and its square may overflow to a small number).
-    if x.shape[0] and (
-        not bool(torch.isfinite(x).all()) or float(x.min()) < 0.0 or float(x.max()) > 1.0
-    ):
-        raise PlanMismatch("encoded features outside [0, 1]")
-    ints = torch.trunc(x.double() * scale).to(torch.int64)
-    ints = torch.cat([ints, torch.full((x.shape[0], 1), 1 << feature_bits, device=x.device)], 1)
-    if bool(((ints * ints).sum(dim=1) > norm_sq_bound << (2 * feature_bits)).any()):
+    n, d = int(x.shape[0]), int(x.shape[1])
+    if not 0 <= feature_bits <= 16 or d + 1 > 1 << 20:
+        raise PlanMismatch("the Langevin feature grid is outside its exact-sum bounds")
+    # aminmax propagates NaN and NaN fails both comparisons, so a NaN is refused here; the
+    # norm test below is written to refuse it as well (NaN ≤ bound is false).
+    if n:
+        low, high = torch.aminmax(x)
+        if not (float(low) >= 0.0 and float(high) <= 1.0):
+            raise PlanMismatch("encoded features outside [0, 1]")
+    columns = torch.empty((d + 1, n), dtype=torch.float64, device=x.device)
+    # In x's own float32: x·2^c (≤ 2^c ≤ 2^16, a power-of-two scaling) and its truncation
+    # are exact there too, and widening to float64 is exact; + 0.0 turns a −0.0 input's
+    # −0.0 into +0.0, as the integer conversion did before.
+    narrow = x.T.contiguous()
+    if narrow.dtype not in (torch.float32, torch.float64):  # 2^16 overflows a float16
+        narrow = narrow.float()
+    columns[:d] = torch.trunc(narrow * scale) + 0.0
+    columns[d] = scale
+    norm_sq = (columns * columns).sum(dim=0)
+    if n and not bool((norm_sq <= float(norm_sq_bound << (2 * feature_bits))).all()):
         raise PlanMismatch("an encoded row exceeds the schema's norm bound")
-    return ints.double()
+    return columns.T
 
 
 def _residuals(
@@ -200,18 +219,28 @@ class ExactRowSums:
     """The features of one release prepared once for the two exact products of every step:
     numerators x_int·θ_int per row, and Σᵢ r_int,i·x_int,i (:meth:`gradient_sum`).
 
-    Only the storage differs from :func:`row_residuals` and :func:`gradient_sum`'s plain
-    products, never the arithmetic: both products are sums of integer products whose
-    partial sums are integers below 2^53 (module docstring), so every order of summation,
-    with or without FMA, and skipping the zero products, gives the same exact values; a
-    row's residual is then :func:`_residuals` of that value (σ̃ reads a numerator 0 the
-    same whatever its sign). The storage: one column-major copy (both products then run as
-    column-combination GEMVs: 0.7 ms against 1.6 ms for row-major x_int @ θ on Adult-sized
-    data), whatever the data: a compressed-sparse-rows copy (``sparse=True``; 0.3 ms on
-    Adult's 12 % nonzero entries) is only for callers whose density is public, because a
-    sparse product's time grows with the number of nonzero entries, a count of the private
-    rows (Adult's numeric zeros) that a job's duration would show. Labels are converted to
-    float64 once, not every step."""
+    Only the storage and the split of the rows differ from :func:`row_residuals` and
+    :func:`gradient_sum`'s plain products, never the arithmetic: both products are sums of
+    integer products whose partial sums are integers below 2^53 (module docstring), so
+    every order of summation, with or without FMA, any split of the rows into parts, and
+    skipping the zero products, gives the same exact values; a row's residual is then
+    :func:`_residuals` of that value (σ̃ reads a numerator 0 the same whatever its sign),
+    and the parts' float64 sums are integers below 2^53 added exactly in int64.
+
+    The storage: one column-major copy per part (both products then run as
+    column-combination GEMVs), whatever the data: a compressed-sparse-rows copy
+    (``sparse=True``) is only for callers whose density is public, because a sparse
+    product's time grows with the number of nonzero entries, a count of the private rows
+    (Adult's numeric zeros) that a job's duration would show. Labels are converted to
+    float64 once, not every step.
+
+    The parts: ``parts`` row ranges of equal size (each at most 2^20 rows, the exact-sum
+    bound), a split that depends on the row count and the public setting only. With a
+    ``pool``, :meth:`gradient_sum` computes the parts on its threads at once, each with
+    single-threaded kernels (the caller holds torch at one intra-op thread:
+    :func:`single_threaded_kernels`): one join per step instead of an OpenMP parallel
+    region per kernel, which on a 2-core machine shared with other processes made two
+    threads 6-20× slower than one (benchmarks/results/expm_proven_speed.md)."""
 
     def __init__(
         self,
@@ -222,6 +251,7 @@ class ExactRowSums:
         residual_bits: int,
         theta_bits: int,
         sparse: bool = False,
+        parts: int = 1,
     ) -> None:
         self.parameters = int(x_int.shape[1])
         self.device = x_int.device
@@ -232,16 +262,21 @@ class ExactRowSums:
         }
         self.sparse = sparse and x_int.device.type == "cpu"
         y64 = y.double()
-        # Per chunk (≤ 2^20 rows, the exact-sum bound): (forward, backward, labels).
+        n = int(x_int.shape[0])
+        count = max(1, parts, -(-n // _CHUNK_ROWS))
+        edges = [n * i // count for i in range(count + 1)]
+        # Per part (≤ 2^20 rows, the exact-sum bound): (forward, backward, labels).
         self._chunks: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
-        for start in range(0, x_int.shape[0], _CHUNK_ROWS):
-            xs = x_int[start : start + _CHUNK_ROWS]
+        for start, end in itertools.pairwise(edges):
+            if end == start:
+                continue
+            xs = x_int[start:end]
             columns = xs.T.contiguous()  # (d + 1, rows)
             if self.sparse:
                 forward, backward = _csr(xs.contiguous()), _csr(columns)
             else:
                 forward, backward = columns.T, columns
-            self._chunks.append((forward, backward, y64[start : start + _CHUNK_ROWS]))
+            self._chunks.append((forward, backward, y64[start:end]))
 
     def residuals(self, theta_int: torch.Tensor) -> torch.Tensor:
         """r_int of every row (float64), as :func:`row_residuals` gives them."""
@@ -250,14 +285,42 @@ class ExactRowSums:
             return torch.zeros(0, dtype=torch.float64, device=self.device)
         return torch.cat(parts)
 
-    def gradient_sum(self, theta_int: torch.Tensor) -> torch.Tensor:
-        """Σᵢ r_int,i·x_int,i exactly, as int64 (shape (d + 1,))."""
+    def _part_sum(
+        self, chunk: tuple[torch.Tensor, torch.Tensor, torch.Tensor], theta_int: torch.Tensor
+    ) -> torch.Tensor:
+        forward, backward, ys = chunk
+        r_int = _residuals(forward @ theta_int, ys, **self._kw)
+        # Integers below 2^53 throughout: exact in any order.
+        return (backward @ r_int).round().to(torch.int64)
+
+    def gradient_sum(
+        self, theta_int: torch.Tensor, *, pool: ThreadPoolExecutor | None = None
+    ) -> torch.Tensor:
+        """Σᵢ r_int,i·x_int,i exactly, as int64 (shape (d + 1,)); the parts on ``pool``'s
+        threads where given (the same int64 values: each part's sum is exact)."""
         total = torch.zeros(self.parameters, dtype=torch.int64, device=self.device)
-        for forward, backward, ys in self._chunks:
-            r_int = _residuals(forward @ theta_int, ys, **self._kw)
-            # Integers below 2^53 throughout: exact in any order.
-            total += (backward @ r_int).round().to(torch.int64)
+        if pool is not None and len(self._chunks) > 1:
+            sums = list(pool.map(lambda chunk: self._part_sum(chunk, theta_int), self._chunks))
+        else:
+            sums = [self._part_sum(chunk, theta_int) for chunk in self._chunks]
+        for part in sums:
+            total += part
         return total
+
+
+@contextmanager
+def single_threaded_kernels() -> Iterator[None]:
+    """torch at one intra-op thread for the block, then its setting back (the process
+    runs one job at a time; :class:`ExactRowSums` spreads its parts over Python threads
+    instead)."""
+    before = torch.get_num_threads()
+    if before != 1:
+        torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        if before != 1:
+            torch.set_num_threads(before)
 
 
 def gradient_sum(
@@ -303,17 +366,29 @@ def sample_langevin(
     unit = 2.0 ** -(params.residual_bits + params.feature_bits)
     step_size = params.learning_rate / params.public_n_rows
     b, m = theta_bits(feature_bits=params.feature_bits, parameters=params.parameters)
+    # As many parts as the worker's threads (ENCLAVE_WORKER_THREADS), a public setting.
+    threads = torch.get_num_threads() if device.type == "cpu" else 1
     sums = ExactRowSums(
-        x_int, y, feature_bits=params.feature_bits, residual_bits=params.residual_bits, theta_bits=b
+        x_int,
+        y,
+        feature_bits=params.feature_bits,
+        residual_bits=params.residual_bits,
+        theta_bits=b,
+        parts=threads,
     )
     del x_int  # the prepared copy is all the steps read
     theta = torch.zeros(params.parameters, dtype=torch.float64, device=device)
-    for step in range(1, params.steps + 1):
-        summed = sums.gradient_sum(quantised_theta(theta, bits=b, limit_bits=m))
-        step_noise = noise.draw(scale=scale, same_scale_ahead=params.steps - step + 1)
-        noisy = (summed + torch.as_tensor(step_noise, device=device)).double() * unit
-        theta = theta - step_size * (noisy + params.l2 * theta)
-        progress(done + step, total)
+    with ExitStack() as stack:
+        pool = None
+        if threads > 1:
+            pool = stack.enter_context(ThreadPoolExecutor(max_workers=threads))
+            stack.enter_context(single_threaded_kernels())
+        for step in range(1, params.steps + 1):
+            summed = sums.gradient_sum(quantised_theta(theta, bits=b, limit_bits=m), pool=pool)
+            step_noise = noise.draw(scale=scale, same_scale_ahead=params.steps - step + 1)
+            noisy = (summed + torch.as_tensor(step_noise, device=device)).double() * unit
+            theta = theta - step_size * (noisy + params.l2 * theta)
+            progress(done + step, total)
     return theta.cpu()
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+from concurrent.futures import ThreadPoolExecutor
 from fractions import Fraction
 
 import numpy as np
@@ -225,6 +226,93 @@ def test_prepared_storage_gives_the_same_bits_as_the_plain_products(sparse: bool
         ri = want.numpy().astype(np.int64)
         exact = (ri[:, None] * x_int.numpy().astype(np.int64)).sum(axis=0)
         assert sums.gradient_sum(theta).tolist() == exact.tolist()
+
+
+@pytest.mark.parametrize("parts", [1, 2, 3, 7])
+def test_the_rows_split_into_parts_give_the_same_sums_on_a_pool_or_not(parts: int) -> None:
+    """Issue 25 (speed): a run splits the rows into as many parts as the worker's threads
+    and sums the parts on a thread pool; every part's sum is exact, so the int64 sum is the
+    plain product's and the exact integer reference's, for any split, pool or none."""
+    g = torch.Generator().manual_seed(23)
+    n, d = 1001, 9
+    x = torch.rand(n, d, generator=g) * (torch.rand(n, d, generator=g) < 0.3)
+    y = (torch.rand(n, generator=g) < 0.4).float()
+    b, m = theta_bits(feature_bits=16, parameters=d + 1)
+    kw = {"feature_bits": 16, "residual_bits": 16, "theta_bits": b}
+    x_int = quantised_features(x, feature_bits=16, norm_sq_bound=d + 1)
+    sums = ExactRowSums(x_int, y, parts=parts, **kw)
+    assert len(sums._chunks) == parts
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        for scale in (0.0, 0.5, 20.0, 500.0):
+            raw = torch.randn(d + 1, generator=g, dtype=torch.float64) * scale
+            theta = quantised_theta(raw, bits=b, limit_bits=m)
+            want = row_residuals(x_int, y, theta, **kw)
+            assert torch.equal(sums.residuals(theta).view(torch.int64), want.view(torch.int64))
+            ri = want.numpy().astype(np.int64)
+            exact = (ri[:, None] * x_int.numpy().astype(np.int64)).sum(axis=0).tolist()
+            assert sums.gradient_sum(theta).tolist() == exact
+            assert sums.gradient_sum(theta, pool=pool).tolist() == exact
+
+
+def test_quantised_features_equal_the_integer_truncation() -> None:
+    """The float32 → float64 grid (issue 25 speed) holds the integers trunc(x·2^c) that
+    int64 truncation gives, +0.0 for a −0.0 input, the bias 2^c, any input float type."""
+    g = torch.Generator().manual_seed(24)
+    x = torch.rand(300, 5, generator=g)
+    x[0, 0], x[1, :] = -0.0, 1.0
+    want = torch.trunc(x.double() * 2.0**16).to(torch.int64)
+    for dtype in (torch.float32, torch.float64, torch.float16, torch.bfloat16):
+        xs = x.to(dtype)
+        got = quantised_features(xs, feature_bits=16, norm_sq_bound=6)
+        ref = torch.trunc(xs.double() * 2.0**16).to(torch.int64)
+        assert got.shape == (300, 6)
+        assert torch.equal(got[:, :5].to(torch.int64), ref) and bool((got[:, 5] == 2.0**16).all())
+        assert not bool(torch.signbit(got).any())  # no −0.0
+    got = quantised_features(x, feature_bits=16, norm_sq_bound=6)
+    assert torch.equal(got[:, :5], want.double())
+    # A row exactly on the bound passes, one unit over it does not (exact comparison).
+    on_bound = torch.ones(1, 3)
+    assert quantised_features(on_bound, feature_bits=16, norm_sq_bound=4).shape == (1, 4)
+    with pytest.raises(PlanMismatch, match="norm bound"):
+        quantised_features(on_bound, feature_bits=16, norm_sq_bound=3)
+    with pytest.raises(PlanMismatch, match="exact-sum"):
+        quantised_features(x, feature_bits=17, norm_sq_bound=6)
+
+
+def test_a_release_is_the_same_at_one_and_two_threads(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The worker's thread count changes how the rows are split and where the parts run,
+    never a bit of the release (the same ChaCha20 key for both runs)."""
+    from randomgen import ChaCha
+
+    import worker.mechanisms.langevin as langevin
+
+    plan = _plan(_request(expm={"steps": 25}), n_rows=700, n_features=4, bound=5)
+    g = torch.Generator().manual_seed(25)
+    data = TabularTrainingSet(x=torch.rand(700, 4, generator=g), y=torch.ones(700))
+    data.y[::3] = 0.0
+    monkeypatch.setattr(
+        langevin, "secure_rng", lambda: np.random.Generator(ChaCha(key=99, rounds=20))
+    )
+    before = torch.get_num_threads()
+    releases = []
+    try:
+        for threads in (1, 2, 3):
+            torch.set_num_threads(threads)
+            out = run_expm_langevin(
+                spec=_request().model,
+                mechanism=plan.mechanism,
+                samples=1,
+                data=data,
+                device=torch.device("cpu"),
+                progress=lambda s, t: None,
+            )
+            assert torch.get_num_threads() == threads  # the sampler gives the setting back
+            releases.append(out.releases[0])
+    finally:
+        torch.set_num_threads(before)
+    for other in releases[1:]:
+        for key, value in releases[0].items():
+            assert torch.equal(value.view(torch.int32), other[key].view(torch.int32))
 
 
 def test_rows_beyond_the_schema_bound_are_refused() -> None:
