@@ -16,6 +16,7 @@ import pytest
 
 from service.privacy.audit import clopper_pearson_upper, threshold_bound
 from service.privacy.evaluation import (
+    AUC_GRID,
     ECE_GRID,
     LOG_LOSS_GRID,
     EvaluationPlan,
@@ -400,3 +401,78 @@ def test_accuracy_interval_accounts_for_the_noise(noise: str) -> None:
         assert r.accuracy is not None
         covered += _inside(1.0, r.accuracy.interval)
     _assert_coverage(covered, runs, plan.confidence)
+
+
+@pytest.mark.parametrize("classes", [2, 3])
+def test_auc_grid_statistic_moves_by_at_most_g_plus_one(classes: int) -> None:
+    """End to end in grid units: with noisy counts at the edge of the good event (the
+    public lower bounds equal to D's true counts), the integer the worker adds noise to,
+    round(AUC/unit), changes by at most AUC_GRID + 1 on sampled neighbours."""
+    rng = np.random.default_rng(40 + classes)
+    n = 30
+    plan = plan_evaluation(
+        metrics=["auc"], n=n, classes=classes, epsilon=50.0, delta=0.1, noise="laplace"
+    )
+    entry = plan.metric("auc")
+    assert entry.count_scale is not None and entry.delta_bad is not None
+    per = entry.delta_bad if classes == 2 else entry.delta_bad / classes
+    tau = noise_tail(noise="laplace", scale=entry.count_scale, probability=per)
+    levels = np.linspace(0.0, 1.0, 5)
+    checked = 0
+    for _ in range(60):
+        y = rng.integers(0, classes, n)
+        counts = np.bincount(y, minlength=classes)
+        if counts.min() == 0:
+            continue
+        if classes == 2:
+            # ñ = n₁ + τ: m = min(n₁, n₀ − 2τ) ≤ min(n₁, n₀), the largest m allowed (τ = 1)
+            if counts[1] > counts[0]:
+                y = 1 - y
+                counts = counts[::-1]
+            noisy = [int(counts[1]) + tau]
+        else:
+            # each m_k ≤ n_k and m̄_k ≤ n − n_k on the good event; take ñ_k = n_k + τ so
+            # m_k = n_k (and m̄_k = n − n_k − 2τ, still a valid lower bound)
+            noisy = [int(c) + tau for c in counts]
+        stage = auc_stage(plan, noisy)
+        if not stage.released:
+            continue
+        p = rng.choice(levels, size=(n, classes))
+        base = math.floor(
+            auc_exact(probability_matrix(p, classes=classes), y) / stage.unit + Fraction(1, 2)
+        )
+        for _ in range(20):
+            i = int(rng.integers(n))
+            y2, p2 = y.copy(), p.copy()
+            y2[i] = rng.integers(0, classes)
+            p2[i] = rng.choice(levels, size=classes)
+            a2 = auc_exact(probability_matrix(p2, classes=classes), y2)
+            assert abs(math.floor(a2 / stage.unit + Fraction(1, 2)) - base) <= AUC_GRID + 1
+            checked += 1
+    assert checked > 200
+
+
+def test_three_class_auc_release_and_torch_inputs() -> None:
+    """K = 3: the macro AUC is released with three noisy class counts, and CPU torch
+    tensors give the same statistics as numpy arrays."""
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(9)
+    n, k = 3000, 3
+    y = rng.integers(0, k, n)
+    logits = rng.normal(0.0, 1.0, (n, k))
+    logits[np.arange(n), y] += 1.5
+    p = np.exp(logits) / np.exp(logits).sum(axis=1, keepdims=True)
+    pm = probability_matrix(p, classes=k)
+    pt = probability_matrix(torch.from_numpy(p), classes=k)
+    assert np.array_equal(pm, pt)
+    assert log_loss_units(pm, y, p_min=1e-4) == log_loss_units(
+        pt, np.asarray(torch.from_numpy(y)), p_min=1e-4
+    )
+    plan = plan_evaluation(
+        metrics=["auc"], n=n, classes=k, epsilon=4.0, delta=1e-6, noise="laplace"
+    )
+    r = evaluate(plan=plan, probabilities=torch.from_numpy(p), labels=torch.from_numpy(y))
+    assert r.auc is not None and r.auc.value is not None
+    assert len(r.auc.noisy_class_counts) == k
+    truth = float(auc_exact(pm, y))
+    assert abs(r.auc.value - truth) < 0.05  # noise scale ≈ 0.001 here
