@@ -159,6 +159,20 @@ def _change(before: dict[str, Any] | None, after: dict[str, Any] | None) -> str:
 NOT_PROVEN = {"nominal": ": not proven"}
 
 
+def _estimate_rows(estimate: dict[str, Any] | None) -> list[tuple[str, str]]:
+    """The quote's worker time and memory estimate (a ceiling; see its note)."""
+    if not estimate:
+        return []
+    seconds, memory = estimate.get("seconds"), estimate.get("memory_bytes")
+    return [
+        ("worker time (at most)", "no estimate" if seconds is None else f"~{seconds:.3g} s"),
+        (
+            "worker memory (at most)",
+            "no estimate" if memory is None else f"~{memory / 2**20:.3g} MiB",
+        ),
+    ]
+
+
 def quote_table(quote: dict[str, Any]) -> Table:
     """The plan and its charge: the stated (ε, δ) and what the ledger charges."""
     plan = quote["plan"]
@@ -183,6 +197,7 @@ def quote_table(quote: dict[str, Any]) -> Table:
     for name in ("noise_multiplier", "sampling_rate", "expected_batch_size", "epochs"):
         if name in mech:
             rows.append((name, f"{mech[name]:g}"))
+    rows += _estimate_rows(quote.get("estimate"))
     rows += [
         ("dataset ε remaining", _change(quote["dataset_before"], quote["dataset_after"])),
         ("your cap remaining", _change(quote["analyst_before"], quote["analyst_after"])),

@@ -8,11 +8,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from typing import Any
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from service.auth import expiry, hash_api_key, key_is_live, new_api_key, revoke_key, rotate_key
+from service.datasets.kinds import parse_dataset_schema
 from service.job_pages import DEFAULT_LIMIT, JobFilters, job_page
 from service.jobs import admin_job, as_utc, job_public
 from service.ledger.accounting import ledger_entry_public, refund_is_information_only
@@ -31,7 +33,9 @@ from service.ledger.tables import (
     LedgerEntry,
     Role,
 )
+from service.methods.common import ResourceEstimate
 from service.privacy.amounts import from_micro
+from service.resources import plan_resources
 from service.schemas import (
     AdminJob,
     AnalystCreate,
@@ -197,6 +201,8 @@ class JobRow:
     #: The refund is an admin's information-only override (the job had read private rows):
     #: recorded in the ledger, but the charge stays.
     information_only: bool = False
+    #: The plan's quote-time estimate of worker time and memory (public values only).
+    estimate: ResourceEstimate = field(default_factory=ResourceEstimate)
 
 
 @dataclass(frozen=True)
@@ -226,11 +232,31 @@ def jobs_page(
             )
         ).tuples()
     }
-    rows = [
-        JobRow(admin_job(j, ds), a, j.id in refunds, refunds.get(j.id, False))
-        for j, ds, a in page.rows
-    ]
+    schemas: dict[str, dict[str, Any]] = {
+        name: schema
+        for name, schema in s.execute(
+            select(Dataset.name, Dataset.public_schema).where(
+                Dataset.name.in_({ds for _, ds, _ in page.rows})
+            )
+        ).tuples()
+    }
+    rows = []
+    for j, ds, a in page.rows:
+        job = admin_job(j, ds)
+        estimate = _estimate(job, schemas.get(ds))
+        rows.append(JobRow(job, a, j.id in refunds, refunds.get(j.id, False), estimate))
     return JobRows(rows, page.next_cursor)
+
+
+def _estimate(job: AdminJob, public_schema: dict[str, Any] | None) -> ResourceEstimate:
+    """The job's quote-time estimate; none where the schema is gone or no longer parses
+    (an estimate is information for the admin, never a reason to fail the page)."""
+    if public_schema is None:
+        return ResourceEstimate()
+    try:
+        return plan_resources(job.plan, schema=parse_dataset_schema(public_schema))
+    except (KeyError, TypeError, ValueError):
+        return ResourceEstimate()
 
 
 def job_row(s: Session, job_id: str) -> JobRow:
@@ -253,7 +279,10 @@ def job_row(s: Session, job_id: str) -> JobRow:
         .select_from(LedgerEntry)
         .where(LedgerEntry.kind == EntryKind.refund, LedgerEntry.job_id == job_id)
     )
-    return JobRow(admin_job(job, dataset), analyst, bool(refunded))
+    row = admin_job(job, dataset)
+    schema = s.scalar(select(Dataset.public_schema).where(Dataset.name == dataset))
+    estimate = _estimate(row, schema)
+    return JobRow(row, analyst, bool(refunded), estimate=estimate)
 
 
 def signed_delta(kind: EntryKind, epsilon_micro: int, delta: str) -> str:

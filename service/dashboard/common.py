@@ -18,13 +18,14 @@ from pydantic import ValidationError
 from service import admin as ops
 from service.app_state import EngineDep
 from service.dashboard.sessions import AdminSession, csrf_ok, session_for_token
-from service.dashboard.views import guarantee_label, here, timestamp
+from service.dashboard.views import estimate_text, guarantee_label, here, timestamp
 from service.db import transaction
 from service.ledger.errors import InvalidLedgerOperation
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 templates = Jinja2Templates(directory=str(TEMPLATES))
 templates.env.globals.update(
+    estimate_text=estimate_text,
     guarantee_label=guarantee_label,
     here=here,
     timestamp=timestamp,

@@ -9,6 +9,7 @@ from datetime import datetime
 from urllib.parse import parse_qsl, urlencode, urlsplit
 
 from service.ledger.tables import JobStatus
+from service.methods.common import ResourceEstimate
 from service.schemas import JobPublic
 
 PAGE_SIZE = 50
@@ -48,6 +49,17 @@ def timestamp(value: str | datetime | None) -> str:
         return ""
     ts = datetime.fromisoformat(value) if isinstance(value, str) else value
     return ts.strftime("%Y-%m-%d %H:%M:%S") + " UTC"
+
+
+def estimate_text(estimate: ResourceEstimate) -> str:
+    """A plan's quote-time estimate in a table cell: "~12 s, ~40 MiB" (each part only
+    where the method has one)."""
+    parts = []
+    if estimate.seconds is not None:
+        parts.append(f"~{estimate.seconds:.3g} s")
+    if estimate.memory_bytes is not None:
+        parts.append(f"~{estimate.memory_bytes / 2**20:.3g} MiB")
+    return ", ".join(parts) or "no estimate"
 
 
 def guarantee_label(job: JobPublic) -> str | None:

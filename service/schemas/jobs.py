@@ -12,6 +12,7 @@ from service.params import Delta, Epsilon
 from service.schemas.budgets import BudgetView
 from service.schemas.common import ApiInput, Guarantee, Method
 from service.schemas.dpsgd import DpsgdOptions
+from service.schemas.estimates import ResourceQuote
 from service.schemas.expm import ExpmOptions
 from service.schemas.expm_nf import ExpmNfOptions
 from service.vocabulary import FailureCategory, JobStage, JobStatus
@@ -123,6 +124,10 @@ class QuoteResponse(BaseModel):
     dataset_after: BudgetView | None
     analyst_before: BudgetView | None
     analyst_after: BudgetView | None
+    estimate: ResourceQuote | None = Field(
+        default=None,
+        description="The plan's expected worker time and memory (service/resources.py).",
+    )
 
 
 class JobPublic(BaseModel):

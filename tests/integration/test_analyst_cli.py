@@ -49,6 +49,7 @@ def test_quote_submit_watch_download_score(
     assert q.exit_code == 0, q.output + q.stderr
     assert "stated ε (nats)" in q.output and "charged_epsilon" in q.output
     assert "PROVEN" in q.output and "admitted" in q.output
+    assert "worker time (at most)" in q.output and " s " in q.output
     # The same body from a file, a flag on top of it.
     body = tmp_path / "request.json"
     body.write_text(json.dumps({"dataset": "toy", "method": "dpsgd", "epsilon": 5, "delta": 1e-5,

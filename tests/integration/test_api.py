@@ -110,6 +110,30 @@ def test_quote_shows_stated_and_charged_epsilon(client: Any, keys: Any) -> None:
     )
 
 
+def test_quote_shows_the_plans_expected_time_and_memory(client: Any, keys: Any) -> None:
+    """The quote carries the same estimate that refuses plans over the worker's limits
+    (service/resources.py), from public values only: the plan and the public schema."""
+    from service.datasets.kinds import parse_dataset_schema
+    from service.resources import plan_resources
+    from service.schemas import PrivacyPlan
+
+    q = client.post("/v1/quote", json=DPSGD, headers=auth(keys.alice)).json()
+    toy = client.get("/v1/datasets/toy", headers=auth(keys.alice)).json()
+    expected = plan_resources(
+        PrivacyPlan.model_validate(q["plan"]), schema=parse_dataset_schema(toy["public_schema"])
+    )
+    assert q["estimate"]["seconds"] == expected.seconds and expected.seconds > 0
+    assert q["estimate"]["memory_bytes"] == expected.memory_bytes and expected.memory_bytes > 0
+    assert "ceiling" in q["estimate"]["note"]
+    longer = {**DPSGD, "dpsgd": {**DPSGD["dpsgd"], "epochs": 4 * DPSGD["dpsgd"]["epochs"]}}
+    q4 = client.post("/v1/quote", json=longer, headers=auth(keys.alice)).json()
+    assert q4["estimate"]["seconds"] > q["estimate"]["seconds"]
+    mcmc = {"dataset": "toy", "method": "expm", "epsilon": 1.0, "delta": 1e-5,
+            "expm": {"sampler": "mcmc"}}  # fmt: skip
+    q = client.post("/v1/quote", json=mcmc, headers=auth(keys.alice)).json()
+    assert q["estimate"]["seconds"] is None  # no estimate for this sampler: null, not 0
+
+
 @pytest.mark.parametrize(
     ("body", "status", "slug"),
     [

@@ -98,3 +98,19 @@ def test_the_dashboard_filters_and_pages_jobs(client: Any, keys: Keys, settings:
     r = client.get("/dashboard/jobs", params={"cursor": "nonsense"})
     assert r.status_code == 400 and "No such page" in r.text
     assert r.headers["content-type"].startswith("text/html")
+
+
+def test_the_jobs_page_shows_each_plans_estimate(client: Any, keys: Keys, settings: Any) -> None:
+    """Each row shows its plan's quote-time estimate (service/resources.py), the figures the
+    analyst's quote showed."""
+    body = {"dataset": "toy", "method": "dpsgd", "epsilon": 1.0, "delta": 1e-5,
+            "dpsgd": {"epochs": 1, "batch_size": 50}}  # fmt: skip
+    alice = {"Authorization": f"Bearer {keys.alice}"}
+    quote = client.post("/v1/quote", json=body, headers=alice).json()
+    assert client.post("/v1/jobs", json=body, headers=alice).status_code == 202
+    sign_in(client, keys.admin)
+    page = client.get("/dashboard/jobs")
+    assert page.status_code == 200 and "estimate (at most)" in page.text
+    seconds, memory = quote["estimate"]["seconds"], quote["estimate"]["memory_bytes"]
+    cell = f'<td class="estimate">~{seconds:.3g} s, ~{memory / 2**20:.3g} MiB</td>'
+    assert cell in page.text

@@ -43,7 +43,7 @@ from service.privacy.amounts import from_micro
 from service.privacy.deadline import PlanningTimeout, planning_deadline
 from service.privacy.rdp import epsilon_from_rdp
 from service.releases import release_paths
-from service.resources import ResourceLimits, resource_refusal, work_twin
+from service.resources import ResourceLimits, plan_resources, resource_refusal, work_twin
 from service.schemas import (
     DatasetPublic,
     JobPublic,
@@ -53,6 +53,7 @@ from service.schemas import (
     QuoteResponse,
     weakest_guarantee,
 )
+from service.schemas.estimates import ResourceQuote
 
 log = logging.getLogger("enclave.api")
 
@@ -190,6 +191,7 @@ def quote_for(
         ev = evaluate(dataset_filter(ds), cap_filter(cap) if cap else None, charge_for(plan))
         # Admission checks the nominal policy first, then the filters: so does the quote.
         reason = nominal_refusal(ds, plan) or ev.reason
+        estimate = plan_resources(plan, schema=parse_dataset_schema(ds.public_schema))
         now = dataset_guarantee(s, ds.id)
         # Once this job runs, the dataset's guarantee is at most the plan's.
         after = weakest_guarantee(now, plan.guarantee)
@@ -206,6 +208,7 @@ def quote_for(
             dataset_after=ev.dataset_after.view(guarantee=after) if ev.dataset_after else None,
             analyst_before=ev.analyst_before.view() if ev.analyst_before else None,
             analyst_after=ev.analyst_after.view() if ev.analyst_after else None,
+            estimate=ResourceQuote(seconds=estimate.seconds, memory_bytes=estimate.memory_bytes),
         )
 
 
