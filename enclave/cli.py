@@ -175,7 +175,11 @@ def _print_report(report: _Report) -> None:
 CsvOption = Annotated[
     Path,
     typer.Option(
-        exists=True, help="The private rows (a folder of per-stay files for layout: wide)."
+        exists=True,
+        help=(
+            "The private rows (a folder of per-stay files for layout: wide; for images, "
+            "the folder or file that the schema's source.format reads)."
+        ),
     ),
 ]
 OutcomesOption = Annotated[
