@@ -480,11 +480,15 @@ def auc_stage(plan: EvaluationPlan, noisy_counts: Sequence[int]) -> AucStage:
     let G be the set of noisy counts whose bounds hold for D (every m_k ≤ n_k(D),
     m̄_k ≤ n − n_k(D)). On G the sensitivity bound (:func:`binary_auc_sensitivity`,
     :func:`macro_auc_sensitivity`, both from D's counts) is ≤ Δ_A, so the second stage is
-    (ε_a, δ_a)-indistinguishable on (D, D'); off G has probability ≤ δ_bad under D, and
-    the same holds with D and D' swapped. So for any output set S,
-    P_D[S] ≤ P_D[S ∩ G] + δ_bad ≤ e^{ε_c + ε_a}P_{D'}[S] + δ_c + δ_a + δ_bad
-    (composition of the count release and the stage restricted to G, Dwork & Roth 2014
-    Thm 3.16). For binary counts, min(ñ₁, n − ñ₁) − τ ≤ min(n₁, n₀) whenever |N| ≤ τ.
+    (ε_a, δ_a)-indistinguishable on (D, D'); off G has probability ≤ δ_bad under D.
+    Let M* be the mechanism that, off G, runs the second stage on D' whichever input it
+    has: M*(D') = M(D') exactly, M*(D) differs from M(D) only off G (total variation
+    ≤ δ_bad), and on the pair (D, D') M* is an adaptive composition of an (ε_c, δ_c) and an
+    (ε_a, δ_a) mechanism (off G its second stage ignores the input). So for any output set
+    S, P_D[S] ≤ P_{M*(D)}[S] + δ_bad ≤ e^{ε_c + ε_a}P_{D'}[S] + δ_c + δ_a + δ_bad (adaptive
+    composition, Dwork & Roth 2014 Thm 3.16), and the same with D and D' swapped (G then
+    taken for D').
+    For binary counts, min(ñ₁, n − ñ₁) − τ ≤ min(n₁, n₀) whenever |N| ≤ τ.
     """
     entry = plan.metric("auc")
     assert entry.count_scale is not None and entry.delta_bad is not None
