@@ -5,11 +5,12 @@ here, and the bundled digits sample (examples/digits/)."""
 from __future__ import annotations
 
 import gzip
+import io
 import os
 import pickle
 import struct
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import pytest
@@ -210,13 +211,45 @@ def test_idx_files_raw_and_gzipped_read_back_exactly(tmp_path: Path, compress: b
     assert read_idx(tmp_path / "wide").tolist() == [[0, 1, 2], [3, 4, 5]]
 
 
-def cifar_batch(data: np.ndarray, labels: list[int], *, protocol: int = 2) -> bytes:
+class _Py2Pickler(pickle._Pickler):  # type: ignore[name-defined,misc]
+    """Writes every str and bytes as a Python 2 str (BINSTRING), with numpy's module path
+    as Python 2's numpy named it: the bytes of CIFAR's own batches, written in Python 2."""
+
+    def save_py2_str(self, obj: str | bytes) -> None:
+        raw = obj.encode("latin-1") if isinstance(obj, str) else obj
+        n = len(raw)
+        short = n < 256
+        self.write(pickle.SHORT_BINSTRING + bytes([n]) if short else pickle.BINSTRING)
+        self.write(raw if short else struct.pack("<i", n) + raw)
+        self.memoize(obj)
+
+    def save_global(self, obj: Any, name: str | None = None) -> None:
+        module = getattr(obj, "__module__", "")
+        if module == "numpy._core.multiarray":
+            self.write(pickle.GLOBAL + b"numpy.core.multiarray\n" + obj.__name__.encode() + b"\n")
+            self.memoize(obj)
+            return
+        super().save_global(obj, name)
+
+    dispatch: ClassVar[dict[type, Any]] = dict(pickle._Pickler.dispatch)  # type: ignore[attr-defined]
+    dispatch[bytes] = save_py2_str
+    dispatch[str] = save_py2_str
+
+
+def cifar_batch(data: np.ndarray, labels: list[int], *, protocol: int | str = 2) -> bytes:
     batch = {b"batch_label": b"test", b"labels": labels, b"data": data, b"filenames": [b"a"]}
+    if protocol == "py2":
+        buf = io.BytesIO()
+        _Py2Pickler(buf, protocol=2).dump({k.decode(): v for k, v in batch.items()})
+        raw = buf.getvalue()
+        assert b"numpy.core.multiarray" in raw and b"_codecs" not in raw
+        return raw
+    assert isinstance(protocol, int)
     return pickle.dumps(batch, protocol=protocol)
 
 
-@pytest.mark.parametrize("protocol", [2, 4, 5])
-def test_cifar_batches_read_back_exactly(tmp_path: Path, protocol: int) -> None:
+@pytest.mark.parametrize("protocol", [2, 4, 5, "py2"])
+def test_cifar_batches_read_back_exactly(tmp_path: Path, protocol: int | str) -> None:
     imgs = images(5, channels=3)
     rows = imgs.reshape(5, -1)  # channel-major rows, as CIFAR stores them
     (tmp_path / "b1").write_bytes(cifar_batch(rows[:3], [1, 0, 1], protocol=protocol))
@@ -257,7 +290,7 @@ def test_a_malicious_pickle_is_refused_and_runs_nothing(tmp_path: Path) -> None:
     with pytest.raises(ImageReadError, match="not a CIFAR batch"):
         check_images(s, tmp_path)
     with pytest.raises(pickle.UnpicklingError, match=r"builtins\.eval"):
-        CifarUnpickler(__import__("io").BytesIO(b"cbuiltins\neval\n.")).load()
+        CifarUnpickler(io.BytesIO(b"cbuiltins\neval\n.")).load()
 
 
 # --- the check report -----------------------------------------------------------------
