@@ -208,18 +208,21 @@ def row_signals(
         for index, grid in enumerate(grids_):
             one = torch.full((a.shape[0], 1), pow2(grid.in_bits), dtype=torch.float64)
             inputs.append(torch.cat((a, one.to(a.device)), dim=1))
-            z_num = a @ grid.weight.T + grid.bias * pow2(grid.in_bits)  # exact (ii)
+            # [A, 2^c]·[W_int, b_int]ᵀ = A·W_intᵀ + 2^c·b_int: one product of integers with
+            # partial sums ≤ (d_in + 1)·2^(c + r + m) ≤ 2^52, exact in any order (ii).
+            z_num = inputs[-1] @ _with_bias(grid).T
             numerators.append(z_num)
             if index == len(grids_) - 1:
                 break
             shift = -(grid.in_bits + grid.bits)
             if activation == "tanh":
+                # tanh̃ ∈ [−1, 1] for a finite z, so |a| ≤ 2^16 on every row whose features
+                # are finite (the others are invalid already): no check to make.
                 a = tanh_on_grid(z_num, scale_bits=shift, out_bits=HIDDEN_BITS)
-                limit = pow2(HIDDEN_BITS)
             else:
                 a = torch.round(torch.clamp(z_num, min=0.0) * pow2(shift + HIDDEN_BITS))
-                limit = pow2(HIDDEN_BITS + RELU_RANGE_BITS)
-            valid &= a.abs().amax(dim=1) <= limit  # NaN compares false: invalid
+                # a ≥ 0 (or NaN: max propagates it, and NaN compares false: invalid)
+                valid &= a.amax(dim=1) <= pow2(HIDDEN_BITS + RELU_RANGE_BITS)
             hidden.append(a)
         last = grids_[-1]
         logit = numerators[-1][:, 0] * pow2(-(last.in_bits + last.bits))
@@ -230,38 +233,76 @@ def row_signals(
         for index in range(len(grids_) - 1, 0, -1):
             grid = grids_[index]
             t = b @ grid.weight  # exact (ii) for a valid row
+            # In place, the same operations in the same order as
+            # round(t·(2^32 − H²)·2^-(b + 32)) and round(t·2^-b)·[Z > 0].
             if activation == "tanh":
                 h = hidden[index - 1]
-                factor = pow2(2 * HIDDEN_BITS) - h * h  # exact: |h| ≤ 2^16
-                b = torch.round(t * factor * pow2(-(grid.bits + 2 * HIDDEN_BITS)))
+                factor = torch.mul(h, h).neg_().add_(pow2(2 * HIDDEN_BITS))  # exact: |h| ≤ 2^16
+                b = t.mul_(factor).mul_(pow2(-(grid.bits + 2 * HIDDEN_BITS))).round_()
             else:
-                b = torch.round(t * pow2(-grid.bits)) * (numerators[index - 1] > 0)
-            valid &= b.abs().amax(dim=1) <= grad_limit
+                b = t.mul_(pow2(-grid.bits)).round_().mul_(numerators[index - 1] > 0)
+            # max |b| ≤ L ⇔ max b ≤ L and min b ≥ −L (NaN: both compare false)
+            valid &= (b.amax(dim=1) <= grad_limit) & (b.amin(dim=1) >= -grad_limit)
             grads.append(b)
         grads.reverse()
-        mask = valid.unsqueeze(1)
-        return RowSignals(
-            inputs=tuple(torch.where(mask, v, 0.0) for v in inputs),
-            grads=tuple(torch.where(mask, v, 0.0) for v in grads),
+        invalid = ~valid.unsqueeze(1)
+        return RowSignals(  # where(valid, v, 0.0), in place on these fresh tensors
+            inputs=tuple(v.masked_fill_(invalid, 0.0) for v in inputs),
+            grads=tuple(v.masked_fill_(invalid, 0.0) for v in grads),
             in_bits=tuple(g.in_bits for g in grids_),
             valid=valid,
         )
+
+
+def _with_bias(grid: LayerGrid) -> torch.Tensor:
+    """[W_int, b_int] (d_out, d_in + 1)."""
+    return torch.cat((grid.weight, grid.bias.unsqueeze(1)), dim=1)
 
 
 def norm_sq_upper(v: torch.Tensor) -> torch.Tensor:
     """(rows,) float64 U with U ≥ Σ_j v_ij² for grid values v (rows, width), from exact
     operations only: per row, s = max(0, e − h) with max_j |v_ij| < 2^e (frexp) and
     h = ⌊(52 − ⌈log₂ width⌉)/2⌋; q = ⌈|v|·2^-s⌉ ≤ 2^h (exact scaling and ceiling), so
-    Σ q² ≤ width·2^2h ≤ 2^52 is an exact integer sum (ii) and U = Σ q²·4^s (exact)."""
+    Σ q² ≤ width·2^2h ≤ 2^52 is an exact integer sum (ii) and U = Σ q²·4^s (exact). The
+    sum is a dot product (torch.linalg.vecdot): its kernel may fuse q·q into the running
+    sum (FMA), which changes nothing, as every product and partial sum is an integer
+    below 2^53."""
     width = v.shape[1]
-    half = (_EXACT - _ceil_log2(max(width, 1))) // 2
-    largest = v.abs().amax(dim=1) if width else v.new_zeros(v.shape[0])
+    half = _half_bits(width)
+    magnitude = v.abs()
+    largest = magnitude.amax(dim=1) if width else v.new_zeros(v.shape[0])
     _, exponent = torch.frexp(largest)
     shift = torch.clamp(exponent.to(torch.int64) - half, min=0)
     if v.shape[0] and int(shift.max()) > 31:  # 4^s must stay an exact int64 shift
         raise PlanMismatch("a value exceeded the exact engine's range")
-    q = torch.ceil(v.abs() * pow2_tensor(-shift).unsqueeze(1))  # exact scaling, ceiling
-    return (q * q).sum(dim=1) * pow2_tensor(2 * shift)
+    q = magnitude.mul_(pow2_tensor(-shift).unsqueeze(1)).ceil_()  # exact scaling, ceiling
+    return torch.linalg.vecdot(q, q) * pow2_tensor(2 * shift)
+
+
+def _half_bits(width: int) -> int:
+    return (_EXACT - _ceil_log2(max(width, 1))) // 2
+
+
+def _norm_sq_bounded(v: torch.Tensor, *, bound_bits: int) -> torch.Tensor:
+    """:func:`norm_sq_upper` of integer-valued v whose entries are known, from how v was
+    built, to satisfy |v_ij| ≤ 2^bound_bits with bound_bits + 1 ≤ h: then every row's
+    max |v_ij| < 2^(bound_bits + 1), so s = 0, q = |v| and U = Σ_j v_ij², the same bits,
+    computed without the per-row scaling. Refused (PlanMismatch) where the width leaves
+    h < bound_bits + 1 (the caller then uses norm_sq_upper)."""
+    if bound_bits + 1 > _half_bits(v.shape[1]):
+        raise PlanMismatch("the layer is too wide for the static norm bound")
+    return torch.linalg.vecdot(v, v)  # integers: products ≤ 2^2h, sums ≤ 2^52, exact
+
+
+def _input_norm_sq(a: torch.Tensor, *, index: int, in_bits: int, relu: bool) -> torch.Tensor:
+    """norm_sq_upper of a layer's inputs [A_l, 2^c_l] (invalid rows zeroed): features are in
+    [0, 2^18] (clamp, trunc) and tanh activations in [−2^16, 2^16] (tanh̃ ∈ [−1, 1]), so
+    :func:`_norm_sq_bounded` gives its bits whenever the width allows; ReLU activations
+    (≤ 2^24 on a valid row) take the general path."""
+    bound = in_bits + (RELU_RANGE_BITS if relu and index > 0 else 0)
+    if bound + 1 <= _half_bits(a.shape[1]):
+        return _norm_sq_bounded(a, bound_bits=bound)
+    return norm_sq_upper(a)
 
 
 JL_DIRECTION_RANGE: Final[int] = 3
@@ -363,7 +404,11 @@ class ExactNetClipper:
         grids = grids if grids is not None else layer_grids(self.module)
         s = row_signals(self.module, x, y, grids=grids)
         with torch.no_grad():
-            in_sq = [norm_sq_upper(a) for a in s.inputs]
+            relu = grids[1] == "relu"
+            in_sq = [
+                _input_norm_sq(a, index=i, in_bits=c, relu=relu)
+                for i, (a, c) in enumerate(zip(s.inputs, s.in_bits, strict=True))
+            ]
             grad_sq = [norm_sq_upper(b) for b in s.grads]
             n_sq = torch.zeros_like(in_sq[0])
             r_sq = torch.zeros_like(in_sq[0])
@@ -377,7 +422,8 @@ class ExactNetClipper:
                 estimate = jl_estimates(grids[0], s, directions)
                 w = torch.minimum(w, self._jl_level / estimate)  # M̂ = 0: no JL limit
             w = torch.where(s.valid, w, 0.0)  # 0/0 → NaN above; an invalid row has weight 0
-            scaled = [torch.round(w.unsqueeze(1) * b * pow2(-GRAD_BITS)) for b in s.grads]
+            # round(w·B·2^-20), the same operations in place on one fresh tensor
+            scaled = [torch.mul(b, w.unsqueeze(1)).mul_(pow2(-GRAD_BITS)).round_() for b in s.grads]
             total = torch.zeros_like(in_sq[0])
             for v, a2, c in zip(scaled, in_sq, s.in_bits, strict=True):
                 total = total + norm_sq_upper(v) * a2 * pow2(-2 * c)
@@ -392,35 +438,52 @@ class ExactNetClipper:
         self, x: torch.Tensor, y: torch.Tensor, directions: torch.Tensor | None = None
     ) -> torch.Tensor:
         """S = round(Σ_i z_i) as int64 (parameters,). Each chunk's exact integer sum t
-        (|t| < 2^53) is split exactly as t = h·2^c + l with 0 ≤ l < 2^c (floor division),
-        the h and l parts summed in int64 over chunks (no overflow below 2^24 rows), and
-        S = H + ⌊(L + 2^(c−1))/2^c⌋ = ⌊(Σ t + 2^(c−1))/2^c⌋, the exact sum rounded once."""
+        (|t| ≤ 2^52, float64) is split exactly as t = h·2^c + l with 0 ≤ l < 2^c (floor
+        division), the h and l parts summed in int64 over chunks (no overflow below 2^24
+        rows), and S = H + ⌊(L + 2^(c−1))/2^c⌋ = ⌊(Σ t + 2^(c−1))/2^c⌋, the exact sum
+        rounded once. A batch of one chunk gets the same integer as ⌊(t + 2^(c−1))·2^-c⌋
+        in float64: t + 2^(c−1) is an integer of magnitude < 2^53 (c ≤ 18), so exact, and
+        the scaling by 2^-c and the floor are exact."""
         if x.shape[0] > ROW_LIMIT:
             raise PlanMismatch("a batch exceeded the exact engine's row limit")
         grids = layer_grids(self.module)
         bits = [g.in_bits for g in grids[0]]
-        high: list[torch.Tensor] | None = None
-        low: list[torch.Tensor] | None = None
+        totals: list[list[torch.Tensor]] = []
         for start in range(0, x.shape[0], self._chunk):
             stop = start + self._chunk
             v, s = self.contributions(
                 x[start:stop], y[start:stop], grids=grids, directions=directions
             )
-            hs, ls = [], []
-            for vl, al, c in zip(v, s.inputs, bits, strict=True):
-                t = (vl.T @ al).to(torch.int64)  # exact integer products and sums (ii)
-                h = torch.div(t, 1 << c, rounding_mode="floor")
-                hs.append(h)
-                ls.append(t - h * (1 << c))
-            high = hs if high is None else [a + b for a, b in zip(high, hs, strict=True)]
-            low = ls if low is None else [a + b for a, b in zip(low, ls, strict=True)]
-        if high is None or low is None:
+            # exact integer products and sums (ii)
+            totals.append([vl.T @ al for vl, al in zip(v, s.inputs, strict=True)])
+        if not totals:
             return torch.zeros(self.parameters, dtype=torch.int64, device=x.device)
+        if len(totals) == 1:
+            rounded = [
+                t.add_(pow2(c - 1)).mul_(pow2(-c)).floor_().to(torch.int64)
+                for t, c in zip(totals[0], bits, strict=True)
+            ]
+        else:
+            rounded = [
+                _round_chunk_sums([t[layer] for t in totals], c) for layer, c in enumerate(bits)
+            ]
         flat: list[torch.Tensor] = []
-        for h, lo, c in zip(high, low, bits, strict=True):
-            rounded = h + torch.div(lo + (1 << (c - 1)), 1 << c, rounding_mode="floor")
-            flat += [rounded[:, :-1].reshape(-1), rounded[:, -1]]
+        for layer in rounded:
+            flat += [layer[:, :-1].reshape(-1), layer[:, -1]]
         out = torch.cat(flat)
         if out.shape != (self.parameters,):
             raise PlanMismatch("the model's parameter count differs from the plan's")
         return out
+
+
+def _round_chunk_sums(chunks: list[torch.Tensor], c: int) -> torch.Tensor:
+    """⌊(Σ t + 2^(c−1))/2^c⌋ in int64 for chunk sums t (exact integers, |t| ≤ 2^52):
+    t = h·2^c + l with 0 ≤ l < 2^c, H = Σ h and L = Σ l in int64, then H + ⌊(L + 2^(c−1))/2^c⌋."""
+    high = torch.zeros(chunks[0].shape, dtype=torch.int64, device=chunks[0].device)
+    low = torch.zeros_like(high)
+    for t_float in chunks:
+        t = t_float.to(torch.int64)
+        h = torch.div(t, 1 << c, rounding_mode="floor")
+        high += h
+        low += t - h * (1 << c)
+    return high + torch.div(low + (1 << (c - 1)), 1 << c, rounding_mode="floor")
