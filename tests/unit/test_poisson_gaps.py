@@ -209,3 +209,29 @@ def test_exact_comparison_matches_fractions() -> None:
             bits, length = u
             lo, hi = Fraction(bits, 1 << length), Fraction(bits + 1, 1 << length)
             assert (hi <= target) if got else (lo >= target), (k, top, got)
+
+
+@pytest.mark.parametrize("q", [0.3, 256 / 482592, 1e-9])
+def test_low_bit_table_gives_the_per_bit_products_bit_for_bit(q: float) -> None:
+    """Issue 25 (speed): the bound products over a guess's low bits come from one table
+    look-up; they must be the very floats of the per-bit loop (the same products in the
+    same order), so which gaps take the exact path, and every drawn gap, are unchanged."""
+    s = PoissonSampler(sampling_rate=q, rng=secure_rng())
+    rng = np.random.default_rng(5)
+    k = np.concatenate(
+        [
+            np.arange(0, 1 << 13),
+            rng.integers(0, 1 << 40, 5000),
+            [(1 << 12) - 1, 1 << 12, (1 << 12) + 1, (1 << 52) + 12345],
+        ]
+    ).astype(np.int64)
+    lo, hi = np.ones(k.size), np.ones(k.size)
+    for i in range(int(k.max()).bit_length()):  # the plain loop over every bit
+        bit = ((k >> i) & 1).astype(np.bool_)
+        lo *= np.where(bit, s._pow_lo[i], 1.0)
+        hi *= np.where(bit, s._pow_hi[i], 1.0)
+    got_lo, got_hi = s._power_bounds(k)
+    assert np.array_equal(got_lo.view(np.int64), lo.view(np.int64))
+    assert np.array_equal(got_hi.view(np.int64), hi.view(np.int64))
+    small = np.arange(0, 100, dtype=np.int64)  # a call whose guesses are all below 2^12
+    assert np.array_equal(s._power_bounds(small)[0], lo[:100])

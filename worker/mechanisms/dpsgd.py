@@ -72,6 +72,8 @@ _NOISE_BLOCK_ELEMENTS = 1 << 20
 _COIN_BLOCK = 1 << 40
 # ... and the included rows it expects to find at most: the gap draws of one call.
 _HIT_BLOCK = 1 << 16
+# Low bits of a gap guess whose bound products come from one table look-up (4096 entries).
+_LOW_BITS = 12
 
 
 @dataclass(frozen=True)
@@ -246,6 +248,7 @@ class PoissonSampler:
         # ln s for the guess only; outward float bounds of s^(2^i) for the certificate.
         self._log_s = math.log1p(-self.rate) if num < den else -math.inf
         self._pow_lo, self._pow_hi = self._power_table()
+        self._low_lo, self._low_hi = self._low_table()
 
     @property
     def rate(self) -> float:
@@ -343,8 +346,22 @@ class PoissonSampler:
     ) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
         """Float products of the table's bounds over k's bits (≈ lower and upper bounds of
         s^k, up to the products' own rounding, which the caller's slack absorbs)."""
+        # The products over k's low _LOW_BITS bits, from the table of exactly those products
+        # (the same multiplications in the same order: the same bits), then the rest.
+        low = k & ((1 << _LOW_BITS) - 1)
+        lo, hi = self._low_lo[low], self._low_hi[low]
+        for i in range(_LOW_BITS, int(k.max(initial=0)).bit_length()):
+            bit = ((k >> i) & 1).astype(np.bool_)
+            lo *= np.where(bit, self._pow_lo[i], 1.0)
+            hi *= np.where(bit, self._pow_hi[i], 1.0)
+        return lo, hi
+
+    def _low_table(self) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
+        """For every k < 2^_LOW_BITS, the float products of the table's bounds over k's bits,
+        multiplied in increasing bit order from 1.0 (as :meth:`_power_bounds` does)."""
+        k = np.arange(1 << _LOW_BITS, dtype=np.int64)
         lo, hi = np.ones(k.size), np.ones(k.size)
-        for i in range(int(k.max(initial=0)).bit_length()):
+        for i in range(_LOW_BITS):
             bit = ((k >> i) & 1).astype(np.bool_)
             lo *= np.where(bit, self._pow_lo[i], 1.0)
             hi *= np.where(bit, self._pow_hi[i], 1.0)
