@@ -352,7 +352,8 @@ def _npz_array(npz: Any, path: Path, key: str) -> np.ndarray:
         raise ImageReadError(
             f"{path.name} has no array {key!r} (it holds: {', '.join(npz.files) or 'none'})"
         )
-    with npz.zip.open(f"{key}.npy") as fp:
+    member = f"{key}.npy" if f"{key}.npy" in npz.zip.namelist() else key
+    with npz.zip.open(member) as fp:
         version = np.lib.format.read_magic(fp)
         if version not in _NPY_HEADERS:
             raise ImageReadError(f"{path.name}[{key}]: unsupported .npy version {version}")
@@ -372,7 +373,7 @@ def _read_npz(schema: ImageSchema, path: Path) -> RawImages:
             raw_labels = _npz_array(npz, path, source.labels)
     except ImageReadError:
         raise
-    except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as exc:
+    except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile, zlib.error) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ImageReadError(f"cannot read {path.name} as .npz: {first}") from None
     pixels = _to_nchw(schema, f"{path.name}[{source.images}]", images, source.layout)
@@ -440,51 +441,76 @@ def _existing(folder: Path, name: str) -> Path:
     return path
 
 
-class _NdarrayClass:
-    """Stands for ``numpy.ndarray`` inside a CIFAR pickle: it can be passed to
-    ``_reconstruct`` but not called (``ndarray(shape)`` would allocate any size)."""
+class _Standin:
+    """A stand-in for a global a CIFAR pickle names. No attribute can be set on it (no
+    ``__dict__``, no slots), so a pickle's BUILD opcode cannot change it for later loads."""
+
+    __slots__ = ()
 
 
-def _reconstruct(subtype: Any, shape: Any, dtype: Any) -> np.ndarray:
+class _NdarrayMarker(_Standin):
+    """Stands for ``numpy.ndarray``: it can be passed to ``_reconstruct`` but not called
+    (``ndarray(shape)`` would allocate any size)."""
+
+    __slots__ = ()
+
+
+_NDARRAY = _NdarrayMarker()
+
+
+class _Reconstruct(_Standin):
     """numpy's ``ndarray.__reduce__`` always pickles ``_reconstruct(ndarray, (0,), b'b')``
     then the real shape and bytes in ``__setstate__``; anything else is refused, so an
     array's memory is bounded by the bytes in the stream."""
-    if subtype is not _NdarrayClass or tuple(shape) != (0,):
-        raise pickle.UnpicklingError("refused: not numpy's own array pickle")
-    return np.ndarray((0,), dtype=dtype)
+
+    __slots__ = ()
+
+    def __call__(self, subtype: Any, shape: Any, dtype: Any) -> np.ndarray:
+        if subtype is not _NDARRAY or tuple(shape) != (0,):
+            raise pickle.UnpicklingError("refused: not numpy's own array pickle")
+        return np.ndarray((0,), dtype=dtype)
 
 
-def _frombuffer(buf: Any, dtype: Any, shape: Any, order: Any) -> np.ndarray:
+class _Frombuffer(_Standin):
     """numpy's protocol-5 array pickle: the bytes in the stream, viewed as ``shape``."""
-    if not isinstance(buf, bytes | bytearray | pickle.PickleBuffer):
-        raise pickle.UnpicklingError("refused: not numpy's own array pickle")
-    data = buf.raw() if isinstance(buf, pickle.PickleBuffer) else buf
-    return np.frombuffer(data, dtype=np.dtype(dtype)).reshape(shape, order=order)
+
+    __slots__ = ()
+
+    def __call__(self, buf: Any, dtype: Any, shape: Any, order: Any) -> np.ndarray:
+        if not isinstance(buf, bytes | bytearray | pickle.PickleBuffer):
+            raise pickle.UnpicklingError("refused: not numpy's own array pickle")
+        data = buf.raw() if isinstance(buf, pickle.PickleBuffer) else buf
+        return np.frombuffer(data, dtype=np.dtype(dtype)).reshape(shape, order=order)
 
 
-def _latin1(text: Any, encoding: Any = "latin1") -> bytes:
+class _Latin1(_Standin):
     """``_codecs.encode(text, 'latin1')``: how Python 3 writes bytes at protocol 2."""
-    if not isinstance(text, str) or encoding != "latin1":
-        raise pickle.UnpicklingError("refused: _codecs.encode other than text to latin1")
-    return text.encode("latin-1")
+
+    __slots__ = ()
+
+    def __call__(self, text: Any, encoding: Any = "latin1") -> bytes:
+        if not isinstance(text, str) or encoding != "latin1":
+            raise pickle.UnpicklingError("refused: _codecs.encode other than text to latin1")
+        return text.encode("latin-1")
 
 
 _CIFAR_GLOBALS: dict[tuple[str, str], Any] = {
-    ("numpy.core.multiarray", "_reconstruct"): _reconstruct,
-    ("numpy._core.multiarray", "_reconstruct"): _reconstruct,
-    ("numpy.core.numeric", "_frombuffer"): _frombuffer,
-    ("numpy._core.numeric", "_frombuffer"): _frombuffer,
-    ("numpy", "ndarray"): _NdarrayClass,
-    ("numpy", "dtype"): np.dtype,
-    ("_codecs", "encode"): _latin1,
+    ("numpy.core.multiarray", "_reconstruct"): _Reconstruct(),
+    ("numpy._core.multiarray", "_reconstruct"): _Reconstruct(),
+    ("numpy.core.numeric", "_frombuffer"): _Frombuffer(),
+    ("numpy._core.numeric", "_frombuffer"): _Frombuffer(),
+    ("numpy", "ndarray"): _NDARRAY,
+    ("numpy", "dtype"): np.dtype,  # an immutable built-in type
+    ("_codecs", "encode"): _Latin1(),
 }
 
 
 class CifarUnpickler(pickle.Unpickler):
     """Unpickles a CIFAR batch and nothing else: unpickling calls whatever global a
     pickle names, so a tampered batch could run any code. Only the names numpy's array
-    pickles use (protocols 2 to 5) resolve, each to a restricted stand-in
-    (:data:`_CIFAR_GLOBALS`: nothing is imported); every other global is refused with
+    pickles use (protocols 2 to 5) resolve, each to a restricted stand-in that no
+    opcode can modify (:data:`_CIFAR_GLOBALS`: nothing is imported, ``numpy.dtype`` is an
+    immutable type); every other global is refused with
     :class:`pickle.UnpicklingError`. Persistent ids are refused by the base class."""
 
     def find_class(self, module: str, name: str) -> Any:

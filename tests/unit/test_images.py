@@ -289,6 +289,12 @@ def test_a_malicious_pickle_is_refused_and_runs_nothing(tmp_path: Path) -> None:
     (tmp_path / "b").write_bytes(pickle.dumps({b"data": _Allocate()}, protocol=2))
     with pytest.raises(ImageReadError, match="not a CIFAR batch"):
         check_images(s, tmp_path)
+    # BUILD cannot set attributes on the stand-ins (which would outlive this load).
+    for target in (b"cnumpy\nndarray\n", b"cnumpy._core.multiarray\n_reconstruct\n"):
+        (tmp_path / "b").write_bytes(target + b"(N}X\x05\x00\x00\x00pwnedK\x01stb.")
+        with pytest.raises(ImageReadError, match=r"not a CIFAR batch \(AttributeError\)"):
+            check_images(s, tmp_path)
+        assert not hasattr(CifarUnpickler(io.BytesIO(target + b".")).load(), "pwned")
     with pytest.raises(pickle.UnpicklingError, match=r"builtins\.eval"):
         CifarUnpickler(io.BytesIO(b"cbuiltins\neval\n.")).load()
 
