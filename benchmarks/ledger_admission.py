@@ -15,6 +15,7 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -22,7 +23,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
-from sqlalchemy import create_engine, func, insert, select, text
+from sqlalchemy import Engine, create_engine, func, insert, select, text
 from sqlalchemy.engine import make_url
 
 from service.db import make_engine, transaction
@@ -33,7 +34,7 @@ from service.ledger.filter_view import cap_filter, dataset_filter, evaluate
 from service.ledger.tables import Analyst, AnalystCap, Dataset, EntryKind, LedgerEntry, Role
 from service.migrate import upgrade
 from service.plans import build_plan
-from service.schemas import JobRequest
+from service.schemas import JobRequest, PrivacyPlan
 
 RESULTS = Path(__file__).resolve().parent / "results"
 CLIENT_COUNTS = (1, 16, 64)
@@ -79,6 +80,48 @@ def run_clients(fn, clients: int, seconds: float) -> list[float]:  # type: ignor
     return lat
 
 
+def admission(
+    engine: Engine, *, analyst_id: int, dataset_id: int, request: JobRequest, plan: PrivacyPlan
+) -> Callable[[int], None]:
+    """One admission of ``plan``, as the API admits (service/api/routes/jobs.py): a Core
+    connection's transaction."""
+
+    def admit(_: int) -> None:
+        try:
+            with engine.begin() as c:
+                admit_job(
+                    c,
+                    analyst_id=analyst_id,
+                    dataset_id=dataset_id,
+                    request=request,
+                    plan=plan,
+                    idempotency_key=None,
+                )
+        except BudgetExceeded:
+            raise SystemExit("the benchmark budget ran out; lower epsilon") from None
+
+    return admit
+
+
+def raw_row_lock(url: str, *, pool_size: int) -> tuple[Engine, Callable[[int], None]]:
+    """The raw equivalent of admission: one transaction that locks the budget row, updates
+    the running total and appends one row, with no ORM and no privacy math. Creates its two
+    tables in the database at ``url``; returns its engine and the transaction."""
+    raw = create_engine(url, pool_size=pool_size, max_overflow=0)
+    with raw.begin() as c:
+        c.execute(text("CREATE TABLE raw_budget (id int primary key, spent bigint)"))
+        c.execute(text("CREATE TABLE raw_entries (id bigserial primary key, amount bigint)"))
+        c.execute(text("INSERT INTO raw_budget VALUES (1, 0)"))
+
+    def raw_tx(_: int) -> None:
+        with raw.begin() as c:
+            c.execute(text("SELECT spent FROM raw_budget WHERE id = 1 FOR UPDATE")).scalar()
+            c.execute(text("UPDATE raw_budget SET spent = spent + 1 WHERE id = 1"))
+            c.execute(text("INSERT INTO raw_entries (amount) VALUES (1)"))
+
+    return raw, raw_tx
+
+
 def pct(xs: list[float], p: float) -> float:
     xs = sorted(xs)
     return xs[min(len(xs) - 1, int(p / 100 * len(xs)))]
@@ -111,20 +154,7 @@ def main() -> None:
         req = JobRequest(dataset="bench", method="expm_nf", epsilon=1e-6)
         plan = build_plan(req, n_rows=30000, n_features=104)
 
-        def admit(_: int) -> None:
-            # As the API admits (service/api/routes/jobs.py): a Core connection's transaction.
-            try:
-                with engine.begin() as c:
-                    admit_job(
-                        c,
-                        analyst_id=a_id,
-                        dataset_id=ds_id,
-                        request=req,
-                        plan=plan,
-                        idempotency_key=None,
-                    )
-            except BudgetExceeded:
-                raise SystemExit("the benchmark budget ran out; lower epsilon") from None
+        admit = admission(engine, analyst_id=a_id, dataset_id=ds_id, request=req, plan=plan)
 
         def admit_reloading(_: int) -> None:
             # The API's transaction before issue 11's change: it loaded the analyst's and
@@ -142,19 +172,7 @@ def main() -> None:
                     idempotency_key=None,
                 )
 
-        # The raw equivalent: one transaction that locks the budget row, updates the running
-        # total and appends one row, with no ORM and no privacy math.
-        raw = create_engine(url, pool_size=CLIENT_COUNTS[-1], max_overflow=0)
-        with raw.begin() as c:
-            c.execute(text("CREATE TABLE raw_budget (id int primary key, spent bigint)"))
-            c.execute(text("CREATE TABLE raw_entries (id bigserial primary key, amount bigint)"))
-            c.execute(text("INSERT INTO raw_budget VALUES (1, 0)"))
-
-        def raw_tx(_: int) -> None:
-            with raw.begin() as c:
-                c.execute(text("SELECT spent FROM raw_budget WHERE id = 1 FOR UPDATE")).scalar()
-                c.execute(text("UPDATE raw_budget SET spent = spent + 1 WHERE id = 1"))
-                c.execute(text("INSERT INTO raw_entries (amount) VALUES (1)"))
+        raw, raw_tx = raw_row_lock(url, pool_size=CLIENT_COUNTS[-1])
 
         for clients in CLIENT_COUNTS:
             for label, fn in (
