@@ -387,3 +387,13 @@ def test_blocked_sigmoid_and_tanh_are_the_unblocked_bits(shape: tuple[int, ...])
         want = torch.round((2.0 * torch.from_numpy(s) - 1.0) * 2.0**16).numpy()
         tanh = fp.tanh_on_grid(z_int, scale_bits=scale, out_bits=16).numpy()
         assert np.array_equal(tanh.view(np.int64), want.view(np.int64))
+
+
+def test_pow2_tensor_is_the_exact_power_of_two() -> None:
+    e = torch.arange(-62, 63)
+    got = fp.pow2_tensor(e.reshape(5, 25)).reshape(-1).tolist()
+    assert got == [math.ldexp(1.0, k) for k in range(-62, 63)]
+    shifted = (torch.ones_like(e) << e.clamp(min=0)).double() / (
+        torch.ones_like(e) << (-e).clamp(min=0)
+    ).double()
+    assert torch.equal(fp.pow2_tensor(e), shifted)  # the integer-shift construction
