@@ -68,6 +68,7 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
 from service.modelspec import ModelSpec
@@ -182,9 +183,17 @@ def _residuals(
     theta_bits: int,
 ) -> torch.Tensor:
     """r_int = trunc(2^a·(σ̃(numerator·2^-(c+b)) − y)) elementwise: the one definition of a
-    row's residual from its exact logit numerator (the same IEEE operations on every path)."""
-    logits = numerators * 2.0 ** -(feature_bits + theta_bits)
-    residual = sigmoid_basic(logits) - y64
+    row's residual from its exact logit numerator (the same IEEE operations on every path:
+    on the CPU numpy's ufuncs, each one correctly rounded or exact operation per element, in
+    place on σ̃'s fresh result; elsewhere torch's)."""
+    if numerators.device.type == "cpu" and y64.dtype == torch.float64:
+        logits = numerators.detach().double().numpy() * 2.0 ** -(feature_bits + theta_bits)
+        out = sigmoid_basic(torch.from_numpy(logits)).numpy()
+        np.subtract(out, y64.detach().numpy(), out=out)
+        np.multiply(out, 2.0**residual_bits, out=out)  # exact: a power of two
+        np.trunc(out, out=out)
+        return torch.from_numpy(out)
+    residual = sigmoid_basic(numerators * 2.0 ** -(feature_bits + theta_bits)) - y64
     return torch.trunc(residual * 2.0**residual_bits)
 
 

@@ -21,7 +21,7 @@ from service.privacy.orders import ORDERS
 from service.privacy.sampling import noise_slack
 from service.schemas import ExpmOptions, JobRequest
 from worker.mechanisms.base import PlanMismatch, TabularTrainingSet
-from worker.mechanisms.fixed_point import quantised_theta, theta_bits
+from worker.mechanisms.fixed_point import quantised_theta, sigmoid_basic, theta_bits
 from worker.mechanisms.langevin import (
     ExactRowSums,
     LangevinParams,
@@ -248,6 +248,10 @@ def test_the_rows_split_into_parts_give_the_same_sums_on_a_pool_or_not(parts: in
             theta = quantised_theta(raw, bits=b, limit_bits=m)
             want = row_residuals(x_int, y, theta, **kw)
             assert torch.equal(sums.residuals(theta).view(torch.int64), want.view(torch.int64))
+            # The CPU path's in-place numpy ufuncs are torch's operations, bit for bit.
+            logits = (x_int @ theta) * 2.0 ** -(16 + b)
+            by_torch = torch.trunc((sigmoid_basic(logits) - y.double()) * 2.0**16)
+            assert torch.equal(want.view(torch.int64), by_torch.view(torch.int64))
             ri = want.numpy().astype(np.int64)
             exact = (ri[:, None] * x_int.numpy().astype(np.int64)).sum(axis=0).tolist()
             assert sums.gradient_sum(theta).tolist() == exact
