@@ -46,7 +46,7 @@ class GridPld:
     l2_error: float = 0.0  # bound on the ℓ2 norm of probs − exact (rounding)
 
 
-def log_gaussian_delta(eta: np.ndarray, mu: float) -> np.ndarray:
+def log_gaussian_delta(eta: np.ndarray, mu: float | np.ndarray) -> np.ndarray:
     """log δ_μ(η) of the Gaussian pair (N(μ, 1), N(0, 1)) at ε = η (any real η):
 
         δ_μ(η) = Φ(μ/2 − η/μ) − e^η Φ(−μ/2 − η/μ)
@@ -54,7 +54,8 @@ def log_gaussian_delta(eta: np.ndarray, mu: float) -> np.ndarray:
     (Balle & Wang 2018, "Improving the Gaussian Mechanism for Differential Privacy",
     Thm. 8). Evaluated as e^a (1 − e^{b−a}) with a, b the logs of the two terms
     (scipy's log_ndtr), so tiny δ keep their relative accuracy (the difference of the
-    two Φ terms would lose it); −inf where δ = 0.
+    two Φ terms would lose it); −inf where δ = 0. ``mu`` may also be an array of the
+    shape of ``eta`` (elementwise).
     """
     a = special.log_ndtr(0.5 * mu - eta / mu)
     b = eta + special.log_ndtr(-0.5 * mu - eta / mu)

@@ -19,9 +19,10 @@ import numpy as np
 from service.privacy.events import DpEvent, PoissonSubsampledGaussianEvent, leaf_counts
 from service.privacy.orders import CALIBRATION_ORDERS
 from service.privacy.rdp import (
-    epsilon_from_rdp,
+    epsilon_from_rdp_on_checked_orders,
     subsampled_gaussian_rdp,
     subsampled_gaussian_rdp_integer_orders,
+    validate_orders,
 )
 
 __all__ = ["rdp_epsilon_of"]
@@ -30,6 +31,7 @@ __all__ = ["rdp_epsilon_of"]
 _INTEGER_ORDERS: Final[tuple[int, ...]] = tuple(
     int(a) for a in CALIBRATION_ORDERS if float(a).is_integer()
 )
+_INTEGER_ORDERS_F: Final[tuple[float, ...]] = validate_orders(_INTEGER_ORDERS)
 _FRACTIONAL_ORDERS: Final[tuple[float, ...]] = tuple(
     a for a in CALIBRATION_ORDERS if not float(a).is_integer()
 )
@@ -100,6 +102,6 @@ def rdp_epsilon_of(event: DpEvent, delta: float) -> float:
         if i != at:
             break  # went downhill one way; for a unimodal ε the other way goes up
     frac = sorted(a for a in values if a != best)
-    orders = tuple(float(a) for a in _INTEGER_ORDERS) + tuple(frac)
+    orders = _INTEGER_ORDERS_F + tuple(frac)  # floats > 1 of CALIBRATION_ORDERS: valid
     rdp = np.concatenate((rdp_int, np.array([values[a][0] for a in frac])))
-    return epsilon_from_rdp(rdp=rdp.tolist(), orders=orders, delta=delta)
+    return epsilon_from_rdp_on_checked_orders(rdp=rdp.tolist(), alphas=orders, delta=delta)
