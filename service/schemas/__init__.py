@@ -6,7 +6,11 @@ One module per concept; every public name is re-exported here, so importers writ
 - :mod:`~service.schemas.common`: the method and guarantee vocabularies, the base classes
   of request bodies and of responses read from ORM objects;
 - :mod:`~service.schemas.dpsgd`, :mod:`~service.schemas.expm`,
-  :mod:`~service.schemas.expm_nf`: each method's options (as :mod:`service.methods`);
+  :mod:`~service.schemas.expm_nf`: each method's options (as :mod:`service.methods`) and
+  its plans' mechanism parameters; :mod:`~service.schemas.selection`: a selection plan's;
+- :mod:`~service.schemas.events`: the JSON form of DP events, one model per event type;
+- :mod:`~service.schemas.stored`: :class:`Typed`, a stored JSON value with a typed contract
+  (validated and documented as a model, kept byte for byte);
 - :mod:`~service.schemas.jobs`: a job's request, privacy plan, quote, public view and
   the admin's view;
 - :mod:`~service.schemas.budgets`: budgets as the caller sees them, a dataset with its
@@ -41,9 +45,15 @@ from service.schemas.common import (
     method_names,
     weakest_guarantee,
 )
-from service.schemas.dpsgd import DpsgdOptions
-from service.schemas.expm import MCMC_ONLY_FIELDS, ExpmOptions
-from service.schemas.expm_nf import ExpmNfOptions
+from service.schemas.dpsgd import DpsgdMechanism, DpsgdOptions
+from service.schemas.events import DpEventJson
+from service.schemas.expm import (
+    MCMC_ONLY_FIELDS,
+    ExpmLangevinMechanism,
+    ExpmMcmcMechanism,
+    ExpmOptions,
+)
+from service.schemas.expm_nf import ExpmNfMechanism, ExpmNfOptions
 from service.schemas.jobs import AdminJob, JobPublic, JobRequest, PrivacyPlan, QuoteResponse
 from service.schemas.problems import (
     Health,
@@ -53,6 +63,7 @@ from service.schemas.problems import (
     ValidationIssue,
 )
 from service.schemas.releases import CardPreprocessing, CardPrivacy, ModelCard
+from service.schemas.selection import SelectionMechanism
 
 __all__ = [
     "GUARANTEE_ORDER",
@@ -69,7 +80,12 @@ __all__ = [
     "CardPrivacy",
     "ChainCheck",
     "DatasetPublic",
+    "DpEventJson",
+    "DpsgdMechanism",
     "DpsgdOptions",
+    "ExpmLangevinMechanism",
+    "ExpmMcmcMechanism",
+    "ExpmNfMechanism",
     "ExpmNfOptions",
     "ExpmOptions",
     "Guarantee",
@@ -89,6 +105,7 @@ __all__ = [
     "QuoteResponse",
     "RefundRequest",
     "RemainingBudgets",
+    "SelectionMechanism",
     "TotalMismatch",
     "TrainingMethod",
     "ValidationIssue",

@@ -1,10 +1,11 @@
-"""The options of DP-SGD jobs (``JobRequest.dpsgd``)."""
+"""The options of DP-SGD jobs (``JobRequest.dpsgd``) and the mechanism parameters of
+their plans (``PrivacyPlan.mechanism``)."""
 
 from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from service.params import (
     BatchSize,
@@ -87,3 +88,63 @@ class DpsgdOptions(ApiInput):
         if (self.engine == "jl") != (self.jl_projections is not None):
             raise ValueError("jl_projections is required with engine 'jl' and only with it")
         return self
+
+
+class DpsgdMechanism(BaseModel):
+    """A DP-SGD plan's resolved mechanism parameters (``PrivacyPlan.mechanism`` of a
+    ``dpsgd`` plan, each candidate of a selection plan), as service/methods/dpsgd.py writes
+    them: the resolved options, the public schedule from the public row count, and σ.
+
+    Keys a plan leaves out: the schedule keys in a constant-noise plan, the engine keys for
+    the default ``exact`` engine (plans stay identical to those stored before these
+    options existed); the JL keys outside the ``jl`` engine; the decaying-schedule keys
+    outside it. Fields marked optional are also missing from plans stored before they were
+    added. More keys may be added (never removed or changed in meaning)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    epochs: int
+    batch_size: int = Field(description="Expected batch size (rows per step, on average).")
+    max_grad_norm: float = Field(description="Clip norm C.")
+    learning_rate: float
+    accountant: Literal["rdp", "pld"]
+    noise_schedule: Literal["constant", "exponential"] | None = Field(
+        default=None, description="Present in decaying-noise plans only."
+    )
+    noise_decay: float | None = Field(
+        default=None, description="R of σ_e = σ₀·R^{e/2} (decaying plans; null otherwise)."
+    )
+    engine: Literal["exact", "ghost", "jl"] | None = Field(
+        default=None, description="Per-example gradient engine; absent means 'exact'."
+    )
+    jl_projections: int | None = None
+    public_n_rows: int | None = Field(
+        default=None, description="The dataset's public (DP noisy) row count n̂."
+    )
+    expected_batch_size: float | None = Field(default=None, description="q·n̂.")
+    sampling_rate: float = Field(description="q, each row's inclusion probability per step.")
+    steps_per_epoch: int
+    steps: int = Field(description="T, the number of noisy steps.")
+    parameters: int | None = Field(default=None, description="The model's parameter count.")
+    grid_bits: int | None = Field(
+        default=None, description="The integer-noise grid is C·2^-grid_bits."
+    )
+    noise: str | None = Field(default=None, description="How the noise is drawn, in words.")
+    noise_multiplier: float = Field(
+        description="σ the worker adds (σ₀, the first epoch's, for a decaying schedule)."
+    )
+    noise_multipliers: list[float] | None = Field(
+        default=None, description="σ of each epoch (decaying plans)."
+    )
+    tcdp_estimate_epsilon: float | None = Field(
+        default=None,
+        description="Closed-form tCDP estimate of ε (decaying plans), display only: never charged.",
+    )
+    tcdp_estimate_conditions_hold: bool | None = None
+    charged_noise_multiplier: float | None = Field(
+        default=None, description="σ/κ, the noise multiplier charged (jl engine)."
+    )
+    jl_kappa: float | None = None
+    jl_tail_probability: float | None = None
+    jl_cap_active_probability: float | None = None
+    jl_proof: str | None = None

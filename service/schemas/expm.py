@@ -1,11 +1,12 @@
 """The options of ExpM jobs, the regularised exponential mechanism for logistic
-regression, Langevin or MCMC sampled (``JobRequest.expm``)."""
+regression, Langevin or MCMC sampled (``JobRequest.expm``), and the mechanism parameters of
+their plans, one model per sampler (``PrivacyPlan.mechanism``)."""
 
 from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from service.schemas.common import ApiInput
 
@@ -96,3 +97,43 @@ class ExpmOptions(ApiInput):
 
 
 MCMC_ONLY_FIELDS = ("chains", "warmup", "leapfrog_steps", "step_size")
+
+
+class _ExpmMechanism(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    steps: int = Field(description="Langevin steps T, or MCMC iterations per chain.")
+    l2: float = Field(description="Regulariser weight of the target.")
+    parameters: int = Field(description="Logistic regression's parameter count (width + 1).")
+    row_norm_sq_bound: int = Field(description="B ≥ ‖(x, 1)‖², from the public schema.")
+    inverse_temperature: float = Field(description="k of the target π ∝ exp(−k·(...)).")
+    target: str = Field(description="The target density, in words.")
+    proof: str = Field(description="What the guarantee rests on, in words.")
+
+
+class ExpmLangevinMechanism(_ExpmMechanism):
+    """An ``expm`` plan's mechanism with the Langevin sampler (proven), as
+    service/methods/expm.py writes it. More keys may be added (never removed or changed in
+    meaning)."""
+
+    sampler: Literal["langevin"]
+    learning_rate: float
+    public_n_rows: int = Field(description="The dataset's public (DP noisy) row count n̂.")
+    residual_bits: int
+    feature_bits: int
+    noise_multiplier: float = Field(description="σ of each step's Gaussian noise.")
+    noise: str = Field(description="How the noise is drawn, in words.")
+
+
+class ExpmMcmcMechanism(_ExpmMechanism):
+    """An ``expm`` plan's mechanism with the HMC sampler (asymptotic), as
+    service/methods/expm.py writes it. More keys may be added (never removed or changed in
+    meaning)."""
+
+    sampler: Literal["mcmc"]
+    chains: int
+    warmup: int
+    leapfrog_steps: int
+    step_size: float
+    gdp_mu: float = Field(description="μ of the exact target's μ-GDP guarantee.")
+    algorithm: str = Field(description="The sampler, in words.")

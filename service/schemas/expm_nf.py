@@ -1,11 +1,12 @@
 """The options of ExpM+NF jobs, the exponential mechanism sampled through a normalizing
-flow (``JobRequest.expm_nf``)."""
+flow (``JobRequest.expm_nf``), and the mechanism parameters of their plans
+(``PrivacyPlan.mechanism``)."""
 
 from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from service.schemas.common import ApiInput
 
@@ -55,3 +56,27 @@ class ExpmNfOptions(ApiInput):
                 "does not normalise"
             )
         return self
+
+
+class ExpmNfMechanism(BaseModel):
+    """An ``expm_nf`` plan's mechanism (nominal), as service/methods/expm_nf.py writes it:
+    the resolved sampler options, ε and the utility's sensitivity. ``domain_radius`` is
+    present only when the request gave one; ``calibration`` is missing from plans stored
+    before it was added. More keys may be added (never removed or changed in meaning)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    flow: Literal["planar", "sylvester"]
+    layers: int
+    steps: int
+    n_samples_per_step: int
+    batch_size: int
+    learning_rate: float
+    base_std: float
+    l2: float
+    domain_radius: float | None = None
+    epsilon: float = Field(description="ε (nats) of one release.")
+    sensitivity: float = Field(description="Sensitivity of the utility.")
+    calibration: Literal["monotone"] | None = Field(
+        default=None, description="McSherry–Talwar calibration for a monotone utility."
+    )

@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationInfo
 
+from service.modelspec import ModelSpec
 from service.schemas.common import Guarantee
+from service.schemas.dpsgd import DpsgdMechanism
+from service.schemas.events import DpEventJson
+from service.schemas.expm import ExpmLangevinMechanism, ExpmMcmcMechanism
+from service.schemas.expm_nf import ExpmNfMechanism
+from service.schemas.selection import SelectionMechanism
+from service.schemas.stored import Typed, mechanism_union, one_of
 
 
 class CardPreprocessing(BaseModel):
@@ -32,7 +39,75 @@ class CardPrivacy(BaseModel):
     public_values: dict[str, str] | None = Field(
         default=None, description="What the mechanism may depend on besides the private rows."
     )
-    event: dict[str, Any] = Field(description="The DP event charged, as data.")
+    event: Annotated[dict[str, Any], Typed(DpEventJson)] = Field(
+        description="The DP event charged, as data."
+    )
+
+
+# The card's mechanism is the plan's, with the method first (worker/release.py).
+class DpsgdCardMechanism(DpsgdMechanism):
+    """A DP-SGD release's mechanism; its card states the engine (``exact`` included)."""
+
+    method: Literal["dpsgd"]
+
+
+class ExpmLangevinCardMechanism(ExpmLangevinMechanism):
+    """An ExpM release's mechanism, Langevin sampler (proven)."""
+
+    method: Literal["expm"]
+
+
+class ExpmMcmcCardMechanism(ExpmMcmcMechanism):
+    """An ExpM release's mechanism, HMC sampler (asymptotic)."""
+
+    method: Literal["expm"]
+
+
+class ExpmNfCardMechanism(ExpmNfMechanism):
+    """An ExpM+NF release's mechanism (nominal)."""
+
+    method: Literal["expm_nf"]
+
+
+class SelectionCardMechanism(SelectionMechanism):
+    """A selection job's mechanism: the whole workflow's public schedule."""
+
+    method: Literal["selection"]
+
+
+CARD_MECHANISMS: dict[str, TypeAdapter[Any]] = {
+    "dpsgd": TypeAdapter(DpsgdCardMechanism),
+    "expm": TypeAdapter(
+        Annotated[ExpmLangevinCardMechanism | ExpmMcmcCardMechanism, Field(discriminator="sampler")]
+    ),
+    "expm_nf": TypeAdapter(ExpmNfCardMechanism),
+    "selection": TypeAdapter(SelectionCardMechanism),
+}
+"""The type of a card's mechanism, by its ``method`` (for ``expm``, then its ``sampler``);
+a method without an entry has an untyped mechanism."""
+
+
+def _card_mechanism_type(value: Any, info: ValidationInfo) -> TypeAdapter[Any] | None:
+    method = value.get("method") if isinstance(value, dict) else None
+    return CARD_MECHANISMS.get(method) if isinstance(method, str) else None
+
+
+_CARD_MECHANISM_DOC, _CARD_MECHANISM_EXTRA = mechanism_union(
+    (
+        DpsgdCardMechanism,
+        ExpmLangevinCardMechanism,
+        ExpmMcmcCardMechanism,
+        ExpmNfCardMechanism,
+        SelectionCardMechanism,
+    ),
+    typed=CARD_MECHANISMS,
+)
+
+
+class NoModel(BaseModel):
+    """No model: a selection that released none (DP-CFS without a final model, K = 0)."""
+
+    model_config = ConfigDict(extra="forbid")
 
 
 class ModelCard(BaseModel):
@@ -44,11 +119,21 @@ class ModelCard(BaseModel):
     card_version: int
     job_id: str
     run_token: str
-    model: dict[str, Any]
+    model: Annotated[dict[str, Any], Typed(ModelSpec | NoModel)] = Field(
+        description="The released model (a selection's: the selected one, or {} for none).",
+        json_schema_extra=one_of,
+    )
     samples: int
     weights_layout: str
     output: str
     preprocessing: CardPreprocessing
-    mechanism: dict[str, Any]
+    mechanism: Annotated[dict[str, Any], Typed(_CARD_MECHANISM_DOC, pick=_card_mechanism_type)] = (
+        Field(
+            description=(
+                "The mechanism's resolved parameters, by ``method`` (for expm, then ``sampler``)."
+            ),
+            json_schema_extra=_CARD_MECHANISM_EXTRA,
+        )
+    )
     privacy: CardPrivacy
     weights_sha256: str = Field(description="SHA-256 (hex) of the weights file.")
