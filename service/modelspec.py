@@ -20,10 +20,22 @@ class _Spec(InputModel):
     model_config = ConfigDict(json_schema_extra=_kind_required)
 
 
+MAX_CLASSES = 4096
+"""The most classes a target may declare (the exact softmax engine's bound)."""
+
+
 class LogisticSpec(_Spec):
-    """Logistic regression: sigmoid(w·x + b), output in [0, 1]."""
+    """Logistic regression: sigmoid(w·x + b), output in [0, 1]; for a target of K ≥ 3
+    classes, multinomial: softmax(W·x + b) over the K classes. ``classes`` is the
+    dataset's public class count, filled in by the service from its schema (left out, or
+    equal to it, in a request); absent for a binary target."""
 
     kind: Literal["logistic"] = "logistic"
+    # Left out of every dump when absent, so binary plans and cards are unchanged, byte for
+    # byte (the worker compares stored and re-derived plans; plan digests are pinned).
+    classes: int | None = Field(
+        default=None, ge=3, le=MAX_CLASSES, exclude_if=lambda value: value is None
+    )
 
 
 class MlpSpec(_Spec):
@@ -48,15 +60,16 @@ ModelSpec = Annotated[LogisticSpec | MlpSpec | GrudSpec, Field(discriminator="ki
 def parameter_count(spec: ModelSpec, n_features: int) -> int:
     """Number of trainable parameters of the target model (public: spec and schema only).
 
-    Logistic: n_features + 1. MLP: Σ (fan_in + 1)·fan_out over its layers, sigmoid head of
-    width 1. GRU-D with V = n_features variables and H hidden units (worker/models/grud.py):
-    input decay 2V (diagonal weight, bias), hidden decay V·H + H, input gates on [x̂, m]
-    2V·3H + 3H, recurrent gates 2H·H + H·H (no bias), head H + 1.
+    Logistic: n_features + 1, or K·(n_features + 1) with K ≥ 3 classes. MLP:
+    Σ (fan_in + 1)·fan_out over its layers, sigmoid head of width 1. GRU-D with
+    V = n_features variables and H hidden units (worker/models/grud.py): input decay 2V
+    (diagonal weight, bias), hidden decay V·H + H, input gates on [x̂, m] 2V·3H + 3H,
+    recurrent gates 2H·H + H·H (no bias), head H + 1.
     """
     if n_features < 1:
         raise ValueError(f"n_features must be >= 1, got {n_features}")
     if isinstance(spec, LogisticSpec):
-        return n_features + 1
+        return (spec.classes or 1) * (n_features + 1)
     if isinstance(spec, MlpSpec):
         widths = [n_features, *spec.hidden, 1]
         return sum((a + 1) * b for a, b in pairwise(widths))

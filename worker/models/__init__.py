@@ -1,5 +1,6 @@
-"""Target models. Every module's forward returns logits of shape (batch,);
-sigmoid(logits) is the bounded output in [0, 1] that sensitivity analyses rely on.
+"""Target models. Every binary module's forward returns logits of shape (batch,);
+sigmoid(logits) is the bounded output in [0, 1] that sensitivity analyses rely on. A
+logistic spec with K ≥ 3 classes builds :class:`Softmax`, whose logits are (batch, K).
 
 ``build_module`` makes the nn.Module (what a release's state dict loads into);
 ``build_batched`` wraps it with its batched functional form (N parameter vectors at once).
@@ -21,6 +22,7 @@ from worker.models.functional import BatchedModel, LinearBatchedModel, ParamLayo
 from worker.models.grud import Grud, pack_inputs, pack_inputs_np
 from worker.models.logistic import Logistic
 from worker.models.mlp import Mlp
+from worker.models.softmax import Softmax
 
 __all__ = [
     "BatchedModel",
@@ -29,6 +31,7 @@ __all__ = [
     "Logistic",
     "Mlp",
     "ParamLayout",
+    "Softmax",
     "build_batched",
     "build_module",
     "pack_inputs",
@@ -45,7 +48,7 @@ def build_module(
     it is a buffer in the state dict, so a released state dict restores it on load.
     """
     if isinstance(spec, LogisticSpec):
-        return Logistic(n_features)
+        return Logistic(n_features) if spec.classes is None else Softmax(n_features, spec.classes)
     if isinstance(spec, MlpSpec):
         return Mlp(n_features, spec.hidden, spec.activation)
     if isinstance(spec, GrudSpec):
@@ -59,6 +62,6 @@ def build_batched(
 ) -> BatchedModel:
     """``build_module`` plus its batched functional form (matmul for logistic regression)."""
     module = build_module(spec, n_features, public_means=public_means)
-    if isinstance(spec, LogisticSpec):
+    if isinstance(spec, LogisticSpec) and spec.classes is None:
         return LinearBatchedModel(module)
     return BatchedModel(module)
