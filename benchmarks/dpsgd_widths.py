@@ -29,7 +29,14 @@ plus the AUC on adult.test of the first round's model of each (a sanity check th
 trained). A cProfile of one product epoch at ``--profile-width`` (top 15 cumulative and
 the cumulative time of each worker/mechanisms/exact_net.py function) follows.
 
+With ``--clip-baseline REV`` the clipped sum alone (ExactNetClipper, engines exact and
+ghost) is also timed against its own code at git revision REV (exact_net.py and
+fixed_point.py from ``git show``, imported as a separate package), interleaved on the same
+batches, and every int64 sum is compared bit for bit: the before/after of a speed change
+under the same load.
+
     .venv/bin/python benchmarks/dpsgd_widths.py [--repeats 3] [--widths 64 256 1024]
+        [--clip-baseline REV]
 """
 
 from __future__ import annotations
@@ -197,6 +204,84 @@ def profile_product(run: Callable[[], State]) -> tuple[float, str, list[tuple[st
     return wall, top, ours
 
 
+def load_baseline_clipper(rev: str) -> Any:
+    """exact_net.py and fixed_point.py as of git revision ``rev``, imported as a separate
+    package (the rest of the tree is today's), for the clipped sum's before/after."""
+    import importlib
+    import subprocess
+    import tempfile
+
+    def show(path: str) -> str:
+        return subprocess.run(
+            ["git", "show", f"{rev}:{path}"], cwd=ROOT, check=True, capture_output=True, text=True
+        ).stdout
+
+    tmp = Path(tempfile.mkdtemp(prefix="clip_baseline_"))
+    package = tmp / "clip_baseline"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "fixed_point.py").write_text(show("worker/mechanisms/fixed_point.py"))
+    (package / "exact_net.py").write_text(
+        show("worker/mechanisms/exact_net.py").replace(
+            "from worker.mechanisms.fixed_point import", "from clip_baseline.fixed_point import"
+        )
+    )
+    sys.path.insert(0, str(tmp))
+    return importlib.import_module("clip_baseline.exact_net")
+
+
+def compare_clippers(
+    rev: str,
+    models: list[tuple[str, int | None]],
+    x: torch.Tensor,
+    y: torch.Tensor,
+    *,
+    batch: int,
+    steps: int,
+    rounds: int,
+) -> list[str]:
+    """ExactNetClipper (engine exact/ghost) of this tree vs revision ``rev`` on the same
+    ``steps`` batches of ``batch`` Adult rows per model, interleaved rounds; medians in ms
+    per step, and whether every int64 sum is bit-identical."""
+    from worker.mechanisms import exact_net
+
+    baseline = load_baseline_clipper(rev)
+    gen = torch.Generator().manual_seed(25)
+    batches = [torch.randperm(x.shape[0], generator=gen)[:batch] for _ in range(steps)]
+    lines = [
+        f"## The clipped sum alone: this tree vs {rev}",
+        "",
+        f"ExactNetClipper(x, y) on the same {steps} batches of {batch} Adult rows per model "
+        f"(random parameters, grid 2^-20, C = 1), {rounds} interleaved rounds (baseline, "
+        "this tree); medians in ms per step, and whether every int64 sum is bit-identical.",
+        "",
+        f"| model | {rev} ms/step | this tree ms/step | this / {rev} | sums identical |",
+        "|---|---:|---:|---:|---|",
+    ]
+    for label, w in models:
+        torch.manual_seed(0)
+        module = build_module(spec_for(w), x.shape[1])
+        p = sum(v.numel() for v in module.parameters())
+        clips = {
+            name: mod.ExactNetClipper(module, grid_bits=20, max_grad_norm=1.0, parameters=p)
+            for name, mod in (("baseline", baseline), ("tree", exact_net))
+        }
+        times: dict[str, list[float]] = {k: [] for k in clips}
+        sums: dict[str, list[torch.Tensor]] = {}
+        for _ in range(rounds):
+            for name, clip in clips.items():
+                t = time.perf_counter()
+                sums[name] = [clip(x[i], y[i]) for i in batches]
+                times[name].append((time.perf_counter() - t) / steps * 1e3)
+        same = all(torch.equal(a, b) for a, b in zip(sums["baseline"], sums["tree"], strict=True))
+        old, new = statistics.median(times["baseline"]), statistics.median(times["tree"])
+        print(label, "clip ms/step", round(old, 2), round(new, 2), same, flush=True)
+        lines.append(
+            f"| {label} | {old:.2f} | {new:.2f} | {new / old:.2f} | {'yes' if same else 'NO'} |"
+        )
+    return [*lines, ""]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeats", type=int, default=3)
@@ -207,6 +292,12 @@ def main() -> None:
     ap.add_argument("--profile-width", type=int, default=256)
     ap.add_argument("--no-logistic", action="store_true")
     ap.add_argument("--no-write", action="store_true")
+    ap.add_argument(
+        "--clip-baseline",
+        default=None,
+        help="a git revision: also time ExactNetClipper of that revision against this tree's",
+    )
+    ap.add_argument("--clip-rounds", type=int, default=5)
     args = ap.parse_args()
     # Opacus's secure-RNG notice and torch's full-backward-hook notice, once per run.
     warnings.filterwarnings("ignore", category=UserWarning)
@@ -265,6 +356,17 @@ def main() -> None:
     prof_wall, prof_top, prof_ours = profile_product(
         make_runs(spec_for(args.profile_width), prof_plan, x, y)["product"]
     )
+    clip_lines: list[str] = []
+    if args.clip_baseline:
+        clip_lines = compare_clippers(
+            args.clip_baseline,
+            models,
+            x,
+            y,
+            batch=round(plans[models[0][0]]["sampling_rate"] * n),
+            steps=40,
+            rounds=args.clip_rounds,
+        )
     load_end = os.getloadavg()
     total = time.perf_counter() - t_start
 
@@ -328,6 +430,7 @@ def main() -> None:
     for name, ct, ncalls in prof_ours[:12]:
         lines.append(f"| {name} | {ncalls} | {ct:.3f} | {ct / prof_wall:.0%} |")
     lines += ["", "Top 15 by cumulative time:", "", "```", prof_top, "```", ""]
+    lines += clip_lines
     noise = next((ct for name, ct, _ in prof_ours if name.startswith("noise:")), 0.0)
     clip = next((ct for name, ct, _ in prof_ours if name.endswith("(__call__)")), 0.0)
     met = [r["label"] for r in rows if r["ratio"] <= (0.2 if r["width"] is None else 1.0)]
