@@ -19,7 +19,14 @@ from service.privacy.events import DpEvent, SelfComposedEvent
 from service.privacy.orders import ORDERS
 from service.schemas import JobRequest, PrivacyPlan
 
-__all__ = ["PlanError", "build_plan", "data_kind", "plan_for_dataset", "progress_total"]
+__all__ = [
+    "PlanError",
+    "build_plan",
+    "data_kind",
+    "plan_for_dataset",
+    "progress_total",
+    "with_classes",
+]
 
 
 def data_kind(kind: str) -> DataKind:
@@ -45,6 +52,36 @@ def _model_json(model: ModelSpec) -> dict[str, Any]:
     return out
 
 
+MULTICLASS_SUPPORT = "DP-SGD (method 'dpsgd', engine 'exact') on model 'logistic'"
+"""What trains a target of K ≥ 3 classes today (worker/mechanisms/exact_softmax.py)."""
+
+
+def with_classes(request: JobRequest, n_classes: int) -> JobRequest:
+    """``request`` with its model fitted to a target of ``n_classes`` classes (public: the
+    schema's): unchanged for a binary target; for K ≥ 3 classes, a logistic model gets
+    ``classes: K`` (multinomial logistic regression, proven by the exact DP-SGD engine), and
+    every other method, engine or model is a :class:`PlanError` naming what is supported. A
+    ``classes`` given in the request must equal the dataset's."""
+    given = getattr(request.model, "classes", None)
+    if n_classes < 3:
+        if given is not None:
+            raise PlanError(f"the dataset's target is binary; model.classes {given} does not fit")
+        return request
+    engine = request.dpsgd.engine if request.dpsgd is not None else "exact"
+    if request.method != "dpsgd" or request.model.kind != "logistic" or engine != "exact":
+        what = f"method {request.method!r}, model {request.model.kind!r}"
+        if request.method == "dpsgd":
+            what += f", engine {engine!r}"
+        raise PlanError(
+            f"the dataset's target has {n_classes} classes; multi-class targets are trained by "
+            f"{MULTICLASS_SUPPORT} only for now, not by {what}"
+        )
+    if given is not None and given != n_classes:
+        raise PlanError(f"model.classes {given} differs from the dataset's {n_classes} classes")
+    model = request.model.model_copy(update={"classes": n_classes})
+    return request.model_copy(update={"model": model})
+
+
 def build_plan(
     request: JobRequest,
     *,
@@ -52,6 +89,7 @@ def build_plan(
     n_features: int,
     dataset_kind: str = "tabular",
     norm_sq_bound: int | None = None,
+    n_classes: int = 2,
 ) -> PrivacyPlan:
     """Turn a validated request into its privacy plan (raises :class:`PlanError`).
 
@@ -60,8 +98,10 @@ def build_plan(
     dataset the number of variables V, GRU-D's width), ``dataset_kind`` its kind,
     ``norm_sq_bound`` its bound on ‖(x, 1)‖² (its kind's ``norm_sq_bound``; tabular only).
     A ``dataset_kind`` that :data:`~service.datasets.kinds.DATA_KINDS` does not name is a
-    :class:`PlanError` ("unknown dataset kind").
+    :class:`PlanError` ("unknown dataset kind"). ``n_classes`` is the target's public number
+    of classes (:func:`with_classes`).
     """
+    request = with_classes(request, n_classes)
     if n_rows < 1:
         raise PlanError("the dataset has no rows")
     if request.samples * request.delta >= 1:
@@ -126,6 +166,7 @@ def plan_for_dataset(
         n_features=schema.n_features,
         dataset_kind=kind,
         norm_sq_bound=None if bound is None else bound(schema),
+        n_classes=schema.n_classes,
     )
 
 

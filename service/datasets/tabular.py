@@ -20,6 +20,8 @@ import numpy as np
 import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from service.modelspec import MAX_CLASSES
+
 OnInvalid = Literal["reject", "clip"]
 
 
@@ -104,14 +106,51 @@ def read_csv_kwargs(csv: CsvOptions) -> dict[str, Any]:
     return kwargs
 
 
+def _absent(value: Any) -> bool:
+    return value is None
+
+
 class Target(_Strict):
+    """The target column and its public values: ``positive`` and ``negative`` (a binary
+    target, y = 1 for a positive value) or ``classes`` (K ≥ 3 values, y = the value's index
+    in the list), never both. An absent field is left out of every dump, so a binary
+    schema's stored form and encoded-cache key are unchanged."""
+
     column: str
-    positive: list[str] = Field(min_length=1)
-    negative: list[str] = Field(min_length=1)
+    positive: list[str] | None = Field(default=None, min_length=1, exclude_if=_absent)
+    negative: list[str] | None = Field(default=None, min_length=1, exclude_if=_absent)
+    classes: list[str] | None = Field(
+        default=None, min_length=3, max_length=MAX_CLASSES, exclude_if=_absent
+    )
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> Target:
+        binary = self.positive is not None or self.negative is not None
+        if self.classes is not None:
+            if binary:
+                raise ValueError("a target declares either positive/negative or classes, not both")
+            if len(set(self.classes)) != len(self.classes):
+                raise ValueError("the target's classes must be distinct")
+        elif self.positive is None or self.negative is None:
+            raise ValueError("a target declares positive and negative values, or classes")
+        return self
+
+    @property
+    def values(self) -> list[str]:
+        """Every declared target value."""
+        if self.classes is not None:
+            return list(self.classes)
+        assert self.positive is not None and self.negative is not None
+        return self.positive + self.negative
+
+    @property
+    def n_classes(self) -> int:
+        """K: 2 for a positive/negative target, else the number of declared classes."""
+        return 2 if self.classes is None else len(self.classes)
 
 
 class TabularSchema(_Strict):
-    """The public schema of a tabular dataset with a binary target."""
+    """The public schema of a tabular dataset with a binary or K-class target."""
 
     name: str = Field(pattern=r"^[a-z0-9][a-z0-9_-]{0,62}$")
     kind: Literal["tabular"] = "tabular"
@@ -126,9 +165,15 @@ class TabularSchema(_Strict):
             raise ValueError("duplicate column names")
         if self.target.column in names:
             raise ValueError("the target column must not also be a feature")
-        if set(self.target.positive) & set(self.target.negative):
+        positive, negative = self.target.positive or [], self.target.negative or []
+        if set(positive) & set(negative):
             raise ValueError("a target value cannot be both positive and negative")
         return self
+
+    @property
+    def n_classes(self) -> int:
+        """The target's number of classes K (2 for a binary target)."""
+        return self.target.n_classes
 
     @property
     def feature_names(self) -> list[str]:
@@ -234,10 +279,11 @@ class ValidationReport:
 
 @dataclass(frozen=True)
 class EncodedTable:
-    """Model-ready arrays: features in [0, 1], targets in {0, 1}."""
+    """Model-ready arrays: features in [0, 1], targets in {0, 1} (float32) or, for a target
+    of K ≥ 3 classes, class indices in {0, …, K − 1} (int64)."""
 
     x: np.ndarray  # float32, shape (n, d)
-    y: np.ndarray  # float32, shape (n,)
+    y: np.ndarray  # float32 (binary) or int64 (K ≥ 3 classes), shape (n,)
     feature_names: list[str]
 
 
@@ -374,7 +420,7 @@ def validate_frame(schema: TabularSchema, raw: pd.DataFrame, *, labelled: bool =
     if labelled and schema.target.column not in missing_cols:
         target = _clean_text(raw[schema.target.column], schema.csv.strip_suffix)
         absent = (target.isna() | (target == "")).to_numpy(dtype=bool)
-        allowed = schema.target.positive + schema.target.negative
+        allowed = schema.target.values
         unknown = ~absent & ~target.isin(allowed).fillna(False).to_numpy(dtype=bool)
         pairs = [(absent, "missing value"), (unknown, "unknown target value")]
         reasons_for(schema.target.column, pairs)
@@ -415,8 +461,14 @@ def encode_features(schema: TabularSchema, frame: pd.DataFrame) -> np.ndarray:
 
 
 def encode_target(schema: TabularSchema, frame: pd.DataFrame) -> np.ndarray:
-    """1 for the declared positive values, 0 otherwise (validated rows), float32."""
-    return frame[schema.target.column].isin(schema.target.positive).to_numpy(dtype=np.float32)
+    """Binary: 1 for the declared positive values, 0 otherwise, float32. K ≥ 3 classes: the
+    value's index in the declared classes, int64 (validated rows)."""
+    values = frame[schema.target.column]
+    if schema.target.classes is not None:
+        index = {value: i for i, value in enumerate(schema.target.classes)}
+        return np.array([index[str(v)] for v in values], dtype=np.int64)
+    positive = schema.target.positive or []
+    return values.isin(positive).to_numpy(dtype=np.float32)
 
 
 def encode(schema: TabularSchema, frame: pd.DataFrame) -> EncodedTable:

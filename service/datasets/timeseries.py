@@ -182,6 +182,11 @@ class TimeSeriesSchema(_Strict):
         return len(self.variables)
 
     @property
+    def n_classes(self) -> int:
+        """The outcome's number of classes: 2 (positive and negative values)."""
+        return 2
+
+    @property
     def scaled_means(self) -> tuple[float, ...]:
         """The public imputation means on the [0, 1] scale of the encoded values."""
         return tuple((v.mean - v.min) / (v.max - v.min) for v in self.variables)

@@ -23,7 +23,7 @@ from service.methods.common import (
     calibrate_with_slack,
     grud_floats_per_pair_step,
 )
-from service.modelspec import GrudSpec, MlpSpec, ModelSpec, parameter_count
+from service.modelspec import GrudSpec, LogisticSpec, MlpSpec, ModelSpec, parameter_count
 from service.privacy.events import (
     ComposedEvent,
     DpEvent,
@@ -137,11 +137,18 @@ def _check_engine(request: JobRequest, options: DpsgdOptions) -> None:
 # (issue 25): logistic regression and MLPs in every engine (worker/mechanisms/exact_net.py),
 # GRU-D in the exact engine, the only one it has (worker/mechanisms/exact_grud.py). A model
 # kind added later is labelled nominal until its exact path exists.
+# Multinomial logistic regression (a logistic model with K ≥ 3 classes) is proven in the
+# exact engine (worker/mechanisms/exact_softmax.py), the only one that takes it
+# (service.plans.with_classes refuses the others before a plan is built).
 PROVEN_MODELS = ("logistic", "mlp", "grud")
 
 
 def dpsgd_guarantee(request: JobRequest) -> Guarantee:
-    """ "proven" for the models of PROVEN_MODELS; "nominal" for any other."""
+    """ "proven" for the models of PROVEN_MODELS (a K-class logistic model with the exact
+    engine only); "nominal" for any other."""
+    if getattr(request.model, "classes", None) is not None:
+        engine = request.dpsgd.engine if request.dpsgd is not None else "exact"
+        return "proven" if engine == "exact" else "nominal"
     return "proven" if request.model.kind in PROVEN_MODELS else "nominal"
 
 
@@ -434,7 +441,9 @@ def dpsgd_training_memory_bytes(
         )
     else:
         data = FLOAT_BYTES * n * n_features
-        widths = n_features + (sum(spec.hidden) if isinstance(spec, MlpSpec) else 0) + 1
+        hidden = sum(spec.hidden) if isinstance(spec, MlpSpec) else 0
+        outputs = (spec.classes or 1) if isinstance(spec, LogisticSpec) else 1  # K logits
+        widths = n_features + hidden + outputs
         activations = FLOAT_BYTES * rows * 3 * widths
     return data + grads + activations + FLOAT_BYTES * WITH_GRAD_AND_ADAM * p
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from service.datasets.tabular import TabularSchema, parse_schema
-from service.plans import PlanError
+from service.plans import MULTICLASS_SUPPORT, PlanError, data_kind
 from service.selection.architecture import ArchitectureRequest, architecture_plan
 from service.selection.feature_plan import feature_plan
 from service.selection.features import FeatureRequest
@@ -107,6 +107,12 @@ def plan_selection(
     dataset_kind = (
         str(schema.get("kind", "tabular")) if isinstance(schema, dict) else "tabular"
     )  # the model must fit the dataset's kind (GRU-D on time series): build_plan checks
+    parsed = data_kind(dataset_kind).parse(schema) if isinstance(schema, dict) else schema
+    if parsed is not None and parsed.n_classes >= 3:
+        raise PlanError(
+            f"the dataset's target has {parsed.n_classes} classes; selections take binary "
+            f"targets only for now (multi-class targets are trained by {MULTICLASS_SUPPORT})"
+        )
     if kind == "architecture" and isinstance(request, ArchitectureRequest):
         return architecture_plan(
             request,
