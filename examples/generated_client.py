@@ -6,8 +6,10 @@ Generate the client once (openapi-python-client is in the dev extra), then run t
         --config examples/openapi-client.yaml --output-path enclave_client
     ENCLAVE_URL=http://127.0.0.1:8000 ENCLAVE_KEY=enc_... python examples/generated_client.py adult
 
-It lists the datasets, quotes a DP-SGD request, submits it (with an Idempotency-Key, so
-running it twice submits once) and prints the job. Every error is a `Problem` (RFC 9457).
+It lists the datasets, quotes a DP-SGD request, prints what the plan resolved (the plan's
+mechanism and its DP event are typed: one class per method and per event type), submits it
+(with an Idempotency-Key, so running it twice submits once) and prints the job. Every error
+is a `Problem` (RFC 9457).
 tests/integration/test_generated_client.py runs this script against a live service.
 """
 
@@ -18,7 +20,14 @@ import sys
 
 from enclave_client import AuthenticatedClient
 from enclave_client.api.analyst import create_job, get_job, list_datasets, quote
-from enclave_client.models import DpsgdOptions, JobRequest, JobRequestMethod, Problem
+from enclave_client.models import (
+    ComposedEventJson,
+    DpsgdMechanism,
+    DpsgdOptions,
+    JobRequest,
+    JobRequestMethod,
+    Problem,
+)
 
 
 def fail(problem: object) -> int:
@@ -53,6 +62,14 @@ def main(dataset: str, epsilon: float = 1.0, delta: float = 1e-5) -> int:
         if isinstance(q, Problem) or q is None:
             return fail(q)
         print(f"quote: admitted={q.admitted}, plan ε={q.plan.epsilon:g}, δ={q.plan.delta:g}")
+        mechanism, event = q.plan.mechanism, q.plan.event
+        if isinstance(mechanism, DpsgdMechanism):
+            print(
+                f"plan: {mechanism.steps} steps at sampling rate {mechanism.sampling_rate:.4g}, "
+                f"noise multiplier {mechanism.noise_multiplier:.4g}"
+            )
+        if isinstance(event, ComposedEventJson):
+            print(f"charged: {event.type_} of {', '.join(e.type_ for e in event.events)}")
         if not q.admitted:
             print(f"not admitted: {q.reason}", file=sys.stderr)
             return 1

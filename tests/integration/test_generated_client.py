@@ -109,6 +109,12 @@ def test_generated_client_runs_the_analyst_flow(live: str, generated: Path, keys
     )
     q = api["quote"].sync(client=c, body=request)
     assert isinstance(q, models.QuoteResponse) and q.admitted
+    # The plan's model, mechanism and event parse into their typed classes (issue 26).
+    assert isinstance(q.plan.model, models.LogisticSpec)
+    assert isinstance(q.plan.mechanism, models.DpsgdMechanism) and q.plan.mechanism.epochs == 1
+    assert isinstance(q.plan.event, models.ComposedEventJson)
+    kinds = [type(e) for e in q.plan.event.events]
+    assert kinds == [models.PoissonSubsampledGaussianEventJson, models.PmfSlackEventJson]
 
     first = api["create_job"].sync_detailed(client=c, body=request, idempotency_key="k1")
     assert first.status_code == 202 and isinstance(first.parsed, models.JobPublic)
@@ -154,6 +160,7 @@ def test_example_script_runs_against_the_live_service(
     )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "dataset toy" in done.stdout and "quote: admitted=True" in done.stdout
+    assert "charged: composed of poisson_subsampled_gaussian, pmf_slack" in done.stdout
     assert ": queued, step 0 of" in done.stdout
     # Unknown dataset: one line from the Problem, exit 1.
     done = subprocess.run(
