@@ -5,7 +5,7 @@ from __future__ import annotations
 from itertools import pairwise
 from typing import Annotated, Any, Literal
 
-from pydantic import ConfigDict, Field
+from pydantic import ConfigDict, Field, TypeAdapter
 
 from service.params import InputModel, Width
 
@@ -55,6 +55,9 @@ class GrudSpec(_Spec):
 
 
 ModelSpec = Annotated[LogisticSpec | MlpSpec | GrudSpec, Field(discriminator="kind")]
+MODEL_SPEC: TypeAdapter[ModelSpec] = TypeAdapter(ModelSpec)
+"""Validates a stored plan's model dict; built once (a TypeAdapter costs ~0.5 ms to build,
+twice per DP-SGD plan before: benchmarks/results/submission_e2e.md)."""
 
 
 def parameter_count(spec: ModelSpec, n_features: int) -> int:

@@ -14,15 +14,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pydantic import TypeAdapter
-
 from service.datasets.kinds import DatasetSchema
 from service.datasets.timeseries import TimeSeriesSchema
 from service.methods import METHODS, method_key, plan_key
 from service.methods.common import ResourceEstimate, ResourceFacts
 from service.methods.dpsgd import dpsgd_training_memory_bytes, dpsgd_training_seconds
 from service.methods.expm_nf import expm_memory_bytes
-from service.modelspec import ModelSpec
+from service.modelspec import MODEL_SPEC, ModelSpec
 from service.privacy.tuning import padded_runs, runs_distribution_from_json
 from service.schemas import JobRequest, PrivacyPlan
 
@@ -50,7 +48,7 @@ def selection_estimate(
     memory at the costliest candidate's. Scoring and the features kind's histogram pass
     are single passes over the rows, small beside one training, and not counted. ExpM+NF
     candidates: the flow's memory only (0 s: no time estimate)."""
-    spec: ModelSpec = TypeAdapter(ModelSpec).validate_python(plan.model)
+    spec: ModelSpec = MODEL_SPEC.validate_python(plan.model)
     expm = plan.mechanism.get("expm_nf")
     if expm is not None:
         # ExpM+NF candidates: the flow's memory for the largest model; no time estimate

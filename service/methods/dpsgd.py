@@ -10,8 +10,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from pydantic import TypeAdapter
-
 from service.methods.common import (
     FLOAT_BYTES,
     WITH_GRAD_AND_ADAM,
@@ -23,7 +21,14 @@ from service.methods.common import (
     calibrate_with_slack,
     grud_floats_per_pair_step,
 )
-from service.modelspec import GrudSpec, LogisticSpec, MlpSpec, ModelSpec, parameter_count
+from service.modelspec import (
+    MODEL_SPEC,
+    GrudSpec,
+    LogisticSpec,
+    MlpSpec,
+    ModelSpec,
+    parameter_count,
+)
 from service.privacy.events import (
     ComposedEvent,
     DpEvent,
@@ -389,7 +394,7 @@ def dpsgd_seconds(plan: PrivacyPlan, *, series_steps: int | None = None) -> floa
     """Estimated worker time (s) of a ``dpsgd`` plan, from public values only: samples ×
     steps × (per-step cost [+ T × per-grid-step cost for GRU-D] + expected batch ×
     parameters [× T for GRU-D] / the path's element rate)."""
-    spec: ModelSpec = TypeAdapter(ModelSpec).validate_python(plan.model)
+    spec: ModelSpec = MODEL_SPEC.validate_python(plan.model)
     return plan.samples * dpsgd_training_seconds(spec, plan.mechanism, series_steps=series_steps)
 
 
@@ -416,7 +421,7 @@ def dpsgd_memory_bytes(
     with their clipped and integer copies (4 buffers), plus GRU-D's autograd activations
     for every row and grid step (as for expm_nf). Rows per chunk: the worker's chunk
     (``DPSGD_CHUNK_ELEMENTS`` / P) or a batch ceiling, whichever is smaller."""
-    spec: ModelSpec = TypeAdapter(ModelSpec).validate_python(plan.model)
+    spec: ModelSpec = MODEL_SPEC.validate_python(plan.model)
     return dpsgd_training_memory_bytes(
         spec, plan.mechanism, n_features=n_features, series_steps=series_steps
     )

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import TypeAdapter
-
 from service.methods.common import (
     FLOAT_BYTES,
     WITH_GRAD_AND_ADAM,
@@ -18,7 +16,7 @@ from service.methods.common import (
     ResourceFacts,
     grud_floats_per_pair_step,
 )
-from service.modelspec import GrudSpec, MlpSpec, ModelSpec, parameter_count
+from service.modelspec import MODEL_SPEC, GrudSpec, MlpSpec, ModelSpec, parameter_count
 from service.privacy.events import DpEvent, ExponentialMechanismEvent
 from service.schemas import ExpmNfOptions, JobRequest, PrivacyPlan
 
@@ -79,7 +77,7 @@ def expm_memory_bytes(
     ``n_features`` is the model's width (V for GRU-D); ``series_steps`` the time grid's T
     (GRU-D only). Issue 11: an MLP [256, 256, 256] with Sylvester layers passed planning
     and then tried to allocate ~100 GB after its data was touched."""
-    spec: ModelSpec = TypeAdapter(ModelSpec).validate_python(plan.model)
+    spec: ModelSpec = MODEL_SPEC.validate_python(plan.model)
     if isinstance(spec, GrudSpec) and series_steps is None:
         return None
     d = parameter_count(spec, n_features)
