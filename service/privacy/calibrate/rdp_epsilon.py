@@ -37,11 +37,14 @@ _FRACTIONAL_ORDERS: Final[tuple[float, ...]] = tuple(
 )
 
 
-def _leaf_curves(event: DpEvent, orders: Sequence[float], *, integer: bool) -> np.ndarray:
+def _leaf_curves(
+    leaves: dict[DpEvent, int], orders: Sequence[float], *, integer: bool
+) -> np.ndarray:
     """Σ_leaves count × curve(leaf) on ``orders`` (each leaf's own upper bound; Mironov
-    2017, Prop. 1), with the vectorised integer-order sum for DP-SGD leaves."""
+    2017, Prop. 1), with the vectorised integer-order sum for DP-SGD leaves. ``leaves``:
+    the event's :func:`~service.privacy.events.leaf_counts` (walked once per ε)."""
     total = np.zeros(len(orders))
-    for leaf, count in leaf_counts(event).items():
+    for leaf, count in leaves.items():
         if integer and isinstance(leaf, PoissonSubsampledGaussianEvent):
             curve = subsampled_gaussian_rdp_integer_orders(
                 sampling_rate=leaf.sampling_rate,
@@ -81,7 +84,8 @@ def rdp_epsilon_of(event: DpEvent, delta: float) -> float:
     finds the full-grid minimum; otherwise the result can only be larger (still sound).
     """
     ints = np.asarray(_INTEGER_ORDERS, dtype=np.float64)
-    rdp_int = _leaf_curves(event, _INTEGER_ORDERS, integer=True)
+    leaves = leaf_counts(event)
+    rdp_int = _leaf_curves(leaves, _INTEGER_ORDERS, integer=True)
     eps_int = _cks_epsilons(rdp_int, ints, delta)
     best_i = int(np.nanargmin(eps_int))
     best = float(ints[best_i])
@@ -90,7 +94,7 @@ def rdp_epsilon_of(event: DpEvent, delta: float) -> float:
 
     def value(a: float) -> float:
         if a not in values:
-            r = float(_leaf_curves(event, (a,), integer=False)[0])
+            r = float(_leaf_curves(leaves, (a,), integer=False)[0])
             values[a] = (r, float(_cks_epsilons(np.array([r]), np.array([a]), delta)[0]))
         return values[a][1]
 
