@@ -48,13 +48,14 @@ def datasets_list(url: Url = DEFAULT_URL, key: Key = None) -> None:
     """The datasets (GET /v1/datasets): public row count, rule, remaining ε of the
     dataset's budget and of your cap (the ε of one further pure request)."""
     rows = Api(url, key).json("GET", "/v1/datasets")
-    names = ("kind", "public rows (noisy)", "rule", "ε total", "δ total")
+    names = ("kind", "public rows (noisy)", "holdout", "rule", "ε total", "δ total")
     table = Table("dataset", *names, "remaining ε", "your cap: remaining ε", "nominal ok")
     for ds in rows:
         b = ds["budget"]
         table.add_row(
             escape(ds["name"]), escape(str(ds["public_schema"].get("kind", ""))),
-            str(ds["n_rows"]), b["rule"], privacy_number(b["epsilon_total"]),
+            str(ds["n_rows"]), str(ds.get("holdout_rows") or "-"), b["rule"],
+            privacy_number(b["epsilon_total"]),
             privacy_number(b["delta_total"]), privacy_number(b["remaining_epsilon"], down=True),
             _remaining(ds.get("analyst_budget")), "yes" if ds["allow_nominal"] else "no",
         )  # fmt: skip
@@ -93,6 +94,11 @@ def datasets_show(
         f"DP noisy count, ε = {privacy_number(count)} charged at registration"
     )  # fmt: skip
     table.add_row("public rows", f"{ds['n_rows']} ({noisy})")
+    if ds.get("holdout_rows") is not None:
+        table.add_row(
+            "evaluation holdout",
+            f"{ds['holdout_rows']} rows (public; read only by evaluations, not counted above)",
+        )
     table.add_row("kind", escape(str(public.get("kind", ""))))
     table.add_row("columns", escape(_columns(public)))
     target = public.get("target")

@@ -234,6 +234,17 @@ def datasets_register(
         ),
     ] = None,
     outcomes: OutcomesOption = None,
+    holdout_fraction: Annotated[
+        float | None,
+        typer.Option(
+            parser=_number,
+            help=(
+                "Tabular datasets: keep floor(F × the noisy row count) rows, drawn at random by "
+                "the enclave, as a private evaluation holdout that no training job reads "
+                "(POST /v1/evaluations scores releases on it); 0 < F <= 0.5."
+            ),
+        ),
+    ] = None,
 ) -> None:
     """Register a dataset: validate its rows against the public schema, set its budget and
     release a DP noisy row count (the only row count anyone outside the enclave sees)."""
@@ -253,6 +264,7 @@ def datasets_register(
             delta_total=delta,
             allow_nominal=allow_nominal,
             count_epsilon=count_epsilon,
+            holdout_fraction=holdout_fraction,
         )
     except RegistrationError as exc:
         if exc.report is not None:
@@ -265,6 +277,11 @@ def datasets_register(
         f"ε = {privacy_number(reg.count_epsilon)}, "
         "charged to the dataset's budget; plans use only this)"
     )
+    if reg.holdout_rows is not None:
+        console.print(
+            f"evaluation holdout: {reg.holdout_rows} rows (public; the public row count above "
+            "counts the training rows only)"
+        )
     if reg.warning:
         console.print(f"[yellow]warning:[/yellow] {escape(reg.warning)}", soft_wrap=True)
 

@@ -59,6 +59,9 @@ from worker.images import ImageReadError, ValidatedImages, check_images, read_np
 from worker.mechanisms.base import TabularTrainingSet
 
 ROWS_FILE = "rows.csv.gz"
+# A tabular dataset's private evaluation holdout (issue 21): the same format as ROWS_FILE,
+# read only by evaluation jobs (:func:`load_holdout`), never by a training loader.
+HOLDOUT_FILE = "holdout.csv.gz"
 # A time-series dataset: its validated observations (long format) and outcomes.
 OBSERVATIONS_FILE = "observations.csv.gz"
 OUTCOMES_FILE = "outcomes.csv.gz"
@@ -273,6 +276,51 @@ def store_rows(data_dir: Path, schema: TabularSchema, frame: pd.DataFrame) -> Pa
     target = make_private_dir(dataset_dir(data_dir, schema.name))
     _write_gzip_csv(target / ROWS_FILE, frame)
     return target / ROWS_FILE
+
+
+def split_holdout(
+    frame: pd.DataFrame, *, holdout_rows: int, rng: np.random.Generator
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(training rows, holdout rows): the kept rows in a uniformly random order drawn from
+    ``rng`` (the enclave's secure generator; the permutation is not kept), the first
+    ``holdout_rows`` of them the holdout. Needs 1 ≤ holdout_rows < len(frame)."""
+    if not (1 <= holdout_rows < len(frame)):
+        raise ValueError(f"holdout_rows must be in [1, {len(frame)}), got {holdout_rows}")
+    order = rng.permutation(len(frame))
+    shuffled = frame.iloc[order].reset_index(drop=True)
+    return (
+        shuffled.iloc[holdout_rows:].reset_index(drop=True),
+        shuffled.iloc[:holdout_rows].reset_index(drop=True),
+    )
+
+
+def store_holdout(data_dir: Path, schema: TabularSchema, frame: pd.DataFrame) -> Path:
+    """Write a tabular dataset's holdout rows beside its training rows (``0600``, as
+    :func:`store_rows` writes them)."""
+    target = make_private_dir(dataset_dir(data_dir, schema.name))
+    _write_gzip_csv(target / HOLDOUT_FILE, frame)
+    return target / HOLDOUT_FILE
+
+
+def load_holdout(
+    data_dir: Path,
+    public_schema: dict,
+    device: torch.device,
+    *,
+    before_first_read: Callable[[], None],
+) -> TabularTrainingSet:
+    """A tabular dataset's holdout rows, validated and encoded by the public schema exactly
+    as :func:`_load_tabular` encodes the training rows (no encoded cache: it is small, and
+    the cache beside the rows holds the training rows' arrays)."""
+    schema = parse_schema(public_schema)
+    with (dataset_dir(data_dir, schema.name) / HOLDOUT_FILE).open("rb") as fh:
+        before_first_read()
+        raw = fh.read()
+    table = encode(schema, validate_frame(schema, _read_stored(io.BytesIO(raw))).frame)
+    x, y = torch.from_numpy(_float32(table.x)), torch.from_numpy(_float32(table.y))
+    if not (math.isfinite(float(x.sum())) and (x.numel() == 0 or (x.min() >= 0 and x.max() <= 1))):
+        raise ValueError("encoded features left [0, 1]")
+    return TabularTrainingSet(x=x.to(device), y=y.to(device))
 
 
 def _read_stored(fh: Any) -> pd.DataFrame:

@@ -10,7 +10,7 @@ from sqlalchemy import Engine, select
 
 from service.config import Settings
 from service.datasets.kinds import DatasetSchema
-from service.datasets.tabular import ValidationReport
+from service.datasets.tabular import TabularSchema, ValidationReport
 from service.datasets.timeseries import TimeSeriesReport
 from service.db import transaction
 from service.ledger.datasets import count_refusal, new_dataset
@@ -19,7 +19,15 @@ from service.ledger.tables import Dataset
 from service.params import DELTA_FLOOR, EPSILON_FLOOR
 from service.privacy.filters import EPSILON_TOTAL_MAX
 from service.privacy.sampling import default_count_epsilon
-from worker.data import WORKER_KINDS, CsvReadError, prepare_dataset, store_prepared
+from worker.data import (
+    WORKER_KINDS,
+    CsvReadError,
+    Prepared,
+    prepare_dataset,
+    split_holdout,
+    store_holdout,
+    store_prepared,
+)
 from worker.images import ImageReport
 from worker.noise import discrete_laplace, secure_rng
 
@@ -45,6 +53,7 @@ class Registered:
     report: ValidationReport | TimeSeriesReport | ImageReport
     path: Path
     warning: str | None = None  # e.g. no method can be admitted (policy.no_method_warning)
+    holdout_rows: int | None = None  # n_h, public; noisy_n_rows is then the training n̂ − n_h
 
 
 def noisy_count(n: int, *, epsilon: float) -> int:
@@ -65,6 +74,7 @@ def register_dataset(
     delta_total: float,
     allow_nominal: bool = False,
     count_epsilon: float | None = None,
+    holdout_fraction: float | None = None,
 ) -> Registered:
     """Validate the rows against the public schema (a time-series schema: the long-format
     observations in ``csv_path`` and the per-stay outcomes in ``outcomes_path``; its rows
@@ -73,7 +83,36 @@ def register_dataset(
     that budget (``count_epsilon``, default :func:`default_count_epsilon`). Plans use only
     the noisy count, so the accounting's add/remove-one relation holds with nothing
     about the row count published exactly. The admin is told how many rows were rejected
-    or clipped (inside the enclave only), and warned when no method can be admitted."""
+    or clipped (inside the enclave only), and warned when no method can be admitted.
+
+    ``holdout_fraction`` F ∈ (0, ½] (tabular datasets only): after the noisy count n̂ is
+    drawn, n_h = ⌊F·n̂⌋ (public: a function of n̂ and F) of the kept rows become the private
+    evaluation holdout (issue 21). The kept rows are put in a uniformly random order by the
+    enclave's secure generator (worker/noise.py ``secure_rng``; the permutation is not
+    kept); the first n_h are stored as ``holdout.csv.gz`` beside the training rows, which
+    every training loader reads as before and which never include a holdout row. The ledger
+    records n_rows = n̂ − n_h (the training rows' public count: a noisy count of them with
+    the same noise) and holdout_rows = n_h. Refused, to the admin inside the enclave only,
+    when n_h < 1 or n_h ≥ the rows kept.
+
+    Why this fits the ledger's add/remove-one relation (service/privacy/filters.py): a
+    uniform permutation is the order of independent uniform random keys, one per row. Let
+    D' = D + x and couple the two splits by giving D's rows the same keys in both. If x's
+    key is not among the n_h smallest, the holdout is unchanged and the training part
+    gains x (add-one). Otherwise x enters the holdout and pushes out the row that was
+    n_h-th, which joins the training part: the holdout, of public size n_h, changes by the
+    *replacement* of one row (the relation service/privacy/evaluation.py assumes) and the
+    training part by the addition of one row. Removal is the same read backwards. So, on
+    every coupled pair, each later job sees a neighbouring input in its own relation
+    (training jobs add/remove-one on the training rows, evaluations replace-one on the
+    holdout) and the charges compose by summing, as the ledger sums them; the released
+    law under D (resp. D') is the mixture of the coupled laws with the same weights (the
+    keys of D's rows and of x), and Rényi divergence is jointly quasi-convex (van Erven &
+    Harremoës 2014, "Rényi divergence and Kullback-Leibler divergence", IEEE Trans. Inf.
+    Theory 60(7), the joint quasi-convexity theorem), so the mixture's divergence is at most
+    the largest coupled one (likewise the hockey-stick divergence, jointly convex, for
+    (ε, δ)). n_h and n_rows depend on n̂ only, which was released by its own charged
+    mechanism (the adaptive composition the ledger already counts)."""
     if not (EPSILON_FLOOR <= epsilon_total <= EPSILON_TOTAL_MAX):
         raise RegistrationError(
             f"ε_total must be in [{EPSILON_FLOOR:g}, {EPSILON_TOTAL_MAX:g}] nats, "
@@ -91,6 +130,16 @@ def register_dataset(
     )
     if refused:
         raise RegistrationError(f"the budget cannot pay for the noisy row count: {refused}")
+    if holdout_fraction is not None:
+        if schema.kind != "tabular":
+            raise RegistrationError(
+                f"a holdout is for tabular datasets only (this one is {schema.kind}): "
+                "evaluations load tabular rows"
+            )
+        if not (math.isfinite(holdout_fraction) and 0 < holdout_fraction <= 0.5):
+            raise RegistrationError(
+                f"the holdout fraction must be in (0, 0.5], got {holdout_fraction!r}"
+            )
     with transaction(engine) as s:
         if s.scalars(select(Dataset).where(Dataset.name == schema.name)).first():
             raise RegistrationError(f"a dataset named {schema.name!r} is already registered")
@@ -103,18 +152,43 @@ def register_dataset(
         raise RegistrationError(str(exc)) from None
     if prepared.report.rows_kept == 0:
         raise RegistrationError("no row passed validation", prepared.report)
-    path = store_prepared(settings.resolved_data_dir, schema, prepared)
     released = noisy_count(prepared.report.rows_kept, epsilon=eps_count)
+    holdout_rows: int | None = None
+    if holdout_fraction is not None:
+        assert isinstance(prepared, Prepared) and isinstance(schema, TabularSchema)
+        holdout_rows = math.floor(holdout_fraction * released)
+        if not (1 <= holdout_rows < prepared.report.rows_kept):
+            raise RegistrationError(
+                f"the holdout would have {holdout_rows} rows (⌊{holdout_fraction:g} × the noisy "
+                f"count {released}⌋) of {prepared.report.rows_kept} kept: it needs at least one "
+                "row and fewer than the rows kept",
+                prepared.report,
+            )
+        training, holdout = split_holdout(
+            prepared.frame, holdout_rows=holdout_rows, rng=secure_rng()
+        )
+        store_holdout(settings.resolved_data_dir, schema, holdout)
+        prepared = Prepared(training, prepared.report)
+    path = store_prepared(settings.resolved_data_dir, schema, prepared)
     with transaction(engine) as s:
         ds = new_dataset(
             s,
             name=schema.name,
             public_schema=schema.model_dump(mode="json"),
-            noisy_n_rows=released,
+            noisy_n_rows=released - (holdout_rows or 0),
             count_epsilon=eps_count,
             epsilon_total=epsilon_total,
             delta_total=delta_total,
             allow_nominal=allow_nominal,
+            holdout_rows=holdout_rows,
         )
         warning = no_method_warning(ds)
-    return Registered(schema.name, released, eps_count, prepared.report, path, warning)
+    return Registered(
+        schema.name,
+        released - (holdout_rows or 0),
+        eps_count,
+        prepared.report,
+        path,
+        warning,
+        holdout_rows,
+    )

@@ -39,13 +39,18 @@ def new_dataset(
     epsilon_total: float,
     delta_total: float,
     allow_nominal: bool,
+    holdout_rows: int | None = None,
 ) -> Dataset:
     """Create a dataset's budget and charge the DP noisy row count released with it.
 
     ``noisy_n_rows`` is the output of the count mechanism (worker/registration.py); it is
     the only row count anything outside the enclave ever sees, and what plans use. Its
     charge is the first entry after registration, so the dataset's filter includes it.
+    ``holdout_rows`` (a public function of the noisy count, worker/registration.py): the
+    evaluation holdout's size n_h; ``noisy_n_rows`` is then the training rows' n̂ − n_h.
     """
+    if holdout_rows is not None and holdout_rows < 1:
+        raise InvalidLedgerOperation(f"a holdout needs at least one row, got {holdout_rows}")
     refused = count_refusal(
         epsilon_total=epsilon_total, delta_total=delta_total, count_epsilon=count_epsilon
     )
@@ -55,6 +60,7 @@ def new_dataset(
         name=name,
         public_schema=public_schema,
         n_rows=noisy_n_rows,
+        holdout_rows=holdout_rows,
         count_epsilon_micro=to_micro_up(count_epsilon),
         epsilon_total_micro=to_micro_down(epsilon_total),
         delta_total=_decimal_str(delta_total),
@@ -77,6 +83,7 @@ def new_dataset(
             "n_rows": noisy_n_rows,
             "n_rows_is": "DP noisy count (two-sided geometric)",
             "count_epsilon": count_epsilon,
+            **({} if holdout_rows is None else {"holdout_rows": holdout_rows}),
         },
         reason="dataset registered",
     )

@@ -62,6 +62,10 @@ class Dataset(Base):
     # before noisy counts existed (migration 0002).
     n_rows: Mapped[int] = mapped_column(BigInteger)
     count_epsilon_micro: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    # The public size n_h of the private evaluation holdout (issue 21, migration 0008):
+    # floor(F·n̂) of the noisy count n̂, stored apart from the training rows; n_rows is then
+    # n̂ − n_h. NULL: no holdout.
+    holdout_rows: Mapped[int | None] = mapped_column(BigInteger, nullable=True, default=None)
     epsilon_total_micro: Mapped[int] = mapped_column(BigInteger)
     delta_total: Mapped[str] = mapped_column(String(40))
     allow_nominal: Mapped[bool] = mapped_column(Boolean, default=False)

@@ -76,6 +76,15 @@ class DatasetPublic(ApiOutput):
             "noisy counts, whose n_rows is exact and treated as public."
         ),
     )
+    holdout_rows: int | None = Field(
+        default=None,
+        description=(
+            "The public size of the private evaluation holdout (issue 21): floor(F·n̂) of "
+            "the noisy count n̂ for the admin's fraction F, kept apart from the training rows "
+            "and read only by evaluations (POST /v1/evaluations); n_rows then counts the "
+            "training rows (n̂ − holdout_rows). Null: no holdout."
+        ),
+    )
     public_schema: dict[str, Any]
     allow_nominal: bool
     budget: BudgetView

@@ -75,6 +75,7 @@ def _dataset_view(s: Session, ds: Dataset, analyst_id: int) -> DatasetPublic:
     return DatasetPublic(
         name=ds.name,
         n_rows=ds.n_rows,
+        holdout_rows=ds.holdout_rows,
         count_epsilon=None
         if ds.count_epsilon_micro is None
         else from_micro(ds.count_epsilon_micro),
