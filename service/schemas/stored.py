@@ -29,14 +29,16 @@ __all__ = ["Typed", "UntypedMechanism", "mechanism_union", "one_of"]
 
 Pick = Callable[[Any, ValidationInfo], TypeAdapter[Any] | None]
 """Which type a value must satisfy (given the value and the fields validated before it), or
-None where no type applies (then any JSON value is kept)."""
+None where no type applies (then any JSON object is kept)."""
+
+_OBJECT: TypeAdapter[dict[str, Any]] = TypeAdapter(dict[str, Any])
 
 
 @dataclass(frozen=True)
 class Typed:
-    """Marker for ``Annotated[<python type>, Typed(doc)]``: the value must validate as
-    ``doc`` (or as the adapter ``pick`` returns, where given), is documented as ``doc``
-    and is kept unchanged."""
+    """Marker for ``Annotated[dict[str, Any], Typed(doc)]``: the value must validate as
+    ``doc`` (or as the adapter ``pick`` returns, where given, else as any JSON object), is
+    documented as ``doc`` and is kept as given (in a new outer dict)."""
 
     doc: Any
     pick: Pick | None = None
@@ -53,10 +55,9 @@ class Typed:
             if pick is None:
                 validate(value)
             else:
-                adapter = pick(value, info)
-                if adapter is not None:
-                    adapter.validate_python(value)
-            return value
+                (pick(value, info) or _OBJECT).validate_python(value)
+            # A new outer dict, as ``dict[str, Any]`` validation makes (values shared).
+            return dict(value) if isinstance(value, dict) else value
 
         return core_schema.with_info_wrap_validator_function(
             keep,
