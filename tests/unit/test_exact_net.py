@@ -387,6 +387,10 @@ def test_blocked_sigmoid_and_tanh_are_the_unblocked_bits(shape: tuple[int, ...])
         want = torch.round((2.0 * torch.from_numpy(s) - 1.0) * 2.0**16).numpy()
         tanh = fp.tanh_on_grid(z_int, scale_bits=scale, out_bits=16).numpy()
         assert np.array_equal(tanh.view(np.int64), want.view(np.int64))
+        if z.ndim == 2:  # the hidden layer's input [A, 2^16] in one buffer
+            wide = fp.tanh_on_grid(z_int, scale_bits=scale, out_bits=16, append=2.0**16)
+            assert np.array_equal(wide[:, :-1].numpy().view(np.int64), want.view(np.int64))
+            assert bool((wide[:, -1] == 2.0**16).all())
 
 
 def test_pow2_tensor_is_the_exact_power_of_two() -> None:

@@ -205,24 +205,31 @@ def row_signals(
         inputs: list[torch.Tensor] = []
         numerators: list[torch.Tensor] = []
         hidden: list[torch.Tensor] = []
+        one = torch.full((a.shape[0], 1), pow2(FEATURE_BITS), dtype=torch.float64)
+        layer_input = torch.cat((a, one.to(a.device)), dim=1)  # [A_0, 2^c_0]
         for index, grid in enumerate(grids_):
-            one = torch.full((a.shape[0], 1), pow2(grid.in_bits), dtype=torch.float64)
-            inputs.append(torch.cat((a, one.to(a.device)), dim=1))
+            inputs.append(layer_input)
             # [A, 2^c]·[W_int, b_int]ᵀ = A·W_intᵀ + 2^c·b_int: one product of integers with
             # partial sums ≤ (d_in + 1)·2^(c + r + m) ≤ 2^52, exact in any order (ii).
-            z_num = inputs[-1] @ _with_bias(grid).T
+            z_num = layer_input @ _with_bias(grid).T
             numerators.append(z_num)
             if index == len(grids_) - 1:
                 break
             shift = -(grid.in_bits + grid.bits)
+            next_one = pow2(grids_[index + 1].in_bits)
             if activation == "tanh":
                 # tanh̃ ∈ [−1, 1] for a finite z, so |a| ≤ 2^16 on every row whose features
                 # are finite (the others are invalid already): no check to make.
-                a = tanh_on_grid(z_num, scale_bits=shift, out_bits=HIDDEN_BITS)
+                layer_input = tanh_on_grid(
+                    z_num, scale_bits=shift, out_bits=HIDDEN_BITS, append=next_one
+                )
+                a = layer_input[:, :-1]
             else:
                 a = torch.round(torch.clamp(z_num, min=0.0) * pow2(shift + HIDDEN_BITS))
                 # a ≥ 0 (or NaN: max propagates it, and NaN compares false: invalid)
                 valid &= a.amax(dim=1) <= pow2(HIDDEN_BITS + RELU_RANGE_BITS)
+                one = torch.full((a.shape[0], 1), next_one, dtype=torch.float64)
+                layer_input = torch.cat((a, one.to(a.device)), dim=1)
             hidden.append(a)
         last = grids_[-1]
         logit = numerators[-1][:, 0] * pow2(-(last.in_bits + last.bits))

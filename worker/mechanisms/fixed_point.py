@@ -216,25 +216,42 @@ def tanh_basic(z: torch.Tensor) -> torch.Tensor:
     return 2.0 * sigmoid_basic(2.0 * z).to(z.device) - 1.0
 
 
-def tanh_on_grid(z: torch.Tensor, *, scale_bits: int, out_bits: int) -> torch.Tensor:
+def tanh_on_grid(
+    z: torch.Tensor, *, scale_bits: int, out_bits: int, append: float | None = None
+) -> torch.Tensor:
     """round(tanh̃(z·2^scale_bits)·2^out_bits) elementwise, integer-valued float64: the
     operations of ``torch.round(tanh_basic(z * pow2(scale_bits)) * pow2(out_bits))`` in the
     same order (× 2^s, × 2, σ̃, × 2, − 1, × 2^o, round half to even: numpy's rint and
     torch.round are both IEEE roundToIntegralTiesToEven), on the CPU fused block by block
-    so each block stays in cache. Result in [−2^o, 2^o] (tanh̃ ∈ [−1, 1]) or NaN."""
+    (whole rows, about :data:`_BLOCK` elements) so each block stays in cache. Result in
+    [−2^o, 2^o] (tanh̃ ∈ [−1, 1]) or NaN. With ``append`` (z of shape (rows, d)), the result
+    is (rows, d + 1) with ``append`` in the last column, which saves the caller a copy."""
     if z.device.type != "cpu":
-        return torch.round(tanh_basic(z * pow2(scale_bits)) * pow2(out_bits))
-    source = z.detach().double().numpy()
-    flat, out = _blocks(source)
+        out_z = torch.round(tanh_basic(z * pow2(scale_bits)) * pow2(out_bits))
+        if append is None:
+            return out_z
+        column = torch.full((z.shape[0], 1), append, dtype=out_z.dtype, device=out_z.device)
+        return torch.cat((out_z, column), dim=1)
+    source = np.ascontiguousarray(z.detach().double().numpy())
+    shape = source.shape
+    if append is not None and source.ndim != 2:
+        raise ValueError("append needs a (rows, d) tensor")
+    matrix = source if source.ndim == 2 else source.reshape(-1, 1)  # blocks of whole rows
+    rows, width = matrix.shape
+    out = np.empty((rows, width + (append is not None)), dtype=np.float64)
+    if append is not None:
+        out[:, width] = append
     scale, up = pow2(scale_bits), pow2(out_bits)
-    for start in range(0, flat.shape[0], _BLOCK):
-        stop = start + _BLOCK
-        block = out[start:stop]
-        np.multiply(flat[start:stop], scale, out=block)
+    step = max(1, _BLOCK // max(width, 1))
+    for start in range(0, rows, step):
+        stop = min(start + step, rows)
+        block = np.multiply(matrix[start:stop], scale)
         np.multiply(block, 2.0, out=block)
         _sigmoid_block(block, block)
         np.multiply(block, 2.0, out=block)
         np.subtract(block, 1.0, out=block)
         np.multiply(block, up, out=block)
-        np.rint(block, out=block)
-    return torch.from_numpy(out.reshape(source.shape))
+        np.rint(block, out=out[start:stop, :width])
+    if append is not None:
+        return torch.from_numpy(out)
+    return torch.from_numpy(out.reshape(shape))
