@@ -24,7 +24,14 @@ from service.datasets.timeseries import (
     encode_series,
     validate_series,
 )
-from service.releases import LoadedRelease, encode_rows, load_release, predict_proba
+from service.releases import (
+    LoadedRelease,
+    encode_rows,
+    load_release,
+    n_classes,
+    predict_class_proba,
+    predict_proba,
+)
 
 CARD_FILE = "card.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -48,9 +55,13 @@ def open_release(path: str | Path) -> LoadedRelease:
 
 @dataclass(frozen=True)
 class Scored:
-    """Predictions for the kept rows of a CSV. ``probabilities`` (P(y = 1)) and ``y``
-    follow ``kept_index`` (labels of the CSV's rows, 0-based); ``dropped`` says why every
-    other row was dropped. ``auc`` is None without labels or with one class only."""
+    """Predictions for the kept rows of a CSV. ``probabilities`` (P(y = 1), or for a
+    release of K ≥ 3 classes one column per class) and ``y`` follow ``kept_index``
+    (labels of the CSV's rows, 0-based); ``dropped`` says why every other row was dropped.
+    ``auc`` is None without labels or with one class only; for K ≥ 3 classes it is the
+    macro average of the one-vs-rest AUCs (None unless every class occurs), and
+    ``accuracy`` the share of rows whose most probable class is theirs (None for a binary
+    release or without labels)."""
 
     probabilities: np.ndarray
     kept_index: pd.Index
@@ -58,15 +69,26 @@ class Scored:
     y: np.ndarray | None
     auc: float | None
     report: ValidationReport
+    accuracy: float | None = None
 
 
 def score_csv(
     release: LoadedRelease | str | Path, csv_path: str | Path, *, sample: int = 0
 ) -> Scored:
     """Score a public CSV with a release: read it by the release's public schema, encode
-    it (with the target when the file has it), predict, and give the AUC when labelled."""
+    it (with the target when the file has it), predict, and give the AUC when labelled
+    (K ≥ 3 classes: the accuracy and the macro one-vs-rest AUC)."""
     loaded = release if isinstance(release, LoadedRelease) else open_release(release)
     rows = encode_rows(loaded.schema, read_public_csv(loaded.schema, csv_path))
+    k = n_classes(loaded)
+    if k >= 3:
+        matrix = predict_class_proba(loaded, rows.x, sample=sample)
+        accuracy = auc = None
+        if rows.y is not None and len(rows.y):
+            accuracy = float((matrix.argmax(axis=1) == rows.y).mean())
+            if len(np.unique(rows.y)) == k:
+                auc = float(roc_auc_score(rows.y, matrix, multi_class="ovr", average="macro"))
+        return Scored(matrix, rows.kept_index, rows.dropped, rows.y, auc, rows.report, accuracy)
     proba = predict_proba(loaded, rows.x, sample=sample)
     auc = None
     if rows.y is not None and len(np.unique(rows.y)) == 2:

@@ -452,10 +452,15 @@ def score(
     table.add_row("rows kept", str(len(scored.kept_index)))
     table.add_row("rows dropped", str(len(scored.dropped)))
     table.add_row("AUC", "no labels" if scored.auc is None else f"{scored.auc:.4f}")
+    if scored.probabilities.ndim == 2:  # K ≥ 3 classes: the AUC is macro one-vs-rest
+        accuracy = scored.accuracy
+        table.add_row("accuracy", "no labels" if accuracy is None else f"{accuracy:.4f}")
     console.print(table)
     for row, why in list(scored.dropped.items())[:5]:
         console.print(f"dropped row {row}: {escape(why)}", soft_wrap=True)
     if predictions is not None:
-        frame = pd.DataFrame({"row": scored.kept_index, "probability": scored.probabilities})
+        p = scored.probabilities
+        columns = {f"p_{k}": p[:, k] for k in range(p.shape[1])} if p.ndim == 2 else {}
+        frame = pd.DataFrame({"row": scored.kept_index, **(columns or {"probability": p})})
         frame.to_csv(predictions, index=False)
         console.print(f"wrote {predictions}")

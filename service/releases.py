@@ -161,6 +161,24 @@ def input_columns(release: LoadedRelease) -> list[int] | None:
     return [position[name] for name in inputs]
 
 
+def n_classes(release: LoadedRelease) -> int:
+    """The release's number of classes K: 2 for a binary model, else its model's
+    ``classes`` (multinomial logistic regression)."""
+    return int(release.card["model"].get("classes") or 2)
+
+
+def predict_class_proba(release: LoadedRelease, x: np.ndarray, sample: int = 0) -> np.ndarray:
+    """(rows, K) softmax probabilities over the declared classes (in the schema's order) for
+    encoded features x, from a multinomial logistic release (``model.classes`` = K ≥ 3)."""
+    if n_classes(release) < 3:
+        raise ValueError("a binary release: use predict_proba (P(y = 1 | x))")
+    w = release.sample_weights(sample)
+    z = x.astype(np.float64) @ w["linear.weight"].T.astype(np.float64) + w["linear.bias"]
+    z = z - z.max(axis=1, keepdims=True)
+    e = np.exp(z)
+    return np.asarray(e / e.sum(axis=1, keepdims=True))
+
+
 def predict_proba(release: LoadedRelease, x: np.ndarray, sample: int = 0) -> np.ndarray:
     """P(y = 1 | x) for encoded features x (see :func:`encode_for`), logistic or MLP. For a
     model trained on selected features, x may hold every encoded column (it is sliced to
@@ -173,6 +191,8 @@ def predict_proba(release: LoadedRelease, x: np.ndarray, sample: int = 0) -> np.
                 f"encoded features or the model's {len(cols)} inputs"
             )
         x = x[:, cols]
+    if n_classes(release) >= 3:
+        raise ValueError("a multi-class release: use predict_class_proba (one column a class)")
     w = release.sample_weights(sample)
     kind = release.card["model"]["kind"]
     h = x.astype(np.float64)

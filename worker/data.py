@@ -184,19 +184,6 @@ def _prepare_images(
         raise CsvReadError(str(exc)) from None
 
 
-def _images_refusal(schema: DatasetSchema) -> str | None:
-    """Every model today is binary (y in {0, 1}): an image dataset of more than two
-    classes would train on meaningless targets, so it is not registered yet."""
-    assert isinstance(schema, ImageSchema)
-    if schema.n_classes != 2:
-        return (
-            f"image datasets of {schema.n_classes} classes cannot be registered yet: the "
-            "models are binary (multi-class models are issue 20's next step); "
-            "`enclave datasets check` reads them"
-        )
-    return None
-
-
 def _no_refusal(schema: DatasetSchema) -> str | None:
     return None
 
@@ -450,17 +437,15 @@ def _load_images(
     before_first_read: Callable[[], None],
 ) -> TabularTrainingSet:
     """The flattened encoded pixels (n, H·W·C) in [0, 1] of a registered image dataset
-    and its class indices as y (two classes: y in {0, 1})."""
+    and its class indices as y in {0, …, K − 1} (two classes: y in {0, 1})."""
     schema = ImageSchema.model_validate(public_schema)
-    if schema.n_classes != 2:
-        raise ValueError("the models are binary: an image dataset needs two classes")
     with (dataset_dir(data_dir, schema.name) / IMAGES_FILE).open("rb") as fh:
         before_first_read()
         arrays = read_npz_bytes(fh.read())
     pixels, y = arrays["pixels"], arrays["y"]
     x = encode_pixels(schema, pixels).reshape(len(pixels), schema.n_features)
-    if len(y) != len(x) or not np.isin(y, (0, 1)).all():
-        raise ValueError("stored image labels left {0, 1}")
+    if len(y) != len(x) or not np.isin(y, np.arange(schema.n_classes)).all():
+        raise ValueError("stored image labels left the declared classes")
     return TabularTrainingSet(
         x=torch.from_numpy(x).to(device), y=torch.from_numpy(y.astype(np.float32)).to(device)
     )
@@ -537,7 +522,6 @@ WORKER_KINDS: dict[str, WorkerDataKind] = {
             "index in the schema's classes (two classes: 0 and 1). One row of the "
             "neighbouring relation is one image."
         ),
-        refusal=_images_refusal,
     ),
 }
 """The worker's data kinds by name; the service's are ``service.datasets.kinds.DATA_KINDS``."""

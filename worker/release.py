@@ -33,6 +33,20 @@ from service.schemas import PrivacyPlan
 log = logging.getLogger("enclave.worker")
 
 
+def _output(model: dict[str, Any], public_schema: dict[str, Any]) -> str:
+    """What the released model outputs: P(y = 1 | x) for a binary target; softmax
+    probabilities over the declared classes for a K-class one (``model.classes``)."""
+    classes = model.get("classes")
+    if classes is None:
+        return "sigmoid(logits) = P(y = 1 | x), in [0, 1]"
+    names = public_schema.get("classes") or public_schema.get("target", {}).get("classes")
+    listed = f": {', '.join(map(str, names))}" if names else ""
+    return (
+        f"softmax(logits) = (P(y = k | x))_k, k = 0 … {classes - 1}, probabilities over the "
+        f"{classes} declared classes in the schema's order{listed}"
+    )
+
+
 def model_card(
     *,
     job_id: str,
@@ -58,7 +72,7 @@ def model_card(
         "model": plan.model,
         "samples": samples,
         "weights_layout": "tensors are named sample_<i>.<state-dict key>, i = 0..samples-1",
-        "output": "sigmoid(logits) = P(y = 1 | x), in [0, 1]",
+        "output": _output(plan.model, public_schema),
         "preprocessing": {
             "description": _preprocessing(public_schema),
             "feature_names": _feature_names(public_schema),
@@ -112,7 +126,13 @@ def _preprocessing(public_schema: dict[str, Any]) -> str:
     """The card's description of the encoding: the kind's worker/data.py WORKER_KINDS entry."""
     from worker.data import WORKER_KINDS
 
-    return WORKER_KINDS[str(public_schema.get("kind", "tabular"))].preprocessing
+    text = WORKER_KINDS[str(public_schema.get("kind", "tabular"))].preprocessing
+    if public_schema.get("target", {}).get("classes") is not None:  # a K-class tabular target
+        text = text.replace(
+            "the target is 1 for the declared positive values",
+            "the target is its value's index in the declared classes",
+        )
+    return text
 
 
 def _feature_names(public_schema: dict[str, Any]) -> list[str]:

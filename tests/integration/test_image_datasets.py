@@ -12,14 +12,12 @@ import numpy as np
 import pytest
 import torch
 import yaml
-from sqlalchemy import select
 from typer.testing import CliRunner
 
 from enclave.cli import app
 from service.datasets.images import ImageSchema, encode_pixels
 from service.datasets.kinds import load_schema_yaml
-from service.db import engine_for, transaction
-from service.ledger.tables import Dataset
+from service.db import engine_for
 from tests.integration.test_method_contract import TINY
 from worker.data import load_training_set
 
@@ -65,18 +63,11 @@ def _zeros_and_ones(folder: Path) -> tuple[Path, Path, np.ndarray, np.ndarray]:
 
 
 @pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
-def test_register_two_classes_and_refuse_ten(settings: Any, tmp_path: Path) -> None:
+def test_register_two_classes(settings: Any, tmp_path: Path) -> None:
+    # Ten classes register too since multinomial logistic regression exists (issue 20):
+    # tests/integration/test_multiclass.py registers and trains the bundled digits.
     assert runner.invoke(app, ["db", "upgrade"]).exit_code == 0
     budget = ["--epsilon", "5", "--delta", "1e-5"]
-    ten = ["--csv", str(DIGITS / "digits.npz"), "--schema", str(DIGITS / "schema.yaml")]
-    r = runner.invoke(app, ["datasets", "register", "digits", *ten, *budget])
-    assert r.exit_code == 1, r.output
-    assert "image datasets of 10 classes cannot be registered yet" in r.output
-    engine = engine_for(settings.resolved_database_url)
-    with transaction(engine) as s:
-        assert s.scalars(select(Dataset)).first() is None
-    assert not (settings.resolved_data_dir / "digits").exists()
-
     npz, schema_path, images, labels = _zeros_and_ones(tmp_path)
     two = ["--csv", str(npz), "--schema", str(schema_path)]
     r = runner.invoke(app, ["datasets", "register", "zeros-ones", *two, *budget])

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from service.modelspec import ModelSpec
+from service.modelspec import LogisticSpec, ModelSpec
 from service.plans import PlanError
 from service.schemas import PrivacyPlan
 from worker.mechanisms.base import MechanismOutput, ProgressFn, TabularTrainingSet
@@ -64,6 +64,11 @@ def run_mechanism(
     if entry is None:
         raise PlanError(f"no mechanism for method {plan.method!r} ({mechanism_key(plan)})")
     run = entry.resolve()
+    # The plan's model is the request's fitted to the dataset's public classes: a logistic
+    # model of a K-class target carries classes: K (service.plans.with_classes).
+    classes = plan.model.get("classes")
+    if classes is not None and isinstance(spec, LogisticSpec) and spec.classes != classes:
+        spec = spec.model_copy(update={"classes": int(classes)})
     if entry.takes_plan:
         out = run(plan=plan, spec=spec, data=data, device=device, progress=progress)
     else:
