@@ -376,3 +376,32 @@ def test_a_card_written_by_the_worker_for_each_method_validates() -> None:
     broken = {**cards["expm_nf"], "mechanism": {**cards["expm_nf"]["mechanism"], "layers": "x"}}
     with pytest.raises(ValidationError):
         ModelCard.model_validate(broken)
+
+
+def test_the_openapi_document_types_the_plan_and_the_card(tmp_path: Path) -> None:
+    """/openapi.json: events discriminated on "type" (every registered type, recursively),
+    models on "kind", mechanisms as the union of their models; no free-form object left in
+    these fields."""
+    from service.app import create_app
+    from service.config import Settings
+
+    app = create_app(Settings(home=tmp_path, database_url=f"sqlite:///{tmp_path / 'x.sqlite'}"))
+    schemas = app.openapi()["components"]["schemas"]
+    plan, card = schemas["PrivacyPlan"]["properties"], schemas["ModelCard"]["properties"]
+    privacy = schemas["CardPrivacy"]["properties"]
+    for event in (
+        plan["event"],
+        privacy["event"],
+        *[
+            schemas[name]["properties"]["events"]["items"]
+            for name in ("ComposedEventJson", "AnyOfEventJson")
+        ],
+    ):
+        assert event["discriminator"]["propertyName"] == "type"
+        assert set(event["discriminator"]["mapping"]) == set(EVENT_TYPES)
+    assert plan["model"]["discriminator"]["propertyName"] == "kind"
+    for field, prefix in ((plan["mechanism"], ""), (card["mechanism"], "Card")):
+        members = field.get("oneOf", field.get("anyOf"))
+        refs = {m["$ref"].rsplit("/", 1)[1] for m in members}
+        assert f"Dpsgd{prefix}Mechanism" in refs and f"Selection{prefix}Mechanism" in refs
+        assert "additionalProperties" not in field
