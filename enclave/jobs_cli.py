@@ -464,3 +464,120 @@ def score(
         frame = pd.DataFrame({"row": scored.kept_index, **(columns or {"probability": p})})
         frame.to_csv(predictions, index=False)
         console.print(f"wrote {predictions}")
+
+
+def _interval(interval: dict[str, Any] | None) -> str:
+    if not interval:
+        return ""
+    return f"[{interval['lower']:.4f}, {interval['upper']:.4f}]"
+
+
+def evaluation_table(card: dict[str, Any]) -> Table:
+    """An evaluation's released results: each metric's noisy value and its interval."""
+    ev = card["evaluation"]
+    table = Table(
+        "metric",
+        "noisy value",
+        f"interval ({ev['confidence']:g})",
+        "ε (nats)",
+        "noise scale",
+        title=(
+            f"Private evaluation of job {escape(str(ev['job_id']))} on the holdout "
+            f"({ev['holdout_rows']} rows), ε = {privacy_number(ev['epsilon'])}, "
+            f"δ = {privacy_number(ev['delta'])}, {ev['noise']} noise"
+        ),
+    )
+    for name, result in ev["metrics"].items():
+        if name == "confusion":
+            cells = [
+                f"(y={i}, ŷ={j}) {count} {_interval(result['intervals'][i][j])}"
+                for i, row in enumerate(result["counts"])
+                for j, count in enumerate(row)
+            ]
+            table.add_row(
+                name,
+                "noisy counts",
+                "; ".join(cells),
+                privacy_number(result["epsilon"]),
+                f"{result['noise_scale']:.4g}",
+            )
+            continue
+        value = result.get("value")
+        table.add_row(
+            name,
+            "not released" if value is None else f"{value:.4f}",
+            _interval(result.get("interval")),
+            privacy_number(result["epsilon"]),
+            "" if result.get("noise_scale") is None else f"{result['noise_scale']:.4g}",
+        )
+    return table
+
+
+@jobs_app.command("evaluate")
+def evaluate(
+    job_id: Annotated[str, typer.Argument(help="A released training job of yours.")],
+    epsilon: Annotated[float, typer.Option(help="ε (nats) of the whole evaluation.")],
+    delta: Annotated[float, typer.Option(help="δ (0 with Laplace noise).")] = 0.0,
+    metrics: Annotated[
+        str,
+        typer.Option(
+            help="Comma-separated: accuracy, log_loss, calibration_error, confusion (auc is "
+            "refused for now)."
+        ),
+    ] = "accuracy,log_loss",
+    noise: Annotated[str, typer.Option(help="laplace or gaussian.")] = "laplace",
+    confidence: Annotated[float, typer.Option(help="Level of each interval.")] = 0.95,
+    sample: Annotated[int, typer.Option(min=0, help="Which released model (samples > 1).")] = 0,
+    quote_only: Annotated[
+        bool, typer.Option("--quote", help="Show the cost only; charge nothing.")
+    ] = False,
+    wait: Annotated[
+        bool, typer.Option(help="Wait for the result and print it (else print the job id).")
+    ] = True,
+    interval: Annotated[float, typer.Option(min=0.05, help="Seconds between polls.")] = 1.0,
+    timeout: Annotated[
+        float | None, typer.Option(min=0, help="Give up waiting after this many seconds.")
+    ] = None,
+    url: Url = DEFAULT_URL,
+    key: Key = None,
+) -> None:
+    """Score a released model on its dataset's private holdout (POST /v1/evaluations):
+    charged to the ledger like a job; prints each metric's noisy value and its confidence
+    interval (sampling and DP noise together) once the worker has released it."""
+    body = {
+        "job_id": job_id,
+        "epsilon": epsilon,
+        "delta": delta,
+        "metrics": [m.strip() for m in metrics.split(",") if m.strip()],
+        "noise": noise,
+        "confidence": confidence,
+        "sample": sample,
+    }
+    api = Api(url, key)
+    if quote_only:
+        answer = api.json("POST", "/v1/evaluations/quote", json=body)
+        console.print(quote_table(answer))
+        if not answer["admitted"]:
+            fail(f"not admitted: {answer.get('reason') or 'budget exceeded'}")
+        return
+    job = api.json("POST", "/v1/evaluations", json=body)
+    console.print(
+        f"evaluation {job['status']}: ε = {privacy_number(job['epsilon'])}, "
+        f"δ = {privacy_number(job['delta'])} charged"
+    )
+    if not wait:
+        typer.echo(job["id"])
+        return
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while job["status"] not in FINISHED:
+        if deadline is not None and time.monotonic() > deadline:
+            fail(f"evaluation {job['id']} is still {job['status']} after {timeout:g} s")
+        time.sleep(interval)
+        job = api.json("GET", f"/v1/jobs/{job['id']}")
+    if job["status"] != "released":
+        fail(
+            f"evaluation {job['id']} {job['status']}"
+            + (f": {job['error']}" if job.get("error") else "")
+        )
+    console.print(evaluation_table(api.json("GET", f"/v1/jobs/{job['id']}/release")))
+    typer.echo(job["id"])

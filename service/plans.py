@@ -115,6 +115,8 @@ def build_plan(
         )
     if request.method == "selection":
         raise PlanError("selection jobs are submitted through POST /v1/selections")
+    if request.method == "evaluation":
+        raise PlanError("evaluations are submitted through POST /v1/evaluations")
     given = {
         name
         for name in ("dpsgd", "expm_nf", "expm")
@@ -179,4 +181,6 @@ def progress_total(plan: PrivacyPlan) -> int:
         # Trainings of a fixed-size search; 1 when their number is random (random
         # stopping: K is never shown, so progress is 0 of 1 until the release).
         return int(plan.mechanism.get("trainings") or 1)
+    if plan.method == "evaluation":
+        return 1  # one pass over the holdout
     return METHODS[plan_key(plan)].progress_total(plan)

@@ -57,6 +57,7 @@ def model_card(
     weights_sha256: str,
     samples: int,
     selection: dict[str, Any] | None = None,
+    evaluation: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The card states the guarantee, the neighbouring relation it is for, and the public
     values the mechanism was allowed to depend on. Nothing in it counts other people's
@@ -64,7 +65,12 @@ def model_card(
 
     ``selection`` (selection jobs): the released choice (worker/mechanisms/model_selection
     ``released_summary``); the card's model is then the selected one, and its privacy
-    section is the whole workflow's (every training and noisy score, one event)."""
+    section is the whole workflow's (every training and noisy score, one event).
+
+    ``evaluation`` (evaluation jobs, issue 21): the noisy metrics and their intervals
+    (worker/evaluation_job.py ``release_json``); the card then has no weights (an empty
+    weights file), its model is the evaluated one, and its neighbouring relation and
+    public values are the holdout's."""
     card: dict[str, Any] = {
         "card_version": 1,
         "job_id": job_id,
@@ -112,6 +118,27 @@ def model_card(
             "validation score, composed (or, for "
             "a random number of runs, bounded by Papernot & Steinke 2022), charged "
             "as one event; choosing the best noisy score is post-processing."
+        )
+    if evaluation is not None:
+        card["evaluation"] = evaluation
+        card["weights_layout"] = "no weights: an evaluation releases only its noisy metrics"
+        card["output"] = "the noisy metrics under `evaluation`, each with its interval"
+        privacy = card["privacy"]
+        privacy["statement"] = (
+            f"{STATEMENTS[plan.guarantee]} The (ε, δ) is for the whole evaluation: every "
+            "metric's noisy statistic (equal shares, basic composition), computed on the "
+            "dataset's private holdout in the enclave; the intervals are post-processing."
+        )
+        privacy["neighbouring_relation"] = (
+            "replace one row of the holdout (public size n_h); it follows from the ledger's "
+            f"relation on the whole dataset (worker/registration.py). {NEIGHBOURING_RELATION}"
+        )
+        privacy["public_values"]["row_count"] = (
+            f"{plan.n_rows}: the holdout's public size, floor(F × the DP noisy row count) for "
+            "the admin's fraction F, fixed at registration"
+        )
+        privacy["public_values"]["row_count_used_for"] = (
+            "the metrics' divisor and intervals; the evaluated release's weights (public)"
         )
     return card
 

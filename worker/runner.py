@@ -33,6 +33,7 @@ from sqlalchemy.exc import DBAPIError, OperationalError
 
 from service.config import Settings, get_settings
 from service.db import engine_for, transaction
+from service.evaluations import evaluation_plan, plan_evaluation_job
 from service.jobs import as_utc
 from service.ledger.locks import lock_job
 from service.ledger.releases import record_release
@@ -42,8 +43,9 @@ from service.plans import PlanError, plan_for_dataset, progress_total
 from service.privacy.amounts import from_micro
 from service.schemas import JobRequest, PrivacyPlan
 from service.selection.api_bodies import ResolvedSelection, plan_selection_job
-from worker.data import load_training_set
+from worker.data import load_holdout, load_training_set
 from worker.device import apply_threads, resolve_device
+from worker.evaluation_job import evaluated_model, release_json, run_evaluation
 from worker.mechanisms import registry
 from worker.mechanisms.base import MechanismOutput, ProgressFn, TabularTrainingSet
 from worker.mechanisms.guards import GuardFailed, finite_release
@@ -261,6 +263,39 @@ def _run_selection(
     return MechanismOutput(releases=releases), released_summary(out)
 
 
+def _evaluated_model(
+    engine: Engine, settings: Settings, request: JobRequest, ds: Dataset
+) -> torch.nn.Module:
+    """The release an evaluation scores (a public input, loaded before the holdout)."""
+    from service.datasets.kinds import parse_dataset_schema
+
+    spec = request.evaluation
+    assert spec is not None
+    return evaluated_model(
+        engine,
+        settings.resolved_release_dir,
+        job_id=str(spec["job_id"]),
+        dataset_id=ds.id,
+        sample=int(spec["sample"]),
+        n_features=parse_dataset_schema(ds.public_schema).n_features,
+    )
+
+
+def _run_evaluation(
+    request: JobRequest, ds: Dataset, *, model: torch.nn.Module, holdout: TabularTrainingSet
+) -> tuple[MechanismOutput, dict[str, Any]]:
+    """An evaluation job (issue 21): the holdout scored by the evaluated model, the noisy
+    metrics (worker/mechanisms/evaluation.py) as the card's ``evaluation``; no weights."""
+    spec = request.evaluation
+    assert spec is not None
+    plan = evaluation_plan(request, holdout_rows=ds.holdout_rows, public_schema=ds.public_schema)
+    released = run_evaluation(plan=plan, module=model, data=holdout)
+    card = release_json(
+        released, plan=plan, evaluated_job=str(spec["job_id"]), sample=int(spec["sample"])
+    )
+    return MechanismOutput(releases=[]), card
+
+
 def execute_job(job_id: str, settings: Settings | None = None) -> Outcome:
     settings = settings or get_settings()
     engine = engine_for(settings.resolved_database_url)
@@ -275,6 +310,10 @@ def execute_job(job_id: str, settings: Settings | None = None) -> Outcome:
         if request.method == "selection":
             selection, plan = plan_selection_job(
                 request, n_rows=ds.n_rows, public_schema=ds.public_schema
+            )
+        elif request.method == "evaluation":
+            plan = plan_evaluation_job(
+                request, holdout_rows=ds.holdout_rows, public_schema=ds.public_schema
             )
         else:
             plan = plan_for_dataset(request, n_rows=ds.n_rows, public_schema=ds.public_schema)
@@ -307,23 +346,41 @@ def execute_job(job_id: str, settings: Settings | None = None) -> Outcome:
         with Heartbeat(engine, job_id, token, interval, total=progress_total(plan)) as hb:
             apply_threads(settings.worker_threads)
             device = resolve_device(settings.device)
-            data = load_training_set(
-                settings.resolved_data_dir,
-                ds.public_schema,
-                device,
-                before_first_read=before_first_read,
-            )
-            _reach(engine, job_id, token, JobStage.data_loaded)
-            _reach(engine, job_id, token, JobStage.training)
             selected: dict[str, Any] | None = None
-            if selection is not None:
-                output, selected = _run_selection(
-                    selection, data=data, device=device, progress=hb.progress
+            evaluated: dict[str, Any] | None = None
+            if request.method == "evaluation":
+                model = _evaluated_model(engine, settings, request, ds)
+                holdout = load_holdout(
+                    settings.resolved_data_dir,
+                    ds.public_schema,
+                    torch.device("cpu"),
+                    before_first_read=before_first_read,
                 )
+                _reach(engine, job_id, token, JobStage.data_loaded)
+                _reach(engine, job_id, token, JobStage.training)
+                output, evaluated = _run_evaluation(request, ds, model=model, holdout=holdout)
+                hb.progress(1, 1)
             else:
-                output = run_mechanism(
-                    plan=plan, spec=request.model, data=data, device=device, progress=hb.progress
+                data = load_training_set(
+                    settings.resolved_data_dir,
+                    ds.public_schema,
+                    device,
+                    before_first_read=before_first_read,
                 )
+                _reach(engine, job_id, token, JobStage.data_loaded)
+                _reach(engine, job_id, token, JobStage.training)
+                if selection is not None:
+                    output, selected = _run_selection(
+                        selection, data=data, device=device, progress=hb.progress
+                    )
+                else:
+                    output = run_mechanism(
+                        plan=plan,
+                        spec=request.model,
+                        data=data,
+                        device=device,
+                        progress=hb.progress,
+                    )
             try:
                 hb.beat()  # the last progress; the release below checks ownership anyway
             except DBAPIError as exc:
@@ -353,6 +410,7 @@ def execute_job(job_id: str, settings: Settings | None = None) -> Outcome:
             weights_sha256=digest,
             samples=len(output.releases),
             selection=selected,
+            evaluation=evaluated,
         )
         if output.enclave_diagnostics:
             log.info("job %s enclave diagnostics: %s", job_id, output.enclave_diagnostics)

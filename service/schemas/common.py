@@ -20,6 +20,9 @@ named after it; tests/unit/test_method_registry.py keeps the tables naming the s
 and runs a method registered in them alone (a dummy) end to end."""
 SELECTION_METHOD = "selection"
 """A selection job's method (POST /v1/selections), never submitted to POST /v1/jobs."""
+EVALUATION_METHOD = "evaluation"
+"""A private evaluation's method (POST /v1/evaluations, issue 21), never submitted to
+POST /v1/jobs: it scores a released model on the dataset's holdout."""
 
 
 def _names(names: list[str]) -> str:
@@ -38,7 +41,7 @@ def _training_method(value: str) -> str:
 
 
 def _method(value: str) -> str:
-    names = [*TRAINING_METHODS, SELECTION_METHOD]
+    names = method_names()
     if value not in names:
         raise PydanticCustomError(
             "literal_error", "Input should be {expected}", {"expected": _names(names)}
@@ -55,14 +58,17 @@ TrainingMethod = Annotated[
 Method = Annotated[
     str,
     AfterValidator(_method),
-    WithJsonSchema({"enum": [*TRAINING_METHODS, SELECTION_METHOD], "type": "string"}),
+    WithJsonSchema(
+        {"enum": [*TRAINING_METHODS, SELECTION_METHOD, EVALUATION_METHOD], "type": "string"}
+    ),
 ]
-"""A training method or ``selection``."""
+"""A training method, ``selection`` or ``evaluation``."""
 
 
 def method_names() -> list[str]:
-    """Every value a job's ``method`` may take: the training methods, then ``selection``."""
-    return [*TRAINING_METHODS, SELECTION_METHOD]
+    """Every value a job's ``method`` may take: the training methods, then ``selection``
+    and ``evaluation``."""
+    return [*TRAINING_METHODS, SELECTION_METHOD, EVALUATION_METHOD]
 
 
 Guarantee = Literal["proven", "asymptotic", "nominal"]

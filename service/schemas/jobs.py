@@ -77,10 +77,20 @@ class JobRequest(ApiInput):
         ),
     )
 
+    evaluation: dict[str, Any] | None = Field(
+        default=None,
+        description=(
+            "Set by POST /v1/evaluations only (method 'evaluation'): the evaluated job, "
+            "metrics, noise and confidence (service/evaluations.py)."
+        ),
+    )
+
     @model_validator(mode="after")
     def _selection_iff_method(self) -> JobRequest:
         if (self.selection is None) != (self.method != "selection"):
             raise ValueError("the selection field goes with method 'selection' and only with it")
+        if (self.evaluation is None) != (self.method != "evaluation"):
+            raise ValueError("the evaluation field goes with method 'evaluation' and only with it")
         return self
 
 

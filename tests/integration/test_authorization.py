@@ -43,6 +43,7 @@ API_RULES: list[tuple[str, Access]] = [
     (r"^/v1/admin/", Access.admin),
     (r"^/v1/jobs/\{job_id\}(/|$)", Access.owned),
     (r"^/v1/(datasets|datasets/\{name\}|quote|jobs|selections|selections/quote)$", Access.analyst),
+    (r"^/v1/(evaluations|evaluations/quote)$", Access.analyst),
 ]
 DASHBOARD_RULES: list[tuple[str, Access]] = [
     (r"^/dashboard/(login|style\.css)$", Access.public),
@@ -152,6 +153,9 @@ BODIES: dict[tuple[str, str], Any] = {
     ("POST", "/v1/quote"): DPSGD,
     ("POST", "/v1/selections"): SELECTION,
     ("POST", "/v1/selections/quote"): SELECTION,
+    # Another caller's job (or none) does not exist: 404 for everyone, after authentication.
+    ("POST", "/v1/evaluations"): {"job_id": "no-such-job", "epsilon": 0.5},
+    ("POST", "/v1/evaluations/quote"): {"job_id": "no-such-job", "epsilon": 0.5},
 }
 
 

@@ -1,27 +1,39 @@
-"""Private evaluation (issue 21), first part: a holdout reserved at registration, which
-no training load reads. Runs on SQLite and PostgreSQL (the ``settings`` fixture)."""
+"""Private evaluation end to end (issue 21): a holdout reserved at registration, an
+evaluation quoted, admitted and charged through POST /v1/evaluations, run by the
+in-process worker, its noisy results released on its card and listed on the evaluated
+job's card; every refusal a 4xx that charges nothing; `enclave jobs evaluate`.
+
+Runs on SQLite and PostgreSQL (the ``settings`` fixture's parametrisation), except the CLI
+test (a live API in a child process, SQLite)."""
 
 from __future__ import annotations
 
 import gzip
 import io
 import stat
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 import pytest
 import torch
-from sqlalchemy import select
+from sqlalchemy import func, select
+from typer.testing import CliRunner
 
+from enclave.cli import app
 from service.datasets.tabular import parse_schema
 from service.db import engine_for, transaction
-from service.ledger.tables import Dataset
-from tests.conftest import SMALL_SCHEMA, Keys, write_toy_csv
+from service.ledger.tables import Dataset, EntryKind, Job, JobStatus, LedgerEntry
+from service.privacy.amounts import to_micro_up
+from tests.conftest import SMALL_SCHEMA, Keys, auth, write_toy_csv
 from worker.data import HOLDOUT_FILE, ROWS_FILE, dataset_dir, load_holdout, load_training_set
 from worker.registration import RegistrationError, register_dataset
+from worker.runner import Outcome, execute_job
 
 HELD = "held"
+TRAIN = {"method": "dpsgd", "epsilon": 2.0, "delta": 1e-5, "dpsgd": {"epochs": 1, "batch_size": 50}}
 
 
 def _register_held(settings: Any, *, n: int = 600, fraction: float = 0.25) -> Any:
@@ -48,6 +60,22 @@ def held(settings: Any, keys: Keys) -> Any:
 def _rows(path: Path) -> pd.DataFrame:
     with gzip.open(path, "rb") as fh:
         return pd.read_csv(io.BytesIO(fh.read()), dtype=str)
+
+
+def _charges(settings: Any) -> tuple[int, int]:
+    """(number of ledger entries, Σ ε micro charged) of the held dataset."""
+    with transaction(engine_for(settings.resolved_database_url)) as s:
+        ds = s.scalars(select(Dataset).where(Dataset.name == HELD)).one()
+        count = s.scalar(select(func.count()).where(LedgerEntry.dataset_id == ds.id))
+        return int(count or 0), int(ds.spent_epsilon_micro)
+
+
+def _train(client: Any, settings: Any, key: str, dataset: str = HELD) -> str:
+    r = client.post("/v1/jobs", json={"dataset": dataset, **TRAIN}, headers=auth(key))
+    assert r.status_code == 202, r.text
+    job_id = str(r.json()["id"])
+    assert execute_job(job_id, settings) == Outcome.released
+    return job_id
 
 
 def test_registration_keeps_a_holdout_no_training_load_reads(settings: Any, held: Any) -> None:
@@ -107,6 +135,149 @@ def test_holdout_refusals_at_registration(settings: Any, keys: Keys) -> None:
         assert s.scalars(select(Dataset).where(Dataset.name == "r")).first() is None
         toy = s.scalars(select(Dataset).where(Dataset.name == "toy")).one()
         assert toy.holdout_rows is None
+
+
+def test_evaluation_is_charged_run_and_released(
+    client: Any, keys: Keys, settings: Any, held: Any
+) -> None:
+    alice = auth(keys.alice)
+    datasets = {d["name"]: d for d in client.get("/v1/datasets", headers=alice).json()}
+    assert datasets[HELD]["holdout_rows"] == held.holdout_rows
+    assert datasets["toy"]["holdout_rows"] is None
+    trained = _train(client, settings, keys.alice)
+
+    body = {"job_id": trained, "epsilon": 1.0, "metrics": ["accuracy", "log_loss", "confusion"]}
+    before = _charges(settings)
+    q = client.post("/v1/evaluations/quote", json=body, headers=alice)
+    assert q.status_code == 200, q.text
+    quote = q.json()
+    assert quote["admitted"] is True
+    plan = quote["plan"]
+    assert plan["method"] == "evaluation" and plan["n_rows"] == held.holdout_rows
+    assert plan["epsilon"] == pytest.approx(1.0) and plan["delta"] == 0.0
+    assert plan["event"]["type"] == "composed" and len(plan["event"]["events"]) == 3
+    assert all(e["type"] == "pure_dp" for e in plan["event"]["events"])
+    assert _charges(settings) == before  # a quote charges nothing
+
+    r = client.post("/v1/evaluations", json=body, headers=alice)
+    assert r.status_code == 202, r.text
+    evaluation = str(r.json()["id"])
+    assert r.json()["method"] == "evaluation"
+    count, spent = _charges(settings)
+    assert count == before[0] + 1 and spent - before[1] == to_micro_up(1.0)
+    with transaction(engine_for(settings.resolved_database_url)) as s:
+        entry = s.scalars(select(LedgerEntry).where(LedgerEntry.job_id == evaluation)).one()
+        assert entry.kind == EntryKind.charge and entry.event == plan["event"]
+
+    assert execute_job(evaluation, settings) == Outcome.released
+    card = client.get(f"/v1/jobs/{evaluation}/release", headers=alice).json()
+    assert card["samples"] == 0 and card["mechanism"]["method"] == "evaluation"
+    ev = card["evaluation"]
+    assert ev["job_id"] == trained and ev["holdout_rows"] == held.holdout_rows
+    assert set(ev["metrics"]) == {"accuracy", "log_loss", "confusion"}
+    acc = ev["metrics"]["accuracy"]
+    assert acc["interval"]["lower"] <= acc["value"] <= acc["interval"]["upper"]
+    assert acc["interval"]["lower"] >= 0.0 and acc["interval"]["upper"] <= 1.0
+    assert acc["noise"] == "laplace" and acc["epsilon"] == pytest.approx(1.0 / 3)
+    assert len(ev["metrics"]["confusion"]["counts"]) == 2
+    # The training job's card lists the evaluation made with it (a read-time join).
+    trained_card = client.get(f"/v1/jobs/{trained}/release", headers=alice).json()
+    assert [e["evaluation_job"] for e in trained_card["evaluations"]] == [evaluation]
+    assert trained_card["evaluations"][0]["metrics"]["accuracy"] == acc
+    # No weights leave with an evaluation: its weights file holds no tensor.
+    weights = client.get(f"/v1/jobs/{evaluation}/release/weights", headers=alice)
+    assert weights.status_code == 200 and len(weights.content) < 64
+
+    # Gaussian noise: charged as a Gaussian mechanism's RDP curve plus the sampler's slack.
+    gauss = {"job_id": trained, "epsilon": 1.0, "delta": 1e-6, "noise": "gaussian"}
+    q = client.post("/v1/evaluations/quote", json=gauss, headers=alice).json()
+    leaves = [e["events"][0]["type"] for e in q["plan"]["event"]["events"]]
+    assert leaves == ["poisson_subsampled_gaussian"] * 2 and q["admitted"] is True
+
+
+def test_refusals_are_4xx_and_charge_nothing(
+    client: Any, keys: Keys, settings: Any, held: Any
+) -> None:
+    alice, bob = auth(keys.alice), auth(keys.bob)
+    trained = _train(client, settings, keys.alice)
+    on_toy = _train(client, settings, keys.alice, dataset="toy")
+    r = client.post("/v1/jobs", json={"dataset": HELD, **TRAIN}, headers=alice)
+    queued = str(r.json()["id"])  # admitted, never run
+    ok = {"job_id": trained, "epsilon": 0.5}
+    cases: list[tuple[dict[str, Any], dict[str, str], int]] = [
+        ({**ok, "job_id": "no-such-job"}, alice, 404),
+        (ok, bob, 404),  # not the caller's job
+        ({**ok, "job_id": queued}, alice, 409),  # not released
+        ({**ok, "job_id": on_toy}, alice, 422),  # dataset without a holdout
+        ({**ok, "metrics": ["auc"]}, alice, 422),  # no RDP curve for the ledger
+        ({**ok, "metrics": ["accuracy", "accuracy"]}, alice, 422),
+        ({**ok, "metrics": ["precision"]}, alice, 422),
+        ({**ok, "metrics": []}, alice, 422),
+        ({**ok, "noise": "gaussian"}, alice, 422),  # Gaussian needs δ > 0
+        ({**ok, "sample": 3}, alice, 422),  # one sample released
+        ({**ok, "epsilon": -1}, alice, 422),
+        ({**ok, "confidence": 1.5}, alice, 422),
+        ({"job_id": trained}, alice, 422),  # no ε
+    ]
+    before = _charges(settings)
+    for body, who, status in cases:
+        for path in ("/v1/evaluations/quote", "/v1/evaluations"):
+            r = client.post(path, json=body, headers=who)
+            assert r.status_code == status, (path, body, r.text)
+            assert r.headers["content-type"].startswith("application/problem+json"), r.text
+    # POST /v1/jobs does not take evaluations.
+    fake = {"dataset": HELD, "method": "evaluation", "epsilon": 1.0, "evaluation": ok}
+    assert client.post("/v1/jobs", json=fake, headers=alice).status_code == 422
+    assert _charges(settings) == before
+    with transaction(engine_for(settings.resolved_database_url)) as s:
+        methods = [j.plan["method"] for j in s.scalars(select(Job))]
+        assert "evaluation" not in methods
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_cli_evaluate_prints_each_metric_with_its_interval(
+    live: str, keys: Keys, settings: Any
+) -> None:
+    _register_held(settings)
+    import httpx
+
+    r = httpx.post(f"{live}/v1/jobs", json={"dataset": HELD, **TRAIN}, headers=auth(keys.alice))
+    assert r.status_code == 202, r.text
+    trained = str(r.json()["id"])
+    assert execute_job(trained, settings) == Outcome.released
+
+    engine = engine_for(settings.resolved_database_url)
+    done = threading.Event()
+
+    def worker() -> None:  # the enclave's worker, in process: runs the evaluation once queued
+        while not done.is_set():
+            with transaction(engine) as s:
+                queued = [
+                    j.id
+                    for j in s.scalars(select(Job).where(Job.status == JobStatus.queued))
+                    if j.plan["method"] == "evaluation"
+                ]
+            for job_id in queued:
+                execute_job(job_id, settings)
+            time.sleep(0.1)
+
+    thread = threading.Thread(target=worker, daemon=True)
+    thread.start()
+    env = {"ENCLAVE_URL": live, "ENCLAVE_API_KEY": keys.alice, "COLUMNS": "200"}
+    try:
+        args = ["jobs", "evaluate", trained, "--epsilon", "1", "--metrics", "accuracy,log_loss"]
+        quote = CliRunner().invoke(app, [*args, "--quote"], env=env)
+        assert quote.exit_code == 0, quote.output
+        assert "evaluation" in quote.output and "admitted" in quote.output
+        result = CliRunner().invoke(app, [*args, "--interval", "0.1", "--timeout", "120"], env=env)
+    finally:
+        done.set()
+        thread.join(timeout=30)
+    assert result.exit_code == 0, result.output
+    assert "accuracy" in result.output and "log_loss" in result.output
+    assert result.output.count("[") >= 2  # an interval per metric
+    bad = CliRunner().invoke(app, [*args[:3], "--epsilon", "1", "--metrics", "auc"], env=env)
+    assert bad.exit_code == 1 and "AUC is not offered yet" in bad.stderr
 
 
 def test_migration_0008_adds_and_drops_holdout_rows(settings: Any, held: Any) -> None:

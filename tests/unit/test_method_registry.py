@@ -87,7 +87,8 @@ def _dummy_plan() -> PrivacyPlan:
 
 def test_a_request_naming_an_unregistered_method_is_refused() -> None:
     with pytest.raises(
-        ValidationError, match="Input should be 'dpsgd', 'expm_nf', 'expm' or 'selection'"
+        ValidationError,
+        match="Input should be 'dpsgd', 'expm_nf', 'expm', 'selection' or 'evaluation'",
     ):
         _request("dummy")
 

@@ -27,6 +27,7 @@ from service.api.paging import (
 from service.config import Settings
 from service.datasets.kinds import parse_dataset_schema
 from service.db import transaction
+from service.evaluations import evaluations_of
 from service.job_pages import DEFAULT_LIMIT, job_page
 from service.jobs import enqueue, job_public
 from service.ledger.accounting import dataset_guarantee
@@ -37,7 +38,7 @@ from service.ledger.filter_view import Evaluation, cap_filter, dataset_filter, e
 from service.ledger.locks import lock_job
 from service.ledger.nominal import nominal_refusal
 from service.ledger.refunds import cancel_job
-from service.ledger.tables import AnalystCap, Dataset, JobStatus, Release
+from service.ledger.tables import AnalystCap, Dataset, Job, JobStatus, Release
 from service.plans import PlanError, plan_for_dataset
 from service.privacy.amounts import from_micro
 from service.privacy.deadline import PlanningTimeout, planning_deadline
@@ -53,6 +54,7 @@ from service.schemas import (
     QuoteResponse,
     weakest_guarantee,
 )
+from service.schemas.common import TRAINING_METHODS
 from service.schemas.estimates import ResourceQuote
 
 log = logging.getLogger("enclave.api")
@@ -356,9 +358,15 @@ def _release_or_409(s: Session, caller: CallerDep, job_id: str) -> Release:
 )
 def get_release_card(job_id: str, caller: CallerDep, engine: EngineDep) -> ModelCard:
     """The model card: model, preprocessing, mechanism, (ε, δ), accountant and whether the
-    guarantee is proven, asymptotic or nominal."""
+    guarantee is proven, asymptotic or nominal. A training job's card lists, under
+    ``evaluations``, the released private evaluations made with it (POST /v1/evaluations);
+    an evaluation's card holds its noisy results under ``evaluation``."""
     with transaction(engine) as s:
-        return ModelCard.model_validate(_release_or_409(s, caller, job_id).card)
+        card = dict(_release_or_409(s, caller, job_id).card)
+        job = s.get_one(Job, job_id)
+        if job.plan.get("method") in TRAINING_METHODS:
+            card["evaluations"] = evaluations_of(s, job)
+        return ModelCard.model_validate(card)
 
 
 @router.get(

@@ -1,0 +1,273 @@
+"""Private evaluation jobs (issue 21): a request to score a released model on its
+dataset's private holdout becomes a job (method ``evaluation``) whose privacy plan is a
+pure function of the request and public values, charged by the same admission as any job.
+
+The statistics, sensitivities, budget split and intervals are service/privacy/evaluation.py
+(its module docstring gives the neighbouring relation: replace one holdout row, holdout
+size public; worker/registration.py ``register_dataset`` argues why the ledger's
+add/remove-one relation on the whole dataset gives exactly that on the holdout). The
+worker computes and noises the statistics (worker/mechanisms/evaluation.py).
+
+The plan's event is the composition the evaluation charges, one leaf per metric:
+
+* Laplace noise: each metric's integer statistic plus discrete Laplace noise with scale
+  Δ₁/(ε_m − 2τ_m) is ε_m-DP for the metric's share ε_m, the sampler's pmf gap (τ_m over
+  its coordinates, service/privacy/sampling.py ``noise_slack``) included (Ghosh,
+  Roughgarden & Sundararajan 2009): a :class:`PureDpEvent` (ε_m). Their composition is
+  pure, Σ ε_m = ε (basic composition, Dwork & Roth 2014 Thm 3.16), so it is admitted on
+  pure datasets too.
+* Gaussian noise: the rounded Gaussian ⌊σZ + ½⌋ added to an integer statistic of L2
+  sensitivity Δ₂ is a post-processing of the Gaussian mechanism with noise multiplier
+  σ/Δ₂, whose RDP is α/(2(σ/Δ₂)²) (Mironov 2017, Prop. 7): a
+  :class:`PoissonSubsampledGaussianEvent` with sampling rate 1 and one step, composed
+  with the sampler's :class:`PmfSlackEvent` over the metric's coordinates. The ledger
+  charges that curve; the plan's stated (ε, δ) is the PLD calibration's
+  (service/privacy/evaluation.py ``gaussian_scale``).
+
+Refused for now: **AUC**. Its mechanism is propose-test-release: (ε, δ)-DP where part of
+δ is the probability δ_bad that the noisy class counts' lower bounds fail, and such a
+mechanism has no finite Rényi-DP curve. The ledger is an RDP filter (or a pure one) that
+admits only mechanisms with an RDP curve (service/privacy/filters.py, "Setting"), so an
+AUC evaluation could not be charged honestly without an approximate-RDP charge (a δ the
+filter reserves), which the ledger does not have.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Any, Final
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from service.datasets.kinds import DEFAULT_KIND, parse_dataset_schema
+from service.ledger.tables import Job, JobStatus, Release
+from service.methods.common import PlanError
+from service.privacy.evaluation import EvaluationPlan, MetricPlan, plan_evaluation
+from service.privacy.events import (
+    ComposedEvent,
+    DpEvent,
+    PoissonSubsampledGaussianEvent,
+    PureDpEvent,
+)
+from service.privacy.orders import ORDERS
+from service.privacy.sampling import noise_slack
+from service.schemas import JobRequest, PrivacyPlan
+from service.schemas.common import EVALUATION_METHOD, TRAINING_METHODS
+from service.schemas.evaluations import EvaluationRequest
+
+__all__ = [
+    "REFUSED_METRICS",
+    "EvaluationRefused",
+    "evaluation_job_request",
+    "evaluation_plan",
+    "evaluations_of",
+    "plan_evaluation_job",
+]
+
+REFUSED_METRICS: Final[dict[str, str]] = {
+    "auc": (
+        "AUC is not offered yet: its mechanism (propose-test-release on the noisy class "
+        "counts) is (ε, δ)-DP with a failure probability, which has no Rényi-DP curve, and "
+        "the ledger charges only mechanisms with one (service/evaluations.py)"
+    ),
+}
+"""Metrics that service/privacy/evaluation.py computes but the ledger cannot charge yet."""
+
+HOLDOUT_RELATION: Final[str] = (
+    "replace one row of the holdout, whose size is public; it follows from the ledger's "
+    "add/remove-one relation on the whole dataset (worker/registration.py)"
+)
+
+
+class EvaluationRefused(Exception):
+    """An evaluation request that cannot be planned: ``status`` (404, 409, 422) and a
+    problem ``kind`` for the API, and a message for the analyst."""
+
+    def __init__(self, status: int, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.status, self.kind = status, kind
+
+
+def evaluation_job_request(
+    body: EvaluationRequest,
+    *,
+    evaluated_request: dict[str, Any],
+    evaluated_status: str,
+    evaluated_samples: int,
+    dataset_name: str,
+    holdout_rows: int | None,
+) -> JobRequest:
+    """The stored job request of an evaluation of a job the caller owns (the router checks
+    ownership): its dataset and model are the evaluated job's; ``evaluation`` holds the
+    evaluated job, the metrics, noise, confidence and sample. Refuses (409) a job that is
+    not released, (422) a job that is not a training job, a sample it did not release, a
+    dataset without a holdout, and a metric the ledger cannot charge."""
+    if evaluated_status != "released":
+        raise EvaluationRefused(
+            409,
+            "release-not-ready",
+            f"job {body.job_id} is {evaluated_status}: only a released job can be evaluated",
+        )
+    trained = JobRequest.model_validate(evaluated_request)
+    if trained.method not in TRAINING_METHODS:
+        raise EvaluationRefused(
+            422,
+            "invalid-plan",
+            f"job {body.job_id} is a {trained.method} job: evaluations score training "
+            f"jobs ({', '.join(TRAINING_METHODS)})",
+        )
+    if body.sample >= evaluated_samples:
+        raise EvaluationRefused(
+            422,
+            "invalid-plan",
+            f"job {body.job_id} released {evaluated_samples} sample(s): no sample {body.sample}",
+        )
+    if holdout_rows is None:
+        raise EvaluationRefused(
+            422,
+            "invalid-plan",
+            f"dataset {dataset_name!r} has no evaluation holdout (the admin reserves one at "
+            "registration: enclave datasets register --holdout-fraction F)",
+        )
+    if len(set(body.metrics)) != len(body.metrics):
+        raise EvaluationRefused(422, "invalid-plan", "each metric may be named once")
+    for metric in body.metrics:
+        if metric in REFUSED_METRICS:
+            raise EvaluationRefused(422, "invalid-plan", REFUSED_METRICS[metric])
+    return JobRequest(
+        dataset=dataset_name,
+        model=trained.model,
+        method=EVALUATION_METHOD,
+        epsilon=body.epsilon,
+        delta=body.delta,
+        evaluation={
+            "job_id": body.job_id,
+            "sample": body.sample,
+            "metrics": list(body.metrics),
+            "noise": body.noise,
+            "confidence": body.confidence,
+        },
+    )
+
+
+def _classes(public_schema: dict[str, Any]) -> int:
+    """K of the dataset's target: 2 (binary) only, for now (the worker scores sigmoid
+    outputs; K-class softmax models are not wired into evaluations yet)."""
+    kind = str(public_schema.get("kind", DEFAULT_KIND))
+    if kind != "tabular":
+        raise PlanError(f"evaluations are for tabular datasets, not {kind}")
+    classes = parse_dataset_schema(public_schema).n_classes
+    if classes != 2:
+        raise PlanError(
+            f"evaluations score binary models for now; this dataset's target has {classes} classes"
+        )
+    return classes
+
+
+def evaluation_plan(
+    request: JobRequest, *, holdout_rows: int | None, public_schema: dict[str, Any]
+) -> EvaluationPlan:
+    """The statistics' plan (service/privacy/evaluation.py ``plan_evaluation``) of a stored
+    evaluation request: public values only (the holdout's public size, the schema's
+    classes). The worker calls this again to noise the statistics."""
+    spec = request.evaluation
+    if request.method != EVALUATION_METHOD or spec is None:
+        raise PlanError("not an evaluation request")
+    if holdout_rows is None:
+        raise PlanError(f"dataset {request.dataset!r} has no evaluation holdout")
+    for metric in spec["metrics"]:
+        if metric in REFUSED_METRICS:
+            raise PlanError(REFUSED_METRICS[metric])
+    try:
+        return plan_evaluation(
+            metrics=spec["metrics"],
+            n=holdout_rows,
+            classes=_classes(public_schema),
+            epsilon=request.epsilon,
+            delta=request.delta,
+            noise=spec["noise"],
+            confidence=spec["confidence"],
+        )
+    except ValueError as exc:
+        raise PlanError(str(exc)) from exc
+
+
+def _metric_event(entry: MetricPlan, *, classes: int) -> DpEvent:
+    """One metric's leaf (module docstring): pure ε_m for Laplace; for the rounded Gaussian,
+    the Gaussian mechanism of multiplier σ/Δ₂ and the sampler's pmf slack."""
+    if entry.noise == "laplace":
+        return PureDpEvent(epsilon=entry.epsilon)
+    dims = classes * classes if entry.metric == "confusion" else 1
+    return ComposedEvent(
+        events=(
+            PoissonSubsampledGaussianEvent(
+                sampling_rate=1.0,
+                noise_multiplier=entry.scale / entry.sensitivity_l2,
+                steps=1,
+            ),
+            noise_slack(draws=dims),
+        )
+    )
+
+
+def plan_evaluation_job(
+    request: JobRequest, *, holdout_rows: int | None, public_schema: dict[str, Any]
+) -> PrivacyPlan:
+    """An evaluation's privacy plan (:class:`PlanError` on bad input): the API (quote,
+    admission) and the worker (re-derivation before it reads the holdout) both call this.
+    ``n_rows`` is the holdout's public size, the only count the plan uses."""
+    plan = evaluation_plan(request, holdout_rows=holdout_rows, public_schema=public_schema)
+    spec = request.evaluation
+    assert spec is not None
+    event = ComposedEvent(
+        events=tuple(_metric_event(m, classes=plan.classes) for m in plan.metrics)
+    )
+    return PrivacyPlan(
+        method=EVALUATION_METHOD,
+        dataset=request.dataset,
+        n_rows=plan.n,
+        model=request.model.model_dump(mode="json"),
+        epsilon=plan.epsilon,
+        delta=plan.delta,
+        guarantee="proven",
+        accountant="basic composition" if plan.noise == "laplace" else "rdp",
+        samples=1,
+        event=event.to_json(),
+        rdp_orders=list(ORDERS),
+        rdp_curve=[float(v) for v in event.rdp(ORDERS)],
+        mechanism={
+            "evaluated_job": spec["job_id"],
+            "sample": spec["sample"],
+            "holdout_rows": plan.n,
+            "classes": plan.classes,
+            "noise": plan.noise,
+            "confidence": plan.confidence,
+            "p_min": plan.p_min,
+            "bins": plan.bins,
+            "neighbouring_relation": HOLDOUT_RELATION,
+            "metrics": [asdict(m) for m in plan.metrics],
+        },
+    )
+
+
+def evaluations_of(s: Session, job: Job) -> list[dict[str, Any]]:
+    """The released evaluations of ``job`` (a read-time join for its model card): each
+    evaluation's job id and its released results, oldest first. Only the job's owner can
+    evaluate it, so only the owner's evaluation jobs on its dataset are read."""
+    rows = s.execute(
+        select(Job.id, Release.card)
+        .join(Release, Release.job_id == Job.id)
+        .where(
+            Job.dataset_id == job.dataset_id,
+            Job.analyst_id == job.analyst_id,
+            Job.status == JobStatus.released,
+        )
+        .order_by(Release.created_at, Job.id)
+    ).all()
+    out: list[dict[str, Any]] = []
+    for evaluation_id, card in rows:
+        results = card.get("evaluation") if isinstance(card, dict) else None
+        if isinstance(results, dict) and results.get("job_id") == job.id:
+            out.append({"evaluation_job": evaluation_id, **results})
+    return out
