@@ -147,7 +147,8 @@ def quantised_features(x: torch.Tensor, *, feature_bits: int, norm_sq_bound: int
     ‖x_int‖² ≤ B·2^(2c), both checked exactly: x·2^c and its truncation are exact (a
     power-of-two scaling of a float32 widened to float64, then an integer part), each
     square is an integer ≤ 2^(2c) ≤ 2^32 and a row's sum of P ≤ 2^20 of them an integer
-    below 2^53, exact in float64 in any order; B·2^(2c) < 2^53 is exact too.
+    below 2^53, exact in float64 in any order; the bound B·2^(2c) is an exact float below
+    2^53, and from 2^53 on (rounded or not) it exceeds every such sum, as it should.
     """
     scale = 2.0**feature_bits
     n, d = int(x.shape[0]), int(x.shape[1])
