@@ -91,6 +91,18 @@ def _refusals_charge_nothing(client: Any, headers: dict[str, str], name: str, k:
             r = client.post(path, json=body, headers=headers)
             assert r.status_code == 422, (what, path, r.text)
             assert f"{k} classes" in r.text and "engine 'exact'" in r.text, (what, r.text)
+    selection = {
+        "dataset": name,
+        "kind": "architecture",
+        "epsilon": 3.0,
+        "delta": 1e-6,
+        "space": {"depths": [1], "widths": [2, 4]},
+        "search": {"algorithm": "rs", "trainings": 2},
+        "training": {"epochs": 1, "batch_size": 50},
+    }
+    for path in ("/v1/selections/quote", "/v1/selections"):
+        r = client.post(path, json=selection, headers=headers)
+        assert r.status_code == 422 and "selections take binary targets" in r.text, r.text
     assert _remaining(client, headers, name) == before
 
 
