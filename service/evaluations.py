@@ -37,12 +37,14 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Any, Final
 
+from pydantic import TypeAdapter
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from service.datasets.kinds import DEFAULT_KIND, parse_dataset_schema
 from service.ledger.tables import Job, JobStatus, Release
 from service.methods.common import PlanError
+from service.modelspec import ModelSpec
 from service.privacy.evaluation import EvaluationPlan, MetricPlan, plan_evaluation
 from service.privacy.events import (
     ComposedEvent,
@@ -93,13 +95,15 @@ def evaluation_job_request(
     body: EvaluationRequest,
     *,
     evaluated_request: dict[str, Any],
+    evaluated_model: dict[str, Any],
     evaluated_status: str,
     evaluated_samples: int,
     dataset_name: str,
     holdout_rows: int | None,
 ) -> JobRequest:
     """The stored job request of an evaluation of a job the caller owns (the router checks
-    ownership): its dataset and model are the evaluated job's; ``evaluation`` holds the
+    ownership): its dataset and model are the evaluated job's (``evaluated_model``: its
+    plan's model, fitted to the target's classes); ``evaluation`` holds the
     evaluated job, the metrics, noise, confidence and sample. Refuses (409) a job that is
     not released, (422) a job that is not a training job, a sample it did not release, a
     dataset without a holdout, and a metric the ledger cannot charge."""
@@ -137,7 +141,7 @@ def evaluation_job_request(
             raise EvaluationRefused(422, "invalid-plan", REFUSED_METRICS[metric])
     return JobRequest(
         dataset=dataset_name,
-        model=trained.model,
+        model=TypeAdapter(ModelSpec).validate_python(evaluated_model),
         method=EVALUATION_METHOD,
         epsilon=body.epsilon,
         delta=body.delta,
@@ -152,17 +156,12 @@ def evaluation_job_request(
 
 
 def _classes(public_schema: dict[str, Any]) -> int:
-    """K of the dataset's target: 2 (binary) only, for now (the worker scores sigmoid
-    outputs; K-class softmax models are not wired into evaluations yet)."""
+    """K of the dataset's (tabular) target, public: 2 for a binary target, K for declared
+    classes (the worker scores sigmoid outputs for K = 2, softmax over K logits else)."""
     kind = str(public_schema.get("kind", DEFAULT_KIND))
     if kind != "tabular":
         raise PlanError(f"evaluations are for tabular datasets, not {kind}")
-    classes = parse_dataset_schema(public_schema).n_classes
-    if classes != 2:
-        raise PlanError(
-            f"evaluations score binary models for now; this dataset's target has {classes} classes"
-        )
-    return classes
+    return parse_dataset_schema(public_schema).n_classes
 
 
 def evaluation_plan(

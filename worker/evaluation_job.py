@@ -65,11 +65,14 @@ def evaluated_model(
 
 
 def score_holdout(module: torch.nn.Module, data: TabularTrainingSet) -> torch.Tensor:
-    """P(y = 1 | x) of every holdout row (float64, CPU), as the release's card states its
-    output: sigmoid(logits)."""
+    """The model's probabilities on every holdout row (float64, CPU), as the release's card
+    states its output: sigmoid(logit) = P(y = 1 | x), shape (n,), for a binary model;
+    softmax over K logits, shape (n, K), for a K-class one."""
     with torch.no_grad():
-        logits = module(data.x.to("cpu", torch.float32))
-        return torch.sigmoid(logits.reshape(-1).to(torch.float64))
+        logits = module(data.x.to("cpu", torch.float32)).to(torch.float64)
+        if logits.ndim == 2 and logits.shape[1] > 1:
+            return torch.softmax(logits, dim=1)
+        return torch.sigmoid(logits.reshape(-1))
 
 
 def _plain(value: Any) -> Any:

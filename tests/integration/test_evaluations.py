@@ -304,3 +304,43 @@ def test_migration_0008_adds_and_drops_holdout_rows(settings: Any, held: Any) ->
             HELD: None,  # not recorded before 0008: an old ledger has no holdout
         }
     engine_for.cache_clear()
+
+
+def test_a_three_class_model_is_evaluated_on_its_holdout(
+    client: Any, keys: Keys, settings: Any, tmp_path: Path
+) -> None:
+    from service.datasets.kinds import load_schema_yaml
+    from tests.integration.test_multiclass import _three_classes
+
+    csv, schema_path = _three_classes(tmp_path, n=900)
+    registered = register_dataset(
+        engine_for(settings.resolved_database_url),
+        settings,
+        schema=load_schema_yaml(schema_path.read_text()),
+        csv_path=csv,
+        epsilon_total=40.0,
+        delta_total=1e-4,
+        holdout_fraction=0.3,
+    )
+    alice = auth(keys.alice)
+    body = {"dataset": "tri", "method": "dpsgd", "epsilon": 2.0, "delta": 1e-5}
+    r = client.post("/v1/jobs", json=body, headers=alice)
+    assert r.status_code == 202, r.text
+    trained = str(r.json()["id"])
+    assert execute_job(trained, settings) == Outcome.released
+
+    ask = {"job_id": trained, "epsilon": 2.0, "metrics": ["accuracy", "confusion"]}
+    r = client.post("/v1/evaluations", json=ask, headers=alice)
+    assert r.status_code == 202, r.text
+    assert r.json()["plan"]["model"]["classes"] == 3  # the evaluated (fitted) model
+    evaluation = str(r.json()["id"])
+    assert execute_job(evaluation, settings) == Outcome.released
+    ev = client.get(f"/v1/jobs/{evaluation}/release", headers=alice).json()["evaluation"]
+    assert ev["classes"] == 3 and ev["holdout_rows"] == registered.holdout_rows
+    assert len(ev["metrics"]["confusion"]["counts"]) == 3
+    assert all(len(row) == 3 for row in ev["metrics"]["confusion"]["counts"])
+    acc = ev["metrics"]["accuracy"]
+    # Well-separated clusters: a DP-SGD model at eps 2 is far above chance (1/3); the noise
+    # at eps 1 per metric on ~270 rows is about 1/270 per unit.
+    assert acc["value"] > 0.6, acc
+    assert acc["interval"]["lower"] <= acc["value"] <= acc["interval"]["upper"]

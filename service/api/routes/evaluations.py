@@ -46,6 +46,7 @@ def _planned(
             request = evaluation_job_request(
                 body,
                 evaluated_request=job.request,
+                evaluated_model=job.plan["model"],
                 evaluated_status=str(job.status),
                 evaluated_samples=samples,
                 dataset_name=ds.name,
