@@ -15,7 +15,7 @@ from service.modelspec import LogisticSpec, parameter_count
 from service.privacy.sampling import GRID_BITS
 from worker.mechanisms import exact_softmax as es
 from worker.mechanisms.base import PlanMismatch
-from worker.mechanisms.exact_net import FEATURE_BITS
+from worker.mechanisms.exact_net import FEATURE_BITS, norm_sq_upper
 from worker.mechanisms.grad_engines import exact_clipper
 from worker.models import Softmax, build_module
 
@@ -96,6 +96,24 @@ def test_every_rows_contribution_is_within_c_row_exactly(k: int) -> None:
         for vi, ai in zip(v.tolist(), s.inputs.tolist(), strict=True)
     )
     assert largest > 0.99 * c.row_cap
+
+
+@pytest.mark.parametrize("k", [10, 100, 1000])
+def test_the_integer_check_is_exact_and_never_fires_however_small_c(k: int) -> None:
+    """Clipping keeps ‖V_i‖ < 2^20 (‖Ã_i‖ ≥ 2^18), so the bound U(V_i) is ‖V_i‖² exactly
+    and the a-posteriori check (GuardFailed would end the job) never fires."""
+    d = 3
+    module = _model(d, k, seed=60 + k, std=6.0)
+    x, y = _data(300, d, k, seed=70 + k)
+    c = _clipper(module, d, clip=1e-4)
+    v, s = c.contributions(x, y)  # raises GuardFailed if any row exceeded its bound
+    assert float(v.abs().max()) < 2.0**20
+    exact = [sum(int(t) ** 2 for t in vi) for vi in v.tolist()]
+    assert norm_sq_upper(v).tolist() == [float(e) for e in exact]
+    cap = Fraction(c.row_cap)
+    for sq, ai in zip(exact, s.inputs.tolist(), strict=True):
+        norm_sq = Fraction(sq * sum(int(t) ** 2 for t in ai))
+        assert norm_sq / (1 << (2 * FEATURE_BITS)) <= cap * cap
 
 
 @pytest.mark.parametrize("k", [3, 10])

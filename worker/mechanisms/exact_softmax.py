@@ -38,7 +38,11 @@ Notation: a "grid value" is an integer-valued float64 n standing for n·2^-g.
   ‖V_i‖²·‖Ã_i‖²·2^-36. The bound ‖z_i‖ ≤ c_row is checked a posteriori on these integers:
   U_i = U(V_i)·U(Ã_i)·2^-36·(1 + 2^-40) ≥ ‖z_i‖², and a row with U_i > c_row² fails the
   job (GuardFailed) whatever the floats above did: the weights only aim at the bound, the
-  integer check enforces it.
+  integer check enforces it. It never fires for a well-aimed weight: ‖V_i‖·‖Ã_i‖·2^-18 ≤ c
+  and ‖Ã_i‖ ≥ 2^18 (the bias input) give max|V_i| < c_row < 2^20 ≤ 2^h
+  (h = ⌊(52 − ⌈log₂ K⌉)/2⌋ ≥ 20 for K ≤ 4096), so U(V_i) = ‖V_i‖² exactly (no rounding up)
+  and U_i exceeds ‖z_i‖² by the (1 + 2^-40) factor and a few roundings only, far inside
+  the 2^-20 margin: a job's failure would say nothing about a row.
 * **Sum.** Σ_i V_iᵀ Ã_i per chunk of rows, a float64 product of integers: each term
   |V_ik·Ã_ij| ≤ ‖V_i‖·‖Ã_i‖ ≤ c_row·2^18, a chunk holds ≤ 2^(52 − ⌈log₂ c_row⌉ − 18) rows
   (≤ 1024), so every partial sum is ≤ 2^52: exact (ii) in any order. Chunk totals t are
