@@ -5,6 +5,7 @@ from each row computed on its own, every row's contribution must be within c_row
 
 from __future__ import annotations
 
+import hashlib
 import math
 from fractions import Fraction
 
@@ -177,3 +178,24 @@ def test_the_dispatch_picks_the_softmax_engine_and_the_binary_path_is_unchanged(
         es.ExactSoftmaxClipper(
             build_module(LogisticSpec(), 3), grid_bits=GRID_BITS, max_grad_norm=1.0, parameters=4
         )
+
+
+def _golden_digest() -> str:
+    h = hashlib.sha256()
+    for k, clip in ((3, 1.0), (10, 0.05)):
+        d = 8
+        module = _model(d, k, seed=100 + k, std=2.0)
+        x, y = _data(700, d, k, seed=200 + k)
+        h.update(_clipper(module, d, clip=clip)(x, y).numpy().tobytes())
+    return h.hexdigest()
+
+
+GOLDEN = "7411eb56f23f1f6fe7600bc2d03451e7aaf0d4845ffb2265ea8319cd68090681"
+
+
+def test_the_sums_are_the_golden_bits() -> None:
+    """The engine's int64 sums, bit for bit, as first committed (issue 20): a faster
+    implementation (of this module or of fixed_point's exp_neg_basic) must give the same
+    sums. Inputs from torch's seeded generator (torch 2.13 CPU); the sums are exact integer
+    arithmetic and IEEE basic operations, so platform-independent."""
+    assert _golden_digest() == GOLDEN
