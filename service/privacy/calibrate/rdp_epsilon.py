@@ -19,9 +19,11 @@ import numpy as np
 from service.privacy.events import DpEvent, PoissonSubsampledGaussianEvent, leaf_counts
 from service.privacy.orders import CALIBRATION_ORDERS
 from service.privacy.rdp import (
+    IntegerOrderTable,
     epsilon_from_rdp_on_checked_orders,
+    integer_order_table,
     subsampled_gaussian_rdp,
-    subsampled_gaussian_rdp_integer_orders,
+    subsampled_gaussian_rdp_on_table,
     validate_orders,
 )
 
@@ -32,6 +34,8 @@ _INTEGER_ORDERS: Final[tuple[int, ...]] = tuple(
     int(a) for a in CALIBRATION_ORDERS if float(a).is_integer()
 )
 _INTEGER_ORDERS_F: Final[tuple[float, ...]] = validate_orders(_INTEGER_ORDERS)
+# built once, at import (the first quote does not build it)
+_INTEGER_TABLE: Final[IntegerOrderTable] = integer_order_table(_INTEGER_ORDERS)
 _FRACTIONAL_ORDERS: Final[tuple[float, ...]] = tuple(
     a for a in CALIBRATION_ORDERS if not float(a).is_integer()
 )
@@ -46,10 +50,9 @@ def _leaf_curves(
     total = np.zeros(len(orders))
     for leaf, count in leaves.items():
         if integer and isinstance(leaf, PoissonSubsampledGaussianEvent):
-            curve = subsampled_gaussian_rdp_integer_orders(
-                sampling_rate=leaf.sampling_rate,
-                noise_multiplier=leaf.noise_multiplier,
-                orders=[int(a) for a in orders],
+            # q and σ were checked by the event; the grid is this module's own
+            curve = subsampled_gaussian_rdp_on_table(
+                q=leaf.sampling_rate, sigma=leaf.noise_multiplier, table=_INTEGER_TABLE
             )
         elif isinstance(leaf, PoissonSubsampledGaussianEvent):
             curve = subsampled_gaussian_rdp(

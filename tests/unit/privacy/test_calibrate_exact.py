@@ -152,3 +152,20 @@ def _log_a_frac_before(q: float, sigma: float, alpha: float) -> float:
 def test_fractional_series_is_unchanged(log_q: float, log_sigma: float, alpha: float) -> None:
     q, sigma = math.exp(log_q), math.exp(log_sigma)
     assert rdp._log_a_frac(q, sigma, alpha) == _log_a_frac_before(q, sigma, alpha)
+
+
+@settings(max_examples=100, deadline=None)
+@given(log_q=st.floats(-12.0, 0.0), log_sigma=st.floats(-4.6, 5.0))
+def test_integer_orders_on_a_prebuilt_table_are_the_checked_function(
+    log_q: float, log_sigma: float
+) -> None:
+    """Calibration's fixed-grid path gives the public function's values on that grid."""
+    q, sigma = min(1.0, math.exp(log_q)), math.exp(log_sigma)
+    orders = (*range(2, 64), 80, 128, 1024)
+    on_table = rdp.subsampled_gaussian_rdp_on_table(
+        q=q, sigma=sigma, table=rdp.integer_order_table(orders)
+    )
+    checked = rdp.subsampled_gaussian_rdp_integer_orders(
+        sampling_rate=q, noise_multiplier=sigma, orders=list(orders)
+    )
+    assert on_table.tolist() == checked.tolist()
