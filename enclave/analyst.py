@@ -143,3 +143,48 @@ def score_series(
         proba = torch.sigmoid(module(torch.as_tensor(enc.x))).numpy().astype(np.float64)
     auc = float(roc_auc_score(enc.y, proba)) if len(np.unique(enc.y)) == 2 else None
     return ScoredSeries(proba, enc.stay_ids, enc.y, auc, validated.report)
+
+
+@dataclass(frozen=True)
+class ScoredImages:
+    """A release's predictions for public images (a folder or file in the release's
+    schema's ``source`` format, read and validated as the enclave reads them): P(y = 1)
+    for a binary release, one column per class for K ≥ 3; ``names`` the kept images,
+    ``y`` their class indices, ``accuracy`` the share whose most probable class is
+    theirs, ``auc`` the AUC (binary) or the macro one-vs-rest AUC (None unless every
+    class occurs)."""
+
+    probabilities: np.ndarray
+    names: list[str]
+    y: np.ndarray
+    accuracy: float
+    auc: float | None
+
+
+def score_images(
+    release: LoadedRelease | str | Path, path: str | Path, *, sample: int = 0
+) -> ScoredImages:
+    """Score public images with a logistic release trained on an image dataset: read and
+    validate them by the release's public schema (worker/images.py, as ``enclave datasets
+    check`` does), encode the pixels as the enclave does
+    (:func:`service.datasets.images.encode_pixels`), predict."""
+    from service.datasets.images import ImageSchema, encode_pixels
+    from worker.images import check_images
+
+    loaded = release if isinstance(release, LoadedRelease) else open_release(release)
+    schema = ImageSchema.model_validate(loaded.card["preprocessing"]["public_schema"])
+    images = check_images(schema, Path(path))
+    x = encode_pixels(schema, images.pixels).reshape(len(images.y), schema.n_features)
+    y = images.y.astype(np.int64)
+    k = n_classes(loaded)
+    if k >= 3:
+        proba = predict_class_proba(loaded, x, sample=sample)
+        accuracy = float((proba.argmax(axis=1) == y).mean()) if len(y) else 0.0
+        auc = None
+        if len(np.unique(y)) == k:
+            auc = float(roc_auc_score(y, proba, multi_class="ovr", average="macro"))
+    else:
+        proba = predict_proba(loaded, x, sample=sample)
+        accuracy = float(((proba > 0.5) == y).mean()) if len(y) else 0.0
+        auc = float(roc_auc_score(y, proba)) if len(np.unique(y)) == 2 else None
+    return ScoredImages(proba, images.names, y, accuracy, auc)

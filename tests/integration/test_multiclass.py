@@ -15,7 +15,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from enclave.analyst import CARD_FILE, WEIGHTS_FILE, score_csv
+from enclave.analyst import CARD_FILE, WEIGHTS_FILE, score_csv, score_images
 from enclave.cli import app
 from service.datasets.images import encode_pixels
 from service.datasets.kinds import load_schema_yaml
@@ -177,3 +177,7 @@ def test_the_bundled_digits_register_and_train_ten_classes(
     accuracy = digits_accuracy(card, weights)
     print(f"digits, DP-SGD ε = 8: accuracy on the training images {accuracy:.3f}")
     assert accuracy > 2 / 10
+    # The analyst's scoring of an image folder or file gives the same accuracy.
+    scored = score_images(load_release(weights, card), DIGITS / "digits.npz")
+    assert scored.probabilities.shape == (1797, 10) and scored.accuracy == accuracy
+    assert scored.auc is not None and scored.auc > 0.9
