@@ -25,6 +25,7 @@ from typer.testing import CliRunner
 from enclave.cli import app
 from service.datasets.tabular import parse_schema
 from service.db import engine_for, transaction
+from service.ledger.audit import check_totals, verify_all
 from service.ledger.tables import Dataset, EntryKind, Job, JobStatus, LedgerEntry
 from service.privacy.amounts import to_micro_up
 from tests.conftest import SMALL_SCHEMA, Keys, auth, write_toy_csv
@@ -168,6 +169,9 @@ def test_evaluation_is_charged_run_and_released(
     with transaction(engine_for(settings.resolved_database_url)) as s:
         entry = s.scalars(select(LedgerEntry).where(LedgerEntry.job_id == evaluation)).one()
         assert entry.kind == EntryKind.charge and entry.event == plan["event"]
+        # The ledger's own audit: every charge re-derived from its event, chains intact.
+        assert check_totals(s) == []
+        assert all(v.ok for v in verify_all(s))
 
     assert execute_job(evaluation, settings) == Outcome.released
     card = client.get(f"/v1/jobs/{evaluation}/release", headers=alice).json()
@@ -344,3 +348,22 @@ def test_a_three_class_model_is_evaluated_on_its_holdout(
     # at eps 1 per metric on ~270 rows is about 1/270 per unit.
     assert acc["value"] > 0.6, acc
     assert acc["interval"]["lower"] <= acc["value"] <= acc["interval"]["upper"]
+
+
+def test_a_tampered_release_fails_the_evaluation_before_the_holdout_is_read(
+    client: Any, keys: Keys, settings: Any, held: Any
+) -> None:
+    from service.releases import release_paths
+
+    alice = auth(keys.alice)
+    trained = _train(client, settings, keys.alice)
+    r = client.post("/v1/evaluations", json={"job_id": trained, "epsilon": 0.5}, headers=alice)
+    assert r.status_code == 202, r.text
+    evaluation = str(r.json()["id"])
+    run_token = client.get(f"/v1/jobs/{trained}/release", headers=alice).json()["run_token"]
+    weights = release_paths(settings.resolved_release_dir, trained, run_token).weights
+    weights.write_bytes(weights.read_bytes()[:-1] + b"\x00")  # no longer the card's SHA-256
+    assert execute_job(evaluation, settings) == Outcome.failed
+    with transaction(engine_for(settings.resolved_database_url)) as s:
+        job = s.get_one(Job, evaluation)
+        assert job.status == JobStatus.failed and not job.data_touched and not job.data_read
