@@ -58,7 +58,14 @@ Route (a) of the issue, exact fixed-point arithmetic through the network. Notati
   rows (≤ 1024), so its partial sums stay ≤ 2^52: exact (ii). Each chunk's integer total t
   is split exactly as t = h·2^c + l (0 ≤ l < 2^c, floor division in int64), the h and l
   parts are summed over chunks in int64 (no overflow below 2^24 rows), and
-  S = H + ⌊(L + 2^(c−1))/2^c⌋, the exact sum rounded once.
+  S = H + ⌊(L + 2^(c−1))/2^c⌋, the exact sum rounded once; a batch of one chunk gets the
+  same integer as ⌊(t + 2^(c−1))·2^-c⌋ in float64 (every step exact: |t| ≤ 2^52, c ≤ 18).
+* **Speed without other bits** (issue 25): the CPU kernels for σ̃ and tanh̃ run block by
+  block in cache (fixed_point._BLOCK) with each element's operations unchanged; the
+  norms of inputs known to be small (features ≤ 2^18, tanh activations ≤ 2^16) skip
+  norm_sq_upper's per-row scaling, whose shift is then 0; scalings, roundings and masks
+  run in place. Each is argued where it is made; tests/unit/test_exact_net.py's golden
+  sha256 pins the sums to those of the code before (cb078aa).
 
 **Sensitivity.** With z_i the exact contribution of row i (batch-independent, ‖z_i‖ ≤ c_row)
 and S = round(Σ_i z_i) coordinatewise, adding one row x* changes each coordinate of the
