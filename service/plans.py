@@ -168,7 +168,9 @@ def plan_for_dataset(
         n_features=schema.n_features,
         dataset_kind=kind,
         norm_sq_bound=None if bound is None else bound(schema),
-        n_classes=schema.n_classes,
+        # A kind whose schema declares no classes (one added by its table entry alone) is
+        # binary.
+        n_classes=int(getattr(schema, "n_classes", 2)),
     )
 
 

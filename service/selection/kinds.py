@@ -36,7 +36,13 @@ def with_total_epsilon(
     """The request with the largest per-training ε (bisection in log ε, 40 steps) whose
     whole workflow is within (``epsilon``, ``delta``); the score's ε is kept as given.
     Any kind with per-candidate trainings (``schema``: as for :func:`plan_selection`).
-    Raises PlanError if no calibratable per-training ε fits."""
+    Raises PlanError if no calibratable per-training ε fits.
+
+    Cost: ~44 whole plans (each calibrates σ per privacy setting), most of a selection
+    quote's time (benchmarks/results/quote_latency.md). A faster search (a secant needs
+    7–13) would resolve a different per-training ε, hence other plans: the workflow ε is
+    not monotone at the 0.1 % scale of σ's calibration tolerance, so the steps cannot be
+    predicted either; tests/unit/test_plan_digests.py holds the resolved plans fixed."""
     if request.budget is None:
         raise PlanError("this request has no per-training budget to calibrate")
     kind = next(k for k, model in REQUEST_MODELS.items() if isinstance(request, model))
@@ -108,9 +114,10 @@ def plan_selection(
         str(schema.get("kind", "tabular")) if isinstance(schema, dict) else "tabular"
     )  # the model must fit the dataset's kind (GRU-D on time series): build_plan checks
     parsed = data_kind(dataset_kind).parse(schema) if isinstance(schema, dict) else schema
-    if parsed is not None and parsed.n_classes >= 3:
+    n_classes = int(getattr(parsed, "n_classes", 2))  # a kind without classes: binary
+    if n_classes >= 3:
         raise PlanError(
-            f"the dataset's target has {parsed.n_classes} classes; selections take binary "
+            f"the dataset's target has {n_classes} classes; selections take binary "
             f"targets only for now (multi-class targets are trained by {MULTICLASS_SUPPORT})"
         )
     if kind == "architecture" and isinstance(request, ArchitectureRequest):
