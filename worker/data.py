@@ -55,7 +55,9 @@ from service.datasets.timeseries import (
 )
 from service.private_files import make_private_dir, open_private_file
 from worker.encoded import Arrays, cached_arrays
-from worker.images import ImageReadError, ValidatedImages, check_images, read_npz_bytes
+from worker.image_arrays import read_npz_bytes
+from worker.image_types import ImageReadError, ValidatedImages
+from worker.images import check_images
 from worker.mechanisms.base import TabularTrainingSet
 
 ROWS_FILE = "rows.csv.gz"

@@ -28,7 +28,7 @@ from worker.data import (
     store_holdout,
     store_prepared,
 )
-from worker.images import ImageReport
+from worker.image_types import ImageReport
 from worker.noise import discrete_laplace, secure_rng
 
 

@@ -19,7 +19,8 @@ from PIL import Image
 from pydantic import ValidationError
 
 from service.datasets.images import ImageSchema, encode_pixels
-from worker.images import (
+from worker.image_arrays import CifarUnpickler, read_idx
+from worker.image_types import (
     ABOVE_MAX,
     BAD_NAME,
     EXAMPLES,
@@ -33,12 +34,10 @@ from worker.images import (
     UNREADABLE,
     WRONG_CHANNELS,
     WRONG_SIZE,
-    CifarUnpickler,
     ImageReadError,
-    check_images,
     max_image_file_bytes,
-    read_idx,
 )
+from worker.images import check_images
 
 ROOT = Path(__file__).resolve().parents[2]
 DIGITS = ROOT / "examples" / "digits"
