@@ -10,11 +10,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from pydantic import ValidationError
+
 from service.datasets.kinds import DATA_KINDS, DEFAULT_KIND, DataKind
 from service.methods import METHODS, method_key, plan_key
 from service.methods.common import PlanError as PlanError
 from service.methods.common import PlanFacts
-from service.modelspec import ModelSpec
+from service.modelspec import LogisticSpec, ModelSpec
 from service.privacy.events import DpEvent, SelfComposedEvent
 from service.privacy.orders import ORDERS
 from service.schemas import JobRequest, PrivacyPlan
@@ -78,7 +80,10 @@ def with_classes(request: JobRequest, n_classes: int) -> JobRequest:
         )
     if given is not None and given != n_classes:
         raise PlanError(f"model.classes {given} differs from the dataset's {n_classes} classes")
-    model = request.model.model_copy(update={"classes": n_classes})
+    try:  # validated (model_copy would not be): 3 ≤ K ≤ MAX_CLASSES
+        model = LogisticSpec.model_validate({**request.model.model_dump(), "classes": n_classes})
+    except ValidationError as exc:
+        raise PlanError(f"model.classes: {exc.errors()[0]['msg']}") from None
     return request.model_copy(update={"model": model})
 
 

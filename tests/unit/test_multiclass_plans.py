@@ -13,8 +13,8 @@ import pytest
 from pydantic import ValidationError
 
 from service.datasets.tabular import encode_target, parse_schema
-from service.modelspec import LogisticSpec, MlpSpec
-from service.plans import PlanError, plan_for_dataset
+from service.modelspec import MAX_CLASSES, LogisticSpec, MlpSpec
+from service.plans import PlanError, plan_for_dataset, with_classes
 from service.schemas import DpsgdOptions, JobRequest
 from service.selection.kinds import plan_selection
 from tests.plan_cases import adult_schema
@@ -123,3 +123,9 @@ def test_selections_refuse_k_classes(kind: str) -> None:
             n_features=2,
             schema=_public(classes=CLASSES),
         )
+
+
+def test_more_classes_than_the_engine_takes_is_a_plan_error() -> None:
+    with pytest.raises(PlanError, match=r"model\.classes"):
+        with_classes(_dpsgd(), MAX_CLASSES + 1)
+    assert with_classes(_dpsgd(), MAX_CLASSES).model == LogisticSpec(classes=MAX_CLASSES)
