@@ -20,7 +20,6 @@ from service.privacy.evaluation import (
     ECE_GRID,
     LOG_LOSS_GRID,
     EvaluationPlan,
-    Interval,
     auc_stage,
     binary_auc_sensitivity,
     macro_auc_sensitivity,
@@ -28,6 +27,7 @@ from service.privacy.evaluation import (
     plan_evaluation,
     split_budget,
 )
+from service.privacy.evaluation_intervals import Interval
 from worker.mechanisms.evaluation import (
     auc_exact,
     confusion_counts,

@@ -30,11 +30,13 @@ from service.privacy.evaluation import (
     ECE_GRID,
     LOG_LOSS_GRID,
     EvaluationPlan,
-    Interval,
     MetricPlan,
     NoiseKind,
-    auc_interval,
     auc_stage,
+)
+from service.privacy.evaluation_intervals import (
+    Interval,
+    auc_interval,
     bounded_mean_interval,
     calibration_error_interval,
     proportion_interval,
