@@ -367,3 +367,14 @@ def test_a_tampered_release_fails_the_evaluation_before_the_holdout_is_read(
     with transaction(engine_for(settings.resolved_database_url)) as s:
         job = s.get_one(Job, evaluation)
         assert job.status == JobStatus.failed and not job.data_touched and not job.data_read
+
+
+def test_the_dashboard_shows_the_holdout(client: Any, keys: Keys, held: Any) -> None:
+    r = client.post("/dashboard/login", data={"api_key": keys.admin}, follow_redirects=False)
+    assert r.status_code == 303
+    page = client.get(f"/dashboard/datasets/{HELD}")
+    assert page.status_code == 200
+    assert f"<dt>Holdout rows</dt><dd>{held.holdout_rows}: reserved at registration" in page.text
+    assert "less the holdout" in page.text
+    toy = client.get("/dashboard/datasets/toy")
+    assert "none: no holdout was reserved" in toy.text

@@ -60,12 +60,14 @@ def dataset_page(
         overview = ops.analysts_overview(s)
         caps = [(row.name, sp) for row in overview for sp in row.spending if sp.dataset == name]
         n_rows, allow_nominal = ds.n_rows, ds.allow_nominal
+        holdout_rows = ds.holdout_rows
     return render(
         request,
         "dataset.html",
         admin,
         a=summary,
         n_rows=n_rows,
+        holdout_rows=holdout_rows,
         allow_nominal=allow_nominal,
         chart=build_chart(
             points, epsilon_total=summary.epsilon_total, zoom_to_spent=scale == "spent"
