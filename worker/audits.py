@@ -1,0 +1,219 @@
+"""Empirical audits the data owner's admin runs inside the enclave (issue 22).
+
+:func:`run_one_run_audit`: the one-run audit of Steinke, Nasr & Jagielski 2023 ("Privacy
+auditing with one (1) training run", arXiv:2305.08846), black-box, input-space canaries,
+on a PUBLIC dataset bundled with the product (only ``adult`` in this slice), so nothing
+is charged to any dataset's budget and no private row is read:
+
+1. m canaries: m rows of the public training set, drawn without replacement by the
+   enclave's secure RNG (worker.noise.secure_rng), with their label FLIPPED (mislabeled
+   examples, the kind a model memorises); the other n − m rows are always trained on.
+2. Each canary is included independently with probability 1/2 (S_i, secure RNG).
+3. ONE DP-SGD training run of logistic regression, under the plan the service would
+   build for that (ε, δ) and the public row count, by the worker's own ``run_dpsgd``.
+4. Each canary is scored by minus its loss under the released model (a member is fitted
+   better); ties broken by a secure random order. The auditor guesses "in" for the k₊
+   highest scores and "out" for the k₋ lowest, abstaining on the rest (the paper's
+   top-k / bottom-k guesses, §6); r = k₊ + k₋ is fixed before the run.
+5. v = the number of right guesses; ε_lb and the test's ceiling from
+   service.privacy.one_run_audit (Theorem 3.1 of the paper).
+
+The result stays in the admin's view: it holds counts and the bound, never the rows,
+the memberships or the model.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+
+from service.datasets.kinds import load_schema_yaml
+from service.datasets.tabular import TabularSchema, encode, validate_frame
+from service.modelspec import LogisticSpec
+from service.plans import build_plan
+from service.privacy.one_run_audit import OneRunBound, epsilon_lower_bound
+from service.schemas import DpsgdOptions, JobRequest
+from worker.mechanisms.base import TabularTrainingSet
+from worker.mechanisms.dpsgd import run_dpsgd
+from worker.noise import secure_rng
+
+__all__ = [
+    "AUDITABLE_METHODS",
+    "MAX_CANARY_FRACTION",
+    "PUBLIC_DATASETS",
+    "AuditRefused",
+    "OneRunAudit",
+    "correct_guesses",
+    "load_public",
+    "run_one_run_audit",
+]
+
+ROOT = Path(__file__).resolve().parents[1]
+PUBLIC_DATASETS: dict[str, Path] = {"adult": ROOT / "examples" / "adult"}
+AUDITABLE_METHODS = ("dpsgd",)
+# At most this fraction of the rows are canaries, so the audited run trains on
+# essentially the dataset its plan describes.
+MAX_CANARY_FRACTION = 0.1
+
+
+class AuditRefused(ValueError):
+    """The audit cannot run as asked (a method it cannot audit, m too large, ...)."""
+
+
+@dataclass(frozen=True)
+class OneRunAudit:
+    method: str
+    dataset: str
+    epsilon: float  # the claimed ε of the audited plan
+    delta: float
+    bound: OneRunBound  # ε_lb, its ceiling, m, r, v, confidence
+    rows: int  # public training rows (canaries included)
+    noise_multiplier: float
+    steps: int
+    sampling_rate: float
+    seconds: float  # the whole audit: data, one training run, scoring
+
+
+def load_public(dataset: str) -> TabularTrainingSet:
+    """A bundled public dataset's training part, encoded as the worker encodes rows."""
+    if dataset not in PUBLIC_DATASETS:
+        raise AuditRefused(
+            f"unknown public dataset {dataset!r}; bundled: {', '.join(PUBLIC_DATASETS)}"
+        )
+    folder = PUBLIC_DATASETS[dataset]
+    schema = load_schema_yaml((folder / "schema.yaml").read_text())
+    if not isinstance(schema, TabularSchema):
+        raise AuditRefused(f"public dataset {dataset!r} is not tabular")
+    raw = pd.read_csv(folder / f"{dataset}.data.gz", **schema.read_csv_kwargs())
+    table = encode(schema, validate_frame(schema, raw).frame)
+    return TabularTrainingSet(x=torch.from_numpy(table.x), y=torch.from_numpy(table.y))
+
+
+def _default_guesses(canaries: int) -> int:
+    return max(2, canaries // 5)
+
+
+def _check_request(*, method: str, canaries: int, guesses: int, rows: int, dataset: str) -> None:
+    if method not in AUDITABLE_METHODS:
+        raise AuditRefused(
+            f"method {method!r} cannot be audited by the one-run audit here; "
+            f"auditable: {', '.join(AUDITABLE_METHODS)}"
+        )
+    limit = int(rows * MAX_CANARY_FRACTION)
+    if not 1 <= canaries <= limit:
+        raise AuditRefused(
+            f"{canaries} canaries is out of range for {dataset} ({rows} rows): "
+            f"between 1 and {limit} ({MAX_CANARY_FRACTION:.0%} of its rows)"
+        )
+    if not 1 <= guesses <= canaries:
+        raise AuditRefused(f"guesses must be between 1 and the {canaries} canaries")
+
+
+def _scores(state: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor) -> np.ndarray:
+    """Minus the logistic loss of each (x, y) under the released weights (float64)."""
+    w = state["linear.weight"].double().reshape(-1)
+    b = state["linear.bias"].double().reshape(())
+    logits = x.double() @ w + b
+    loss = torch.nn.functional.binary_cross_entropy_with_logits(
+        logits, y.double(), reduction="none"
+    )
+    return (-loss).numpy()
+
+
+def correct_guesses(
+    *, scores: np.ndarray, included: np.ndarray, guesses: int, tie_break: np.ndarray
+) -> int:
+    """The paper's top-k / bottom-k guesser (§6): "in" for the ⌈r/2⌉ highest scores, "out"
+    for the ⌊r/2⌋ lowest, abstain on the rest; ties ordered by ``tie_break`` (a secure
+    random permutation, so the order never depends on membership). Returns v."""
+    m = len(scores)
+    order = np.lexsort((tie_break, scores))  # ascending score
+    k_in, k_out = guesses - guesses // 2, guesses // 2
+    guess_in, guess_out = order[m - k_in :], order[:k_out]
+    return int(included[guess_in].sum() + (~included[guess_out]).sum())
+
+
+def run_one_run_audit(
+    *,
+    method: str,
+    epsilon: float,
+    delta: float,
+    canaries: int,
+    dataset: str = "adult",
+    guesses: int | None = None,
+    confidence: float = 0.95,
+    options: DpsgdOptions | None = None,
+) -> OneRunAudit:
+    """One training run, m canaries, the bound and its ceiling (module text)."""
+    start = time.perf_counter()
+    r = _default_guesses(canaries) if guesses is None else guesses
+    if method not in AUDITABLE_METHODS:  # before loading anything
+        _check_request(method=method, canaries=canaries, guesses=r, rows=1, dataset=dataset)
+    data = load_public(dataset)
+    n = data.n
+    _check_request(method=method, canaries=canaries, guesses=r, rows=n, dataset=dataset)
+
+    rng = secure_rng()
+    canary_rows = rng.choice(n, size=canaries, replace=False)
+    base = np.setdiff1d(np.arange(n), canary_rows)
+    included = rng.random(canaries) < 0.5  # S_i: each canary in with probability 1/2
+    cx = data.x[torch.from_numpy(canary_rows)]
+    cy = 1.0 - data.y[torch.from_numpy(canary_rows)]  # flipped labels
+    inc = torch.from_numpy(np.flatnonzero(included))
+    train = TabularTrainingSet(
+        x=torch.cat([data.x[torch.from_numpy(base)], cx[inc]]),
+        y=torch.cat([data.y[torch.from_numpy(base)], cy[inc]]),
+    )
+
+    # The plan the service would build from public values: the expected row count.
+    request = JobRequest(
+        dataset=dataset,
+        model=LogisticSpec(),
+        method="dpsgd",
+        epsilon=epsilon,
+        delta=delta,
+        dpsgd=options or DpsgdOptions(),
+    )
+    plan = build_plan(request, n_rows=n - canaries // 2, n_features=data.n_features)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny model: one thread (see tests/privacy/harness.py)
+    try:
+        out = run_dpsgd(
+            spec=LogisticSpec.model_validate(plan.model),
+            mechanism=plan.mechanism,
+            samples=1,
+            data=train,
+            device=torch.device("cpu"),
+            progress=lambda step, total: None,
+        )
+    finally:
+        torch.set_num_threads(threads)
+    (state,) = out.releases
+
+    correct = correct_guesses(
+        scores=_scores(state, cx, cy),
+        included=included,
+        guesses=r,
+        tie_break=rng.permutation(canaries),
+    )
+    bound = epsilon_lower_bound(
+        canaries=canaries, guesses=r, correct=correct, confidence=confidence, delta=delta
+    )
+    mech = plan.mechanism
+    return OneRunAudit(
+        method=method,
+        dataset=dataset,
+        epsilon=epsilon,
+        delta=delta,
+        bound=bound,
+        rows=n,
+        noise_multiplier=float(mech["noise_multiplier"]),
+        steps=int(mech["steps"]),
+        sampling_rate=float(mech["sampling_rate"]),
+        seconds=time.perf_counter() - start,
+    )
