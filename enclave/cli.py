@@ -31,6 +31,7 @@ from typer.core import TyperGroup
 
 from enclave.admin_jobs import admin_job, admin_jobs
 from enclave.analyst_cli import add_analyst_commands
+from enclave.audit_cli import admin_audit
 from enclave.errors import database_setup_error, fail
 from enclave.jobs_cli import jobs_app
 from enclave.privacy_text import privacy_number
@@ -484,6 +485,7 @@ def datasets_nominal(
 # Filters, --cursor and --all (issue 26): enclave/admin_jobs.py.
 admin_app.command("jobs")(admin_jobs)
 admin_app.command("job")(admin_job)
+admin_app.command("audit")(admin_audit)  # one-run privacy audit (issue 22)
 
 
 @admin_app.command("refund")

@@ -1,0 +1,80 @@
+"""`enclave admin audit` (enclave/audit_cli.py): the sentence that puts the figure beside
+its ceiling, a real audit run through the command, and its refusals."""
+
+from __future__ import annotations
+
+import re
+
+from typer.testing import CliRunner
+
+from enclave.audit_cli import audit_sentence
+from enclave.cli import app
+from service.privacy.one_run_audit import epsilon_lower_bound
+
+runner = CliRunner()
+
+
+def test_sentence_states_the_ceiling_beside_the_figure() -> None:
+    b = epsilon_lower_bound(canaries=1000, guesses=200, correct=140, confidence=0.95)
+    text = audit_sentence(b)
+    assert text == (
+        f"ε ≥ {int(b.epsilon * 100) / 100:.2f} at 95% (this test cannot show more than 5.81 "
+        "with 1,000 canaries): a lower bound, not a proof"
+    )
+    assert b.epsilon > 0.0
+    # Nothing right at all: 0, still with the ceiling.
+    zero = epsilon_lower_bound(canaries=50, guesses=10, correct=0, confidence=0.9)
+    assert audit_sentence(zero).startswith("ε ≥ 0.00 at 90% (this test cannot show more than ")
+
+
+def test_command_runs_an_audit_on_adult() -> None:
+    r = runner.invoke(
+        app,
+        [
+            "admin",
+            "audit",
+            "--method",
+            "dpsgd",
+            "--epsilon",
+            "1",
+            "--delta",
+            "1e-5",
+            "--canaries",
+            "60",
+        ],
+    )
+    assert r.exit_code == 0, r.output
+    first, second = r.output.strip().splitlines()
+    assert re.fullmatch(
+        r"ε ≥ \d+\.\d\d at 95% \(this test cannot show more than \d+\.\d\d with 60 canaries\): "
+        r"a lower bound, not a proof",
+        first,
+    )
+    assert "of 12 guesses right on 60 canaries" in second
+    assert "nothing charged" in second
+
+
+def test_command_refusals() -> None:
+    base = ["admin", "audit", "--epsilon", "1", "--delta", "1e-5"]
+    r = runner.invoke(app, [*base, "--method", "expm_nf", "--canaries", "10"])
+    assert r.exit_code == 1 and "cannot be audited" in r.output
+    r = runner.invoke(app, [*base, "--method", "dpsgd", "--canaries", "100000"])
+    assert r.exit_code == 1 and "out of range for adult" in r.output
+    r = runner.invoke(
+        app,
+        [
+            "admin",
+            "audit",
+            "--method",
+            "dpsgd",
+            "--epsilon",
+            "1000",
+            "--delta",
+            "1e-5",
+            "--canaries",
+            "10",
+        ],
+    )
+    assert r.exit_code == 1 and "epsilon" in r.output
+    r = runner.invoke(app, [*base, "--method", "dpsgd", "--canaries", "10", "--dataset", "icu"])
+    assert r.exit_code == 1 and "unknown public dataset" in r.output
