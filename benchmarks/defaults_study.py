@@ -34,6 +34,10 @@ count a few rows away):
 * ``digits_parity``: scikit-learn's load_digits (1,797 images of 8 × 8 pixels in 0..16,
   divided by 16; d = 64, B = 65), target "the digit is odd", 30 % held out (seed 0).
 
+Confirmation sets, not looked at when the rules were chosen (``--datasets``): ``adultN``
+(N rows of Adult's train file, seed 0; e.g. adult1500, adult10000) and ``digits_ge5``
+(load_digits, target "the digit is 5 or more").
+
 The bundled ICU sample is not in the study: it is a time-series dataset, and the product
 trains only GRU-D on those (neither logistic DP-SGD nor the Langevin sampler applies).
 
@@ -50,10 +54,12 @@ Grids (benchmark only):
         [--datasets adult,adult3000,...] [--methods dpsgd,expm]
     .venv/bin/python benchmarks/defaults_study.py --grid-from benchmarks/results/defaults_study.json
 
-``--grid-from`` re-measures the defaults and the non-private reference and takes the grid's
-results from an earlier run's JSON (the grid does not depend on the defaults): used after
-a change of the default rule. It also releases the earlier grid best's settings R more
-times in this run; the gap is then taken against the higher of the two medians. Torch
+``--no-grid`` measures the defaults and the non-private reference only; ``--epsilon`` sets
+ε (1 unless given). ``--grid-from`` re-measures the defaults and the non-private reference
+and takes the grid's results from an earlier run's JSON (the grid does not depend on the
+defaults): used after a change of the default rule. It also releases the earlier grid
+best's settings R more times in this run; the gap is then taken against the higher of the
+two medians. Torch
 runs on 1 thread (a shared machine).
 
 Results: benchmarks/results/defaults_study.{md,json} (``--out`` changes the stem).
@@ -93,7 +99,7 @@ from worker.mechanisms.base import TabularTrainingSet  # noqa: E402
 from worker.mechanisms.dpsgd import run_dpsgd  # noqa: E402
 from worker.mechanisms.langevin import run_expm_langevin  # noqa: E402
 
-EPSILON = 1.0
+EPSILON = [1.0]  # the study's ε; --epsilon changes it (a list so that main can set it)
 DELTA = 1e-5
 METHODS = ("dpsgd", "expm")
 DATASETS = ("adult", "adult3000", "adult700", "breast_cancer", "digits_parity")
@@ -175,20 +181,26 @@ def load_datasets(names: list[str]) -> list[Dataset]:
                 "sklearn load_breast_cancer, min-max scaled; 30 % held out (seed 0)",
             )
         )
-    if "digits_parity" in names:
+    targets = {
+        "digits_parity": ("odd digit", lambda t: t % 2),
+        "digits_ge5": ("digit ≥ 5", lambda t: t >= 5),
+    }
+    for name, (what, target) in targets.items():
+        if name not in names:
+            continue
         from sklearn.datasets import load_digits
 
         dg = load_digits()
-        xtr, ytr, xte, yte = _split(dg.data / 16.0, dg.target % 2)
+        xtr, ytr, xte, yte = _split(dg.data / 16.0, target(dg.target).astype(np.int64))
         out.append(
             Dataset(
-                "digits_parity",
+                name,
                 xtr,
                 ytr,
                 xte,
                 yte,
                 dg.data.shape[1] + 1,
-                "sklearn load_digits / 16, target: odd digit; 30 % held out (seed 0)",
+                f"sklearn load_digits / 16, target: {what}; 30 % held out (seed 0)",
             )
         )
     order = {n: i for i, n in enumerate(names)}
@@ -216,7 +228,7 @@ def request_for(method: str, options: dict[str, Any] | None) -> JobRequest:
     body: dict[str, Any] = {
         "dataset": "study",
         "method": method,
-        "epsilon": EPSILON,
+        "epsilon": EPSILON[0],
         "delta": DELTA,
         "model": {"kind": "logistic"},
     }
@@ -311,6 +323,9 @@ def study_one(
     t0 = time.perf_counter()
     screen, repeats = repeats_for(ds, args)
     default = measure(ds, method, None, repeats)
+    if args.no_grid:
+        print(f"{ds.name:14s} {method:6s} default {default['median']:.4f}", flush=True)
+        return {"dataset": ds.name, "method": method, "default": default}
     if old is not None:
         grid_part = {k: old[k] for k in ("stage1", "stage2", "best")}
         grid_part["grid_from"] = args.grid_from
@@ -360,7 +375,7 @@ def _spread(m: dict[str, Any]) -> str:
 
 
 def write(results: dict[str, Any], stem: Path) -> None:
-    stem.with_suffix(".json").write_text(json.dumps(results, indent=1) + "\n")
+    Path(f"{stem}.json").write_text(json.dumps(results, indent=1) + "\n")
     lines = [
         "# Defaults study: default settings against a grid, several datasets (issue 21, point 2)",
         "",
@@ -369,7 +384,7 @@ def write(results: dict[str, Any], stem: Path) -> None:
         f"Machine: {results['machine']}; load average (1 min) {results['load_start']:.1f} at the "
         f"start, {results['load_end']:.1f} at the end; {results['wall_s'] / 60:.1f} min in all.",
         "",
-        f"ε = {EPSILON:g}, δ = {DELTA:g}, logistic regression. Default: median test AUC of R "
+        f"ε = {EPSILON[0]:g}, δ = {DELTA:g}, logistic regression. Default: median test AUC of R "
         "releases of the request without method options. Grid best: the best median of R "
         f"fresh releases among the {results['top']} best grid points of a screen of S "
         "releases per point (see the module docstring for the grids). (S, R) = "
@@ -393,6 +408,14 @@ def write(results: dict[str, Any], stem: Path) -> None:
     ]
     for r in results["rows"]:
         ds = results["datasets"][r["dataset"]]
+        if "best" not in r:  # --no-grid
+            lines.append(
+                f"| {r['dataset']} | {ds['n']} | {ds['d']} | {r['method']} | "
+                f"{ds['nonprivate_auc']:.4f} | {r['default']['median']:.4f} | "
+                f"{_fmt_settings(r['method'], r['default']['settings'])} | | | | "
+                f"{_spread(r['default'])} |"
+            )
+            continue
         gap = r["gap"]
         mark = " **(> 0.02)**" if gap > 0.02 else ""
         default, best = r["default"], r["best"]
@@ -409,7 +432,7 @@ def write(results: dict[str, Any], stem: Path) -> None:
             f"- `{name}`: {ds['source']} (n = {ds['n']}, d = {ds['d']}, B = {ds['B']}, "
             f"test rows {ds['n_test']})"
         )
-    stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    Path(f"{stem}.md").write_text("\n".join(lines) + "\n")
 
 
 def main() -> None:
@@ -422,9 +445,12 @@ def main() -> None:
     parser.add_argument("--datasets", default=",".join(DATASETS))
     parser.add_argument("--methods", default=",".join(METHODS))
     parser.add_argument("--grid-from", default=None)
+    parser.add_argument("--no-grid", action="store_true")
+    parser.add_argument("--epsilon", type=float, default=1.0)
     parser.add_argument("--out", default=str(ROOT / "benchmarks/results/defaults_study"))
     args = parser.parse_args()
     torch.set_num_threads(1)
+    EPSILON[0] = args.epsilon
     t0 = time.perf_counter()
     load_start = os.getloadavg()[0]
     old_rows: dict[tuple[str, str], dict[str, Any]] = {}
