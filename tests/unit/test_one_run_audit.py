@@ -148,3 +148,26 @@ def test_bad_inputs_are_refused() -> None:
         epsilon_lower_bound(canaries=10, guesses=5, correct=5, confidence=0.9, delta=-1e-9)
     with pytest.raises(TypeError):
         epsilon_lower_bound(canaries=10, guesses=5, correct=True, confidence=0.9)  # type: ignore[arg-type]
+
+
+def test_false_positive_rate_with_delta_against_leaky_randomized_response() -> None:
+    """An (ε, δ)-DP mechanism: with probability δ a canary's bit is output as it is,
+    otherwise randomized response (P[Y = s | s] = δ + (1 − δ)q ≤ e^ε·(1 − δ)(1 − q) + δ).
+    The δ > 0 bound must exceed ε in ≤ 5% of audits (+4 standard errors)."""
+    rng = np.random.default_rng(20261126)
+    eps, delta = 1.0, 2e-3
+    m, r, trials = 300, 300, 4000
+    q = math.exp(eps) / (1 + math.exp(eps))
+    s = rng.choice([-1, 1], size=(trials, m))
+    leak = rng.random((trials, m)) < delta
+    flip = (rng.random((trials, m)) >= q) & ~leak
+    y = np.where(flip, -s, s)
+    correct = (y[:, :r] == s[:, :r]).sum(axis=1)
+    cache: dict[int, float] = {}
+    over = 0
+    for v in correct.tolist():
+        if v not in cache:
+            cache[v] = _bound(m, r, v, delta=delta)
+        over += cache[v] > eps
+    assert over / trials <= 0.05 + 4 * math.sqrt(0.05 * 0.95 / trials)
+    assert _bound(m, r, int(np.median(correct)), delta=delta) > 0.0
