@@ -4,12 +4,14 @@ policy, refunds, ledger entries and the ledger's verification."""
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from service.params import BudgetEpsilon, Delta
 from service.schemas.common import ApiInput, ApiOutput
+from service.schemas.ledger_events import LedgerEventDoc, ledger_event_type
+from service.schemas.stored import Typed, one_of
 from service.vocabulary import EntryKind, Role
 
 
@@ -122,7 +124,22 @@ class LedgerEntryPublic(ApiOutput):
             "of the dataset's nominal policy."
         ),
     )
-    event: dict[str, Any] | None
+    event: (
+        Annotated[
+            dict[str, Any],
+            Typed(LedgerEventDoc, pick=ledger_event_type),
+            Field(json_schema_extra=one_of),
+        ]
+        | None
+    ) = Field(
+        description=(
+            "What the entry records, as data (the stored JSON object, byte for byte), by "
+            "its kind: a charge, the DP event charged (DpEventJson); a budget entry, the "
+            "change (RegisterEventJson, SetBudgetEventJson, SetCapEventJson, "
+            "SetNominalEventJson, by `action`); a refund, ReturnedRefundEventJson or "
+            "InformationOnlyRefundEventJson; a release, ReleaseEventJson."
+        )
+    )
     epsilon: float
     delta: float = Field(
         description=(
