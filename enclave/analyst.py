@@ -12,6 +12,7 @@ import json
 from collections.abc import Hashable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -32,6 +33,9 @@ from service.releases import (
     predict_class_proba,
     predict_proba,
 )
+
+if TYPE_CHECKING:
+    from worker.image_types import ImageReport
 
 CARD_FILE = "card.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -152,13 +156,14 @@ class ScoredImages:
     for a binary release, one column per class for K ≥ 3; ``names`` the kept images,
     ``y`` their class indices, ``accuracy`` the share whose most probable class is
     theirs, ``auc`` the AUC (binary) or the macro one-vs-rest AUC (None unless every
-    class occurs)."""
+    class occurs); ``report`` what validation kept and rejected, and why."""
 
     probabilities: np.ndarray
     names: list[str]
     y: np.ndarray
     accuracy: float
     auc: float | None
+    report: ImageReport
 
 
 def score_images(
@@ -174,6 +179,11 @@ def score_images(
     loaded = release if isinstance(release, LoadedRelease) else open_release(release)
     schema = ImageSchema.model_validate(loaded.card["preprocessing"]["public_schema"])
     images = check_images(schema, Path(path))
+    if not len(images.y):
+        raise ValueError(
+            f"no image of {Path(path).name} passed the release's public schema: "
+            + "; ".join(line.strip() for line in images.report.lines())
+        )
     x = encode_pixels(schema, images.pixels).reshape(len(images.y), schema.n_features)
     y = images.y.astype(np.int64)
     k = n_classes(loaded)
@@ -187,4 +197,4 @@ def score_images(
         proba = predict_proba(loaded, x, sample=sample)
         accuracy = float(((proba > 0.5) == y).mean()) if len(y) else 0.0
         auc = float(roc_auc_score(y, proba)) if len(np.unique(y)) == 2 else None
-    return ScoredImages(proba, images.names, y, accuracy, auc)
+    return ScoredImages(proba, images.names, y, accuracy, auc, images.report)

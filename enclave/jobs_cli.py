@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import httpx
 import typer
@@ -32,6 +32,9 @@ from enclave.job_options import (
 )
 from enclave.privacy_text import privacy_number, remaining_notes
 from service.version import __version__
+
+if TYPE_CHECKING:
+    from service.releases import LoadedRelease
 
 jobs_app = typer.Typer(
     help=(
@@ -429,23 +432,60 @@ def score(
     release: Annotated[
         Path, typer.Argument(exists=True, help="A downloaded release (its folder).")
     ],
-    csv: Annotated[
-        Path, typer.Argument(exists=True, dir_okay=False, help="Public rows (the schema's CSV).")
+    path: Annotated[
+        Path,
+        typer.Argument(
+            exists=True,
+            help=(
+                "Public data in the release's public schema: a CSV of rows, or for a "
+                "release trained on images an image folder or file (.npz) in the "
+                "schema's source format."
+            ),
+        ),
     ],
     sample: Annotated[int, typer.Option(min=0, help="Which released model (samples > 1).")] = 0,
     predictions: Annotated[
         Path | None,
-        typer.Option(dir_okay=False, help="Write P(y = 1) per kept row to this CSV."),
+        typer.Option(
+            dir_okay=False,
+            help="Write P(y = 1) (K ≥ 3 classes: one column per class) per kept row to this CSV.",
+        ),
     ] = None,
 ) -> None:
-    """Score a public CSV with a downloaded release (on this machine; no API call): rows
-    kept and dropped (with reasons), and the AUC when the CSV has the target column."""
+    """Score public data with a downloaded release (on this machine; no API call). A CSV:
+    rows kept and dropped (with reasons), and the AUC when the CSV has the target column
+    (K ≥ 3 classes: the accuracy and the macro one-vs-rest AUC). Images (when the card's
+    public schema is of kind images): the images kept and rejected, the accuracy and the
+    AUC (K ≥ 3 classes: macro one-vs-rest)."""
+    from enclave.analyst import open_release
+
+    try:
+        loaded = open_release(release)
+    except (OSError, ValueError, KeyError) as exc:
+        fail(f"cannot score {path.name} with the release in {release}: {exc}")
+    public = loaded.card.get("preprocessing", {}).get("public_schema", {})
+    if isinstance(public, dict) and public.get("kind") == "images":
+        _score_images(loaded, release, path, sample=sample, predictions=predictions)
+    elif path.is_dir():
+        fail(f"{path} is a folder: this release scores a CSV of rows (its dataset is tabular)")
+    else:
+        _score_csv(loaded, release, path, sample=sample, predictions=predictions)
+
+
+def _probability_columns(p: Any) -> dict[str, Any]:
+    """P(y = 1) as ``probability``, or one ``p_k`` column per class for K ≥ 3."""
+    return {f"p_{k}": p[:, k] for k in range(p.shape[1])} if p.ndim == 2 else {"probability": p}
+
+
+def _score_csv(
+    loaded: LoadedRelease, release: Path, csv: Path, *, sample: int, predictions: Path | None
+) -> None:
     import pandas as pd
 
     from enclave.analyst import score_csv
 
     try:
-        scored = score_csv(release, csv, sample=sample)
+        scored = score_csv(loaded, csv, sample=sample)
     except (OSError, ValueError, KeyError) as exc:
         fail(f"cannot score {csv.name} with the release in {release}: {exc}")
     table = Table("", "", title=f"Scored {csv.name}", show_header=False)
@@ -459,9 +499,38 @@ def score(
     for row, why in list(scored.dropped.items())[:5]:
         console.print(f"dropped row {row}: {escape(why)}", soft_wrap=True)
     if predictions is not None:
-        p = scored.probabilities
-        columns = {f"p_{k}": p[:, k] for k in range(p.shape[1])} if p.ndim == 2 else {}
-        frame = pd.DataFrame({"row": scored.kept_index, **(columns or {"probability": p})})
+        columns = _probability_columns(scored.probabilities)
+        pd.DataFrame({"row": scored.kept_index, **columns}).to_csv(predictions, index=False)
+        console.print(f"wrote {predictions}")
+
+
+def _score_images(
+    loaded: LoadedRelease, release: Path, path: Path, *, sample: int, predictions: Path | None
+) -> None:
+    import pandas as pd
+
+    from enclave.analyst import score_images
+
+    try:
+        scored = score_images(loaded, path, sample=sample)
+    except (OSError, ValueError, KeyError) as exc:
+        fail(f"cannot score {path.name} with the release in {release}: {exc}")
+    k = scored.probabilities.shape[1] if scored.probabilities.ndim == 2 else 2
+    auc_name = "AUC (macro one-vs-rest)" if k >= 3 else "AUC"
+    table = Table("", "", title=f"Scored {path.name} ({k} classes)", show_header=False)
+    table.add_row("images kept", str(scored.report.images_kept))
+    table.add_row("images rejected", str(scored.report.images_in - scored.report.images_kept))
+    table.add_row("accuracy", f"{scored.accuracy:.4f}")
+    table.add_row(
+        auc_name,
+        "needs every class among the images" if scored.auc is None else f"{scored.auc:.4f}",
+    )
+    console.print(table)
+    for line in scored.report.lines()[1:]:
+        console.print(escape(line), soft_wrap=True)
+    if predictions is not None:
+        columns = _probability_columns(scored.probabilities)
+        frame = pd.DataFrame({"image": scored.names, "label": scored.y, **columns})
         frame.to_csv(predictions, index=False)
         console.print(f"wrote {predictions}")
 
