@@ -10,8 +10,14 @@ rewritten in place) returns the previous values bit for bit, and prints the samp
 Run (keep it short on a shared machine):
 
     .venv/bin/python benchmarks/noise_speed.py [--rounds 3] [--scales 1e5 1e6 1e7]
-        [--sizes 10000 100000 1000000] [--draws 1000000]
+        [--sizes 10000 100000 1000000] [--draws 1000000] [--baseline REV]
         [--out benchmarks/results/noise_speed.md]
+
+With ``--baseline REV`` the "previous" sampler is worker/noise.py as committed at REV
+(loaded from git into its own module; worker/ieee_math.py is the current one, which the
+golden digests show unchanged), and the run first checks that both return the same draws
+and leave the generator at the same position under fixed ChaCha20 keys (the speed-ups of
+issue 25 must not change a released bit).
 """
 
 from __future__ import annotations
@@ -19,17 +25,21 @@ from __future__ import annotations
 import argparse
 import functools
 import math
+import os
 import platform
 import shlex
 import statistics
+import subprocess
 import sys
 import time
+import types
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import numpy.typing as npt
+from randomgen import ChaCha
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -318,6 +328,36 @@ def check_exponent_identical(scales: list[float]) -> int:
     return checked
 
 
+def load_baseline(rev: str) -> types.ModuleType:
+    """worker/noise.py as committed at ``rev``, as a module of its own (timing only)."""
+    source = subprocess.run(
+        ["git", "-C", str(ROOT), "show", f"{rev}:worker/noise.py"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    module = types.ModuleType("noise_baseline")
+    module.__file__ = f"{rev}:worker/noise.py"
+    sys.modules[module.__name__] = module  # dataclasses look their module up
+    exec(compile(source, module.__file__, "exec"), module.__dict__)
+    return module
+
+
+def check_same_draws(baseline: types.ModuleType, scales: list[float], size: int) -> int:
+    """Both samplers, each on a ChaCha20 generator with the same fixed key: the same draws
+    and the same next raw word (SystemExit otherwise). Returns the number of draws compared."""
+    for i, s in enumerate(scales):
+        outs = []
+        for module in (baseline, noise):
+            rng = np.random.Generator(ChaCha(key=0xBE7C0000 + i, rounds=20))
+            outs.append(
+                (module.rounded_gaussian(rng, scale=s, size=size), rng.bit_generator.random_raw(1))
+            )
+        if not (np.array_equal(outs[0][0], outs[1][0]) and outs[0][1] == outs[1][1]):
+            raise SystemExit(f"draws differ from the baseline at scale {s}")
+    return size * len(scales)
+
+
 @dataclass
 class Cell:
     scale: float
@@ -339,18 +379,28 @@ def main() -> None:
     parser.add_argument("--scales", type=float, nargs="+", default=[1e5, 1e6, 1e7])
     parser.add_argument("--sizes", type=int, nargs="+", default=[10_000, 100_000, 1_000_000])
     parser.add_argument("--draws", type=int, default=1_000_000, help="draws per timing")
+    parser.add_argument("--baseline", default=None, help="git revision of worker/noise.py")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
 
+    load_start = os.getloadavg()
+    previous_fn: Callable[..., IntArray] = rounded_gaussian_previous
+    previous_name = "previous (copy in this file)"
+    same_draws = 0
+    if args.baseline:
+        baseline = load_baseline(args.baseline)
+        previous_fn = baseline.rounded_gaussian
+        previous_name = f"baseline {args.baseline}"
+        same_draws = check_same_draws(baseline, args.scales, 200_000)
     checked = check_exponent_identical(args.scales)
     rng = noise.secure_rng()
     cells = {(s, n): Cell(s, n, [], []) for s in args.scales for n in args.sizes}
     for s in args.scales:  # warm the plans and tables
         noise.rounded_gaussian(rng, scale=s, size=100)
-        rounded_gaussian_previous(rng, scale=s, size=100)
+        previous_fn(rng, scale=s, size=100)
     for r in range(args.rounds):
         for (s, n), cell in cells.items():
-            order = [("previous", rounded_gaussian_previous), ("current", noise.rounded_gaussian)]
+            order = [("previous", previous_fn), ("current", noise.rounded_gaussian)]
             if r % 2:
                 order.reverse()
             calls = max(1, args.draws // n)  # each timing covers ≥ --draws draws
@@ -373,7 +423,16 @@ def main() -> None:
         "(`secure_rng`). Shared 2-core machine: medians of interleaved rounds "
         f"({args.rounds}), each timing {args.draws} draws in calls of `size` draws; the"
         " speed-up is the median of the per-round ratios (paired, same round).",
-        f"Γ̂ (`_exponent`) within 2^-40 of the previous code on {checked} (k, offset) pairs.",
+        f"Γ̂ (`_exponent`) within 2^-40 of the copied old code on {checked} (k, offset) pairs.",
+        f"Previous = {previous_name}."
+        + (
+            f" Same draws and generator position as the current code on {same_draws} draws"
+            " (fixed ChaCha20 keys, 200000 per scale)."
+            if same_draws
+            else ""
+        ),
+        "Load average (1/5/15 min) at start {:.2f} / {:.2f} / {:.2f}, at end {:.2f} / {:.2f}"
+        " / {:.2f}.".format(*load_start, *os.getloadavg()),
         "",
         "| scale s | size | previous ns/draw | current ns/draw | speed-up | current Mdraws/s |"
         " std/s |",

@@ -92,6 +92,42 @@ proposal in step 1 is exact and the accepted law is exactly P̃(k) ∝ q(k)·exp
 as "an integer uniform in [0, b) is below a", Bernoulli(exp(−a/b)) by CKS Algorithm 1 and
 Bernoulli(exp(−m)) as m Bernoulli(e^{-1}) trials: no floating point at all.)
 
+Screen (issue 25, speed; scales without a table, s > 3276.8). Evaluating Γ̂ costs ~2/3 of
+a proposal there, so it is evaluated only where a cheap bracket cannot show what the fast
+test above decides (`_accept_screened`); every decision, and the set and order of the
+entries sent to the exact path (hence every random bit read), is the one made with Γ̂
+everywhere, so the output under a given generator state is unchanged (golden digests in
+test_noise_golden.py). Proof, with m = `_ACCEPT_MARGIN` ≤ 2^-4, ŷ = U/t + Γ̂ (the rational the
+fast test brackets) and lo_x, hi_x its floats:
+  (a) Γ = G − L with G = k²/(2s²) − |k|/t + F and L = log J ∈ [−α/4, b²/8], b = |k|/s²:
+      e^{−α/4} ≤ e^{−αv²} ≤ 1 on [−½, ½], and ∫_{−½}^{½} e^{bv} dv = sinh(b/2)/(b/2) ∈
+      [1, cosh(b/2)] ⊂ [1, e^{b²/8}] (termwise: x^{2n}/(2n+1)! ≤ x^{2n}/(2n)! ≤ x^{2n}/(2^n n!)).
+  (b) Ĝ = fl(fl(½·fl(fl(|k|/s)²) − fl(|k|/t)) + F) and Y = fl(fl(U/t) + Ĝ): with
+      |k|/s ≤ 41, |k|/t ≤ 41, |F| ≤ 842 (so |Ĝ|, |Y| ≤ 1683) the roundings are ≤ 2522u +
+      41u + 841u + 1683u + u + 1684u, and |Γ̂ − Γ| ≤ 3271u (the count below), in all
+      < 2^-39 (with the conditioning offset of `_sample_rounded_gaussian`, tests only, the
+      count's g and f terms grow by < 2000u: still < 2^-38). So |Y − ŷ| ≤ D = K²/(8s⁴)
+      + 1/(8s²) + 2^-38 (K ≥ |k|), and with ŷ ≥ 0, Y⁺ = max(Y, 0) also has |Y⁺ − ŷ| ≤ D.
+      The screen runs only where D ≤ 2^-15 (for s > 3276.8, D < 1.9e-5 = 2^-15.7;
+      `_screen_constants` returns None otherwise).
+  (c) E_lo, E_hi (`_exp_neg_estimates`) are within 2^-26 relative of e^{−Y⁺}: i = ⌊64Y⁺⌋
+      and d = Y⁺ − i/64 are exact (scaling by 64; Sterbenz for i ≥ 1), the table entries
+      are within 2 ulp of e^{−i/64}, the cubic within d⁴/24 ≤ 2^-28.6 of e^{−d} ≥ 0.984, its
+      Horner steps and the product ≤ 2^-49; where Y⁺ ≥ 64, E_lo = 0 and E_hi ≥ e^{−Y⁺}.
+  (d) lo_c = fl(E_lo·λ), λ ≤ 2^16(1 − D − 2m − 2^-24); hi_c = fl(fl(E_hi·η) + T),
+      η ≥ 2^16(1 + 2D + 2m + 2^-24), T = 2^17·(table's e^{−64} bound) ≥ 2^16·4e^{−64}.
+      Where ŷ < 64 − 2^-51 (fast path unclamped), lo_x ≥ 2^16e^{−ŷ}(1 − 2^-27)(1 − m)(1 − u)
+      ≥ 2^16e^{−Y⁺}(1 − D)(1 − m − 2^-27 − u) ≥ lo_c (as lo_c ≤ 2^16e^{−Y⁺}(1 + 2^-26)(1 + u)
+      ·(1 − D − 2m − 2^-24)), and hi_x ≤ 2^16e^{−ŷ}(1 + 2^-27)(1 + m)(1 + u) ≤ 2^16e^{−Y⁺}
+      (1 + 1.08D + m + 2^-26.8) ≤ hi_c (e^D ≤ 1 + 1.01D, Dm ≤ D/16). Where ŷ ≥ 64 − 2^-51,
+      lo_c < 1 (Y⁺ ≥ 63.9) and hi_x ≤ 2^16·2.2e^{−64} ≤ T ≤ hi_c.
+  So "lead + 1 ≤ lo_c" implies the fast test accepts (lead + 1 ≤ lo_x) and "lead ≥ hi_c"
+  implies it rejects without the exact path (lead ≥ hi_x); only the others (lead within a
+  unit or two of 2^16e^{−Y}, ≈ 3/2^16 of them) get Γ̂ and the unchanged test. Γ̂ ≥ 0 (which
+  `_exponent_parts` checks) follows from Ĝ ≥ D, since Γ̂ ≥ Ĝ − D; where Ĝ < D (k near the
+  maximiser of −Γ), Γ̂ is evaluated and checked. Like the exact path, the screen makes the
+  time depend on the noise values, never on the data.
+
 Support cap. Proposals with |k| > K = ⌈40·s⌉ are rejected, so the output law is p restricted
 to |k| ≤ K and renormalised. The removed mass is P(|Z| > (K+½)/s) ≤ P(|Z| > 40) < e^{-800}
 (≈ 1e-347, below the smallest positive double). Strictly, the capped mechanism's support
@@ -155,6 +191,8 @@ need no accuracy guarantee:
   sizes), never an outcome.
 * `_lead_bounds` (the fast accept/reject test) uses basic operations and a table built from
   exact integers; it only decides which decisions the exact integer path settles.
+* `_exp_neg_estimates` and `_accept_screened` (the screen above) use basic operations and
+  the same table; they only decide where Γ̂ is evaluated, never a decision.
 
 What this does NOT defend against
 ---------------------------------
@@ -175,6 +213,8 @@ argument over helpers it shares with the exact integer path (`_exp_neg_bounds`,
 `_below_exp_neg`, `_first_accepted`, which discrete Laplace uses too), and the unit tests
 patch those helpers on this module to force the exact path; splitting off discrete Laplace
 (~180 lines) would still leave the Gaussian part near 700 lines with its proof split across files.
+The screen (~130 lines with its constants) is a step of the same fast-test argument: its
+proof is a statement about `_lead_bounds`' floats and the error count above.
 
 No function here accepts a seed: an analyst-chosen seed would let the analyst subtract the
 noise (see `worker/rng.py`).
@@ -187,6 +227,7 @@ import secrets
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from decimal import Decimal, localcontext
+from fractions import Fraction
 from functools import lru_cache
 from typing import TYPE_CHECKING
 
@@ -569,6 +610,109 @@ def _accept_exp_neg(
     return accept
 
 
+# --------------------------------------------- screening Γ̂ with a certified cheap bracket
+
+
+def _round_down(q: Fraction) -> float:
+    value = float(q)  # correctly rounded (int/int division)
+    return math.nextafter(value, -math.inf) if Fraction(value) > q else value
+
+
+def _round_up(q: Fraction) -> float:
+    value = float(q)
+    return math.nextafter(value, math.inf) if Fraction(value) < q else value
+
+
+@lru_cache(maxsize=32)
+def _screen_constants(scale: float, cap: int, margin: float) -> tuple[float, float, float] | None:
+    """(width, lo_factor, hi_factor) of the screen (module docstring, "Screen"), or None
+    where its conditions fail (D > 2^-15 or margin > 2^-4: evaluate Γ̂ everywhere).
+
+    D = K²/(8s⁴) + 1/(8s²) + 2^-38 (exact rational, width = D rounded up); lo_factor =
+    2^16·(1 − D − 2m − 2^-24) rounded down, hi_factor = 2^16·(1 + 2D + 2m + 2^-24) rounded
+    up, m the fast path's margin `_ACCEPT_MARGIN`."""
+    s = Fraction(scale)
+    d = Fraction(cap) ** 2 / (8 * s**4) + 1 / (8 * s**2) + Fraction(1, 2**38)
+    m = Fraction(margin)
+    if d > Fraction(1, 2**15) or m > Fraction(1, 16):
+        return None
+    slack = 2 * m + Fraction(1, 2**24)
+    return (
+        _round_up(d),
+        _round_down((1 - d - slack) * 2**_LEAD_BITS),
+        _round_up((1 + 2 * d + slack) * 2**_LEAD_BITS),
+    )
+
+
+def _exp_neg_estimates(y: FloatArray) -> tuple[FloatArray, FloatArray]:
+    """Floats within 2^-26 relative of e^{−y} for floats y ≥ 0 (the lower one is 0 and the
+    upper one ≥ e^{−y} where y ≥ 64): the table of e^{−i/64} bounds times the cubic on
+    [0, 1/64), with i = ⌊64y⌋ and d = y − i/64 exact (module docstring, "Screen")."""
+    lo_table, hi_table = _exp_table()
+    z = y * float(_EXP_TABLE_RES)  # exact
+    i = np.floor(z)
+    z -= i  # exact (Sterbenz for i ≥ 1)
+    z *= 1.0 / _EXP_TABLE_RES  # exact: d ∈ [0, 1/64)
+    np.minimum(i, float(_EXP_TABLE_STEPS), out=i)
+    index = i.astype(np.intp)
+    poly = z * -_ONE_SIXTH  # 1 − d + d²/2 − d³/6 by Horner
+    poly += 0.5
+    poly *= z
+    poly -= 1.0
+    poly *= z
+    poly += 1.0
+    lo = lo_table[index] * poly
+    poly *= hi_table[index]
+    return lo, poly
+
+
+def _accept_screened(
+    rng: np.random.Generator,
+    plan: _GaussianPlan,
+    lead: FloatArray,
+    u: IntArray,
+    k_abs: IntArray,
+    offset: float,
+    needed: BoolArray,
+) -> BoolArray:
+    """`_accept_exp_neg` with Γ̂(k) (`_exponent_parts`) evaluated only where a cheap bracket
+    of e^{−y} cannot show what its fast test decides: the same decisions, the same entries
+    sent to the exact path in the same order, so the same random bits are read (proof in the
+    module docstring, "Screen"). Also raises, like `_exponent_parts`, if any Γ̂(k) < 0."""
+    t = plan.t
+    screen = _screen_constants(plan.scale, plan.cap, _ACCEPT_MARGIN)
+    if screen is None:
+        whole, frac_num = _exponent_parts(plan, k_abs, offset)
+        return _accept_exp_neg(rng, lead, u, t, whole, frac_num, needed)
+    width, lo_factor, hi_factor = screen
+    # G = (k²/(2s²) − |k|/t) + F in the operation order of the count.
+    g = k_abs.astype(np.float64)
+    slope = g / t
+    g /= plan.scale
+    g *= g
+    g *= 0.5
+    g -= slope
+    g += offset
+    low = np.flatnonzero(g < width)  # Γ̂ ≥ G − D not ≥ 0: evaluate Γ̂ there (raises if < 0)
+    if low.size:
+        _exponent_parts(plan, k_abs[low], offset)
+    y = u / t  # one rounding
+    y += g
+    np.maximum(y, 0.0, out=y)
+    lo, hi = _exp_neg_estimates(y)
+    lo *= lo_factor
+    hi *= hi_factor
+    hi += _exp_table()[1][-1] * 2.0**17  # ≥ every fast-path hi for y ≥ 64 − 2^-51
+    accept = lead + 1.0 <= lo
+    open_ = np.flatnonzero(~accept & (lead < hi))
+    if open_.size:
+        whole, frac_num = _exponent_parts(plan, k_abs[open_], offset)
+        accept[open_] = _accept_exp_neg(
+            rng, lead[open_], u[open_], t, whole, frac_num, needed[open_]
+        )
+    return accept
+
+
 # ------------------------------------------------------------------------ rounded Gaussian
 
 
@@ -926,9 +1070,10 @@ def _propose_chunk(
     if offset is None and plan.table_whole is not None and plan.table_frac is not None:
         whole = plan.table_whole[k].astype(np.float64)
         frac_num = plan.table_frac[k].astype(np.float64)
+        accept = _accept_exp_neg(rng, lead_accept, u, prop.t, whole, frac_num, valid)
     else:
-        whole, frac_num = _exponent_parts(plan, k, plan.offset if offset is None else offset)
-    accept = _accept_exp_neg(rng, lead_accept, u, prop.t, whole, frac_num, valid)
+        exponent_offset = plan.offset if offset is None else offset
+        accept = _accept_screened(rng, plan, lead_accept, u, k, exponent_offset, valid)
     valid &= accept
     np.negative(x, out=x, where=negative)
     return x, valid

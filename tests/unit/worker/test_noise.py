@@ -690,3 +690,111 @@ def test_rounded_gaussian_through_the_exact_path(
     cdf, sf = gaussian_cdf(scale)
     pvalue, cells = chi_square_pvalue(x, cdf, sf, -half, half, max(1, round(2 * half / 100)))
     assert cells >= 9 and pvalue > P_MIN, (pvalue, cells)
+
+
+# ---------------------------------------------------------------- the screen of Γ̂ (issue 25)
+
+
+@pytest.mark.parametrize("scale", [3300.0, 1e6, 1.056 * 2**20, 2.0**40])
+def test_screen_makes_the_decisions_of_the_full_exponent(
+    monkeypatch: pytest.MonkeyPatch, scale: float
+) -> None:
+    """`_accept_screened` (Γ̂ only where the cheap bracket cannot decide) against
+    `_accept_exp_neg` on Γ̂ everywhere, with leads on and around ⌊2^16·e^{−y}⌋ (where the
+    decisions are closest): the same answers and the same exact-path calls in the same
+    order (so the same random bits), and Γ̂ is evaluated for few entries."""
+    plan = noise._gaussian_plan(scale)
+    assert noise._screen_constants(plan.scale, plan.cap, noise._ACCEPT_MARGIN) is not None
+    prop = noise._proposal_plan(plan.t, plan.cap)
+    rng = np.random.default_rng(11)
+    n = 20_000
+    centre = round(scale * scale / plan.t)
+    k = np.concatenate(
+        [
+            rng.integers(0, plan.cap + 1, n - 200),
+            np.clip(np.arange(centre - 50, centre + 50), 0, plan.cap),
+            np.arange(50),
+            plan.cap - np.arange(50),
+        ]
+    ).astype(np.int64)
+    u = rng.integers(0, 1 << prop.shift, k.size) if prop.shift else np.zeros(k.size, np.int64)
+    u[:5] = 0
+    whole, frac = noise._exponent_parts(plan, k, plan.offset)
+    lo, hi = noise._lead_bounds(u, plan.t, whole, frac)
+    floors = np.floor((lo + hi) / 2)
+    calls: list[tuple[int, int]] = []
+
+    def fake_exact(rng_: np.random.Generator, state: list[int], num: int, den: int) -> bool:
+        calls.append((state[0], num))
+        return len(calls) % 3 == 0
+
+    monkeypatch.setattr(noise, "_below_exp_neg", fake_exact)
+    evaluated = 0
+    real_parts = noise._exponent_parts
+
+    def counting_parts(p: object, ks: IntArray, offset: float) -> tuple[object, object]:
+        nonlocal evaluated
+        evaluated += ks.size
+        return real_parts(p, ks, offset)  # type: ignore[arg-type]
+
+    for delta in (-2, -1, 0, 1, 2, 40):
+        lead = np.clip(floors + delta, 0, 2**16 - 1)
+        if delta == 40:
+            lead = rng.integers(0, 2**16, k.size).astype(np.float64)
+        needed = rng.random(k.size) < 0.9
+        calls.clear()
+        full = noise._accept_exp_neg(secure_rng(), lead, u, plan.t, whole, frac, needed)
+        full_calls = list(calls)
+        calls.clear()
+        evaluated = 0
+        monkeypatch.setattr(noise, "_exponent_parts", counting_parts)
+        screened = noise._accept_screened(secure_rng(), plan, lead, u, k, plan.offset, needed)
+        monkeypatch.setattr(noise, "_exponent_parts", real_parts)
+        assert np.array_equal(full[needed], screened[needed]), delta
+        assert calls == full_calls, delta
+        if delta == 40:  # uniform leads: the bracket settles nearly everything
+            assert evaluated <= k.size // 100, evaluated
+
+
+def test_exp_neg_estimates_are_within_2_to_minus_26() -> None:
+    ys = np.concatenate(
+        [
+            [0.0, 2.0**-60, 1 / 64, 1 / 64 - 2.0**-58, 63.99, 64.0, 64.5, 900.0],
+            np.random.default_rng(3).uniform(0, 70, 3000),
+        ]
+    )
+    lo, hi = noise._exp_neg_estimates(ys)
+    with mpmath.workdps(40):
+        for y, a, b in zip(ys.tolist(), lo.tolist(), hi.tolist(), strict=True):
+            exact = mpmath.exp(-mpmath.mpf(y))
+            if y >= 64:
+                assert a == 0.0 and b >= exact
+            else:
+                assert abs(a / exact - 1) <= 2.0**-26 and abs(b / exact - 1) <= 2.0**-26
+
+
+def test_screen_constants_are_outward_and_refused_outside_their_proof() -> None:
+    scale = 1e6
+    plan = noise._gaussian_plan(scale)
+    width, lo_factor, hi_factor = noise._screen_constants(scale, plan.cap, 2.0**-20)  # type: ignore[misc]
+    with mpmath.workdps(60):
+        s, cap = mpmath.mpf(scale), plan.cap
+        d = mpmath.mpf(cap) ** 2 / (8 * s**4) + 1 / (8 * s**2) + mpmath.mpf(2) ** -38
+        slack = 2 * mpmath.mpf(2) ** -20 + mpmath.mpf(2) ** -24
+        assert mpmath.mpf(width) >= d
+        assert mpmath.mpf(lo_factor) <= (1 - d - slack) * 2**16
+        assert mpmath.mpf(hi_factor) >= (1 + 2 * d + slack) * 2**16
+    assert noise._screen_constants(1000.0, 40_000, 2.0**-20) is None  # D > 2^-15
+    assert noise._screen_constants(scale, plan.cap, 2.0**-3) is None  # margin > 2^-4
+
+
+def test_screen_still_refuses_a_negative_exponent() -> None:
+    """An offset 1e-3 too small makes Γ̂ < 0 near the maximiser: the screen must evaluate
+    Γ̂ there and raise, as the evaluation everywhere did."""
+    plan = noise._gaussian_plan(1e6)
+    k = np.arange(plan.t - 3000, plan.t + 3000, dtype=np.int64)
+    lead = np.zeros(k.size)
+    u = np.zeros(k.size, dtype=np.int64)
+    needed = np.ones(k.size, dtype=np.bool_)
+    with pytest.raises(RuntimeError, match="negative acceptance exponent"):
+        noise._accept_screened(secure_rng(), plan, lead, u, k, plan.offset - 1e-3, needed)
