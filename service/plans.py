@@ -54,26 +54,36 @@ def _model_json(model: ModelSpec) -> dict[str, Any]:
     return out
 
 
-MULTICLASS_SUPPORT = "DP-SGD (method 'dpsgd', engine 'exact') on model 'logistic'"
-"""What trains a target of K ≥ 3 classes today (worker/mechanisms/exact_softmax.py)."""
+MULTICLASS_SUPPORT = (
+    "DP-SGD (method 'dpsgd', engine 'exact') and the proven ExpM (method 'expm', sampler "
+    "'langevin') on model 'logistic'"
+)
+"""What trains a target of K ≥ 3 classes today (worker/mechanisms/exact_softmax.py,
+worker/mechanisms/langevin.py)."""
 
 
 def with_classes(request: JobRequest, n_classes: int) -> JobRequest:
     """``request`` with its model fitted to a target of ``n_classes`` classes (public: the
     schema's): unchanged for a binary target; for K ≥ 3 classes, a logistic model gets
-    ``classes: K`` (multinomial logistic regression, proven by the exact DP-SGD engine), and
-    every other method, engine or model is a :class:`PlanError` naming what is supported. A
-    ``classes`` given in the request must equal the dataset's."""
+    ``classes: K`` (multinomial logistic regression: the exact DP-SGD engine or the Langevin
+    ExpM sampler), and every other method, engine, sampler or model is a :class:`PlanError`
+    naming what is supported. A ``classes`` given in the request must equal the dataset's."""
     given = getattr(request.model, "classes", None)
     if n_classes < 3:
         if given is not None:
             raise PlanError(f"the dataset's target is binary; model.classes {given} does not fit")
         return request
     engine = request.dpsgd.engine if request.dpsgd is not None else "exact"
-    if request.method != "dpsgd" or request.model.kind != "logistic" or engine != "exact":
+    sampler = request.expm.sampler if request.expm is not None else "langevin"
+    supported = (request.method == "dpsgd" and engine == "exact") or (
+        request.method == "expm" and sampler == "langevin"
+    )
+    if not supported or request.model.kind != "logistic":
         what = f"method {request.method!r}, model {request.model.kind!r}"
         if request.method == "dpsgd":
             what += f", engine {engine!r}"
+        if request.method == "expm":
+            what += f", sampler {sampler!r}"
         raise PlanError(
             f"the dataset's target has {n_classes} classes; multi-class targets are trained by "
             f"{MULTICLASS_SUPPORT} only for now, not by {what}"

@@ -111,20 +111,37 @@ def _expm_langevin_plan(
     post-processed, the T steps are their adaptive composition (the full-batch, q = 1 case
     of the subsampled Gaussian event), and the last iterate is a post-processing of the
     whole history: (ε, δ)-DP by the accountant, whatever the chain's mixing.
+
+    **K ≥ 3 classes** (multinomial logistic regression, ``model.classes = K``, set from the
+    public schema by service.plans.with_classes): θ has K·(d + 1) parameters (a weight row
+    and a bias per class) and row i's gradient of the cross-entropy is (p − e_y) ⊗ (x, 1),
+    p the softmax of the K logits. Its norm is ‖p − e_y‖·‖(x, 1)‖, and for any p in the
+    probability simplex ‖p − e_y‖² = Σ_k p_k² − 2p_y + 1 ≤ Σ_k p_k − 2p_y + 1 = 2 − 2p_y ≤ 2
+    (p_k² ≤ p_k on [0, 1], Σ_k p_k = 1). So the per-row gradient norm is at most √2·√B,
+    and on the grid Δ = 2^(a+c)·√(2B): the worker's integer residual vector r_int satisfies
+    ‖r_int‖² ≤ 2·2^(2a) for the floats it computes, not only for exact ones
+    (worker/mechanisms/langevin.py, "K classes", proves it from IEEE-754 correct rounding
+    and checks it exactly on every row, failing closed). The grid bits are chosen for
+    the noise scale σ·2^(a+c)·√(2B); the charge is the binary one (T full-batch Gaussian
+    steps at noise multiplier σ, the sampler's slack for K·(d + 1)·T draws), since σ is
+    relative to Δ. A binary plan has neither ``classes`` nor ``residual_norm_sq_bound``
+    and is unchanged, key for key.
     """
     options = resolve_expm_options(request.expm or ExpmOptions(), epsilon=request.epsilon)
     steps = options.steps
     assert steps is not None
     if request.model.kind != "logistic":
         raise PlanError(
-            "the proven ExpM sampler (expm, sampler 'langevin') is for logistic regression: "
-            "its sensitivity bound needs the convex, Lipschitz logistic loss"
+            "the proven ExpM sampler (expm, sampler 'langevin') is for logistic regression "
+            "(binary or multinomial): its sensitivity bound needs the convex, Lipschitz loss"
         )
     if request.delta <= 0:
         raise PlanError(
             "expm with the 'langevin' sampler is (ε, δ)-DP by Gaussian composition: send delta > 0"
         )
-    parameters = n_features + 1
+    classes = getattr(request.model, "classes", None)  # K ≥ 3, or None for binary
+    residual_norm_sq = 1 if classes is None else 2  # ‖p − e_y‖² ≤ 2 (K classes)
+    parameters = (n_features + 1) * (1 if classes is None else classes)
     slack = noise_slack(draws=parameters * steps)
     accountant: Accountant = "pld"  # exact for q = 1 up to its proven discretisation
     sigma = calibrate_with_slack(
@@ -139,10 +156,21 @@ def _expm_langevin_plan(
         sampling_rate=1.0, noise_multiplier=sigma, steps=steps
     )
     # ULA θ' = θ − η·k·∇F + √(2η)·ξ with η·k = lr/n̂ and noise σ·√B on the gradient sum:
-    # √(2η) = (lr/n̂)·σ·√B, so k = 2n̂ / (lr·σ²·B) (descriptive: the proof does not use it).
-    inverse_temperature = 2.0 * n_rows / (options.learning_rate * sigma**2 * norm_sq_bound)
+    # √(2η) = (lr/n̂)·σ·√B, so k = 2n̂ / (lr·σ²·B) (descriptive: the proof does not use it;
+    # K classes: the noise is σ·√(2B), so B becomes 2B).
+    inverse_temperature = (
+        2.0 * n_rows / (options.learning_rate * sigma**2 * (residual_norm_sq * norm_sq_bound))
+    )
     residual_bits, feature_bits = langevin_grid_bits(
-        noise_multiplier=sigma, norm_sq_bound=norm_sq_bound
+        noise_multiplier=sigma, norm_sq_bound=residual_norm_sq * norm_sq_bound
+    )
+    multiclass = (
+        {}
+        if classes is None
+        else {
+            "classes": classes,
+            "residual_norm_sq_bound": residual_norm_sq,
+        }
     )
     mechanism = {
         **options.model_dump(exclude=set(MCMC_ONLY_FIELDS)),
@@ -156,6 +184,7 @@ def _expm_langevin_plan(
         "target": "π(θ) ∝ exp(−k·(Σ logistic loss + l2·‖θ‖²/2)), k = inverse_temperature",
         "proof": "Gaussian mechanism composed over the T full-batch steps that ran (q = 1)",
         "noise": "rounded Gaussian on the fixed-point grid, exact integer sum",
+        **multiclass,
     }
     return ComposedEvent(events=(gaussian, slack)), mechanism, accountant
 

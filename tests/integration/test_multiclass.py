@@ -1,8 +1,9 @@
 """Issue 20, multi-class targets end to end: a 3-class tabular dataset (generated here) and
-the bundled digits (10 classes) register, a DP-SGD job on multinomial logistic regression is
-released through the API and the in-process worker with a proven card, its accuracy on the
-training rows is well above chance (1/K), and every method, engine and model that does not
-take K classes yet is refused at quote time with a 4xx that charges nothing."""
+the bundled digits (10 classes) register, a DP-SGD job and a proven ExpM (Langevin) job on
+multinomial logistic regression are released through the API and the in-process worker with
+proven cards, their accuracy on the training rows is well above chance (1/K), and every
+method, engine, sampler and model that does not take K classes yet is refused at quote time
+with a 4xx that charges nothing."""
 
 from __future__ import annotations
 
@@ -31,7 +32,12 @@ REFUSED = {
     "mlp": {"method": "dpsgd", "model": {"kind": "mlp", "hidden": [8]}, "delta": 1e-5},
     "ghost": {"method": "dpsgd", "dpsgd": {"engine": "ghost"}, "delta": 1e-5},
     "jl": {"method": "dpsgd", "dpsgd": {"engine": "jl", "jl_projections": 4}, "delta": 1e-5},
-    "expm": {"method": "expm", "expm": {"steps": 10}, "delta": 1e-5},
+    "expm_mlp": {
+        "method": "expm",
+        "expm": {"steps": 10},
+        "delta": 1e-5,
+        "model": {"kind": "mlp", "hidden": [8]},
+    },
     "mcmc": {"method": "expm", "expm": {"sampler": "mcmc", "chains": 2, "steps": 10}},
     "expm_nf": {"method": "expm_nf", "delta": 0},
 }
@@ -147,6 +153,19 @@ def test_a_three_class_tabular_target_trains_by_dpsgd_and_refuses_the_rest(
     r = runner.invoke(app, ["jobs", "score", str(folder), str(csv)])
     assert r.exit_code == 0, r.output
     assert f"{scored.accuracy:.4f}" in r.output and f"{scored.auc:.4f}" in r.output
+    # The proven ExpM (Langevin) on the same target: K·(d + 1) parameters, sensitivity √(2B).
+    body = {"dataset": "tri", "method": "expm", "epsilon": 2.0, "delta": 1e-5}
+    card, weights = _release(client, headers, settings, body)
+    assert card["privacy"]["guarantee"] == "proven"
+    assert card["model"] == {"kind": "logistic", "classes": 3}
+    assert card["mechanism"]["parameters"] == 3 * (3 + 1)
+    assert card["mechanism"]["classes"] == 3 and card["mechanism"]["residual_norm_sq_bound"] == 2
+    (folder / CARD_FILE).write_text(__import__("json").dumps(card))
+    (folder / WEIGHTS_FILE).write_bytes(weights)
+    scored = score_csv(folder, csv)
+    assert scored.accuracy is not None and scored.auc is not None
+    print(f"3-class tabular, ExpM Langevin ε = 2: accuracy {scored.accuracy:.3f}")
+    assert scored.accuracy > 2 / 3 and scored.auc > 0.8
 
 
 def digits_accuracy(card: dict[str, Any], weights: bytes) -> float:
@@ -181,3 +200,12 @@ def test_the_bundled_digits_register_and_train_ten_classes(
     scored = score_images(load_release(weights, card), DIGITS / "digits.npz")
     assert scored.probabilities.shape == (1797, 10) and scored.accuracy == accuracy
     assert scored.auc is not None and scored.auc > 0.9
+    # The proven ExpM (Langevin sampler) at ε = 1, its default steps.
+    body = {"dataset": "digits", "method": "expm", "epsilon": 1.0, "delta": 1e-5}
+    card, weights = _release(client, headers, settings, body)
+    assert card["privacy"]["guarantee"] == "proven"
+    assert card["model"] == {"kind": "logistic", "classes": 10}
+    assert card["mechanism"]["parameters"] == 10 * 65 and card["mechanism"]["classes"] == 10
+    accuracy = digits_accuracy(card, weights)
+    print(f"digits, ExpM Langevin ε = 1: accuracy on the training images {accuracy:.3f}")
+    assert accuracy > 3 / 10

@@ -1,7 +1,7 @@
 """Issue 20, multi-class targets: the public schema declares K ≥ 3 classes, DP-SGD plans
 multinomial logistic regression (proven, K·(d + 1) parameters, ``classes: K`` in the plan's
-model) and every other method, engine, model and selection refuses it at quote time; a
-binary schema and its plans are unchanged."""
+model), so does the proven ExpM (Langevin sampler), and every other method, engine, model
+and selection refuses it at quote time; a binary schema and its plans are unchanged."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from pydantic import ValidationError
 from service.datasets.tabular import encode_target, parse_schema
 from service.modelspec import MAX_CLASSES, LogisticSpec, MlpSpec
 from service.plans import PlanError, plan_for_dataset, with_classes
-from service.schemas import DpsgdOptions, JobRequest
+from service.schemas import DpsgdOptions, ExpmOptions, JobRequest
 from service.selection.kinds import plan_selection
 from tests.plan_cases import adult_schema
 
@@ -102,10 +102,11 @@ def test_a_binary_plan_has_no_classes_and_refuses_a_stated_count() -> None:
         _dpsgd(engine="ghost"),
         _dpsgd(engine="jl", jl_projections=4),
         _dpsgd().model_copy(update={"model": MlpSpec(hidden=[8])}),
-        JobRequest(dataset="iris", method="expm", epsilon=1.0),
+        JobRequest(dataset="iris", method="expm", epsilon=1.0, expm=ExpmOptions(sampler="mcmc")),
         JobRequest(dataset="iris", method="expm_nf", epsilon=1.0),
+        JobRequest(dataset="iris", method="expm", epsilon=1.0, delta=1e-5, model=MlpSpec()),
     ],
-    ids=["ghost", "jl", "mlp", "expm", "expm_nf"],
+    ids=["ghost", "jl", "mlp", "expm_mcmc", "expm_nf", "expm_langevin_mlp"],
 )
 def test_every_other_method_engine_and_model_refuses_k_classes(request_: JobRequest) -> None:
     with pytest.raises(PlanError, match=r"3 classes.*'dpsgd', engine 'exact'.*'logistic'"):

@@ -55,6 +55,44 @@ whether or not the chain mixed:
 
 The random number of rows changes nothing above: the mechanism never divides by the
 loaded row count, only by the public n̂.
+
+**K ≥ 3 classes** (multinomial logistic regression; the plan's ``classes``): θ is the
+(d + 1) × K matrix of the K weight rows and biases, ℓᵢ the cross-entropy of the softmax,
+whose gradient is (p − e_y) ⊗ (xᵢ, 1). Everything above holds column by column, with
+these changes:
+
+* the logit numerators x_int·θ_int are K dot products of the same P = d + 1 integer terms
+  (θ's grid from :func:`~worker.mechanisms.fixed_point.theta_bits` of d + 1, not of the
+  K·(d + 1) parameters), each exact as above;
+* p̃ = :func:`~worker.mechanisms.exact_softmax.softmax_basic` of the exact logits (the row
+  maximum, one subtraction, exp from basic operations, a sum in the fixed class order, one
+  quotient per entry: the same bits for a row in any batch), p̃_k ∈ [0, 1];
+* r_int,k = trunc((p̃_k − [k = y])·2^a): a subtraction (exact for k ≠ y; correctly rounded
+  into [−1, 0] for k = y), an exact scaling and a truncation toward zero, so
+  |r_int,k|·2^-a ≤ |p̃_k − [k = y]|;
+* **the residual bound ‖r_int‖² ≤ 2·2^(2a), from correct rounding alone.** For exact
+  probabilities ‖p − e_y‖² = Σ_k p_k² − 2p_y + 1 ≤ 2 − 2p_y ≤ 2 (p_k² ≤ p_k, Σ p_k = 1);
+  the floats p̃ need not sum to 1, so the argument is made on the grid. Write
+  q_k = |r_int,k|·2^-a ∈ [0, 1] (a multiple of 2^-a). Then q_k² ≤ q_k, so
+  ‖q‖² ≤ q_y + Σ_{k≠y} q_k ≤ 1 + Σ_{k≠y} q_k, and q_k ≤ p̃_k for k ≠ y. With u = 2^-53,
+  s̃ = fl(((e_0 + e_1) + …) + e_{K−1}) ≥ (Σ e_k)·(1 − u)^(K−1) (K − 1 correctly rounded
+  additions of non-negative terms) and p̃_k = fl(e_k/s̃) ≤ (e_k/s̃)·(1 + u), so
+  Σ_k p̃_k ≤ (1 + u)/(1 − u)^(K−1) < 1 + 2^-40 for K ≤ 2^12
+  (:data:`~worker.mechanisms.exact_softmax.MAX_CLASSES`), below 1 + 2^-a (a ≤ 16).
+  Σ_{k≠y} q_k is a multiple of 2^-a that is ≤ Σ_k p̃_k < 1 + 2^-a, hence ≤ 1, and
+  ‖q‖² ≤ 2. The worker also checks Σ_k r_int,k² ≤ 2^(2a+1) on every row of every step,
+  exactly (integers ≤ 2^32, K ≤ 2^12 of them: sums below 2^53), and fails closed
+  (:class:`~worker.mechanisms.guards.GuardFailed`) if a row ever exceeded it, which the
+  argument above says it cannot: the failure reveals nothing about a row;
+* row i's integer vector r_int ⊗ x_int has ℓ2 norm ‖r_int‖·‖x_int‖ ≤ 2^(a+c)·√(2B) = Δ
+  (the plan's ``residual_norm_sq_bound`` 2, which the worker refuses to read as anything
+  else), and its entries are ≤ 2^(a+c) ≤ 2^32 as before, so the column sums over ≤ 2^20
+  rows are exact;
+* labels must be class indices 0 … K − 1 (checked before any step, like the binary
+  labels' [0, 1]); the noise is K·(d + 1) independent integer Gaussians per step.
+
+So each step is the Gaussian mechanism of sensitivity Δ with noise multiplier σ, and items
+2 and 3 hold unchanged.
 """
 
 from __future__ import annotations
@@ -74,8 +112,9 @@ import torch
 from service.modelspec import ModelSpec
 from worker.mechanisms.base import MechanismOutput, PlanMismatch, ProgressFn, TabularTrainingSet
 from worker.mechanisms.dpsgd import NoiseStream
+from worker.mechanisms.exact_softmax import MAX_CLASSES, softmax_basic
 from worker.mechanisms.fixed_point import quantised_theta, sigmoid_basic, theta_bits
-from worker.mechanisms.guards import nonnegative_finite, positive_finite
+from worker.mechanisms.guards import GuardFailed, nonnegative_finite, positive_finite
 from worker.models import build_module
 from worker.noise import secure_rng
 
@@ -96,6 +135,8 @@ class LangevinParams:
     residual_bits: int
     feature_bits: int
     noise_multiplier: float
+    classes: int = 1
+    """1 for a binary target (one sigmoid output), else K ≥ 3 (softmax)."""
 
     def __post_init__(self) -> None:
         positive_finite(
@@ -128,15 +169,37 @@ class LangevinParams:
             residual_bits=int(mechanism["residual_bits"]),
             feature_bits=int(mechanism["feature_bits"]),
             noise_multiplier=float(mechanism["noise_multiplier"]),
+            classes=int(mechanism.get("classes", 1)),
         )
         if params.residual_bits + params.feature_bits > 32:
             raise PlanMismatch("the Langevin grid is wider than its exact-sum bound")
+        if params.classes != 1 and not 3 <= params.classes <= MAX_CLASSES:
+            raise PlanMismatch(f"the Langevin sampler takes 3 to {MAX_CLASSES} classes")
+        if (params.classes != 1 and params.residual_bits > 16) or (
+            params.parameters % params.classes
+        ):
+            raise PlanMismatch("the Langevin plan's grid or parameter count does not fit")
+        # The worker's own residual bound (module docstring), never a smaller one.
+        if int(mechanism.get("residual_norm_sq_bound", 1)) != params.residual_norm_sq_bound:
+            raise PlanMismatch("the plan's residual bound is not the sampler's")
         return params
 
     @property
+    def residual_norm_sq_bound(self) -> int:
+        """‖r‖² ≤ this (in units of 2^(2a)): |σ − y|² ≤ 1, or ‖p − e_y‖² ≤ 2 for K classes."""
+        return 1 if self.classes == 1 else 2
+
+    @property
+    def inputs(self) -> int:
+        """d + 1: the features and the bias, per class."""
+        return self.parameters // self.classes
+
+    @property
     def sensitivity(self) -> float:
-        """Δ: the ℓ2 bound of one row's integer gradient, in grid units."""
-        return 2.0 ** (self.residual_bits + self.feature_bits) * math.sqrt(self.row_norm_sq_bound)
+        """Δ: the ℓ2 bound of one row's integer gradient, in grid units (√(2B) for K
+        classes: module docstring)."""
+        norm_sq = self.residual_norm_sq_bound * self.row_norm_sq_bound
+        return 2.0 ** (self.residual_bits + self.feature_bits) * math.sqrt(norm_sq)
 
 
 def quantised_features(x: torch.Tensor, *, feature_bits: int, norm_sq_bound: int) -> torch.Tensor:
@@ -198,6 +261,28 @@ def _residuals(
     return torch.trunc(residual * 2.0**residual_bits)
 
 
+def _softmax_residuals(
+    numerators: torch.Tensor,
+    y64: torch.Tensor,
+    *,
+    feature_bits: int,
+    residual_bits: int,
+    theta_bits: int,
+) -> torch.Tensor:
+    """K classes: r_int,k = trunc(2^a·(p̃_k − [k = y])) (rows, K) from the exact logit
+    numerators (rows, K), p̃ = exact_softmax.softmax_basic (the module docstring, "K
+    classes"); then the exact check Σ_k r_int,k² ≤ 2^(2a+1) of every row, failing closed
+    (:class:`GuardFailed`). ``y64`` holds class indices in [0, K) (checked by the caller)."""
+    logits = numerators * 2.0 ** -(feature_bits + theta_bits)  # exact: a power of two
+    p = softmax_basic(logits)
+    target = torch.zeros_like(p).scatter_(1, y64.to(torch.int64).unsqueeze(1), 1.0)
+    r_int = torch.trunc((p - target) * 2.0**residual_bits)
+    # Integers ≤ 2^(2a) ≤ 2^32, at most 2^12 per row: the sums are exact below 2^53.
+    if bool(((r_int * r_int).sum(dim=1) > 2.0 ** (2 * residual_bits + 1)).any()):
+        raise GuardFailed("expm langevin: a row's softmax residual exceeds its bound")
+    return r_int
+
+
 def row_residuals(
     x_int: torch.Tensor,
     y: torch.Tensor,
@@ -208,9 +293,11 @@ def row_residuals(
     theta_bits: int,
 ) -> torch.Tensor:
     """r_int,i = trunc(2^a·(σ̃(θ̃·xᵢ) − yᵢ)) per row, float64 integers in [−2^a, 2^a]: a
-    function of row i and θ̃ alone, bit for bit (module docstring)."""
+    function of row i and θ̃ alone, bit for bit (module docstring). With θ_int a (d + 1, K)
+    matrix (K classes) the (rows, K) softmax residuals instead, y the class indices."""
     numerators = x_int @ theta_int  # integers below 2^53: exact in any order
-    return _residuals(
+    residuals = _residuals if theta_int.dim() == 1 else _softmax_residuals
+    return residuals(
         numerators,
         y.double(),
         feature_bits=feature_bits,
@@ -262,8 +349,11 @@ class ExactRowSums:
         theta_bits: int,
         sparse: bool = False,
         parts: int = 1,
+        classes: int = 1,
     ) -> None:
         self.parameters = int(x_int.shape[1])
+        self.classes = classes
+        self._residuals = _residuals if classes == 1 else _softmax_residuals
         self.device = x_int.device
         self._kw = {
             "feature_bits": feature_bits,
@@ -290,25 +380,30 @@ class ExactRowSums:
 
     def residuals(self, theta_int: torch.Tensor) -> torch.Tensor:
         """r_int of every row (float64), as :func:`row_residuals` gives them."""
-        parts = [_residuals(forward @ theta_int, ys, **self._kw) for forward, _, ys in self._chunks]
+        parts = [
+            self._residuals(forward @ theta_int, ys, **self._kw) for forward, _, ys in self._chunks
+        ]
         if not parts:
-            return torch.zeros(0, dtype=torch.float64, device=self.device)
+            shape = (0,) if self.classes == 1 else (0, self.classes)
+            return torch.zeros(shape, dtype=torch.float64, device=self.device)
         return torch.cat(parts)
 
     def _part_sum(
         self, chunk: tuple[torch.Tensor, torch.Tensor, torch.Tensor], theta_int: torch.Tensor
     ) -> torch.Tensor:
         forward, backward, ys = chunk
-        r_int = _residuals(forward @ theta_int, ys, **self._kw)
+        r_int = self._residuals(forward @ theta_int, ys, **self._kw)
         # Integers below 2^53 throughout: exact in any order.
         return (backward @ r_int).round().to(torch.int64)
 
     def gradient_sum(
         self, theta_int: torch.Tensor, *, pool: ThreadPoolExecutor | None = None
     ) -> torch.Tensor:
-        """Σᵢ r_int,i·x_int,i exactly, as int64 (shape (d + 1,)); the parts on ``pool``'s
-        threads where given (the same int64 values: each part's sum is exact)."""
-        total = torch.zeros(self.parameters, dtype=torch.int64, device=self.device)
+        """Σᵢ r_int,i·x_int,i exactly, as int64 (shape (d + 1,), or (d + 1, K) for K
+        classes with θ_int (d + 1, K)); the parts on ``pool``'s threads where given (the
+        same int64 values: each part's sum is exact)."""
+        shape = (self.parameters,) if self.classes == 1 else (self.parameters, self.classes)
+        total = torch.zeros(shape, dtype=torch.int64, device=self.device)
         if pool is not None and len(self._chunks) > 1:
             sums = list(pool.map(lambda chunk: self._part_sum(chunk, theta_int), self._chunks))
         else:
@@ -342,11 +437,16 @@ def gradient_sum(
     residual_bits: int,
     theta_bits: int,
 ) -> torch.Tensor:
-    """Σᵢ r_int,i·x_int,i exactly, as int64 (shape (d + 1,)), r_int from
-    :func:`row_residuals` at the quantised θ̃ = θ_int·2^-b. (One call; a run prepares
-    :class:`ExactRowSums` once and calls its method every step.)"""
+    """Σᵢ r_int,i·x_int,i exactly, as int64 (shape (d + 1,), or (d + 1, K) for a (d + 1, K)
+    θ_int), r_int from :func:`row_residuals` at the quantised θ̃ = θ_int·2^-b. (One call; a
+    run prepares :class:`ExactRowSums` once and calls its method every step.)"""
     sums = ExactRowSums(
-        x_int, y, feature_bits=feature_bits, residual_bits=residual_bits, theta_bits=theta_bits
+        x_int,
+        y,
+        feature_bits=feature_bits,
+        residual_bits=residual_bits,
+        theta_bits=theta_bits,
+        classes=1 if theta_int.dim() == 1 else int(theta_int.shape[1]),
     )
     return sums.gradient_sum(theta_int)
 
@@ -360,22 +460,29 @@ def sample_langevin(
     done: int = 0,
     total: int | None = None,
 ) -> torch.Tensor:
-    """One release: θ_T (d + 1,) float64 on the CPU, weights then bias."""
+    """One release: θ_T (d + 1,) float64 on the CPU, weights then bias; for K classes
+    (d + 1, K), column k class k's weights then bias."""
     total = params.steps if total is None else total
     x_int = quantised_features(
         data.x.to(device), feature_bits=params.feature_bits, norm_sq_bound=params.row_norm_sq_bound
     )
-    if x_int.shape[1] != params.parameters:
+    if x_int.shape[1] * params.classes != params.parameters:
         raise PlanMismatch("the model's parameter count differs from the plan's")
     y = data.y.to(device)
-    # |σ(·) − y| ≤ 1, the residual bound of the sensitivity, needs labels in [0, 1].
-    if y.shape[0] and not bool(((y >= 0) & (y <= 1)).all()):
-        raise PlanMismatch("labels outside [0, 1]")
+    if params.classes == 1:
+        # |σ(·) − y| ≤ 1, the residual bound of the sensitivity, needs labels in [0, 1].
+        if y.shape[0] and not bool(((y >= 0) & (y <= 1)).all()):
+            raise PlanMismatch("labels outside [0, 1]")
+    elif y.shape[0]:
+        yd = y.double()
+        index = (yd == torch.floor(yd)) & (yd >= 0) & (yd < params.classes)
+        if not bool(index.all()):
+            raise PlanMismatch("labels outside the declared classes")
     noise = NoiseStream(rng=secure_rng(), size=params.parameters, steps=params.steps)
     scale = params.noise_multiplier * params.sensitivity
     unit = 2.0 ** -(params.residual_bits + params.feature_bits)
     step_size = params.learning_rate / params.public_n_rows
-    b, m = theta_bits(feature_bits=params.feature_bits, parameters=params.parameters)
+    b, m = theta_bits(feature_bits=params.feature_bits, parameters=params.inputs)
     # As many parts as the worker's threads (ENCLAVE_WORKER_THREADS), a public setting.
     threads = torch.get_num_threads() if device.type == "cpu" else 1
     sums = ExactRowSums(
@@ -385,9 +492,11 @@ def sample_langevin(
         residual_bits=params.residual_bits,
         theta_bits=b,
         parts=threads,
+        classes=params.classes,
     )
     del x_int  # the prepared copy is all the steps read
-    theta = torch.zeros(params.parameters, dtype=torch.float64, device=device)
+    shape = (params.parameters,) if params.classes == 1 else (params.inputs, params.classes)
+    theta = torch.zeros(shape, dtype=torch.float64, device=device)
     with ExitStack() as stack:
         pool = None
         if threads > 1:
@@ -396,7 +505,8 @@ def sample_langevin(
         for step in range(1, params.steps + 1):
             summed = sums.gradient_sum(quantised_theta(theta, bits=b, limit_bits=m), pool=pool)
             step_noise = noise.draw(scale=scale, same_scale_ahead=params.steps - step + 1)
-            noisy = (summed + torch.as_tensor(step_noise, device=device)).double() * unit
+            step_noise = torch.as_tensor(step_noise, device=device).reshape(shape)
+            noisy = (summed + step_noise).double() * unit
             theta = theta - step_size * (noisy + params.l2 * theta)
             progress(done + step, total)
     return theta.cpu()
@@ -411,12 +521,16 @@ def run_expm_langevin(
     device: torch.device,
     progress: ProgressFn,
 ) -> MechanismOutput:
-    """`samples` independent chains (each charged by the plan), as logistic state dicts."""
+    """`samples` independent chains (each charged by the plan), as logistic state dicts
+    (binary or K-class: linear.weight (K, d), linear.bias (K,))."""
     params = LangevinParams.from_plan(mechanism)
     module = build_module(spec, int(data.x.shape[1]))
     names = [k for k, _ in module.named_parameters()]
     if names != ["linear.weight", "linear.bias"]:
         raise PlanMismatch("the Langevin sampler is for logistic regression only")
+    outputs = int(getattr(module, "classes", 1))
+    if outputs != params.classes:
+        raise PlanMismatch("the model's classes differ from the plan's")
     releases = []
     for i in range(samples):
         theta = sample_langevin(
@@ -427,10 +541,11 @@ def run_expm_langevin(
             done=i * params.steps,
             total=samples * params.steps,
         )
+        if params.classes == 1:
+            weight, bias = theta[:-1].reshape(1, -1), theta[-1:]
+        else:
+            weight, bias = theta[:-1].T, theta[-1]
         releases.append(
-            {
-                "linear.weight": theta[:-1].reshape(1, -1).float().clone(),
-                "linear.bias": theta[-1:].float().clone(),
-            }
+            {"linear.weight": weight.float().clone(), "linear.bias": bias.float().clone()}
         )
     return MechanismOutput(releases=releases)
