@@ -46,6 +46,14 @@ def seed(settings: Any, keys: Keys, client: Any) -> list[Seeded]:
     body = {"dataset": "toy", "method": "expm_nf", "epsilon": 0.5, "delta": 0}
     r = client.post("/v1/jobs", json=body, headers=auth(keys.alice))
     assert r.status_code == 202, r.text
+    # Each seeded row's plan is a real plan of its method (a stored plan's mechanism is
+    # validated against its method's type when it is served).
+    plans = {"expm_nf": r.json()["plan"]}
+    for method, delta in (("dpsgd", 1e-5), ("expm", 1e-5)):
+        quote = {"dataset": "toy", "method": method, "epsilon": 0.5, "delta": delta}
+        q = client.post("/v1/quote", json=quote, headers=auth(keys.alice))
+        assert q.status_code == 200, q.text
+        plans[method] = q.json()["plan"]
     engine = engine_for(settings.resolved_database_url)
     out: list[Seeded] = []
     with transaction(engine) as s:
@@ -57,7 +65,7 @@ def seed(settings: Any, keys: Keys, client: Any) -> list[Seeded]:
             who = "alice" if i % 12 < 7 else "bob"
             method = ("dpsgd", "expm", "expm_nf")[i % 3]
             guarantee = ("proven", "asymptotic", "nominal")[i % 3]
-            plan = copy.deepcopy(first.plan) | {"method": method, "guarantee": guarantee}
+            plan = copy.deepcopy(plans[method]) | {"guarantee": guarantee}
             job = Job(
                 id=str(uuid.uuid4()),
                 analyst_id=ids[who],
