@@ -25,7 +25,8 @@ significant bits, LN2_LO and INV_STEP are the doubles nearest to ln 2 − LN2_HI
 and the 2^{j/32} table is built from exact integer 32nd roots at import.
 
 Speed: both are ~10-15x slower than numpy's (≈ 8 and 10 ns per element against 0.6), which
-the sampler pays only where Γ̂ is evaluated per proposal (scales above ~3276).
+the sampler pays when it builds a plan's table (scales up to ~3276) and, above that, only
+for the few proposals its screen leaves to Γ̂ (worker/noise.py, "Screen").
 """
 
 from __future__ import annotations

@@ -107,25 +107,27 @@ fast test brackets) and lo_x, hi_x its floats:
       41u + 841u + 1683u + u + 1684u, and |Γ̂ − Γ| ≤ 3271u (the count below), in all
       < 2^-39 (with the conditioning offset of `_sample_rounded_gaussian`, tests only, the
       count's g and f terms grow by < 2000u: still < 2^-38). So |Y − ŷ| ≤ D = K²/(8s⁴)
-      + 1/(8s²) + 2^-38 (K ≥ |k|), and with ŷ ≥ 0, Y⁺ = max(Y, 0) also has |Y⁺ − ŷ| ≤ D.
-      The screen runs only where D ≤ 2^-15 (for s > 3276.8, D < 1.9e-5 = 2^-15.7;
-      `_screen_constants` returns None otherwise).
-  (c) E_lo, E_hi (`_exp_neg_estimates`) are within 2^-26 relative of e^{−Y⁺}: i = ⌊64Y⁺⌋
-      and d = Y⁺ − i/64 are exact (scaling by 64; Sterbenz for i ≥ 1), the table entries
-      are within 2 ulp of e^{−i/64}, the cubic within d⁴/24 ≤ 2^-28.6 of e^{−d} ≥ 0.984, its
-      Horner steps and the product ≤ 2^-49; where Y⁺ ≥ 64, E_lo = 0 and E_hi ≥ e^{−Y⁺}.
-  (d) lo_c = fl(E_lo·λ), λ ≤ 2^16(1 − D − 2m − 2^-24); hi_c = fl(fl(E_hi·η) + T),
-      η ≥ 2^16(1 + 2D + 2m + 2^-24), T = 2^17·(table's e^{−64} bound) ≥ 2^16·4e^{−64}.
-      Where ŷ < 64 − 2^-51 (fast path unclamped), lo_x ≥ 2^16e^{−ŷ}(1 − 2^-27)(1 − m)(1 − u)
-      ≥ 2^16e^{−Y⁺}(1 − D)(1 − m − 2^-27 − u) ≥ lo_c (as lo_c ≤ 2^16e^{−Y⁺}(1 + 2^-26)(1 + u)
-      ·(1 − D − 2m − 2^-24)), and hi_x ≤ 2^16e^{−ŷ}(1 + 2^-27)(1 + m)(1 + u) ≤ 2^16e^{−Y⁺}
-      (1 + 1.08D + m + 2^-26.8) ≤ hi_c (e^D ≤ 1 + 1.01D, Dm ≤ D/16). Where ŷ ≥ 64 − 2^-51,
-      lo_c < 1 (Y⁺ ≥ 63.9) and hi_x ≤ 2^16·2.2e^{−64} ≤ T ≤ hi_c.
-  So "lead + 1 ≤ lo_c" implies the fast test accepts (lead + 1 ≤ lo_x) and "lead ≥ hi_c"
-  implies it rejects without the exact path (lead ≥ hi_x); only the others (lead within a
-  unit or two of 2^16e^{−Y}, ≈ 3/2^16 of them) get Γ̂ and the unchanged test. Γ̂ ≥ 0 (which
-  `_exponent_parts` checks) follows from Ĝ ≥ D, since Γ̂ ≥ Ĝ − D; where Ĝ < D (k near the
-  maximiser of −Γ), Γ̂ is evaluated and checked. Like the exact path, the screen makes the
+      + 1/(8s²) + 2^-38 (K ≥ |k|). The screen runs only where D ≤ 2^-15, where it settles
+      nearly everything (for s > 3276.8, D < 1.9e-5 = 2^-15.7; `_screen_constants` returns
+      None otherwise).
+  (c) Tables (`_neg_log_leads`): below[w] ≤ −ln((w+1)/2^16), above[w] ≥ −ln(w/2^16),
+      above[0] = +inf, for the 16-bit leads w. Constants (`_screen_constants`, exact
+      rationals rounded up): with x = m + 2^-27 + u, c_acc ≥ D + x/(1 − x) + 2^-30 and
+      c_rej ≥ D + (1 + m)(1 + 2^-27)(1 + u) − 1 + 2^-30.
+  (d) Accept: if fl(Y + c_acc) ≤ below[lead], then Y + D + x/(1 − x) < −ln((lead+1)/2^16)
+      (the sum rounds by ≤ 1684u < 2^-30), so with ŷ ≤ Y + D and (1 − m)(1 − 2^-27)(1 − u)
+      ≥ 1 − x ≥ e^{−x/(1−x)}: lead + 1 ≤ 2^16e^{−ŷ}(1 − m)(1 − 2^-27)(1 − u) ≤ lo_x, i.e. the
+      fast test accepts (lo_x is its estimate of 2^16e^{−ŷ}, within 2^-27, times (1 − m)
+      and rounded once). If the fast path is clamped (ŷ ≥ 64 − 2^-51, lo_x = 0), then
+      Y ≥ ŷ − D ≥ 63.9 > 11.1 ≥ below[lead]: never taken.
+      Reject: if fl(Y − c_rej) ≥ above[lead] (so lead ≥ 1), then −Y + D + c ≤
+      ln(lead/2^16) with c = (1 + m)(1 + 2^-27)(1 + u) − 1, and hi_x ≤ 2^16e^{−ŷ}(1 + c)
+      ≤ 2^16·exp(−Y + D + c) ≤ lead: the fast test rejects without the exact path. If it
+      is clamped, hi_x ≤ 2^16·2.2e^{−64} < 1 ≤ lead as well.
+  Only the others (lead within a unit or two of 2^16e^{−Y}, ≈ 3/2^16 of them, and the
+  rare lead = 0) get Γ̂ and the unchanged test. Γ̂ ≥ 0 (which `_exponent_parts` checks)
+  follows from Ĝ ≥ D, since Γ̂ ≥ Ĝ − D; where Ĝ < D (k near the maximiser of −Γ), Γ̂ is
+  evaluated and checked. Like the exact path, the screen makes the
   time depend on the noise values, never on the data.
 
 Support cap. Proposals with |k| > K = ⌈40·s⌉ are rejected, so the output law is p restricted
@@ -191,8 +193,8 @@ need no accuracy guarantee:
   sizes), never an outcome.
 * `_lead_bounds` (the fast accept/reject test) uses basic operations and a table built from
   exact integers; it only decides which decisions the exact integer path settles.
-* `_exp_neg_estimates` and `_accept_screened` (the screen above) use basic operations and
-  the same table; they only decide where Γ̂ is evaluated, never a decision.
+* `_accept_screened` (the screen above) uses basic operations and `ieee_math.log` (its
+  table of −ln(w/2^16)); it only decides where Γ̂ is evaluated, never a decision.
 
 What this does NOT defend against
 ---------------------------------
@@ -613,11 +615,6 @@ def _accept_exp_neg(
 # --------------------------------------------- screening Γ̂ with a certified cheap bracket
 
 
-def _round_down(q: Fraction) -> float:
-    value = float(q)  # correctly rounded (int/int division)
-    return math.nextafter(value, -math.inf) if Fraction(value) > q else value
-
-
 def _round_up(q: Fraction) -> float:
     value = float(q)
     return math.nextafter(value, math.inf) if Fraction(value) < q else value
@@ -625,66 +622,57 @@ def _round_up(q: Fraction) -> float:
 
 @lru_cache(maxsize=32)
 def _screen_constants(scale: float, cap: int, margin: float) -> tuple[float, float, float] | None:
-    """(width, lo_factor, hi_factor) of the screen (module docstring, "Screen"), or None
-    where its conditions fail (D > 2^-15 or margin > 2^-4: evaluate Γ̂ everywhere).
+    """(width, c_acc, c_rej) of the screen (module docstring, "Screen"), or None where its
+    conditions fail (D > 2^-15 or m > 2^-4: evaluate Γ̂ everywhere).
 
-    D = K²/(8s⁴) + 1/(8s²) + 2^-38 (exact rational, width = D rounded up); lo_factor =
-    2^16·(1 − D − 2m − 2^-24) rounded down, hi_factor = 2^16·(1 + 2D + 2m + 2^-24) rounded
-    up, m the fast path's margin `_ACCEPT_MARGIN`."""
+    D = K²/(8s⁴) + 1/(8s²) + 2^-38 (exact rational; width = D rounded up), with
+    x = m + 2^-27 + 2^-53: c_acc = D + x/(1 − x) + 2^-30 and c_rej = D + (1 + m)(1 + 2^-27)
+    (1 + 2^-53) − 1 + 2^-30, both rounded up; m is the fast path's margin `_ACCEPT_MARGIN`."""
     s = Fraction(scale)
     d = Fraction(cap) ** 2 / (8 * s**4) + 1 / (8 * s**2) + Fraction(1, 2**38)
     m = Fraction(margin)
     if d > Fraction(1, 2**15) or m > Fraction(1, 16):
         return None
-    slack = 2 * m + Fraction(1, 2**24)
-    return (
-        _round_up(d),
-        _round_down((1 - d - slack) * 2**_LEAD_BITS),
-        _round_up((1 + 2 * d + slack) * 2**_LEAD_BITS),
-    )
+    x = m + Fraction(1, 2**27) + Fraction(1, 2**53)
+    up = (1 + m) * (1 + Fraction(1, 2**27)) * (1 + Fraction(1, 2**53)) - 1
+    slack = Fraction(1, 2**30)
+    return _round_up(d), _round_up(d + x / (1 - x) + slack), _round_up(d + up + slack)
 
 
-def _exp_neg_estimates(y: FloatArray) -> tuple[FloatArray, FloatArray]:
-    """Floats within 2^-26 relative of e^{−y} for floats y ≥ 0 (the lower one is 0 and the
-    upper one ≥ e^{−y} where y ≥ 64): the table of e^{−i/64} bounds times the cubic on
-    [0, 1/64), with i = ⌊64y⌋ and d = y − i/64 exact (module docstring, "Screen")."""
-    lo_table, hi_table = _exp_table()
-    z = y * float(_EXP_TABLE_RES)  # exact
-    i = np.floor(z)
-    z -= i  # exact (Sterbenz for i ≥ 1)
-    z *= 1.0 / _EXP_TABLE_RES  # exact: d ∈ [0, 1/64)
-    np.minimum(i, float(_EXP_TABLE_STEPS), out=i)
-    index = i.astype(np.intp)
-    poly = z * -_ONE_SIXTH  # 1 − d + d²/2 − d³/6 by Horner
-    poly += 0.5
-    poly *= z
-    poly -= 1.0
-    poly *= z
-    poly += 1.0
-    lo = lo_table[index] * poly
-    poly *= hi_table[index]
-    return lo, poly
+@lru_cache(maxsize=1)
+def _neg_log_leads() -> tuple[FloatArray, FloatArray]:
+    """Floats below[w] ≤ −ln((w+1)/2^16) and above[w] ≥ −ln(w/2^16) (above[0] = +inf) for
+    the 16-bit leads w: `ieee_math.log` of the exact (w+1)·2^-16 is within
+    u·11.1 + 1.01u < 2^-49 of ln, and the entries are moved 2^-40 outward (one more
+    rounding, < 2^-49)."""
+    logs = ieee_math.log(np.arange(1, (1 << _LEAD_BITS) + 1) * 2.0**-_LEAD_BITS)
+    below = -logs - 2.0**-40
+    above = np.empty_like(below)
+    above[0] = np.inf
+    above[1:] = -logs[:-1] + 2.0**-40
+    below.flags.writeable = above.flags.writeable = False
+    return below, above
 
 
 def _accept_screened(
     rng: np.random.Generator,
     plan: _GaussianPlan,
-    lead: FloatArray,
+    lead: IntArray,
     u: IntArray,
     k_abs: IntArray,
     offset: float,
     needed: BoolArray,
 ) -> BoolArray:
     """`_accept_exp_neg` with Γ̂(k) (`_exponent_parts`) evaluated only where a cheap bracket
-    of e^{−y} cannot show what its fast test decides: the same decisions, the same entries
-    sent to the exact path in the same order, so the same random bits are read (proof in the
+    of y cannot show what its fast test decides: the same decisions, the same entries sent
+    to the exact path in the same order, so the same random bits are read (proof in the
     module docstring, "Screen"). Also raises, like `_exponent_parts`, if any Γ̂(k) < 0."""
     t = plan.t
     screen = _screen_constants(plan.scale, plan.cap, _ACCEPT_MARGIN)
     if screen is None:
         whole, frac_num = _exponent_parts(plan, k_abs, offset)
-        return _accept_exp_neg(rng, lead, u, t, whole, frac_num, needed)
-    width, lo_factor, hi_factor = screen
+        return _accept_exp_neg(rng, lead.astype(np.float64), u, t, whole, frac_num, needed)
+    width, c_acc, c_rej = screen
     # G = (k²/(2s²) − |k|/t) + F in the operation order of the count.
     g = k_abs.astype(np.float64)
     slope = g / t
@@ -696,19 +684,15 @@ def _accept_screened(
     low = np.flatnonzero(g < width)  # Γ̂ ≥ G − D not ≥ 0: evaluate Γ̂ there (raises if < 0)
     if low.size:
         _exponent_parts(plan, k_abs[low], offset)
-    y = u / t  # one rounding
-    y += g
-    np.maximum(y, 0.0, out=y)
-    lo, hi = _exp_neg_estimates(y)
-    lo *= lo_factor
-    hi *= hi_factor
-    hi += _exp_table()[1][-1] * 2.0**17  # ≥ every fast-path hi for y ≥ 64 − 2^-51
-    accept = lead + 1.0 <= lo
-    open_ = np.flatnonzero(~accept & (lead < hi))
+    g += u / t  # Y = fl(Ĝ + fl(U/t))
+    below, above = _neg_log_leads()
+    accept = (g + c_acc) <= below[lead]
+    g -= c_rej
+    open_ = np.flatnonzero(~accept & (g < above[lead]))
     if open_.size:
         whole, frac_num = _exponent_parts(plan, k_abs[open_], offset)
         accept[open_] = _accept_exp_neg(
-            rng, lead[open_], u[open_], t, whole, frac_num, needed[open_]
+            rng, lead[open_].astype(np.float64), u[open_], t, whole, frac_num, needed[open_]
         )
     return accept
 
@@ -1055,7 +1039,7 @@ def _propose_chunk(
     u = np.zeros(size, dtype=np.int64) if top is None else top
     negative = (words & np.uint64(1 << 32)) != 0
     lead_v = ((words >> np.uint64(16)) & np.uint64(0xFFFF)).astype(np.intp)
-    lead_accept = (words & np.uint64(0xFFFF)).astype(np.float64)
+    lead_accept = (words & np.uint64(0xFFFF)).astype(np.intp)
     v = prop.lead_v[lead_v].astype(np.int64)
     open_ = np.flatnonzero(v < 0)
     if open_.size:
@@ -1070,7 +1054,8 @@ def _propose_chunk(
     if offset is None and plan.table_whole is not None and plan.table_frac is not None:
         whole = plan.table_whole[k].astype(np.float64)
         frac_num = plan.table_frac[k].astype(np.float64)
-        accept = _accept_exp_neg(rng, lead_accept, u, prop.t, whole, frac_num, valid)
+        lead_f = lead_accept.astype(np.float64)
+        accept = _accept_exp_neg(rng, lead_f, u, prop.t, whole, frac_num, valid)
     else:
         exponent_offset = plan.offset if offset is None else offset
         accept = _accept_screened(rng, plan, lead_accept, u, k, exponent_offset, valid)

@@ -748,7 +748,8 @@ def test_screen_makes_the_decisions_of_the_full_exponent(
         calls.clear()
         evaluated = 0
         monkeypatch.setattr(noise, "_exponent_parts", counting_parts)
-        screened = noise._accept_screened(secure_rng(), plan, lead, u, k, plan.offset, needed)
+        lead_int = lead.astype(np.intp)
+        screened = noise._accept_screened(secure_rng(), plan, lead_int, u, k, plan.offset, needed)
         monkeypatch.setattr(noise, "_exponent_parts", real_parts)
         assert np.array_equal(full[needed], screened[needed]), delta
         assert calls == full_calls, delta
@@ -756,35 +757,36 @@ def test_screen_makes_the_decisions_of_the_full_exponent(
             assert evaluated <= k.size // 100, evaluated
 
 
-def test_exp_neg_estimates_are_within_2_to_minus_26() -> None:
-    ys = np.concatenate(
-        [
-            [0.0, 2.0**-60, 1 / 64, 1 / 64 - 2.0**-58, 63.99, 64.0, 64.5, 900.0],
-            np.random.default_rng(3).uniform(0, 70, 3000),
-        ]
-    )
-    lo, hi = noise._exp_neg_estimates(ys)
+def test_negative_log_tables_bracket_every_lead() -> None:
+    """below[w] ≤ −ln((w+1)/2^16) ≤ below[w] + 2^-39 and −ln(w/2^16) ≤ above[w] (all w)."""
+    below, above = noise._neg_log_leads()
+    assert above[0] == np.inf
+    w = np.arange(1 << 16)
     with mpmath.workdps(40):
-        for y, a, b in zip(ys.tolist(), lo.tolist(), hi.tolist(), strict=True):
-            exact = mpmath.exp(-mpmath.mpf(y))
-            if y >= 64:
-                assert a == 0.0 and b >= exact
-            else:
-                assert abs(a / exact - 1) <= 2.0**-26 and abs(b / exact - 1) <= 2.0**-26
+        for j in np.concatenate([w[:300], w[-300:], w[300:-300:97]]).tolist():
+            lower = -mpmath.log(mpmath.mpf(j + 1) / 2**16)
+            assert mpmath.mpf(float(below[j])) <= lower <= below[j] + 2.0**-39, j
+            if j:
+                upper = -mpmath.log(mpmath.mpf(j) / 2**16)
+                assert upper <= mpmath.mpf(float(above[j])) <= upper + 2.0**-39, j
 
 
 def test_screen_constants_are_outward_and_refused_outside_their_proof() -> None:
-    scale = 1e6
+    scale, margin = 1e6, 2.0**-20
     plan = noise._gaussian_plan(scale)
-    width, lo_factor, hi_factor = noise._screen_constants(scale, plan.cap, 2.0**-20)  # type: ignore[misc]
+    constants = noise._screen_constants(scale, plan.cap, margin)
+    assert constants is not None
+    width, c_acc, c_rej = constants
     with mpmath.workdps(60):
-        s, cap = mpmath.mpf(scale), plan.cap
-        d = mpmath.mpf(cap) ** 2 / (8 * s**4) + 1 / (8 * s**2) + mpmath.mpf(2) ** -38
-        slack = 2 * mpmath.mpf(2) ** -20 + mpmath.mpf(2) ** -24
+        s, two = mpmath.mpf(scale), mpmath.mpf(2)
+        d = mpmath.mpf(plan.cap) ** 2 / (8 * s**4) + 1 / (8 * s**2) + two**-38
+        x = margin + two**-27 + two**-53
+        c = (1 + mpmath.mpf(margin)) * (1 + two**-27) * (1 + two**-53) - 1
         assert mpmath.mpf(width) >= d
-        assert mpmath.mpf(lo_factor) <= (1 - d - slack) * 2**16
-        assert mpmath.mpf(hi_factor) >= (1 + 2 * d + slack) * 2**16
-    assert noise._screen_constants(1000.0, 40_000, 2.0**-20) is None  # D > 2^-15
+        assert mpmath.mpf(c_acc) >= d + x / (1 - x) + two**-30
+        assert mpmath.mpf(c_rej) >= d + c + two**-30
+        assert mpmath.mpf(c_acc) - (d + x / (1 - x) + two**-30) <= c_acc * 2.0**-52
+    assert noise._screen_constants(1000.0, 40_000, margin) is None  # D > 2^-15
     assert noise._screen_constants(scale, plan.cap, 2.0**-3) is None  # margin > 2^-4
 
 
@@ -793,7 +795,7 @@ def test_screen_still_refuses_a_negative_exponent() -> None:
     Γ̂ there and raise, as the evaluation everywhere did."""
     plan = noise._gaussian_plan(1e6)
     k = np.arange(plan.t - 3000, plan.t + 3000, dtype=np.int64)
-    lead = np.zeros(k.size)
+    lead = np.zeros(k.size, dtype=np.intp)
     u = np.zeros(k.size, dtype=np.int64)
     needed = np.ones(k.size, dtype=np.bool_)
     with pytest.raises(RuntimeError, match="negative acceptance exponent"):
