@@ -1035,11 +1035,12 @@ def _propose_chunk(
     words = rng.bit_generator.random_raw(size)
     j = prop.shift
     source = words if j <= 31 else rng.bit_generator.random_raw(size)
-    top = (source >> np.uint64(64 - j)).astype(np.int64) if j else None  # >> 64: undefined
+    # Fields below 2^63 have the same value as uint64 and int64: views, not conversions.
+    top = (source >> np.uint64(64 - j)).view(np.int64) if j else None  # >> 64: undefined
     u = np.zeros(size, dtype=np.int64) if top is None else top
     negative = (words & np.uint64(1 << 32)) != 0
-    lead_v = ((words >> np.uint64(16)) & np.uint64(0xFFFF)).astype(np.intp)
-    lead_accept = (words & np.uint64(0xFFFF)).astype(np.intp)
+    lead_v = ((words >> np.uint64(16)) & np.uint64(0xFFFF)).view(np.int64)
+    lead_accept = (words & np.uint64(0xFFFF)).view(np.int64)
     v = prop.lead_v[lead_v].astype(np.int64)
     open_ = np.flatnonzero(v < 0)
     if open_.size:
