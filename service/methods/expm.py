@@ -1,7 +1,25 @@
 """The regularised exponential mechanism's plans (method ``expm``): the proven Langevin
 sampler and the asymptotic HMC sampler, from the schema's public row-norm bound. The
 worker's sides are worker/mechanisms/langevin.py and worker/mechanisms/mcmc.py. The
-Langevin sampler's time estimate is here too (no estimate exists for the HMC sampler)."""
+Langevin sampler's time estimate is here too (no estimate exists for the HMC sampler).
+
+Default settings of the Langevin sampler (issue 21, point 2), functions of public values
+only: the public row count n̂, the schema's row-norm bound B (from its columns) and ε.
+The sampler is noisy gradient descent from θ = 0 whose noise grows as √T at fixed
+(ε, δ) (the Gaussian composition), so what a default must set is its reach, the product
+lr·T of step and steps: far enough to fit where the data outweigh the noise, short
+(early stopping) where they do not. A row moves the gradient sum by at most √B and the
+noise's scale per unit of √T is ∝ √B/ε, so s = n̂·ε/√B is the sum's signal-to-noise
+scale, and the rule is lr·T = s/10: T = ⌈s/10⌉ clamped to [10, 300] steps,
+lr = min(2, (s/10)/T) to 3 significant digits, l2 = 1. The target's inverse temperature
+k = 2n̂/(lr·σ²·B) follows (σ from T, ε and δ). On Adult at ε = 1 (n̂ ≈ 30,000, B = 14)
+this is the previous default (T = 300, lr = 2). The previous fixed T = 300, lr = 2
+(reach 600) lost 0.03-0.06 AUC to the grid's best on 3,000 and 700 Adult rows,
+scikit-learn's breast cancer and digits (benchmarks/results/defaults_study.md), whose
+best grid points reached 2.5-75; the rule's figures are in
+benchmarks/results/defaults_study_rule.md (the study is at ε = 1; the ε in s is the
+scaling argument above, spot-checked at ε = 0.1 in defaults_study_eps0.1_*.md). The
+study's targets are binary; multinomial plans (K ≥ 3) take the same rule and B, unmeasured."""
 
 from __future__ import annotations
 
@@ -55,11 +73,26 @@ def row_norm_sq_bound(schema: TabularSchema) -> int:
     return numeric + categorical + 1
 
 
-# Default Langevin steps by ε (benchmarks/results/expm_proven.md: on Adult, 100 steps gave
-# median AUC 0.870 against 0.857 for 300 at ε = 0.1, and 0.740 against 0.702 at ε = 0.01;
-# 300 gave 0.893 against 0.890 at ε = 1). Chosen on Adult, a public choice elsewhere.
+# The previous default steps by ε (before issue 21; benchmarks/hidden_langevin_noise.py
+# compares against them): 300 for ε ≥ 1, else 100, with lr = 2.
 DEFAULT_LANGEVIN_STEPS = 300
 DEFAULT_LANGEVIN_STEPS_SMALL_EPSILON = 100
+
+# Default Langevin settings (see the module docstring): reach lr·T = n̂·ε/(10·√B), steps in
+# [10, 300], lr at most 2 (the previous defaults' step, stable on the study's data).
+LANGEVIN_REACH_DIVISOR = 10.0
+LANGEVIN_STEPS_RANGE = (10, 300)
+LANGEVIN_MAX_LEARNING_RATE = 2.0
+
+
+def langevin_defaults(*, n_rows: int, norm_sq_bound: int, epsilon: float) -> tuple[int, float]:
+    """(steps T, learning rate) of the Langevin sampler's default from public values: the
+    public row count n̂, the schema's bound B ≥ ‖(x, 1)‖² and the request's ε."""
+    reach = n_rows * epsilon / (LANGEVIN_REACH_DIVISOR * math.sqrt(norm_sq_bound))
+    low, high = LANGEVIN_STEPS_RANGE
+    steps = min(high, max(low, math.ceil(reach)))
+    learning_rate = float(f"{min(LANGEVIN_MAX_LEARNING_RATE, reach / steps):.3g}")
+    return steps, learning_rate
 
 
 # Defaults of the MCMC sampler (asymptotic). l2 = 30 is the regulariser with which exact
@@ -73,13 +106,20 @@ DEFAULT_MCMC_L2 = 30.0
 DEFAULT_LANGEVIN_L2 = 1.0
 
 
-def resolve_expm_options(options: ExpmOptions, *, epsilon: float) -> ExpmOptions:
-    """Fill the values the request left out, from its ε and sampler (public)."""
+def resolve_expm_options(
+    options: ExpmOptions, *, epsilon: float, n_rows: int, norm_sq_bound: int
+) -> ExpmOptions:
+    """Fill the values the request left out, from public values: its ε and sampler, the
+    public row count n̂ and the schema's row-norm bound B (Langevin only)."""
     update: dict[str, Any] = {}
     if options.sampler == "langevin":
+        steps, learning_rate = langevin_defaults(
+            n_rows=n_rows, norm_sq_bound=norm_sq_bound, epsilon=epsilon
+        )
         if options.steps is None:
-            steps = DEFAULT_LANGEVIN_STEPS if epsilon >= 1 else DEFAULT_LANGEVIN_STEPS_SMALL_EPSILON
             update["steps"] = steps
+        if options.learning_rate is None:
+            update["learning_rate"] = learning_rate
         if options.l2 is None:
             update["l2"] = DEFAULT_LANGEVIN_L2
         return options.model_copy(update=update)
@@ -127,9 +167,14 @@ def _expm_langevin_plan(
     relative to Δ. A binary plan has neither ``classes`` nor ``residual_norm_sq_bound``
     and is unchanged, key for key.
     """
-    options = resolve_expm_options(request.expm or ExpmOptions(), epsilon=request.epsilon)
+    options = resolve_expm_options(
+        request.expm or ExpmOptions(),
+        epsilon=request.epsilon,
+        n_rows=n_rows,
+        norm_sq_bound=norm_sq_bound,
+    )
     steps = options.steps
-    assert steps is not None
+    assert steps is not None and options.learning_rate is not None
     if request.model.kind != "logistic":
         raise PlanError(
             "the proven ExpM sampler (expm, sampler 'langevin') is for logistic regression "
@@ -213,7 +258,12 @@ def _expm_mcmc_plan(
     close to π (no total-variation or Rényi bound for the steps the plan fixes), so the
     release is labelled asymptotic, not proven.
     """
-    options = resolve_expm_options(request.expm or ExpmOptions(), epsilon=request.epsilon)
+    options = resolve_expm_options(
+        request.expm or ExpmOptions(),
+        epsilon=request.epsilon,
+        n_rows=n_rows,
+        norm_sq_bound=norm_sq_bound,
+    )
     assert options.chains is not None and options.l2 is not None
     if request.model.kind != "logistic":
         raise PlanError(

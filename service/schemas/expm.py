@@ -43,15 +43,18 @@ class ExpmOptions(ApiInput):
         le=20_000,
         description=(
             "Langevin steps T, or MCMC iterations per chain after the warm-up. Default: "
-            "langevin from the request's ε, 300 for ε ≥ 1, else 100; mcmc 500 "
-            "(service.methods.expm.resolve_expm_options)."
+            "langevin ⌈n̂·ε/(10·√B)⌉ in [10, 300] (n̂ the public row count, B the schema's "
+            "bound on ‖(x, 1)‖²); mcmc 500 (service.methods.expm.resolve_expm_options)."
         ),
     )
-    learning_rate: float = Field(
-        default=2.0,
+    learning_rate: float | None = Field(
+        default=None,
         gt=0,
         le=100,
-        description="Step on the mean gradient: θ moves by lr/n̂ times the noisy gradient sum.",
+        description=(
+            "Step on the mean gradient: θ moves by lr/n̂ times the noisy gradient sum. "
+            "Default: (n̂·ε/(10·√B))/T, at most 2 (service.methods.expm.resolve_expm_options)."
+        ),
     )
     l2: float | None = Field(
         default=None,

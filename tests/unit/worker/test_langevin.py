@@ -19,7 +19,7 @@ from service.methods.expm import langevin_grid_bits, row_norm_sq_bound
 from service.plans import PlanError, build_plan
 from service.privacy.orders import ORDERS
 from service.privacy.sampling import noise_slack
-from service.schemas import ExpmOptions, JobRequest
+from service.schemas import JobRequest
 from worker.mechanisms.base import PlanMismatch, TabularTrainingSet
 from worker.mechanisms.fixed_point import quantised_theta, sigmoid_basic, theta_bits
 from worker.mechanisms.langevin import (
@@ -68,7 +68,7 @@ def test_charge_is_the_full_batch_gaussian_composition(epsilon: float, steps: in
     assert _gaussian_delta(epsilon, mu / 0.99) > 1e-5 * 0.999
     assert plan.guarantee == "proven" and plan.epsilon == epsilon and plan.delta == 1e-5
     k = plan.mechanism["inverse_temperature"]
-    assert k == pytest.approx(2 * 1000 / (ExpmOptions().learning_rate * sigma**2 * 7))
+    assert k == pytest.approx(2 * 1000 / (plan.mechanism["learning_rate"] * sigma**2 * 7))
 
 
 def test_samples_are_charged_once_each() -> None:
@@ -405,6 +405,8 @@ def test_request_digest_of_requests_without_expm_is_unchanged() -> None:
 
 
 def test_default_steps_follow_the_requested_epsilon() -> None:
-    assert _plan(_request(epsilon=1.0)).mechanism["steps"] == 300
-    assert _plan(_request(epsilon=0.1)).mechanism["steps"] == 100
+    # Issue 21's rule: reach lr·T = n̂·ε/(10·√B) = 37.8 at ε = 1 (n̂ = 1000, B = 7), 3.78 at
+    # ε = 0.1 (T at least 10, lr smaller); named steps win.
+    assert _plan(_request(epsilon=1.0)).mechanism["steps"] == 38
+    assert _plan(_request(epsilon=0.1)).mechanism["steps"] == 10
     assert _plan(_request(epsilon=0.1, expm={"steps": 7})).mechanism["steps"] == 7
