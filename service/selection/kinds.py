@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
+from pydantic import ValidationError
+
 from service.datasets.tabular import TabularSchema, parse_schema
 from service.plans import MULTICLASS_SUPPORT, PlanError, data_kind
 from service.selection.architecture import ArchitectureRequest, architecture_plan
@@ -113,7 +115,12 @@ def plan_selection(
     dataset_kind = (
         str(schema.get("kind", "tabular")) if isinstance(schema, dict) else "tabular"
     )  # the model must fit the dataset's kind (GRU-D on time series): build_plan checks
-    parsed = data_kind(dataset_kind).parse(schema) if isinstance(schema, dict) else schema
+    try:
+        parsed = data_kind(dataset_kind).parse(schema) if isinstance(schema, dict) else schema
+    except ValidationError as exc:  # a schema that does not parse plans nothing
+        raise PlanError(
+            f"the dataset's public schema is not valid: {exc.error_count()} error(s)"
+        ) from None
     n_classes = int(getattr(parsed, "n_classes", 2))  # a kind without classes: binary
     if n_classes >= 3:
         raise PlanError(
