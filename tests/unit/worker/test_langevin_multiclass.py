@@ -20,7 +20,7 @@ from service.modelspec import LogisticSpec
 from service.plans import build_plan
 from service.privacy.orders import ORDERS
 from service.privacy.sampling import noise_slack
-from service.schemas import ExpmOptions, JobRequest
+from service.schemas import JobRequest
 from worker.mechanisms.base import PlanMismatch, TabularTrainingSet
 from worker.mechanisms.fixed_point import quantised_theta, theta_bits
 from worker.mechanisms.langevin import (
@@ -78,7 +78,8 @@ def test_k_class_charge_is_the_full_batch_gaussian_composition(epsilon: float, s
     assert _gaussian_delta(epsilon, mu) <= 1e-5
     assert _gaussian_delta(epsilon, mu / 0.99) > 1e-5 * 0.999
     # Noise σ·√(2B) on the gradient sum: k = 2n̂/(lr·σ²·2B).
-    k = 2 * 1000 / (ExpmOptions().learning_rate * sigma**2 * 2 * 7)
+    # (lr: the plan's resolved learning rate; its default is a rule of n̂, ε and B, 2938917)
+    k = 2 * 1000 / (m["learning_rate"] * sigma**2 * 2 * 7)
     assert m["inverse_temperature"] == pytest.approx(k)
     # The worker's sensitivity is 2^(a+c)·√(2B), and its noise scale stays in range.
     params = LangevinParams.from_plan(m)
