@@ -201,7 +201,9 @@ class JobRow:
     #: The refund is an admin's information-only override (the job had read private rows):
     #: recorded in the ledger, but the charge stays.
     information_only: bool = False
-    #: The plan's quote-time estimate of worker time and memory (public values only).
+    #: The plan's quote-time estimate of worker time and memory (public values only), as
+    #: the jobs page shows it: set by :func:`jobs_page`; :func:`job_row`'s callers read
+    #: the job alone and leave it empty.
     estimate: ResourceEstimate = field(default_factory=ResourceEstimate)
 
 
@@ -279,10 +281,7 @@ def job_row(s: Session, job_id: str) -> JobRow:
         .select_from(LedgerEntry)
         .where(LedgerEntry.kind == EntryKind.refund, LedgerEntry.job_id == job_id)
     )
-    row = admin_job(job, dataset)
-    schema = s.scalar(select(Dataset.public_schema).where(Dataset.name == dataset))
-    estimate = _estimate(row, schema)
-    return JobRow(row, analyst, bool(refunded), estimate=estimate)
+    return JobRow(admin_job(job, dataset), analyst, bool(refunded))
 
 
 def signed_delta(kind: EntryKind, epsilon_micro: int, delta: str) -> str:

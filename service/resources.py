@@ -117,7 +117,11 @@ def resource_refusal(
 ) -> str | None:
     """Why the worker cannot run this plan within its limits (an estimate from public
     values), or None. Asked at quote and submission time, before anything is charged."""
-    estimate = plan_resources(plan, schema=schema)
+    return limits_refusal(plan_resources(plan, schema=schema), limits)
+
+
+def limits_refusal(estimate: ResourceEstimate, limits: ResourceLimits) -> str | None:
+    """Why a plan of this estimate is over the worker's limits, or None."""
     memory, seconds = estimate.memory_bytes, estimate.seconds
     if memory is not None and memory > limits.memory_bytes:
         return (

@@ -62,8 +62,7 @@ def _planned(
             )
     except (PlanError, PlanningTimeout) as exc:
         raise ProblemError(422, "invalid-plan", str(exc)) from exc
-    refuse_over_limits(plan, public_schema, settings)
-    return request, Planned(plan, dataset_id)
+    return request, Planned(plan, dataset_id, refuse_over_limits(plan, public_schema, settings))
 
 
 @router.post(
@@ -83,7 +82,7 @@ def quote_evaluation(
     (``plan.mechanism.metrics``: each metric's share, sensitivity and noise scale) and the
     budgets after it."""
     request, planned = _planned(engine, settings, caller, body)
-    return quote_for(engine, caller, request.dataset, planned.plan)
+    return quote_for(engine, caller, request.dataset, planned)
 
 
 @router.post(

@@ -39,12 +39,13 @@ from service.ledger.locks import lock_job
 from service.ledger.nominal import nominal_refusal
 from service.ledger.refunds import cancel_job
 from service.ledger.tables import AnalystCap, Dataset, Job, JobStatus, Release
+from service.methods.common import ResourceEstimate
 from service.plans import PlanError, plan_for_dataset
 from service.privacy.amounts import from_micro
 from service.privacy.deadline import PlanningTimeout, planning_deadline
 from service.privacy.rdp import epsilon_from_rdp
 from service.releases import release_paths
-from service.resources import ResourceLimits, plan_resources, resource_refusal, work_twin
+from service.resources import ResourceLimits, limits_refusal, plan_resources, work_twin
 from service.schemas import (
     DatasetPublic,
     JobPublic,
@@ -113,6 +114,7 @@ def get_dataset(name: str, caller: CallerDep, engine: EngineDep) -> DatasetPubli
 class Planned:
     plan: PrivacyPlan
     dataset_id: int  # datasets are never deleted: admission may lock it by id
+    estimate: ResourceEstimate  # the worker time and memory the limits were checked on
 
 
 def _plan_for(engine: EngineDep, settings: Settings, body: JobRequest) -> Planned:
@@ -134,21 +136,21 @@ def _plan_for(engine: EngineDep, settings: Settings, body: JobRequest) -> Planne
             plan = plan_for_dataset(body, n_rows=n_rows, public_schema=public_schema)
     except (PlanError, PlanningTimeout) as exc:
         raise ProblemError(422, "invalid-plan", str(exc)) from exc
-    refuse_over_limits(plan, public_schema, settings)
-    return Planned(plan, dataset_id)
+    return Planned(plan, dataset_id, refuse_over_limits(plan, public_schema, settings))
 
 
 def refuse_over_limits(
     plan: PrivacyPlan, public_schema: dict[str, Any], settings: Settings
-) -> None:
-    """422 (nothing charged) where the worker could not run ``plan`` within its limits."""
-    refused = resource_refusal(
-        plan,
-        schema=parse_dataset_schema(public_schema),
-        limits=ResourceLimits(settings.job_time_limit_s, settings.worker_memory_bytes),
+) -> ResourceEstimate:
+    """422 (nothing charged) where the worker could not run ``plan`` within its limits;
+    otherwise the estimate the limits were checked on (a quote shows it)."""
+    estimate = plan_resources(plan, schema=parse_dataset_schema(public_schema))
+    refused = limits_refusal(
+        estimate, ResourceLimits(settings.job_time_limit_s, settings.worker_memory_bytes)
     )
     if refused:
         raise ProblemError(422, "invalid-plan", refused)
+    return estimate
 
 
 def _budget_problem(ev: Evaluation) -> ProblemError:
@@ -180,21 +182,21 @@ def quote(
 
     Uses the same evaluation as admission, on the ledger's current state.
     """
-    return quote_for(engine, caller, body.dataset, _plan_for(engine, settings, body).plan)
+    return quote_for(engine, caller, body.dataset, _plan_for(engine, settings, body))
 
 
 def quote_for(
-    engine: EngineDep, caller: CallerDep, dataset: str, plan: PrivacyPlan
+    engine: EngineDep, caller: CallerDep, dataset: str, planned: Planned
 ) -> QuoteResponse:
     """The quote of a planned job on the ledger's current state (POST /v1/quote and
     POST /v1/selections/quote)."""
+    plan = planned.plan
     with transaction(engine) as s:
         ds = dataset_or_404(s, dataset)
         cap = s.get(AnalystCap, (caller.id, ds.id))
         ev = evaluate(dataset_filter(ds), cap_filter(cap) if cap else None, charge_for(plan))
         # Admission checks the nominal policy first, then the filters: so does the quote.
         reason = nominal_refusal(ds, plan) or ev.reason
-        estimate = plan_resources(plan, schema=parse_dataset_schema(ds.public_schema))
         now = dataset_guarantee(s, ds.id)
         # Once this job runs, the dataset's guarantee is at most the plan's.
         after = weakest_guarantee(now, plan.guarantee)
@@ -211,7 +213,9 @@ def quote_for(
             dataset_after=ev.dataset_after.view(guarantee=after) if ev.dataset_after else None,
             analyst_before=ev.analyst_before.view() if ev.analyst_before else None,
             analyst_after=ev.analyst_after.view() if ev.analyst_after else None,
-            estimate=ResourceQuote(seconds=estimate.seconds, memory_bytes=estimate.memory_bytes),
+            estimate=ResourceQuote(
+                seconds=planned.estimate.seconds, memory_bytes=planned.estimate.memory_bytes
+            ),
         )
 
 

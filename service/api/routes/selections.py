@@ -45,8 +45,7 @@ def _planned(
             _, plan = plan_selection_job(request, n_rows=n_rows, public_schema=public_schema)
     except (PlanError, PlanningTimeout) as exc:
         raise ProblemError(422, "invalid-plan", str(exc)) from exc
-    refuse_over_limits(plan, public_schema, settings)
-    return request, Planned(plan, dataset_id)
+    return request, Planned(plan, dataset_id, refuse_over_limits(plan, public_schema, settings))
 
 
 @router.post(
@@ -68,7 +67,7 @@ def quote_selection(
     score's ε), and the number of trainings (``plan.mechanism.trainings``) or, for random
     stopping, the law of their number (``plan.mechanism.runs``)."""
     _, planned = _planned(engine, settings, body)
-    return quote_for(engine, caller, body.root.dataset, planned.plan)
+    return quote_for(engine, caller, body.root.dataset, planned)
 
 
 @router.post(
