@@ -4,6 +4,7 @@ classes of request bodies (:class:`ApiInput`) and of responses read from ORM obj
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, WithJsonSchema
@@ -25,50 +26,43 @@ EVALUATION_METHOD = "evaluation"
 POST /v1/jobs: it scores a released model on the dataset's holdout."""
 
 
-def _names(names: list[str]) -> str:
-    quoted = [repr(n) for n in names]
-    return quoted[0] if len(quoted) == 1 else ", ".join(quoted[:-1]) + f" or {quoted[-1]}"
+def method_names() -> list[str]:
+    """Every value a job's ``method`` may take: the training methods, then ``selection``
+    and ``evaluation``."""
+    return [*TRAINING_METHODS, SELECTION_METHOD, EVALUATION_METHOD]
 
 
-def _training_method(value: str) -> str:
-    # Looked up when a value is validated, not when the model is built, so the table is the
-    # one place a method is named; the error is pydantic's own for a Literal.
-    if value not in TRAINING_METHODS:
-        raise PydanticCustomError(
-            "literal_error", "Input should be {expected}", {"expected": _names(TRAINING_METHODS)}
-        )
-    return value
+def _one_of(names: Callable[[], list[str]]) -> Callable[[str], str]:
+    """A validator of a name in ``names()``, looked up when a value is validated, not when
+    the model is built (so the table is the one place a method is named); its error is
+    pydantic's own for a Literal."""
 
+    def check(value: str) -> str:
+        allowed = names()
+        if value not in allowed:
+            quoted = [repr(n) for n in allowed]
+            expected = quoted[0] if len(quoted) == 1 else ", ".join(quoted[:-1])
+            expected += "" if len(quoted) == 1 else f" or {quoted[-1]}"
+            raise PydanticCustomError(
+                "literal_error", "Input should be {expected}", {"expected": expected}
+            )
+        return value
 
-def _method(value: str) -> str:
-    names = method_names()
-    if value not in names:
-        raise PydanticCustomError(
-            "literal_error", "Input should be {expected}", {"expected": _names(names)}
-        )
-    return value
+    return check
 
 
 TrainingMethod = Annotated[
     str,
-    AfterValidator(_training_method),
+    AfterValidator(_one_of(lambda: TRAINING_METHODS)),
     WithJsonSchema({"enum": list(TRAINING_METHODS), "type": "string"}),
 ]
 """A name in :data:`TRAINING_METHODS` (documented as the enum of the names at start-up)."""
 Method = Annotated[
     str,
-    AfterValidator(_method),
-    WithJsonSchema(
-        {"enum": [*TRAINING_METHODS, SELECTION_METHOD, EVALUATION_METHOD], "type": "string"}
-    ),
+    AfterValidator(_one_of(method_names)),
+    WithJsonSchema({"enum": method_names(), "type": "string"}),
 ]
 """A training method, ``selection`` or ``evaluation``."""
-
-
-def method_names() -> list[str]:
-    """Every value a job's ``method`` may take: the training methods, then ``selection``
-    and ``evaluation``."""
-    return [*TRAINING_METHODS, SELECTION_METHOD, EVALUATION_METHOD]
 
 
 Guarantee = Literal["proven", "asymptotic", "nominal"]
