@@ -14,21 +14,20 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from service.datasets.images import ImageSchema, encode_pixels
-from service.datasets.kinds import load_schema_yaml
 from service.modelspec import LogisticSpec
 from service.plans import plan_for_dataset
 from service.schemas import ExpmOptions, JobRequest
-from worker.mechanisms.base import TabularTrainingSet
 from worker.mechanisms.registry import run_mechanism
 
-DIGITS = Path(__file__).resolve().parents[1] / "examples" / "digits"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from digits_data import load_digits_set
 
 
 def main() -> None:
@@ -38,13 +37,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, nargs="+", default=[0], help="0: the default")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    schema = load_schema_yaml((DIGITS / "schema.yaml").read_text())
-    assert isinstance(schema, ImageSchema)
-    with np.load(DIGITS / "digits.npz") as npz:
-        images, labels = npz["images"], npz["labels"]
-    x = encode_pixels(schema, images[:, None]).reshape(len(images), -1)
-    data = TabularTrainingSet(x=torch.from_numpy(x), y=torch.from_numpy(labels.astype(np.float32)))
-    public = schema.model_dump(mode="json")
+    digits = load_digits_set()
+    x, labels, data, public = digits.x, digits.labels, digits.data, digits.public
     print(f"load average {os.getloadavg()[0]:.1f}")
     print("| ε | δ | steps | l2 | σ | accuracy per run | median | seconds per run |")
     print("|---|---|---|---|---|---|---|---|")
