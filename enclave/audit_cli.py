@@ -13,19 +13,8 @@ import typer
 from pydantic import ValidationError
 
 from enclave.errors import fail
+from service.audits import round_down, round_up
 from service.privacy.one_run_audit import OneRunBound
-
-
-def _down(value: float, places: int) -> str:
-    """Round down: the printed lower bound never exceeds what the test showed."""
-    scale = 10**places
-    return f"{math.floor(value * scale) / scale:.{places}f}"
-
-
-def _up(value: float, places: int) -> str:
-    """Round up: "cannot show more than" stays true of the printed ceiling."""
-    scale = 10**places
-    return f"{math.ceil(value * scale) / scale:.{places}f}"
 
 
 def audit_sentence(bound: OneRunBound) -> str:
@@ -33,8 +22,8 @@ def audit_sentence(bound: OneRunBound) -> str:
     cannot show more than 5.81 with 1,000 canaries): a lower bound, not a proof"."""
     level = f"{bound.confidence * 100:g}%"
     return (
-        f"ε ≥ {_down(bound.epsilon, 2)} at {level} (this test cannot show more than "
-        f"{_up(bound.ceiling, 2)} with {bound.canaries:,} canaries): "
+        f"ε ≥ {round_down(bound.epsilon, 2)} at {level} (this test cannot show more than "
+        f"{round_up(bound.ceiling, 2)} with {bound.canaries:,} canaries): "
         "a lower bound, not a proof"
     )
 

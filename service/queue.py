@@ -18,6 +18,7 @@ from celery import Celery
 from service.config import Settings
 
 RUN_JOB_TASK = "enclave.run_job"
+RUN_AUDIT_TASK = "enclave.run_audit"  # an admin's privacy audit (issue 22): service/audits.py
 
 log = logging.getLogger("enclave.queue")
 
@@ -78,16 +79,17 @@ def _client(broker_url: str, queue: str, key_prefix: str, timeout_s: float) -> C
     return app
 
 
-def send_run_job(settings: Settings, job_id: str) -> None:
-    """Send one message; raises if the broker is unreachable or does not answer within
-    `broker_send_timeout_s` (the sweeper retries)."""
+def send_run_job(settings: Settings, job_id: str, task: str = RUN_JOB_TASK) -> None:
+    """Send one message (``task``: RUN_JOB_TASK, or RUN_AUDIT_TASK with an audit's id);
+    raises if the broker is unreachable or does not answer within `broker_send_timeout_s`
+    (the sweeper retries jobs)."""
     client = _client(
         settings.resolved_broker_url,
         settings.queue,
         settings.broker_key_prefix,
         settings.broker_send_timeout_s,
     )
-    client.send_task(RUN_JOB_TASK, args=[job_id], queue=settings.queue, retry=False)
+    client.send_task(task, args=[job_id], queue=settings.queue, retry=False)
 
 
 @dataclass(frozen=True)

@@ -26,18 +26,25 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import torch
 
+from service.audits import (
+    AUDITABLE_METHODS,
+    MAX_CANARY_FRACTION,
+    PUBLIC_DATASETS,
+    AuditRefused,
+    audit_plan,
+    check_request,
+    default_guesses,
+)
 from service.datasets.kinds import load_schema_yaml
 from service.datasets.tabular import TabularSchema, encode, validate_frame
 from service.modelspec import LogisticSpec
-from service.plans import build_plan
 from service.privacy.one_run_audit import OneRunBound, epsilon_lower_bound
-from service.schemas import DpsgdOptions, JobRequest
+from service.schemas import DpsgdOptions
 from worker.mechanisms.base import TabularTrainingSet
 from worker.mechanisms.dpsgd import run_dpsgd
 from worker.noise import secure_rng
@@ -52,17 +59,6 @@ __all__ = [
     "load_public",
     "run_one_run_audit",
 ]
-
-ROOT = Path(__file__).resolve().parents[1]
-PUBLIC_DATASETS: dict[str, Path] = {"adult": ROOT / "examples" / "adult"}
-AUDITABLE_METHODS = ("dpsgd",)
-# At most this fraction of the rows are canaries, so the audited run trains on
-# essentially the dataset its plan describes.
-MAX_CANARY_FRACTION = 0.1
-
-
-class AuditRefused(ValueError):
-    """The audit cannot run as asked (a method it cannot audit, m too large, ...)."""
 
 
 @dataclass(frozen=True)
@@ -85,33 +81,13 @@ def load_public(dataset: str) -> TabularTrainingSet:
         raise AuditRefused(
             f"unknown public dataset {dataset!r}; bundled: {', '.join(PUBLIC_DATASETS)}"
         )
-    folder = PUBLIC_DATASETS[dataset]
+    folder = PUBLIC_DATASETS[dataset].folder
     schema = load_schema_yaml((folder / "schema.yaml").read_text())
     if not isinstance(schema, TabularSchema):
         raise AuditRefused(f"public dataset {dataset!r} is not tabular")
     raw = pd.read_csv(folder / f"{dataset}.data.gz", **schema.read_csv_kwargs())
     table = encode(schema, validate_frame(schema, raw).frame)
     return TabularTrainingSet(x=torch.from_numpy(table.x), y=torch.from_numpy(table.y))
-
-
-def _default_guesses(canaries: int) -> int:
-    return max(2, canaries // 5)
-
-
-def _check_request(*, method: str, canaries: int, guesses: int, rows: int, dataset: str) -> None:
-    if method not in AUDITABLE_METHODS:
-        raise AuditRefused(
-            f"method {method!r} cannot be audited by the one-run audit here; "
-            f"auditable: {', '.join(AUDITABLE_METHODS)}"
-        )
-    limit = int(rows * MAX_CANARY_FRACTION)
-    if not 1 <= canaries <= limit:
-        raise AuditRefused(
-            f"{canaries} canaries is out of range for {dataset} ({rows} rows): "
-            f"between 1 and {limit} ({MAX_CANARY_FRACTION:.0%} of its rows)"
-        )
-    if not 1 <= guesses <= canaries:
-        raise AuditRefused(f"guesses must be between 1 and the {canaries} canaries")
 
 
 def _scores(state: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor) -> np.ndarray:
@@ -151,12 +127,12 @@ def run_one_run_audit(
 ) -> OneRunAudit:
     """One training run, m canaries, the bound and its ceiling (module text)."""
     start = time.perf_counter()
-    r = _default_guesses(canaries) if guesses is None else guesses
-    if method not in AUDITABLE_METHODS:  # before loading anything
-        _check_request(method=method, canaries=canaries, guesses=r, rows=1, dataset=dataset)
+    r = default_guesses(canaries) if guesses is None else guesses
+    # Before loading anything, against the public row count; again against the rows read.
+    check_request(method=method, canaries=canaries, guesses=r, dataset=dataset)
     data = load_public(dataset)
     n = data.n
-    _check_request(method=method, canaries=canaries, guesses=r, rows=n, dataset=dataset)
+    check_request(method=method, canaries=canaries, guesses=r, dataset=dataset, rows=n)
 
     rng = secure_rng()
     canary_rows = rng.choice(n, size=canaries, replace=False)
@@ -170,16 +146,16 @@ def run_one_run_audit(
         y=torch.cat([data.y[torch.from_numpy(base)], cy[inc]]),
     )
 
-    # The plan the service would build from public values: the expected row count.
-    request = JobRequest(
-        dataset=dataset,
-        model=LogisticSpec(),
-        method="dpsgd",
+    # The plan the service builds from public values: the expected row count.
+    plan = audit_plan(
+        method=method,
         epsilon=epsilon,
         delta=delta,
-        dpsgd=options or DpsgdOptions(),
+        canaries=canaries,
+        rows=n,
+        features=data.n_features,
+        options=options,
     )
-    plan = build_plan(request, n_rows=n - canaries // 2, n_features=data.n_features)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # tiny model: one thread (see tests/privacy/harness.py)
     try:

@@ -17,11 +17,11 @@ from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import RedirectResponse, Response
 
 from service.dashboard.common import CsrfRefused, SignInRequired, render
-from service.dashboard.pages import analysts, datasets, jobs, ledger, overview, session
+from service.dashboard.pages import analysts, audits, datasets, jobs, ledger, overview, session
 from service.dashboard.security import DashboardHeaders
 
 router = APIRouter(include_in_schema=False)
-for page in (session, overview, jobs, ledger, datasets, analysts):
+for page in (session, overview, jobs, ledger, audits, datasets, analysts):
     router.include_router(page.router)
 
 

@@ -130,6 +130,7 @@ def _fill(path: str, world: World) -> str:
         "name": "erin" if "/analysts/" in path else "toy",
         "analyst": "bob",
         "slug": "unauthorized",
+        "audit_id": "no-such-audit",
     }
 
     def one(m: re.Match[str]) -> str:
@@ -156,6 +157,7 @@ BODIES: dict[tuple[str, str], Any] = {
     # Another caller's job (or none) does not exist: 404 for everyone, after authentication.
     ("POST", "/v1/evaluations"): {"job_id": "no-such-job", "epsilon": 0.5},
     ("POST", "/v1/evaluations/quote"): {"job_id": "no-such-job", "epsilon": 0.5},
+    ("POST", "/v1/admin/audits"): {"method": "dpsgd", "epsilon": 1, "delta": 1e-5, "canaries": 10},
 }
 
 

@@ -1,0 +1,325 @@
+"""Privacy audits as admin jobs (issue 22): what the service knows of them.
+
+An audit is the one-run audit of Steinke, Nasr & Jagielski 2023 ("Privacy auditing with one
+(1) training run", arXiv:2305.08846): the worker trains a configuration once on a PUBLIC
+dataset bundled with the product, with m canaries each included with probability 1/2, and
+reports the ε lower bound of their Theorem 3.1 (service/privacy/one_run_audit.py) with the
+ceiling the same test could show. No ledger budget is charged and no private row is read;
+the figures are shown to the admin only.
+
+This module holds, without the worker's code: the public facts an audit request is checked
+against (which methods can be audited, the bundled datasets and their row counts, the
+largest share of canaries), the check itself, the ``audits`` table (migration 0009), the
+operations on it (create, claim, finish, list) and the admin's view of a row. The worker
+(worker/audit_job.py, Celery task :data:`service.queue.RUN_AUDIT_TASK`) claims a row, runs
+worker/audits.py and writes the result back here.
+"""
+
+from __future__ import annotations
+
+import math
+import uuid
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Float, ForeignKey, Index, String, func, select, update
+from sqlalchemy.orm import Mapped, Session, mapped_column
+
+from service.jobs import as_utc
+from service.ledger.tables import Analyst, Base, utcnow
+from service.modelspec import LogisticSpec
+from service.plans import build_plan
+from service.privacy.one_run_audit import OneRunBound, ceiling
+from service.schemas import JobRequest, PrivacyPlan
+from service.schemas.audits import AuditRequest, AuditResult, AuditStatus, AuditView
+from service.schemas.dpsgd import DpsgdOptions
+
+__all__ = [
+    "AUDITABLE_METHODS",
+    "MAX_CANARY_FRACTION",
+    "PUBLIC_DATASETS",
+    "Audit",
+    "AuditRefused",
+    "PublicDataset",
+    "audit_plan",
+    "audit_view",
+    "check_request",
+    "claim_audit",
+    "count_audits",
+    "create_audit",
+    "default_guesses",
+    "finish_audit",
+    "round_down",
+    "round_up",
+]
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@dataclass(frozen=True)
+class PublicDataset:
+    """A public dataset bundled with the product: its folder (schema.yaml and
+    ``<name>.data.gz``), and its public shape, as the worker encodes it (the rows its
+    schema keeps and the encoded width; tests/integration/test_audits_api.py checks both
+    against worker/audits.py's ``load_public``). The service reads no data file."""
+
+    folder: Path
+    rows: int
+    features: int
+
+
+PUBLIC_DATASETS: dict[str, PublicDataset] = {
+    "adult": PublicDataset(REPO / "examples" / "adult", rows=30_162, features=104),
+}
+AUDITABLE_METHODS = ("dpsgd",)
+"""Methods the one-run audit can run here: DP-SGD (its canaries' losses score membership)."""
+AUDITABLE_MODELS = ("logistic",)
+"""Model kinds the audit's scoring covers (minus the logistic loss of each canary)."""
+MAX_CANARY_FRACTION = 0.1
+"""At most this fraction of the rows are canaries, so the audited run trains on essentially
+the dataset its plan describes."""
+
+
+class AuditRefused(ValueError):
+    """The audit cannot run as asked (a method it cannot audit, m too large, ...): a 422.
+    ``field`` names the request field at fault."""
+
+    def __init__(self, message: str, field: str = "") -> None:
+        super().__init__(message)
+        self.field = field
+
+
+def default_guesses(canaries: int) -> int:
+    """r when the admin gives none: a fifth of the canaries, at least 2, at most m."""
+    return min(canaries, max(2, canaries // 5))
+
+
+def check_request(
+    *, method: str, canaries: int, guesses: int, dataset: str, rows: int | None = None
+) -> None:
+    """Refuse what the audit cannot run (raises :class:`AuditRefused`): an unknown public
+    dataset, a method it cannot audit, m outside [1, 10% of the rows], r outside [1, m].
+    ``rows``: the rows counted (the worker's count); default the dataset's public count."""
+    if dataset not in PUBLIC_DATASETS:
+        raise AuditRefused(
+            f"unknown public dataset {dataset!r}; bundled: {', '.join(PUBLIC_DATASETS)}",
+            "dataset",
+        )
+    if method not in AUDITABLE_METHODS:
+        raise AuditRefused(
+            f"method {method!r} cannot be audited by the one-run audit here; "
+            f"auditable: {', '.join(AUDITABLE_METHODS)}",
+            "method",
+        )
+    n = PUBLIC_DATASETS[dataset].rows if rows is None else rows
+    limit = int(n * MAX_CANARY_FRACTION)
+    if not 1 <= canaries <= limit:
+        raise AuditRefused(
+            f"{canaries} canaries is out of range for {dataset} ({n} rows): "
+            f"between 1 and {limit} ({MAX_CANARY_FRACTION:.0%} of its rows)",
+            "canaries",
+        )
+    if not 1 <= guesses <= canaries:
+        raise AuditRefused(f"guesses must be between 1 and the {canaries} canaries", "guesses")
+
+
+def audit_plan(
+    *,
+    method: str,
+    epsilon: float,
+    delta: float,
+    canaries: int,
+    rows: int,
+    features: int,
+    options: DpsgdOptions | None,
+) -> PrivacyPlan:
+    """The plan of the audited run, built as for a
+    job from public values: the expected number of rows trained on (n − m/2: the m canaries
+    are each in with probability 1/2) and the encoded width. Raises PlanError."""
+    request = JobRequest(
+        dataset="audit",
+        model=LogisticSpec(),
+        method=method,
+        epsilon=epsilon,
+        delta=delta,
+        dpsgd=options or DpsgdOptions(),
+    )
+    return build_plan(request, n_rows=rows - canaries // 2, n_features=features)
+
+
+def validated(body: AuditRequest) -> tuple[AuditRequest, dict[str, Any]]:
+    """The request with its guesses resolved, and the plan's public figures (σ, steps, q),
+    or :class:`AuditRefused` / PlanError (both 422s)."""
+    guesses = default_guesses(body.canaries) if body.guesses is None else body.guesses
+    check_request(method=body.method, canaries=body.canaries, guesses=guesses, dataset=body.dataset)
+    if body.model.kind not in AUDITABLE_MODELS:
+        raise AuditRefused(
+            f"model {body.model.kind!r} cannot be audited here; auditable: "
+            f"{', '.join(AUDITABLE_MODELS)}",
+            "model",
+        )
+    public = PUBLIC_DATASETS[body.dataset]
+    plan = audit_plan(
+        method=body.method,
+        epsilon=body.epsilon,
+        delta=body.delta,
+        canaries=body.canaries,
+        rows=public.rows,
+        features=public.features,
+        options=body.dpsgd,
+    )
+    mech = plan.mechanism
+    planned = {
+        "noise_multiplier": float(mech["noise_multiplier"]),
+        "steps": int(mech["steps"]),
+        "sampling_rate": float(mech["sampling_rate"]),
+    }
+    return body.model_copy(update={"guesses": guesses}), planned
+
+
+# ------------------------------------------------------------------------------- storage
+
+
+class Audit(Base):
+    """One audit: the admin's request (as validated), its status and, when done, the bound
+    and the run's public figures. Not a ledger entry: nothing here is charged."""
+
+    __tablename__ = "audits"
+    __table_args__ = (Index("ix_audits_created", "created_at", "id"),)
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    status: Mapped[str] = mapped_column(String(16))
+    requested_by: Mapped[int] = mapped_column(ForeignKey("analysts.id"))
+    request: Mapped[dict[str, Any]]  # the AuditRequest, guesses resolved
+    planned: Mapped[dict[str, Any]]  # the service's plan: noise_multiplier, steps, q
+    ceiling: Mapped[float] = mapped_column(Float)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    started_at: Mapped[datetime | None] = mapped_column(nullable=True, default=None)
+    finished_at: Mapped[datetime | None] = mapped_column(nullable=True, default=None)
+    result: Mapped[dict[str, Any] | None] = mapped_column(nullable=True, default=None)
+    seconds: Mapped[float | None] = mapped_column(Float, nullable=True, default=None)
+    failure: Mapped[str | None] = mapped_column(String(200), nullable=True, default=None)
+
+
+def create_audit(s: Session, body: AuditRequest, *, requested_by: int) -> Audit:
+    """Store a validated audit request as queued (raises :class:`AuditRefused` or
+    PlanError before storing anything)."""
+    request, planned = validated(body)
+    audit = Audit(
+        id=str(uuid.uuid4()),
+        status="queued",
+        requested_by=requested_by,
+        request=request.model_dump(mode="json"),
+        planned=planned,
+        ceiling=ceiling(
+            canaries=request.canaries, confidence=request.confidence, delta=request.delta
+        ),
+        created_at=datetime.now(UTC),
+    )
+    s.add(audit)
+    s.flush()
+    return audit
+
+
+def claim_audit(s: Session, audit_id: str) -> AuditRequest | None:
+    """Mark a queued audit running (compare-and-set: a duplicate message finds it taken
+    and gets None, as does an unknown id)."""
+    taken = s.execute(
+        update(Audit)
+        .where(Audit.id == audit_id, Audit.status == "queued")
+        .values(status="running", started_at=datetime.now(UTC))
+    )
+    if taken.rowcount != 1:  # type: ignore[attr-defined]
+        return None
+    return AuditRequest.model_validate(s.get_one(Audit, audit_id).request)
+
+
+def finish_audit(
+    s: Session,
+    audit_id: str,
+    *,
+    bound: OneRunBound | None = None,
+    run: dict[str, Any] | None = None,
+    seconds: float | None = None,
+    failure: str | None = None,
+) -> None:
+    """Record an audit's end: done with its bound and the run's public figures (rows,
+    noise_multiplier, steps, sampling_rate), or failed with a generic reason (a queued
+    audit too: its message could not be sent). A finished audit stays as it is."""
+    values: dict[str, Any] = {"finished_at": datetime.now(UTC), "seconds": seconds}
+    if failure is not None:
+        values.update(status="failed", failure=failure[:200])
+    else:
+        assert bound is not None and run is not None
+        result = AuditResult(
+            epsilon_lower_bound=bound.epsilon,
+            ceiling=bound.ceiling,
+            canaries=bound.canaries,
+            guesses=bound.guesses,
+            correct=bound.correct,
+            confidence=bound.confidence,
+            **run,
+        )
+        values.update(status="done", result=result.model_dump(mode="json"))
+    unfinished = Audit.status.in_(("queued", "running"))
+    s.execute(update(Audit).where(Audit.id == audit_id, unfinished).values(values))
+
+
+def audit_view(audit: Audit, requested_by: str) -> AuditView:
+    status: AuditStatus = audit.status  # type: ignore[assignment]
+    created = as_utc(audit.created_at)
+    assert created is not None
+    return AuditView(
+        id=audit.id,
+        status=status,
+        configuration=AuditRequest.model_validate(audit.request),
+        ceiling=audit.ceiling,
+        result=None if audit.result is None else AuditResult.model_validate(audit.result),
+        failure=audit.failure,
+        requested_by=requested_by,
+        created_at=created,
+        started_at=as_utc(audit.started_at),
+        finished_at=as_utc(audit.finished_at),
+        seconds=audit.seconds,
+    )
+
+
+def audits_newest_first(s: Session, *, limit: int, offset: int = 0) -> list[AuditView]:
+    rows = s.execute(
+        select(Audit, Analyst.name)
+        .join(Analyst, Analyst.id == Audit.requested_by)
+        .order_by(Audit.created_at.desc(), Audit.id.desc())
+        .limit(limit)
+        .offset(offset)
+    ).all()
+    return [audit_view(audit, name) for audit, name in rows]
+
+
+def audit_by_id(s: Session, audit_id: str) -> AuditView | None:
+    row = s.execute(
+        select(Audit, Analyst.name)
+        .join(Analyst, Analyst.id == Audit.requested_by)
+        .where(Audit.id == audit_id)
+    ).first()
+    return None if row is None else audit_view(row[0], row[1])
+
+
+def count_audits(s: Session) -> int:
+    return int(s.scalar(select(func.count()).select_from(Audit)) or 0)
+
+
+# ---------------------------------------------------------------------------- printing
+
+
+def round_down(value: float, places: int) -> str:
+    """Round down: a printed lower bound never exceeds what the test showed."""
+    scale = 10**places
+    return f"{math.floor(value * scale) / scale:.{places}f}"
+
+
+def round_up(value: float, places: int) -> str:
+    """Round up: "cannot show more than" stays true of a printed ceiling."""
+    scale = 10**places
+    return f"{math.ceil(value * scale) / scale:.{places}f}"

@@ -1,0 +1,179 @@
+"""Privacy audits as admin jobs (issue 22): POST/GET /v1/admin/audits, the worker's task
+run in-process on a real small audit, the dashboard page, the migration.
+
+The audits run the real one-run audit (worker/audits.py: one DP-SGD training run on
+public Adult) with a few canaries and one epoch, so each takes seconds; what is asserted
+is what the API and the dashboard must say (the bound beside its ceiling, "not a proof"),
+not a value of the bound."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from sqlalchemy import inspect, select
+
+from service.audits import PUBLIC_DATASETS, Audit
+from service.db import engine_for, transaction
+from service.migrate import downgrade, upgrade
+from service.privacy.one_run_audit import ceiling
+from tests.conftest import auth
+from tests.integration.test_dashboard import sign_in
+from worker.audit_job import AuditOutcome, execute_audit
+from worker.audits import load_public
+
+SMALL = {
+    "method": "dpsgd",
+    "model": {"kind": "logistic"},
+    "epsilon": 1.0,
+    "delta": 1e-5,
+    "canaries": 20,
+    "dataset": "adult",
+    "dpsgd": {"epochs": 1},
+}
+PROBLEM_JSON = "application/problem+json"
+
+
+def _post(client: Any, key: str, **changes: Any) -> Any:
+    body = {**SMALL, **changes}
+    return client.post("/v1/admin/audits", json=body, headers=auth(key))
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_audits_are_for_the_admin_only(client: Any, keys: Any) -> None:
+    assert client.post("/v1/admin/audits", json=SMALL).status_code == 401
+    assert _post(client, keys.alice).status_code == 403
+    assert client.get("/v1/admin/audits", headers=auth(keys.alice)).status_code == 403
+    assert client.get("/v1/admin/audits").status_code == 401
+    r = _post(client, keys.admin)
+    assert r.status_code == 202, r.text
+    one = f"/v1/admin/audits/{r.json()['id']}"
+    assert client.get(one, headers=auth(keys.bob)).status_code == 403
+    assert client.get(one, headers=auth(keys.admin)).status_code == 200
+    missing = client.get("/v1/admin/audits/nope", headers=auth(keys.admin))
+    assert missing.status_code == 404 and missing.headers["content-type"] == PROBLEM_JSON
+
+
+@pytest.mark.parametrize(
+    ("changes", "slug", "words"),
+    [
+        ({"method": "expm_nf"}, "validation-error", "cannot be audited"),
+        ({"method": "nope"}, "validation-error", "Input should be"),
+        ({"canaries": 0}, "validation-error", "greater than or equal to 1"),
+        ({"canaries": -3}, "validation-error", "greater than or equal to 1"),
+        ({"canaries": True}, "validation-error", "boolean"),
+        ({"canaries": 5000}, "validation-error", "out of range for adult"),
+        ({"guesses": 21}, "validation-error", "guesses must be between 1 and the 20"),
+        ({"dataset": "icu"}, "validation-error", "unknown public dataset"),
+        ({"model": {"kind": "mlp", "hidden": [8]}}, "validation-error", "cannot be audited"),
+        ({"epsilon": 1000}, "validation-error", "less than or equal to 100"),
+        ({"delta": 0}, "invalid-plan", ""),
+        ({"confidence": 1.0}, "validation-error", "less than 1"),
+        ({"dpsgd": {"max_grad_norm": -1}}, "validation-error", "greater than 0"),
+    ],
+)
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_bad_audits_are_422_problems_and_store_nothing(
+    client: Any, keys: Any, changes: dict[str, Any], slug: str, words: str
+) -> None:
+    r = _post(client, keys.admin, **changes)
+    assert r.status_code == 422, r.text
+    assert r.headers["content-type"] == PROBLEM_JSON
+    problem = r.json()
+    assert problem["type"] == f"/problems/{slug}"
+    assert words in problem["detail"] + str(problem.get("errors", "")), problem
+    assert client.get("/v1/admin/audits", headers=auth(keys.admin)).json() == []
+
+
+def test_a_small_audit_runs_end_to_end(client: Any, keys: Any, settings: Any) -> None:
+    r = _post(client, keys.admin)
+    assert r.status_code == 202, r.text
+    queued = r.json()
+    assert queued["status"] == "queued" and queued["result"] is None
+    assert queued["requested_by"] == "admin"
+    assert queued["configuration"]["guesses"] == 4  # the default, max(2, m/5), resolved
+    # The ceiling is known before the run: the bound with every one of m guesses right.
+    assert queued["ceiling"] == pytest.approx(ceiling(canaries=20, confidence=0.95, delta=1e-5))
+    assert "not a proof" in queued["reading"]
+
+    assert execute_audit(queued["id"], settings) == AuditOutcome.done
+    # A second message for the same audit runs nothing.
+    assert execute_audit(queued["id"], settings) == AuditOutcome.skipped
+
+    done = client.get(f"/v1/admin/audits/{queued['id']}", headers=auth(keys.admin)).json()
+    assert done["status"] == "done" and done["failure"] is None
+    result = done["result"]
+    assert result["canaries"] == 20 and result["guesses"] == 4
+    assert 0 <= result["correct"] <= 4
+    assert 0.0 <= result["epsilon_lower_bound"] <= result["ceiling"]
+    assert result["ceiling"] == pytest.approx(done["ceiling"])
+    assert result["rows"] == PUBLIC_DATASETS["adult"].rows  # the worker's count of the rows
+    assert done["seconds"] > 0 and done["started_at"] and done["finished_at"]
+    assert done["configuration"] == queued["configuration"]
+    # The service's plan (before the run) is the plan the worker ran.
+    with transaction(engine_for(settings.resolved_database_url)) as s:
+        planned = s.scalars(select(Audit.planned)).one()
+    assert planned == {k: result[k] for k in ("noise_multiplier", "steps", "sampling_rate")}
+
+    listed = client.get("/v1/admin/audits", headers=auth(keys.admin)).json()
+    assert [a["id"] for a in listed] == [queued["id"]]
+
+
+def test_the_public_facts_are_what_the_worker_reads() -> None:
+    """The service checks m against a row count it does not read: the worker's."""
+    for name, public in PUBLIC_DATASETS.items():
+        data = load_public(name)
+        assert (data.n, data.n_features) == (public.rows, public.features)
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_an_unreachable_queue_fails_the_audit_without_a_5xx(
+    settings: Any, keys: Any, tmp_path: Any
+) -> None:
+    from fastapi.testclient import TestClient
+
+    from service.app import create_app
+
+    # A port nothing listens on: the send is refused (no mock of the broker).
+    down = settings.model_copy(update={"broker_url": "redis://127.0.0.1:9/0"})
+    with TestClient(create_app(down, run_sweeper=False), raise_server_exceptions=False) as c:
+        r = _post(c, keys.admin)
+    assert r.status_code == 202, r.text
+    assert r.json()["status"] == "failed" and "submit the audit again" in r.json()["failure"]
+    assert execute_audit(r.json()["id"], settings) == AuditOutcome.skipped
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_the_dashboard_lists_audits_with_bound_and_ceiling(
+    client: Any, keys: Any, settings: Any
+) -> None:
+    done = _post(client, keys.admin).json()["id"]
+    queued = _post(client, keys.admin, canaries=10).json()["id"]
+    assert execute_audit(done, settings) == AuditOutcome.done
+    assert client.get("/dashboard/audits", follow_redirects=False).status_code == 303
+    sign_in(client, keys.admin)
+    page = client.get("/dashboard/audits")
+    assert page.status_code == 200
+    text = page.text
+    assert "a lower bound, not a proof" in text and "does not show" in text
+    assert "ceiling" in text and done[:8] in text and queued[:8] in text
+    view = client.get(f"/v1/admin/audits/{done}", headers=auth(keys.admin)).json()
+    # The bound rounded down and the ceiling rounded up, side by side in one row.
+    bound = int(view["result"]["epsilon_lower_bound"] * 100) / 100
+    assert f"<td>{bound:.2f}</td>" in text
+    assert "queued" in text and "/dashboard/audits" in client.get("/dashboard").text
+
+
+def test_the_migration_adds_and_removes_the_table(settings: Any) -> None:
+    url = settings.resolved_database_url
+    engine_for.cache_clear()
+    assert "audits" in inspect(engine_for(url)).get_table_names()
+    downgrade(url, "0008")
+    engine_for.cache_clear()
+    assert "audits" not in inspect(engine_for(url)).get_table_names()
+    upgrade(url)
+    engine_for.cache_clear()
+    engine = engine_for(url)
+    assert "audits" in inspect(engine).get_table_names()
+    with transaction(engine) as s:
+        assert s.scalars(select(Audit)).all() == []

@@ -1,0 +1,68 @@
+"""Run one admin audit inside the enclave (issue 22): claim it, run it, record the result.
+
+The audit is a row of service/audits.py's table, queued by ``POST /v1/admin/audits``. The
+claim is a compare-and-set from queued to running, so a duplicate message runs nothing.
+worker/audits.py trains once on the PUBLIC dataset the request names (no ledger budget,
+no private row) and the bound, its ceiling and the run's public figures are written back.
+A failure is recorded with a generic sentence; its detail goes to the worker's log only.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import time
+
+from service.audits import claim_audit, finish_audit
+from service.config import Settings, get_settings
+from service.db import engine_for, transaction
+from worker.audits import AuditRefused, run_one_run_audit
+
+log = logging.getLogger("enclave.worker")
+
+AUDIT_FAILURE = "the audit failed inside the enclave; the worker's log has the details"
+
+
+class AuditOutcome(enum.StrEnum):
+    done = "done"
+    failed = "failed"
+    skipped = "skipped"  # unknown, or already taken by another message
+
+
+def execute_audit(audit_id: str, settings: Settings | None = None) -> AuditOutcome:
+    settings = settings or get_settings()
+    engine = engine_for(settings.resolved_database_url)
+    with transaction(engine) as s:
+        request = claim_audit(s, audit_id)
+    if request is None:
+        log.info("audit %s: not queued (unknown, or taken); skipped", audit_id)
+        return AuditOutcome.skipped
+    start = time.perf_counter()
+    try:
+        audit = run_one_run_audit(
+            method=request.method,
+            epsilon=request.epsilon,
+            delta=request.delta,
+            canaries=request.canaries,
+            dataset=request.dataset,
+            guesses=request.guesses,
+            confidence=request.confidence,
+            options=request.dpsgd,
+        )
+    except Exception as exc:
+        log.exception("audit %s failed", audit_id)
+        # A refusal is about the public request (checked by the service already): say it.
+        failure = str(exc) if isinstance(exc, AuditRefused) else AUDIT_FAILURE
+        with transaction(engine) as s:
+            finish_audit(s, audit_id, failure=failure, seconds=time.perf_counter() - start)
+        return AuditOutcome.failed
+    run = {
+        "rows": audit.rows,
+        "noise_multiplier": audit.noise_multiplier,
+        "steps": audit.steps,
+        "sampling_rate": audit.sampling_rate,
+    }
+    with transaction(engine) as s:
+        finish_audit(s, audit_id, bound=audit.bound, run=run, seconds=audit.seconds)
+    log.info("audit %s done in %.1f s", audit_id, audit.seconds)
+    return AuditOutcome.done
