@@ -52,6 +52,8 @@ from service.selection.plans import (
     SelectionKind,
     SelectionPlan,
     TnbRunsSpec,
+    fit_to_classes,
+    n_classes_of,
     plan_selection,
     plan_summary,
     with_total_epsilon,
@@ -311,6 +313,8 @@ def resolved_selection(
         kind_request = REQUEST_MODELS[kind].model_validate(request.selection.get("request"))
     except ValidationError as exc:
         raise PlanError(_messages(exc)) from exc
+    # The candidates' model fitted to the target's classes, as the worker trains it.
+    kind_request = fit_to_classes(kind, kind_request, n_classes_of(public_schema))
     plan = plan_selection(
         kind,
         kind_request,

@@ -8,7 +8,8 @@ from typing import Any, Literal
 from pydantic import ValidationError
 
 from service.datasets.tabular import TabularSchema, parse_schema
-from service.plans import MULTICLASS_SUPPORT, PlanError, data_kind
+from service.plans import PlanError, data_kind, with_classes
+from service.schemas import JobRequest
 from service.selection.architecture import ArchitectureRequest, architecture_plan
 from service.selection.feature_plan import feature_plan
 from service.selection.features import FeatureRequest
@@ -20,6 +21,8 @@ __all__ = [
     "REQUEST_MODELS",
     "SelectionKind",
     "SelectionRequest",
+    "fit_to_classes",
+    "n_classes_of",
     "plan_selection",
     "with_total_epsilon",
 ]
@@ -101,6 +104,44 @@ REQUEST_MODELS: dict[
 }
 
 
+def n_classes_of(schema: TabularSchema | dict[str, Any] | None) -> int:
+    """The public number of classes of a dataset's target (2 for a kind whose schema
+    declares none, or no schema); a schema that does not parse is a :class:`PlanError`."""
+    if not isinstance(schema, dict):
+        return int(getattr(schema, "n_classes", 2))
+    try:
+        parsed = data_kind(str(schema.get("kind", "tabular"))).parse(schema)
+    except ValidationError as exc:  # a schema that does not parse plans nothing
+        raise PlanError(
+            f"the dataset's public schema is not valid: {exc.error_count()} error(s)"
+        ) from None
+    return int(getattr(parsed, "n_classes", 2))
+
+
+def fit_to_classes(
+    kind: SelectionKind, request: SelectionRequest, n_classes: int
+) -> SelectionRequest:
+    """``request`` with its candidates' model fitted to a target of ``n_classes`` public
+    classes (a kind without classes is binary: unchanged). For K ≥ 3 classes only the
+    ``hyperparameters`` kind plans, on a model that K-class DP-SGD trains (multinomial
+    logistic regression, :func:`service.plans.with_classes`, whose refusal names what is
+    supported); every candidate is then scored by its noisy validation accuracy (argmax of
+    the K scores), as a binary one is. The ``architecture`` kind searches MLPs, which take
+    binary targets only, and the ``features`` kind's DP-CFS histograms are binary-target
+    statistics: both are refused."""
+    if n_classes < 3:
+        return request
+    if kind != "hyperparameters" or not isinstance(request, HyperparameterRequest):
+        raise PlanError(
+            f"the dataset's target has {n_classes} classes; of the selection kinds only "
+            "'hyperparameters' takes multi-class targets, on model 'logistic' (the "
+            "'architecture' kind searches MLPs, which are binary only for now, and "
+            "'features' scores binary-target histograms)"
+        )
+    probe = JobRequest(dataset="-", method="dpsgd", epsilon=1.0, model=request.model)
+    return request.model_copy(update={"model": with_classes(probe, n_classes).model})
+
+
 def plan_selection(
     kind: SelectionKind,
     request: SelectionRequest,
@@ -115,18 +156,7 @@ def plan_selection(
     dataset_kind = (
         str(schema.get("kind", "tabular")) if isinstance(schema, dict) else "tabular"
     )  # the model must fit the dataset's kind (GRU-D on time series): build_plan checks
-    try:
-        parsed = data_kind(dataset_kind).parse(schema) if isinstance(schema, dict) else schema
-    except ValidationError as exc:  # a schema that does not parse plans nothing
-        raise PlanError(
-            f"the dataset's public schema is not valid: {exc.error_count()} error(s)"
-        ) from None
-    n_classes = int(getattr(parsed, "n_classes", 2))  # a kind without classes: binary
-    if n_classes >= 3:
-        raise PlanError(
-            f"the dataset's target has {n_classes} classes; selections take binary "
-            f"targets only for now (multi-class targets are trained by {MULTICLASS_SUPPORT})"
-        )
+    request = fit_to_classes(kind, request, n_classes_of(schema))
     if kind == "architecture" and isinstance(request, ArchitectureRequest):
         return architecture_plan(
             request,

@@ -87,7 +87,14 @@ def training_events(
             delta=budget.training_delta,
             dpsgd=opts,
         )
-        plan = build_plan(request, n_rows=n_train, n_features=n_features, dataset_kind=dataset_kind)
+        plan = build_plan(
+            request,
+            n_rows=n_train,
+            n_features=n_features,
+            dataset_kind=dataset_kind,
+            # A model fitted to K ≥ 3 classes (selection.kinds.fit_to_classes); else binary.
+            n_classes=getattr(model, "classes", None) or 2,
+        )
         events.append(event_from_json(plan.event))
         mechanisms[(batch, epochs, decay)] = dict(plan.mechanism)
         if plan.guarantee != "proven":

@@ -61,6 +61,8 @@ from service.selection.kinds import (
     REQUEST_MODELS,
     SelectionKind,
     SelectionRequest,
+    fit_to_classes,
+    n_classes_of,
     plan_selection,
     with_total_epsilon,
 )
@@ -82,7 +84,9 @@ __all__ = [
     "architecture_plan",
     "candidate_mechanism",
     "feature_plan",
+    "fit_to_classes",
     "hyperparameter_plan",
+    "n_classes_of",
     "plan_selection",
     "plan_summary",
     "split_counts",

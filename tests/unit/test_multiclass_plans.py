@@ -16,7 +16,9 @@ from service.datasets.tabular import encode_target, parse_schema
 from service.modelspec import MAX_CLASSES, LogisticSpec, MlpSpec
 from service.plans import PlanError, plan_for_dataset, with_classes
 from service.schemas import DpsgdOptions, ExpmOptions, JobRequest
-from service.selection.kinds import plan_selection
+from service.selection.budget import SelectionBudget
+from service.selection.hyperparameters import HyperparameterRequest
+from service.selection.kinds import fit_to_classes, n_classes_of, plan_selection
 from tests.plan_cases import adult_schema
 
 CLASSES = ["setosa", "versicolor", "virginica"]
@@ -113,9 +115,9 @@ def test_every_other_method_engine_and_model_refuses_k_classes(request_: JobRequ
         plan_for_dataset(request_, n_rows=600, public_schema=_public(classes=CLASSES))
 
 
-@pytest.mark.parametrize("kind", ["architecture", "hyperparameters", "features"])
-def test_selections_refuse_k_classes(kind: str) -> None:
-    with pytest.raises(PlanError, match=r"3 classes.*selections take binary"):
+@pytest.mark.parametrize("kind", ["architecture", "features"])
+def test_selections_but_tuning_refuse_k_classes(kind: str) -> None:
+    with pytest.raises(PlanError, match=r"3 classes.*only 'hyperparameters' takes"):
         plan_selection(
             kind,  # type: ignore[arg-type]
             None,  # type: ignore[arg-type]
@@ -123,6 +125,33 @@ def test_selections_refuse_k_classes(kind: str) -> None:
             n_rows=600,
             n_features=2,
             schema=_public(classes=CLASSES),
+        )
+
+
+def test_tuning_plans_k_class_logistic_candidates_and_refuses_mlps() -> None:
+    budget = SelectionBudget(training_epsilon=1.0, training_delta=1e-6, fitness_epsilon=0.1)
+    request = HyperparameterRequest(model=LogisticSpec(), batch_sizes=[64], budget=budget)
+    schema = _public(classes=CLASSES)
+    fitted = fit_to_classes("hyperparameters", request, n_classes_of(schema))
+    assert fitted.model == LogisticSpec(classes=3)
+    plan = plan_selection(
+        "hyperparameters", request, dataset="iris", n_rows=600, n_features=2, schema=schema
+    )
+    (mechanism,) = plan.mechanisms.values()
+    assert mechanism["parameters"] == 3 * (2 + 1) and plan.training_guarantee == "proven"
+    binary = plan_selection(
+        "hyperparameters",
+        request,
+        dataset="iris",
+        n_rows=600,
+        n_features=2,
+        schema=_public(positive=["virginica"], negative=["setosa"]),
+    )
+    assert next(iter(binary.mechanisms.values()))["parameters"] == 2 + 1
+    mlp = request.model_copy(update={"model": MlpSpec(hidden=[4])})
+    with pytest.raises(PlanError, match=r"3 classes.*'mlp'"):
+        plan_selection(
+            "hyperparameters", mlp, dataset="iris", n_rows=600, n_features=2, schema=schema
         )
 
 

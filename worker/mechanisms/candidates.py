@@ -83,8 +83,10 @@ def train_and_count(
     module = build_module(spec, train.n_features, public_means=train.public_means)
     module.load_state_dict(weights)
     with torch.no_grad():
-        pred = module.to(device)(val.x) > 0.0
-    return weights, int((pred == (val.y > 0.5)).sum().item())
+        scores = module.to(device)(val.x)
+    if scores.dim() == 2 and scores.shape[1] >= 3:  # K classes: the argmax of the K scores
+        return weights, int((scores.argmax(dim=1) == val.y.long()).sum().item())
+    return weights, int(((scores > 0.0) == (val.y > 0.5)).sum().item())
 
 
 def train_and_score(
