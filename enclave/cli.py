@@ -240,9 +240,9 @@ def datasets_register(
         typer.Option(
             parser=_number,
             help=(
-                "Tabular datasets: keep floor(F × the noisy row count) rows, drawn at random by "
-                "the enclave, as a private evaluation holdout that no training job reads "
-                "(POST /v1/evaluations scores releases on it); 0 < F <= 0.5."
+                "Keep floor(F × the noisy row count) rows (images; stays of a time series), "
+                "drawn at random by the enclave, as a private evaluation holdout that no "
+                "training job reads (POST /v1/evaluations scores releases on it); 0 < F <= 0.5."
             ),
         ),
     ] = None,

@@ -41,7 +41,7 @@ from pydantic import TypeAdapter
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from service.datasets.kinds import DEFAULT_KIND, parse_dataset_schema
+from service.datasets.kinds import parse_dataset_schema
 from service.ledger.tables import Job, JobStatus, Release
 from service.methods.common import PlanError
 from service.modelspec import ModelSpec
@@ -156,11 +156,9 @@ def evaluation_job_request(
 
 
 def _classes(public_schema: dict[str, Any]) -> int:
-    """K of the dataset's (tabular) target, public: 2 for a binary target, K for declared
-    classes (the worker scores sigmoid outputs for K = 2, softmax over K logits else)."""
-    kind = str(public_schema.get("kind", DEFAULT_KIND))
-    if kind != "tabular":
-        raise PlanError(f"evaluations are for tabular datasets, not {kind}")
+    """K of the dataset's target, public, for every kind: 2 for a binary target (a time
+    series' outcome, two image classes), K for declared classes or image classes (the
+    worker scores sigmoid outputs for K = 2, softmax over K logits else)."""
     return parse_dataset_schema(public_schema).n_classes
 
 

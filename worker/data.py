@@ -61,9 +61,13 @@ from worker.images import check_images
 from worker.mechanisms.base import TabularTrainingSet
 
 ROWS_FILE = "rows.csv.gz"
-# A tabular dataset's private evaluation holdout (issue 21): the same format as ROWS_FILE,
-# read only by evaluation jobs (:func:`load_holdout`), never by a training loader.
+# A dataset's private evaluation holdout (issue 21), in the format of its kind's training
+# files, read only by evaluation jobs (:func:`load_holdout`), never by a training loader:
+# tabular rows, an image dataset's images and labels, a time series' stays.
 HOLDOUT_FILE = "holdout.csv.gz"
+HOLDOUT_IMAGES_FILE = "holdout.npz"
+HOLDOUT_OBSERVATIONS_FILE = "holdout_observations.csv.gz"
+HOLDOUT_OUTCOMES_FILE = "holdout_outcomes.csv.gz"
 # A time-series dataset: its validated observations (long format) and outcomes.
 OBSERVATIONS_FILE = "observations.csv.gz"
 OUTCOMES_FILE = "outcomes.csv.gz"
@@ -240,25 +244,37 @@ def _store_tabular(data_dir: Path, schema: DatasetSchema, prepared: PreparedAny)
     return store_rows(data_dir, schema, prepared.frame)
 
 
+def _write_series(target: Path, validated: ValidatedSeries, files: tuple[str, str]) -> Path:
+    """Write a time series' (observations, outcomes) to ``files`` in ``target``; the
+    observations' path."""
+    observations, outcomes = files
+    _write_gzip_csv(target / outcomes, validated.outcomes)
+    _write_gzip_csv(target / observations, validated.observations)
+    return target / observations
+
+
 def _store_timeseries(data_dir: Path, schema: DatasetSchema, prepared: PreparedAny) -> Path:
     assert isinstance(prepared, PreparedSeries)
     target = make_private_dir(dataset_dir(data_dir, schema.name))
-    _write_gzip_csv(target / OUTCOMES_FILE, prepared.validated.outcomes)
-    _write_gzip_csv(target / OBSERVATIONS_FILE, prepared.validated.observations)
-    return target / OBSERVATIONS_FILE
+    return _write_series(target, prepared.validated, (OBSERVATIONS_FILE, OUTCOMES_FILE))
+
+
+def _write_images(path: Path, images: ValidatedImages) -> Path:
+    """The kept images' raw pixels and class indices as ``path`` (an .npz), written to a
+    temporary file beside it (``0600``), flushed, fsynced and renamed over it."""
+    tmp = path.with_name(path.name + ".tmp")
+    with os.fdopen(open_private_file(tmp), "wb") as fh:
+        np.savez(fh, pixels=images.pixels, y=images.y)
+        fh.flush()
+        os.fsync(fh.fileno())
+    tmp.replace(path)
+    return path
 
 
 def _store_images(data_dir: Path, schema: DatasetSchema, prepared: PreparedAny) -> Path:
     assert isinstance(prepared, ValidatedImages)
     target = make_private_dir(dataset_dir(data_dir, schema.name))
-    path = target / IMAGES_FILE
-    tmp = path.with_name(path.name + ".tmp")
-    with os.fdopen(open_private_file(tmp), "wb") as fh:
-        np.savez(fh, pixels=prepared.pixels, y=prepared.y)
-        fh.flush()
-        os.fsync(fh.fileno())
-    tmp.replace(path)
-    return path
+    return _write_images(target / IMAGES_FILE, prepared)
 
 
 def store_rows(data_dir: Path, schema: TabularSchema, frame: pd.DataFrame) -> Path:
@@ -268,27 +284,27 @@ def store_rows(data_dir: Path, schema: TabularSchema, frame: pd.DataFrame) -> Pa
 
 
 def split_holdout(
-    frame: pd.DataFrame, *, holdout_rows: int, rng: np.random.Generator
-) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(training rows, holdout rows): the kept rows in a uniformly random order drawn from
-    ``rng`` (the enclave's secure generator; the permutation is not kept), the first
-    ``holdout_rows`` of them the holdout. Needs 1 ≤ holdout_rows < len(frame)."""
-    if not (1 <= holdout_rows < len(frame)):
-        raise ValueError(f"holdout_rows must be in [1, {len(frame)}), got {holdout_rows}")
-    order = rng.permutation(len(frame))
-    shuffled = frame.iloc[order].reset_index(drop=True)
-    return (
-        shuffled.iloc[holdout_rows:].reset_index(drop=True),
-        shuffled.iloc[:holdout_rows].reset_index(drop=True),
-    )
+    schema: DatasetSchema, prepared: PreparedAny, *, holdout_rows: int, rng: np.random.Generator
+) -> tuple[PreparedAny, PreparedAny]:
+    """(training rows, holdout rows) of any kind: the kept rows (tabular rows, images,
+    stays) in a uniformly random order drawn from ``rng`` (the enclave's secure generator;
+    the permutation is not kept), the first ``holdout_rows`` of them the holdout, the rest
+    the training rows in that order. Needs 1 ≤ holdout_rows < the rows kept. The kind's
+    :class:`HoldoutKind` ``take`` selects rows; the report stays the whole dataset's."""
+    kept = prepared.report.rows_kept
+    if not (1 <= holdout_rows < kept):
+        raise ValueError(f"holdout_rows must be in [1, {kept}), got {holdout_rows}")
+    take = _holdout_kind(schema.kind).take
+    order = rng.permutation(kept)
+    training, holdout = order[holdout_rows:], order[:holdout_rows]
+    return take(schema, prepared, training), take(schema, prepared, holdout)
 
 
-def store_holdout(data_dir: Path, schema: TabularSchema, frame: pd.DataFrame) -> Path:
-    """Write a tabular dataset's holdout rows beside its training rows (``0600``, as
-    :func:`store_rows` writes them)."""
+def store_holdout(data_dir: Path, schema: DatasetSchema, holdout: PreparedAny) -> Path:
+    """Write a dataset's holdout rows beside its training rows, in its kind's format
+    (``0600``, as :func:`store_prepared` writes the training rows)."""
     target = make_private_dir(dataset_dir(data_dir, schema.name))
-    _write_gzip_csv(target / HOLDOUT_FILE, frame)
-    return target / HOLDOUT_FILE
+    return _holdout_kind(schema.kind).store(target, holdout)
 
 
 def load_holdout(
@@ -298,9 +314,33 @@ def load_holdout(
     *,
     before_first_read: Callable[[], None],
 ) -> TabularTrainingSet:
-    """A tabular dataset's holdout rows, validated and encoded by the public schema exactly
-    as :func:`_load_tabular` encodes the training rows (no encoded cache: it is small, and
-    the cache beside the rows holds the training rows' arrays)."""
+    """A dataset's holdout, validated and encoded by the public schema exactly as its
+    kind's training loader encodes the training rows (no encoded cache: it is small, and
+    the cache beside the rows holds the training rows' arrays). ``before_first_read`` as
+    for :func:`load_training_set`."""
+    kind = public_schema.get("kind", DEFAULT_KIND)
+    holdout = _holdout_kind(kind if isinstance(kind, str) else DEFAULT_KIND)
+    return holdout.load(data_dir, public_schema, device, before_first_read=before_first_read)
+
+
+def _take_tabular(schema: DatasetSchema, prepared: PreparedAny, rows: np.ndarray) -> Prepared:
+    assert isinstance(prepared, Prepared)
+    return Prepared(prepared.frame.iloc[rows].reset_index(drop=True), prepared.report)
+
+
+def _store_tabular_holdout(target: Path, holdout: PreparedAny) -> Path:
+    assert isinstance(holdout, Prepared)
+    _write_gzip_csv(target / HOLDOUT_FILE, holdout.frame)
+    return target / HOLDOUT_FILE
+
+
+def _load_tabular_holdout(
+    data_dir: Path,
+    public_schema: dict,
+    device: torch.device,
+    *,
+    before_first_read: Callable[[], None],
+) -> TabularTrainingSet:
     schema = parse_schema(public_schema)
     with (dataset_dir(data_dir, schema.name) / HOLDOUT_FILE).open("rb") as fh:
         before_first_read()
@@ -310,6 +350,62 @@ def load_holdout(
     if not (math.isfinite(float(x.sum())) and (x.numel() == 0 or (x.min() >= 0 and x.max() <= 1))):
         raise ValueError("encoded features left [0, 1]")
     return TabularTrainingSet(x=x.to(device), y=y.to(device))
+
+
+def _take_images(schema: DatasetSchema, prepared: PreparedAny, rows: np.ndarray) -> ValidatedImages:
+    assert isinstance(prepared, ValidatedImages)
+    names = [prepared.names[i] for i in rows.tolist()]
+    return ValidatedImages(prepared.pixels[rows], prepared.y[rows], names, prepared.report)
+
+
+def _store_images_holdout(target: Path, holdout: PreparedAny) -> Path:
+    assert isinstance(holdout, ValidatedImages)
+    return _write_images(target / HOLDOUT_IMAGES_FILE, holdout)
+
+
+def _load_images_holdout(
+    data_dir: Path,
+    public_schema: dict,
+    device: torch.device,
+    *,
+    before_first_read: Callable[[], None],
+) -> TabularTrainingSet:
+    return _image_set(
+        data_dir, public_schema, device, HOLDOUT_IMAGES_FILE, before_first_read=before_first_read
+    )
+
+
+def _take_series(schema: DatasetSchema, prepared: PreparedAny, rows: np.ndarray) -> PreparedSeries:
+    """The stays at ``rows`` of the outcomes (one line per kept stay, each stay once) with
+    all their observations: one row of the neighbouring relation is one stay."""
+    assert isinstance(schema, TimeSeriesSchema) and isinstance(prepared, PreparedSeries)
+    validated = prepared.validated
+    outcomes = validated.outcomes.iloc[rows].reset_index(drop=True)
+    stays = outcomes[schema.outcome.stay].astype(str)
+    observations = validated.observations
+    mine = observations[schema.columns.stay].astype(str).isin(stays).to_numpy(dtype=bool)
+    part = ValidatedSeries(observations[mine].reset_index(drop=True), outcomes, prepared.report)
+    return PreparedSeries(part)
+
+
+def _store_series_holdout(target: Path, holdout: PreparedAny) -> Path:
+    assert isinstance(holdout, PreparedSeries)
+    files = (HOLDOUT_OBSERVATIONS_FILE, HOLDOUT_OUTCOMES_FILE)
+    return _write_series(target, holdout.validated, files)
+
+
+def _load_series_holdout(
+    data_dir: Path,
+    public_schema: dict,
+    device: torch.device,
+    *,
+    before_first_read: Callable[[], None],
+) -> TabularTrainingSet:
+    schema = TimeSeriesSchema.model_validate(public_schema)
+    files = (HOLDOUT_OBSERVATIONS_FILE, HOLDOUT_OUTCOMES_FILE)
+    raw_obs, raw_out = _read_series_files(data_dir, schema, files, before_first_read)
+    arrays = _encode_series(schema, raw_obs, raw_out)
+    return _series_set(schema, arrays, device)
 
 
 def _read_stored(fh: Any) -> pd.DataFrame:
@@ -396,30 +492,34 @@ def _load_tabular(
     return TabularTrainingSet(x=x, y=y)
 
 
-def _load_series(
+def _read_series_files(
     data_dir: Path,
-    public_schema: dict,
-    device: torch.device,
-    *,
+    schema: TimeSeriesSchema,
+    files: tuple[str, str],
     before_first_read: Callable[[], None],
-) -> TabularTrainingSet:
-    """GRU-D's inputs (n, 3, T, V) for a registered time-series dataset, by its schema
-    (from the encoded cache when its key matches)."""
-    schema = TimeSeriesSchema.model_validate(public_schema)
+) -> tuple[bytes, bytes]:
+    """The raw (observations, outcomes) files ``files`` of a time-series dataset, both
+    opened before ``before_first_read`` runs."""
     folder = dataset_dir(data_dir, schema.name)
-    with (folder / OBSERVATIONS_FILE).open("rb") as obs, (folder / OUTCOMES_FILE).open("rb") as out:
+    observations, outcomes = files
+    with (folder / observations).open("rb") as obs, (folder / outcomes).open("rb") as out:
         before_first_read()
-        raw_obs, raw_out = obs.read(), out.read()
+        return obs.read(), out.read()
 
-    def build() -> Arrays:
-        validated = validate_series(
-            schema, _read_stored(io.BytesIO(raw_obs)), _read_stored(io.BytesIO(raw_out))
-        )
-        enc = encode_series(schema, validated)
-        return {"x": _float32(enc.x), "y": _float32(enc.y)}
 
-    key = encoded_key("timeseries", schema.model_dump_json(), [raw_obs, raw_out])
-    x, y = _on_device(cached_arrays(folder, key, ("x", "y"), build), device)
+def _encode_series(schema: TimeSeriesSchema, raw_obs: bytes, raw_out: bytes) -> Arrays:
+    validated = validate_series(
+        schema, _read_stored(io.BytesIO(raw_obs)), _read_stored(io.BytesIO(raw_out))
+    )
+    enc = encode_series(schema, validated)
+    return {"x": _float32(enc.x), "y": _float32(enc.y)}
+
+
+def _series_set(
+    schema: TimeSeriesSchema, arrays: Arrays, device: torch.device
+) -> TabularTrainingSet:
+    """The encoded stays on ``device``, their ranges checked."""
+    x, y = _on_device(arrays, device)
     values_masks = x[:, :2]
     deltas = x[:, 2]
     if not (
@@ -431,17 +531,39 @@ def _load_series(
     return TabularTrainingSet(x=x, y=y, public_means=schema.scaled_means)
 
 
-def _load_images(
+def _load_series(
     data_dir: Path,
     public_schema: dict,
     device: torch.device,
     *,
     before_first_read: Callable[[], None],
 ) -> TabularTrainingSet:
-    """The flattened encoded pixels (n, H·W·C) in [0, 1] of a registered image dataset
-    and its class indices as y in {0, …, K − 1} (two classes: y in {0, 1})."""
+    """GRU-D's inputs (n, 3, T, V) for a registered time-series dataset, by its schema
+    (from the encoded cache when its key matches)."""
+    schema = TimeSeriesSchema.model_validate(public_schema)
+    files = (OBSERVATIONS_FILE, OUTCOMES_FILE)
+    raw_obs, raw_out = _read_series_files(data_dir, schema, files, before_first_read)
+    key = encoded_key("timeseries", schema.model_dump_json(), [raw_obs, raw_out])
+    folder = dataset_dir(data_dir, schema.name)
+    arrays = cached_arrays(
+        folder, key, ("x", "y"), lambda: _encode_series(schema, raw_obs, raw_out)
+    )
+    return _series_set(schema, arrays, device)
+
+
+def _image_set(
+    data_dir: Path,
+    public_schema: dict,
+    device: torch.device,
+    file: str,
+    *,
+    before_first_read: Callable[[], None],
+) -> TabularTrainingSet:
+    """The flattened encoded pixels (n, H·W·C) in [0, 1] of the images stored as ``file``
+    in an image dataset's folder and their class indices as y in {0, …, K − 1} (two
+    classes: y in {0, 1})."""
     schema = ImageSchema.model_validate(public_schema)
-    with (dataset_dir(data_dir, schema.name) / IMAGES_FILE).open("rb") as fh:
+    with (dataset_dir(data_dir, schema.name) / file).open("rb") as fh:
         before_first_read()
         arrays = read_npz_bytes(fh.read())
     pixels, y = arrays["pixels"], arrays["y"]
@@ -450,6 +572,20 @@ def _load_images(
         raise ValueError("stored image labels left the declared classes")
     return TabularTrainingSet(
         x=torch.from_numpy(x).to(device), y=torch.from_numpy(y.astype(np.float32)).to(device)
+    )
+
+
+def _load_images(
+    data_dir: Path,
+    public_schema: dict,
+    device: torch.device,
+    *,
+    before_first_read: Callable[[], None],
+) -> TabularTrainingSet:
+    """A registered image dataset's training images (:func:`_image_set` of
+    :data:`IMAGES_FILE`)."""
+    return _image_set(
+        data_dir, public_schema, device, IMAGES_FILE, before_first_read=before_first_read
     )
 
 
@@ -462,6 +598,22 @@ class _Load(Protocol):
         *,
         before_first_read: Callable[[], None],
     ) -> TabularTrainingSet: ...
+
+
+@dataclass(frozen=True)
+class HoldoutKind:
+    """How one kind keeps its private evaluation holdout (issue 21; :func:`split_holdout`
+    draws the permutation and the sizes for every kind, by one rule)."""
+
+    take: Callable[[DatasetSchema, PreparedAny, np.ndarray], PreparedAny]
+    """The kept rows at these positions, in this order (one row of the neighbouring
+    relation each: a tabular row, an image, a stay with all its observations)."""
+    store: Callable[[Path, PreparedAny], Path]
+    """Write holdout rows into the dataset's folder, beside (never into) the training
+    files; the path written."""
+    load: _Load
+    """An evaluation's holdout: read the holdout file(s), encode them as ``load`` encodes
+    the training rows."""
 
 
 @dataclass(frozen=True)
@@ -482,6 +634,8 @@ class WorkerDataKind:
     refusal: Callable[[DatasetSchema], str | None] = _no_refusal
     """Why registration refuses this schema for now (None: it does not); checked before
     any private file is read. ``enclave datasets check`` reads the files regardless."""
+    holdout: HoldoutKind | None = None
+    """How registration keeps an evaluation holdout of this kind (None: it refuses one)."""
 
 
 WORKER_KINDS: dict[str, WorkerDataKind] = {
@@ -490,6 +644,7 @@ WORKER_KINDS: dict[str, WorkerDataKind] = {
         prepare=_prepare_tabular,
         store=_store_tabular,
         load=_load_tabular,
+        holdout=HoldoutKind(_take_tabular, _store_tabular_holdout, _load_tabular_holdout),
         preprocessing=(
             "Data-independent: numeric columns are clipped to the schema's declared "
             "[min, max] (after log1p where declared) and scaled to [0, 1]; categorical "
@@ -502,6 +657,7 @@ WORKER_KINDS: dict[str, WorkerDataKind] = {
         prepare=_prepare_timeseries,
         store=_store_timeseries,
         load=_load_series,
+        holdout=HoldoutKind(_take_series, _store_series_holdout, _load_series_holdout),
         preprocessing=(
             "Data-independent: each stay's observations are binned on the schema's time grid "
             "(the latest observation in a step wins), values clipped to the variable's declared "
@@ -517,6 +673,7 @@ WORKER_KINDS: dict[str, WorkerDataKind] = {
         prepare=_prepare_images,
         store=_store_images,
         load=_load_images,
+        holdout=HoldoutKind(_take_images, _store_images_holdout, _load_images_holdout),
         preprocessing=(
             "Data-independent: each image's pixels are clipped to the schema's declared "
             "[min, max] and scaled to [0, 1] (service/datasets/images.py encode_pixels), "
@@ -527,3 +684,19 @@ WORKER_KINDS: dict[str, WorkerDataKind] = {
     ),
 }
 """The worker's data kinds by name; the service's are ``service.datasets.kinds.DATA_KINDS``."""
+
+
+def _holdout_kind(kind: str) -> HoldoutKind:
+    """The :class:`HoldoutKind` of a kind (ValueError: the kind keeps no holdout)."""
+    entry = WORKER_KINDS.get(kind)
+    if entry is None or entry.holdout is None:
+        raise ValueError(f"{kind} datasets keep no evaluation holdout")
+    return entry.holdout
+
+
+def holdout_refusal(kind: str) -> str | None:
+    """Why registration cannot keep a holdout for this kind (None: it can)."""
+    entry = WORKER_KINDS.get(kind)
+    if entry is None or entry.holdout is None:
+        return f"{kind} datasets cannot keep an evaluation holdout yet"
+    return None

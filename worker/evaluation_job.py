@@ -67,7 +67,9 @@ def evaluated_model(
 def score_holdout(module: torch.nn.Module, data: TabularTrainingSet) -> torch.Tensor:
     """The model's probabilities on every holdout row (float64, CPU), as the release's card
     states its output: sigmoid(logit) = P(y = 1 | x), shape (n,), for a binary model;
-    softmax over K logits, shape (n, K), for a K-class one."""
+    softmax over K logits, shape (n, K), for a K-class one. ``data.x`` is encoded as the
+    kind's training rows are (worker/data.py ``load_holdout``): features (n, d), flattened
+    pixels (n, H·W·C), or GRU-D's inputs (n, 3, T, V)."""
     with torch.no_grad():
         logits = module(data.x.to("cpu", torch.float32)).to(torch.float64)
         if logits.ndim == 2 and logits.shape[1] > 1:

@@ -10,7 +10,7 @@ from sqlalchemy import Engine, select
 
 from service.config import Settings
 from service.datasets.kinds import DatasetSchema
-from service.datasets.tabular import TabularSchema, ValidationReport
+from service.datasets.tabular import ValidationReport
 from service.datasets.timeseries import TimeSeriesReport
 from service.db import transaction
 from service.ledger.datasets import count_refusal, new_dataset
@@ -22,7 +22,7 @@ from service.privacy.sampling import default_count_epsilon
 from worker.data import (
     WORKER_KINDS,
     CsvReadError,
-    Prepared,
+    holdout_refusal,
     prepare_dataset,
     split_holdout,
     store_holdout,
@@ -85,14 +85,18 @@ def register_dataset(
     about the row count published exactly. The admin is told how many rows were rejected
     or clipped (inside the enclave only), and warned when no method can be admitted.
 
-    ``holdout_fraction`` F ∈ (0, ½] (tabular datasets only): after the noisy count n̂ is
-    drawn, n_h = ⌊F·n̂⌋ (public: a function of n̂ and F) of the kept rows become the private
-    evaluation holdout (issue 21). The kept rows are put in a uniformly random order by the
-    enclave's secure generator (worker/noise.py ``secure_rng``; the permutation is not
-    kept); the first n_h are stored as ``holdout.csv.gz`` beside the training rows, which
-    every training loader reads as before and which never include a holdout row. The ledger
-    records n_rows = n̂ − n_h (the training rows' public count: a noisy count of them with
-    the same noise) and holdout_rows = n_h. Refused, to the admin inside the enclave only,
+    ``holdout_fraction`` F ∈ (0, ½] (every kind: a row is a tabular row, an image, or a
+    time series' stay with all its observations and its outcome): after the noisy count n̂
+    is drawn, n_h = ⌊F·n̂⌋ (public: a function of n̂ and F) of the kept rows become the
+    private evaluation holdout (issue 21). The kept rows are put in a uniformly random
+    order by the enclave's secure generator (worker/noise.py ``secure_rng``; the
+    permutation is not kept; worker/data.py ``split_holdout``, one rule for every kind);
+    the first n_h are stored beside the training rows in the kind's format
+    (``holdout.csv.gz``, ``holdout.npz``, ``holdout_observations.csv.gz`` with
+    ``holdout_outcomes.csv.gz``), the rest are the training rows, which every training
+    loader reads as before and which never include a holdout row. The ledger records
+    n_rows = n̂ − n_h (the training rows' public count: a noisy count of them with the
+    same noise) and holdout_rows = n_h. Refused, to the admin inside the enclave only,
     when n_h < 1 or n_h ≥ the rows kept.
 
     Why this fits the ledger's add/remove-one relation (service/privacy/filters.py): a
@@ -112,7 +116,18 @@ def register_dataset(
     Theory 60(7), the joint quasi-convexity theorem), so the mixture's divergence is at most
     the largest coupled one (likewise the hockey-stick divergence, jointly convex, for
     (ε, δ)). n_h and n_rows depend on n̂ only, which was released by its own charged
-    mechanism (the adaptive composition the ledger already counts)."""
+    mechanism (the adaptive composition the ledger already counts).
+
+    The argument needs of a kind only what its training jobs' relation already assumes:
+    the kept rows of D + x are D's kept rows plus x, or D's (validation keeps or rejects a
+    row on that row alone, as every training job's guarantee on the kind already takes),
+    and a row's encoding reads that row alone, so an evaluation's per-row statistic (one
+    prediction against one label) moves with one holdout row only.
+    Images: each image is read, checked and encoded by itself (worker/images.py,
+    service/datasets/images.py ``encode_pixels``). Time series: the permutation is over
+    the kept stays (the outcomes, one line per stay); a stay goes to the holdout or to the
+    training rows with all its observations, and GRU-D's inputs of a stay are binned from
+    that stay's observations alone (service/datasets/timeseries.py ``encode_series``)."""
     if not (EPSILON_FLOOR <= epsilon_total <= EPSILON_TOTAL_MAX):
         raise RegistrationError(
             f"ε_total must be in [{EPSILON_FLOOR:g}, {EPSILON_TOTAL_MAX:g}] nats, "
@@ -131,11 +146,9 @@ def register_dataset(
     if refused:
         raise RegistrationError(f"the budget cannot pay for the noisy row count: {refused}")
     if holdout_fraction is not None:
-        if schema.kind != "tabular":
-            raise RegistrationError(
-                f"a holdout is for tabular datasets only (this one is {schema.kind}): "
-                "evaluations load tabular rows"
-            )
+        kind_cannot = holdout_refusal(schema.kind)
+        if kind_cannot:
+            raise RegistrationError(kind_cannot)
         if not (math.isfinite(holdout_fraction) and 0 < holdout_fraction <= 0.5):
             raise RegistrationError(
                 f"the holdout fraction must be in (0, 0.5], got {holdout_fraction!r}"
@@ -155,7 +168,6 @@ def register_dataset(
     released = noisy_count(prepared.report.rows_kept, epsilon=eps_count)
     holdout_rows: int | None = None
     if holdout_fraction is not None:
-        assert isinstance(prepared, Prepared) and isinstance(schema, TabularSchema)
         holdout_rows = math.floor(holdout_fraction * released)
         if not (1 <= holdout_rows < prepared.report.rows_kept):
             raise RegistrationError(
@@ -164,11 +176,10 @@ def register_dataset(
                 "row and fewer than the rows kept",
                 prepared.report,
             )
-        training, holdout = split_holdout(
-            prepared.frame, holdout_rows=holdout_rows, rng=secure_rng()
+        prepared, holdout = split_holdout(
+            schema, prepared, holdout_rows=holdout_rows, rng=secure_rng()
         )
         store_holdout(settings.resolved_data_dir, schema, holdout)
-        prepared = Prepared(training, prepared.report)
     path = store_prepared(settings.resolved_data_dir, schema, prepared)
     with transaction(engine) as s:
         ds = new_dataset(
