@@ -1,15 +1,20 @@
 """Confidence intervals of the private evaluation's released metrics
 (service/privacy/evaluation.py releases them; split from it, issue 23: one idea per module).
 
-Confidence intervals (:func:`proportion_interval`, :func:`bounded_mean_interval`,
-:func:`calibration_error_interval`, :func:`auc_interval`):
-each interval covers the *population* value with probability ≥ the stated level over
-both the holdout draw (rows i.i.d. from the population) and the DP noise, by a union bound
-over: the noise exceeding its (1 − α_n) quantile t (so the noiseless statistic lies
-within t of the released one), and a sampling interval at level α_s that is monotone in
-the statistic (so widening by t in statistic units keeps it valid). α is split equally
-between the events used (two, or three for AUC, which also bounds its private class
-counts). Each metric's interval is pointwise (not simultaneous across metrics or cells).
+Confidence intervals: each covers the *population* value with probability ≥ the stated
+level over both the holdout draw (rows i.i.d. from the population) and the DP noise.
+Each metric's interval is pointwise (not simultaneous across metrics or cells).
+
+* :func:`proportion_interval` (accuracy, confusion cells) inverts the exact law of the
+  released count (binomial plus the known integer noise): sampling and noise are treated
+  together, and the coverage is the level up to the count's discreteness.
+* :func:`bounded_mean_interval`, :func:`calibration_error_interval`, :func:`auc_interval`
+  are still a union bound over the noise exceeding its (1 − α_n) quantile t (so the
+  noiseless statistic lies within t of the released one) and a sampling bound at level
+  α_s that is monotone in the statistic (so widening by t keeps it valid), α split
+  equally between the events (three for AUC, which also bounds its private class
+  counts). Their sampling bounds hold for any population of the given range
+  (Hoeffding, McDiarmid), so they are valid but conservative.
 """
 
 from __future__ import annotations
@@ -17,8 +22,12 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Final
 
-from service.privacy.audit import clopper_pearson_lower, clopper_pearson_upper
+import numpy as np
+import numpy.typing as npt
+from scipy import optimize, special
+
 from service.privacy.evaluation import (
     ECE_GRID,
     AucStage,
@@ -37,6 +46,8 @@ __all__ = [
     "proportion_interval",
 ]
 
+FloatArray = npt.NDArray[np.float64]
+
 
 @dataclass(frozen=True)
 class Interval:
@@ -51,25 +62,106 @@ def _split_alpha(confidence: float, parts: int) -> float:
     return (1.0 - confidence) / parts
 
 
+# Numerical error allowed for in the exact proportion interval (absolute, on a tail
+# probability): the worker's samplers' laws differ from the ideal ones by ≤ 1e-12 relative
+# per pmf value plus < e^-800 of removed tail (worker/noise.py), the noise window drops
+# < 1e-20, and scipy's bdtr and ndtr are *assumed* accurate to 1e-13 relative (an
+# assumption, not a proof; weights summing to ≤ 1 keep the total below 1e-11).
+_TAIL_ERROR: Final[float] = 1e-11
+# Noise values beyond ±J are dropped, J the smallest with P(|N| > J) < 1e-20: discrete
+# Laplace 2r^{J+1}/(1 + r) ≤ 2e^{−(J+1)/b} < 1e-20 for J ≥ 46.1·b; rounded Gaussian
+# P(|σZ| ≥ J + ½) < 1e-20 for (J + ½)/σ ≥ 9.3 (erfc(9.3/√2) ≈ 1.4e-20·… < 1e-19; margin
+# below in the error allowance).
+_LAPLACE_WINDOW: Final[float] = 46.1
+_GAUSSIAN_WINDOW: Final[float] = 9.3
+
+
+def _noise_cdf(noise: NoiseKind, scale: float, k: FloatArray) -> FloatArray:
+    """P(N ≤ k) for the worker's integer noise N at integers k.
+
+    Discrete Laplace p(j) = (1 − r)/(1 + r)·r^|j|, r = e^{−1/b}: summing the geometric tails,
+    P(N ≤ k) = 1 − r^{k+1}/(1 + r) for k ≥ 0 and r^{−k}/(1 + r) for k < 0.
+    Rounded Gaussian N = ⌊σZ + ½⌋: N ≤ k ⟺ σZ < k + ½, so P(N ≤ k) = Φ((k + ½)/σ).
+    """
+    if noise == "laplace":
+        r = math.exp(-1.0 / scale)
+        tail = np.exp(-(np.abs(k) + (k >= 0)) / scale) / (1.0 + r)
+        return np.where(k >= 0, 1.0 - tail, tail)
+    return np.asarray(special.ndtr((k + 0.5) / scale), dtype=np.float64)
+
+
+def _noise_pmf(noise: NoiseKind, scale: float, j: FloatArray) -> FloatArray:
+    """P(N = j), computed on the side of the lower tail (the law is symmetric), so that far
+    values keep their relative accuracy."""
+    low = -np.abs(j)
+    return _noise_cdf(noise, scale, low) - _noise_cdf(noise, scale, low - 1.0)
+
+
+def _upper_limit(x: int, n: int, noise: NoiseKind, scale: float, tail: float) -> float:
+    """The largest π with P_π(C + N ≤ x) ≥ ``tail`` (1 if none is below), C ~ Bin(n, π).
+
+    P_π(C + N ≤ x) = Σ_j P(N = j)·P_π(C ≤ x − j) = P(N ≤ x − n) + Σ_{x−n < j ≤ x} P(N = j)·
+    bdtr(x − j; n, π) (terms with j ≤ x − n have P(C ≤ x − j) = 1, those with j > x have 0),
+    over |j| ≤ J (``_LAPLACE_WINDOW``, ``_GAUSSIAN_WINDOW``). It decreases in π; its root at
+    the target is found by Brent's method and then stepped outward until the computed
+    probability is at most ``tail`` less the error allowance.
+    """
+    target = tail * (1.0 - 1e-6) - _TAIL_ERROR
+    width = _LAPLACE_WINDOW if noise == "laplace" else _GAUSSIAN_WINDOW
+    reach = math.ceil(width * scale)
+    j = np.arange(max(x - n + 1, -reach), min(x, reach) + 1, dtype=np.float64)
+    weights = _noise_pmf(noise, scale, j)
+    counts = x - j
+    floor = float(_noise_cdf(noise, scale, np.array([float(x - n)]))[0])
+
+    def excess(p: float) -> float:
+        return floor + float(np.dot(weights, special.bdtr(counts, n, p))) - target
+
+    if excess(1.0) > 0.0:
+        return 1.0
+    if excess(0.0) <= 0.0:
+        return 0.0
+    root = float(optimize.brentq(excess, 0.0, 1.0, xtol=1e-13))
+    step = 1e-13
+    while root < 1.0 and excess(root) > 0.0:
+        root += step
+        step *= 2.0
+    return min(root, 1.0)
+
+
 def proportion_interval(
     *, noisy_count: int, trials: int, noise: NoiseKind, scale: float, confidence: float
 ) -> Interval:
-    """Interval for a population proportion π from a noisy binomial count C̃ = C + N,
-    C ~ Bin(n, π) (accuracy; a confusion cell; a class's prevalence).
+    """Interval for a population proportion π from a noisy binomial count X = C + N,
+    C ~ Bin(n, π), N the worker's integer noise (accuracy; a confusion cell; a class's
+    prevalence): the Clopper–Pearson construction (Clopper & Pearson 1934) applied to the
+    exact law of X, i.e. the sampling and the noise together.
 
-    With t = :func:`noise_tail` at α/2, C ∈ [C̃ − t, C̃ + t] except with probability α/2;
-    the two-sided Clopper–Pearson interval at level α/2 (Clopper & Pearson 1934), whose
-    ends increase with the count, evaluated at max(0, C̃ − t) and min(n, C̃ + t), then
-    misses π with probability ≤ α/2 + α/2 (union bound).
+    X is stochastically increasing in π (C is, and N is independent of C), so
+    P_π(X ≤ x) decreases in π and the upper end π_U(x) = sup{π : P_π(X ≤ x) ≥ α/2} misses
+    with probability ≤ α/2 (the tail-inversion theorem, Casella & Berger 2002, Thm 9.2.12);
+    N is symmetric, so n − X = (n − C) + (−N) has the same form with 1 − π and the lower end
+    is 1 − π_U(n − x). Together they cover π with probability ≥ 1 − α for every π; the
+    release's discreteness is the only slack. The same construction for a noisy binomial
+    count is Awan & Slavković 2018 ("Differentially private uniformly most powerful tests
+    for binomial data", NeurIPS), who invert the tests of X = C + N for the Tulap law.
+
+    Numerics: P_π(X ≤ x) is an exact sum (:func:`_upper_limit`) computed in float64;
+    each end is solved at α/2·(1 − 1e-6) − 1e-11 (``_TAIL_ERROR``) and put on the outer side
+    of the root, so the errors allowed for cannot make it too short. Levels with
+    α/2 ≤ 1e-10 get [0, 1] (the float tails are not trusted that far out).
     """
     n = count_at_least("trials", trials, low=1)
-    a = _split_alpha(confidence, 2)
-    t = noise_tail(noise=noise, scale=scale, probability=a)
-    lo_count = min(max(noisy_count - t, 0), n)
-    hi_count = min(max(noisy_count + t, 0), n)
-    lo = clopper_pearson_lower(successes=lo_count, trials=n, alpha=a / 2) if lo_count > 0 else 0.0
-    hi = clopper_pearson_upper(successes=hi_count, trials=n, alpha=a / 2) if hi_count < n else 1.0
-    return Interval(lo, hi, confidence)
+    s = positive_number("scale", scale)
+    if noise not in ("laplace", "gaussian"):
+        raise ValueError(f"noise must be 'laplace' or 'gaussian', got {noise!r}")
+    tail = (1.0 - confidence) / 2.0
+    if tail <= 1e-10:
+        return Interval(0.0, 1.0, confidence)
+    x = int(noisy_count)
+    upper = _upper_limit(x, n, noise, s, tail)
+    lower = 1.0 - _upper_limit(n - x, n, noise, s, tail)
+    return Interval(max(0.0, lower), upper, confidence)
 
 
 def _kl_bernoulli(a: float, b: float) -> float:

@@ -346,7 +346,9 @@ def test_a_three_class_model_is_evaluated_on_its_holdout(
     # Well-separated clusters: a DP-SGD model at eps 2 is far above chance (1/3); the noise
     # at eps 1 per metric on ~270 rows is about 1/270 per unit.
     assert acc["value"] > 0.6, acc
-    assert acc["interval"]["lower"] <= acc["value"] <= acc["interval"]["upper"]
+    # The noisy count may pass n (value > 1, as seen in CI); the interval is within [0, 1].
+    inside = min(max(acc["value"], 0.0), 1.0)
+    assert acc["interval"]["lower"] <= inside <= acc["interval"]["upper"]
 
 
 def test_a_tampered_release_fails_the_evaluation_before_the_holdout_is_read(
