@@ -13,7 +13,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from service.datasets.kinds import DATA_KINDS, DEFAULT_KIND, DataKind
-from service.methods import METHODS, method_key, plan_key
+from service.methods import METHODS, choose_method, method_key, plan_key
 from service.methods.common import PlanError as PlanError
 from service.methods.common import PlanFacts
 from service.modelspec import LogisticSpec, ModelSpec
@@ -114,8 +114,11 @@ def build_plan(
     ``norm_sq_bound`` its bound on ‖(x, 1)‖² (its kind's ``norm_sq_bound``; tabular only).
     A ``dataset_kind`` that :data:`~service.datasets.kinds.DATA_KINDS` does not name is a
     :class:`PlanError` ("unknown dataset kind"). ``n_classes`` is the target's public number
-    of classes (:func:`with_classes`).
+    of classes (:func:`with_classes`). A request whose method is ``auto`` is planned as the
+    method service/methods/auto.py chooses, and the plan records the choice.
     """
+    facts = PlanFacts(n_rows=n_rows, n_features=n_features, norm_sq_bound=norm_sq_bound)
+    request, choice = choose_method(request, facts, n_classes=n_classes)
     request = with_classes(request, n_classes)
     if n_rows < 1:
         raise PlanError("the dataset has no rows")
@@ -142,7 +145,6 @@ def build_plan(
     entry = METHODS.get(method_key(request))
     if entry is None:
         raise PlanError(f"unknown method {request.method!r}")
-    facts = PlanFacts(n_rows=n_rows, n_features=n_features, norm_sq_bound=norm_sq_bound)
     one, mechanism, accountant = entry.plan(request, facts)
     guarantee = entry.guarantee(request)
     k = request.samples
@@ -163,6 +165,7 @@ def build_plan(
         rdp_orders=list(ORDERS),
         rdp_curve=[float(v) for v in curve],
         mechanism=mechanism,
+        method_choice=choice,
     )
 
 

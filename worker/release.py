@@ -103,6 +103,8 @@ def model_card(
         },
         "weights_sha256": weights_sha256,
     }
+    if plan.method_choice is not None:  # method 'auto': requested auto, chose plan.method
+        card["method_choice"] = plan.method_choice.model_dump(mode="json")
     if selection is not None:
         # The selected model; {} when none was trained or none was run (DP-CFS; K = 0).
         card["model"] = selection.get("model") or {}

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
+from service.methods.auto import choose_auto
 from service.methods.common import (
     MethodPlan,
     PlanFacts,
@@ -28,8 +30,10 @@ from service.methods.dpsgd import (
 from service.methods.expm import langevin_resources, plan_langevin, plan_mcmc
 from service.methods.expm_nf import expm_nf_resources, plan_expm_nf
 from service.schemas import Guarantee, JobRequest, PrivacyPlan
+from service.schemas.common import AUTO_METHOD
+from service.schemas.jobs import MethodChoice
 
-__all__ = ["METHODS", "MethodEntry", "method_key", "plan_key"]
+__all__ = ["CHOOSERS", "METHODS", "MethodEntry", "choose_method", "method_key", "plan_key"]
 
 
 def steps_times_samples(plan: PrivacyPlan) -> int:
@@ -91,3 +95,26 @@ def plan_key(plan: PrivacyPlan) -> tuple[str, str | None]:
     mechanism names (as worker/mechanisms/registry.py's ``mechanism_key``)."""
     sampler = plan.mechanism.get("sampler") if plan.method == "expm" else None
     return plan.method, None if sampler is None else str(sampler)
+
+
+class MethodChooser(Protocol):
+    """A rule choosing a request's method from public facts: the request with the chosen
+    method, and the choice (a :class:`PlanError` where the request does not fit the rule)."""
+
+    def __call__(
+        self, request: JobRequest, facts: PlanFacts, *, n_classes: int
+    ) -> tuple[JobRequest, MethodChoice]: ...
+
+
+CHOOSERS: dict[str, MethodChooser] = {AUTO_METHOD: choose_auto}
+"""The request methods that are not methods but a rule choosing one (``auto``,
+service/methods/auto.py), by name."""
+
+
+def choose_method(
+    request: JobRequest, facts: PlanFacts, *, n_classes: int
+) -> tuple[JobRequest, MethodChoice | None]:
+    """``request`` with its method chosen where it names a rule of :data:`CHOOSERS`, and the
+    choice (None: the request named its method and is returned as it is)."""
+    chooser = CHOOSERS.get(request.method)
+    return (request, None) if chooser is None else chooser(request, facts, n_classes=n_classes)

@@ -24,12 +24,20 @@ SELECTION_METHOD = "selection"
 EVALUATION_METHOD = "evaluation"
 """A private evaluation's method (POST /v1/evaluations, issue 21), never submitted to
 POST /v1/jobs: it scores a released model on the dataset's holdout."""
+AUTO_METHOD = "auto"
+"""A training request's ``method`` when the service is to choose it (issue 21, point 3;
+service/methods/auto.py): never a plan's or a job's method, which is the one chosen."""
 
 
 def method_names() -> list[str]:
     """Every value a job's ``method`` may take: the training methods, then ``selection``
     and ``evaluation``."""
     return [*TRAINING_METHODS, SELECTION_METHOD, EVALUATION_METHOD]
+
+
+def request_method_names() -> list[str]:
+    """Every value a job request's ``method`` may take: :func:`method_names` and ``auto``."""
+    return [*TRAINING_METHODS, AUTO_METHOD, SELECTION_METHOD, EVALUATION_METHOD]
 
 
 def _one_of(names: Callable[[], list[str]]) -> Callable[[str], str]:
@@ -63,6 +71,12 @@ Method = Annotated[
     WithJsonSchema({"enum": method_names(), "type": "string"}),
 ]
 """A training method, ``selection`` or ``evaluation``."""
+RequestMethod = Annotated[
+    str,
+    AfterValidator(_one_of(request_method_names)),
+    WithJsonSchema({"enum": request_method_names(), "type": "string"}),
+]
+"""A request's method: a :data:`Method` or ``auto`` (the service chooses the method)."""
 
 
 Guarantee = Literal["proven", "asymptotic", "nominal"]

@@ -18,7 +18,7 @@ from pydantic import (
 from service.modelspec import LogisticSpec, ModelSpec
 from service.params import Delta, Epsilon
 from service.schemas.budgets import BudgetView
-from service.schemas.common import ApiInput, Guarantee, Method
+from service.schemas.common import ApiInput, Guarantee, Method, RequestMethod, TrainingMethod
 from service.schemas.dpsgd import DpsgdMechanism, DpsgdOptions
 from service.schemas.estimates import ResourceQuote
 from service.schemas.events import DpEventJson
@@ -56,7 +56,7 @@ class JobRequest(ApiInput):
 
     dataset: str = Field(min_length=1, max_length=64)
     model: ModelSpec = Field(default_factory=LogisticSpec)
-    method: Method
+    method: RequestMethod  # 'auto': the service chooses (service/methods/auto.py)
     epsilon: Epsilon = Field(
         description="Requested ε (nats) for one release; at least 1e-6, the ledger's unit.",
     )
@@ -145,6 +145,16 @@ PlanMechanism = Annotated[
 """A plan's mechanism: the stored JSON object, checked against its method's model."""
 
 
+class MethodChoice(BaseModel):
+    """Why a plan has its method when the request let the service choose (``auto``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    requested: Literal["auto"] = Field(description="The request's method.")
+    method: TrainingMethod = Field(description="The method chosen: the plan's.")
+    reason: str = Field(description="The rule's reason, from public values only.")
+
+
 class PrivacyPlan(BaseModel):
     """Every number that decides a job's privacy cost. A pure function of the request and
     public metadata (the registered row count), computed before any private row is read.
@@ -172,6 +182,12 @@ class PrivacyPlan(BaseModel):
     rdp_orders: list[float]
     rdp_curve: list[float] = Field(description="RDP ε(α) of the job on the public grid of orders.")
     mechanism: PlanMechanism
+    method_choice: MethodChoice | None = Field(
+        default=None,
+        # Left out when None: the plans of requests that name their method stay as before.
+        exclude_if=lambda value: value is None,
+        description="Set when the request's method was 'auto': what was chosen and why.",
+    )
 
 
 class QuoteResponse(BaseModel):

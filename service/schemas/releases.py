@@ -12,6 +12,7 @@ from service.schemas.dpsgd import DpsgdMechanism
 from service.schemas.events import DpEventJson
 from service.schemas.expm import ExpmLangevinMechanism, ExpmMcmcMechanism
 from service.schemas.expm_nf import ExpmNfMechanism
+from service.schemas.jobs import MethodChoice
 from service.schemas.selection import SelectionMechanism
 from service.schemas.stored import Typed, mechanism_union, one_of
 
@@ -137,3 +138,8 @@ class ModelCard(BaseModel):
     )
     privacy: CardPrivacy
     weights_sha256: str = Field(description="SHA-256 (hex) of the weights file.")
+    method_choice: MethodChoice | None = Field(
+        default=None,
+        exclude_if=lambda value: value is None,
+        description="Set when the job's request had method 'auto': the plan's record of it.",
+    )

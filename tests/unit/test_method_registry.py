@@ -88,7 +88,7 @@ def _dummy_plan() -> PrivacyPlan:
 def test_a_request_naming_an_unregistered_method_is_refused() -> None:
     with pytest.raises(
         ValidationError,
-        match="Input should be 'dpsgd', 'expm_nf', 'expm', 'selection' or 'evaluation'",
+        match="Input should be 'dpsgd', 'expm_nf', 'expm', 'auto', 'selection' or 'evaluation'",
     ):
         _request("dummy")
 
