@@ -157,7 +157,9 @@ def client(settings: Settings, keys: Keys) -> Iterator[object]:
 
     from service.app import create_app
 
-    with TestClient(create_app(settings, run_sweeper=False), raise_server_exceptions=False) as c:
+    # warm=False: each test would pay the start-up warm-up (tests/unit/test_warm_up.py has it)
+    app = create_app(settings, run_sweeper=False, warm=False)
+    with TestClient(app, raise_server_exceptions=False) as c:
         yield c
 
 
