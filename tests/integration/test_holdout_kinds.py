@@ -13,6 +13,7 @@ both databases; what is new here is the worker's per-kind files."""
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import io
 from collections import Counter
@@ -42,6 +43,7 @@ from worker.data import (
     IMAGES_FILE,
     OBSERVATIONS_FILE,
     OUTCOMES_FILE,
+    WORKER_KINDS,
     dataset_dir,
     load_holdout,
     load_training_set,
@@ -232,7 +234,9 @@ def test_a_ten_class_image_release_is_evaluated_on_the_holdout_alone(
     assert [e["evaluation_job"] for e in trained_card["evaluations"]] == [evaluation]
 
 
-def test_holdout_refusals_for_images(client: Any, keys: Keys, settings: Any) -> None:
+def test_holdout_refusals_for_images(
+    client: Any, keys: Keys, settings: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     runner = CliRunner()
     args = ["datasets", "register", "digits", "--csv", str(DIGITS / "digits.npz")]
     args += ["--schema", str(DIGITS / "schema.yaml"), "--epsilon", "40", "--delta", "1e-4"]
@@ -246,6 +250,13 @@ def test_holdout_refusals_for_images(client: Any, keys: Keys, settings: Any) -> 
     r = runner.invoke(app, [*args, "--holdout-fraction", "0.0001"])
     assert r.exit_code == 1 and "refused: the holdout would have 0 rows" in r.output
     assert "it needs at least one" in r.output
+    # A kind whose worker entry keeps no holdout is refused.
+    entry = WORKER_KINDS["images"]
+    monkeypatch.setitem(WORKER_KINDS, "images", dataclasses.replace(entry, holdout=None))
+    r = runner.invoke(app, [*args, "--holdout-fraction", "0.2"])
+    assert r.exit_code == 1, r.output
+    assert "refused: images datasets cannot keep an evaluation holdout yet" in r.output
+    monkeypatch.setitem(WORKER_KINDS, "images", entry)
     assert _public_names(settings) == {"toy"}  # nothing registered
 
     # Without a holdout, an evaluation of an image release is a 422 that charges nothing.
