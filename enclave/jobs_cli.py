@@ -139,7 +139,9 @@ BodyFile = Annotated[
     ),
 ]
 DatasetOpt = Annotated[str | None, typer.Option(help="Dataset name.")]
-MethodOpt = Annotated[str | None, typer.Option(help="dpsgd, expm or expm_nf.")]
+MethodOpt = Annotated[
+    str | None, typer.Option(help="dpsgd, expm, expm_nf, or auto (the service chooses).")
+]
 EpsilonOpt = Annotated[float | None, typer.Option(help="ε of one release, in nats.")]
 DeltaOpt = Annotated[float | None, typer.Option(help="δ of one release (0 for pure methods).")]
 ModelOpt = Annotated[str | None, typer.Option(help="Model kind: logistic, mlp, grud.")]
@@ -181,10 +183,11 @@ def quote_table(quote: dict[str, Any]) -> Table:
     plan = quote["plan"]
     mech = plan["mechanism"]
     charged = quote.get("charged_epsilon")
+    choice = plan.get("method_choice")  # method 'auto': what it chose and why
     table = Table("", "", title="Quote (nothing charged)", show_header=False)
     rows = [
         ("dataset", plan["dataset"]),
-        ("method", plan["method"]),
+        ("method", plan["method"] + (f" (auto: {choice['reason']})" if choice else "")),
         ("model", str(plan["model"].get("kind"))),
         (
             "guarantee",

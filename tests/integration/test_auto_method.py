@@ -9,7 +9,9 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from rich.console import Console
 
+from enclave.jobs_cli import quote_table
 from service.config import Settings
 from tests.conftest import Keys, auth, bootstrap
 from worker.runner import Outcome, execute_job
@@ -37,6 +39,9 @@ def test_an_auto_job_runs_and_its_card_records_the_choice(
     choice = plan["method_choice"]
     assert (choice["requested"], choice["method"]) == ("auto", method)
     assert "n̂·ε/√B" in choice["reason"]
+    shown = Console(record=True, width=400)  # the CLI's quote (enclave jobs quote)
+    shown.print(quote_table(quote.json()))
+    assert f"{method} (auto: {choice['reason']})" in shown.export_text()
 
     r = client.post("/v1/jobs", json=body, headers=alice)
     assert r.status_code == 202, r.text
