@@ -401,3 +401,55 @@ def test_pow2_tensor_is_the_exact_power_of_two() -> None:
         torch.ones_like(e) << (-e).clamp(min=0)
     ).double()
     assert torch.equal(fp.pow2_tensor(e), shifted)  # the integer-shift construction
+
+
+def _awkward_rows(n: int, d: int, *, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Features beyond [0, 1], ±0, ±inf and NaN; labels 0/1 with a few NaN, ±inf and
+    non-binary values: every branch of the row validity and the column norms."""
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.rand(n, d, generator=gen) * 2.0 - 0.5
+    y = (torch.rand(n, generator=gen) > 0.5).float()
+    specials = torch.tensor([float("nan"), float("inf"), -float("inf"), -0.0, 0.0, 1.0])
+    picks = torch.randint(0, n * d, (max(1, n * d // 50),), generator=gen)
+    x.view(-1)[picks] = specials[torch.arange(picks.numel()) % specials.numel()]
+    odd = torch.tensor([float("nan"), 0.3, -2.0, 7.0, float("inf"), -float("inf")])
+    rows = torch.randint(0, n, (max(1, n // 40),), generator=gen)
+    y[rows] = odd[torch.arange(rows.numel()) % odd.numel()]
+    return x, y
+
+
+@pytest.mark.parametrize("d", [1, 24, 104])
+def test_logistic_fast_path_is_the_general_paths_bits(d: int) -> None:
+    """ExactNetClipper's numpy path for logistic regression (_logistic_sum) against the
+    general path through row_signals and contributions (_general_sum): the same int64 sums
+    for zero, small, large and float64 parameters, C ∈ {1, 0.05}, grids 2^20 and 2^12,
+    empty batches and batches of 1 to 3 chunks, on awkward rows; the same refusals."""
+    x, y = _awkward_rows(2100, d, seed=70 + d)
+    checked = 0
+    for std in (0.0, 0.3, 30.0):
+        for dtype in (torch.float32, torch.float64):
+            module = _model(LogisticSpec(), d, seed=71, std=std).to(dtype)
+            for clip, grid_bits in ((1.0, GRID_BITS), (0.05, GRID_BITS), (1.0, 12)):
+                exact = en.ExactNetClipper(
+                    module, grid_bits=grid_bits, max_grad_norm=clip, parameters=d + 1
+                )
+                assert exact._logistic
+                for n in (0, 1, 37, 1025, 2100):
+                    fast = exact(x[:n].to(dtype), y[:n])
+                    general = exact._general_sum(x[:n].to(dtype), y[:n], None)
+                    assert fast.dtype == torch.int64
+                    assert torch.equal(fast, general), (std, dtype, clip, grid_bits, n)
+                    checked += int(fast.abs().sum() > 0)
+    assert checked > 30  # the sums are not all zero
+    module = _model(LogisticSpec(), d, seed=72)
+    exact = en.ExactNetClipper(module, grid_bits=GRID_BITS, max_grad_norm=1.0, parameters=d + 1)
+    huge = torch.zeros(3)
+    huge[1] = 1e12  # |b| ≈ 2^60: beyond the column norm's exact range
+    for call in (exact, lambda a, b: exact._general_sum(a, b, None)):
+        with pytest.raises(PlanMismatch, match="exact engine's range"):
+            call(x[:3], huge)
+    with torch.no_grad():
+        module.linear.weight[0, 0] = float("nan")
+    for call in (exact, lambda a, b: exact._general_sum(a, b, None)):
+        with pytest.raises(PlanMismatch, match="not finite"):
+            call(x[:0], y[:0])

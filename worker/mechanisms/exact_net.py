@@ -64,8 +64,12 @@ Route (a) of the issue, exact fixed-point arithmetic through the network. Notati
   block in cache (fixed_point._BLOCK) with each element's operations unchanged; the
   norms of inputs known to be small (features ≤ 2^18, tanh activations ≤ 2^16) skip
   norm_sq_upper's per-row scaling, whose shift is then 0; scalings, roundings and masks
-  run in place. Each is argued where it is made; tests/unit/test_exact_net.py's golden
-  sha256 pins the sums to those of the code before (cb078aa).
+  run in place. Logistic regression (one layer, one logit, d + 1 ≤ 2^14) on the CPU takes
+  :meth:`ExactNetClipper._logistic_sum`: the same operations per element in numpy, whose
+  per-call cost suits a step's few hundred rows better than torch's, with fewer passes
+  where two routes give the same bits (each argued beside it). Each is argued where it is
+  made; tests/unit/test_exact_net.py's golden sha256 pins the sums to those of the code
+  before (cb078aa), and a test compares the logistic path with the general one.
 
 **Sensitivity.** With z_i the exact contribution of row i (batch-independent, ‖z_i‖ ≤ c_row)
 and S = round(Σ_i z_i) coordinatewise, adding one row x* changes each coordinate of the
@@ -85,10 +89,13 @@ import math
 from dataclasses import dataclass
 from typing import Final, Literal
 
+import numpy as np
+import numpy.typing as npt
 import torch
 
 from worker.mechanisms.base import PlanMismatch
 from worker.mechanisms.fixed_point import (
+    MAX_GRID_BITS,
     parameters_on_grid,
     pow2,
     pow2_tensor,
@@ -402,6 +409,12 @@ class ExactNetClipper:
         if _EXACT - cap_bits < 0:
             raise PlanMismatch("κ·2^k is too large for the exact engine")
         self.label = "dpsgd exact" if kappa == 1.0 else "dpsgd jl"
+        # a row's U_i·(1 + 2^-40) above fl(c_row²)·(1 − 2^-40) < c_row² fails the job
+        self._limit = self.row_cap * self.row_cap * (1.0 - 2.0**-40)
+        # Logistic regression whose input norms take _norm_sq_bounded's exact sum (d + 1 ≤
+        # 2^14; wider inputs take norm_sq_upper's coarser bound): :meth:`_logistic_sum`.
+        width = _half_bits(module.linear.weight.shape[1] + 1) if isinstance(module, Logistic) else 0
+        self._logistic = width >= FEATURE_BITS + 1
 
     def contributions(
         self,
@@ -460,6 +473,14 @@ class ExactNetClipper:
         the scaling by 2^-c and the floor are exact."""
         if x.shape[0] > ROW_LIMIT:
             raise PlanMismatch("a batch exceeded the exact engine's row limit")
+        if self._logistic and directions is None and x.device.type == "cpu":
+            return self._logistic_sum(x, y)
+        return self._general_sum(x, y, directions)
+
+    def _general_sum(
+        self, x: torch.Tensor, y: torch.Tensor, directions: torch.Tensor | None
+    ) -> torch.Tensor:
+        """__call__ through :meth:`contributions`, for every model and engine."""
         grids = layer_grids(self.module)
         bits = [g.in_bits for g in grids[0]]
         totals: list[list[torch.Tensor]] = []
@@ -488,6 +509,145 @@ class ExactNetClipper:
         if out.shape != (self.parameters,):
             raise PlanMismatch("the model's parameter count differs from the plan's")
         return out
+
+    def _logistic_sum(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """:meth:`_general_sum` for logistic regression (one Linear layer, one logit) on the
+        CPU, in numpy (a step's arrays are a few hundred rows, where torch's per-operation
+        overhead is most of the time): every element goes through the same IEEE operations
+        in the same order as :func:`row_signals` and :meth:`contributions`, so the int64 S
+        is the same (tests/unit/test_exact_net.py compares the two paths and pins the
+        golden sums). Where it takes a shorter route to the same bits, the comment says why
+        they are equal. Rows are processed in the same chunks, so a refusal (PlanMismatch,
+        GuardFailed) is raised by the same chunk."""
+        if not isinstance(self.module, Logistic):
+            raise PlanMismatch("the logistic path needs logistic regression")
+        wb, bits = _logistic_grid(self.module.linear)
+        rows = x.shape[0]
+        if rows == 0:
+            return torch.zeros(self.parameters, dtype=torch.int64)
+        features = x.detach().numpy()
+        labels = y.detach().numpy().astype(np.float64)
+        c = FEATURE_BITS
+        chunk_sums = [
+            self._logistic_chunk(features[start : start + self._chunk], labels[start:], wb, bits)
+            for start in range(0, rows, self._chunk)
+        ]
+        if len(chunk_sums) == 1:  # ⌊(t + 2^(c−1))·2^-c⌋, each step exact (__call__)
+            t = chunk_sums[0]
+            out = torch.from_numpy(np.floor((t + pow2(c - 1)) * pow2(-c)).astype(np.int64))
+        else:
+            out = _round_chunk_sums([torch.from_numpy(t) for t in chunk_sums], c)
+        if out.shape != (self.parameters,):
+            raise PlanMismatch("the model's parameter count differs from the plan's")
+        return out
+
+    def _logistic_chunk(
+        self,
+        features: npt.NDArray[np.floating],
+        labels: npt.NDArray[np.float64],
+        wb: npt.NDArray[np.float64],
+        bits: int,
+    ) -> npt.NDArray[np.float64]:
+        """One chunk's exact Σ_i V_i·[A_i, 2^18] (float64 integers, (d + 1,)) for
+        :meth:`_logistic_sum`; ``labels`` may run past the chunk (only its rows are read)."""
+        rows, d = features.shape
+        labels = labels[:rows]
+        c = FEATURE_BITS
+        # A = trunc(clamp(x, 0, 1)·2^18) with the column 2^18, in place: clamping in x's
+        # float32 and widening after is the value of widening first (both exact);
+        # clamp(u, 0, 1) = min(max(u, 0), 1) with NaN kept (torch and numpy alike); the
+        # product by 2^18 and the truncation are exact.
+        a = np.empty((rows, d + 1), dtype=np.float64)
+        body = a[:, :d]
+        np.maximum(features, 0.0, out=body)
+        np.minimum(body, 1.0, out=body)
+        np.multiply(body, pow2(c), out=body)
+        np.trunc(body, out=body)
+        a[:, d] = pow2(c)
+        # ‖[A, 2^18]‖², an exact integer sum (≤ 106·2^36 < 2^52: (ii)) as _norm_sq_bounded.
+        # clamp maps ±inf into [0, 1], so a row's only non-finite value is NaN, and its
+        # squared norm is NaN exactly when one of its entries is (the others are bounded):
+        # finite(a2) is row_signals' isfinite(A).all(1).
+        a2 = np.einsum("ij,ij->i", a, a)
+        valid = np.isfinite(a2)
+        valid &= np.isfinite(labels)
+        invalid = None if valid.all() else ~valid
+        if invalid is not None:  # masked_fill(invalid, 0): zero rows, zero norms
+            a[invalid] = 0.0
+            a2[invalid] = 0.0
+        # Z = [A, 2^18]·[W_int, b_int]: integers, partial sums ≤ 2^52, exact in any order.
+        logit = a @ wb
+        logit *= pow2(-(c + bits))
+        b = sigmoid_basic(torch.from_numpy(logit)).numpy()
+        b -= labels  # b = round((σ̃ − y)·2^20), torch.round and rint: half to even
+        b *= pow2(GRAD_BITS)
+        np.rint(b, out=b)
+        if invalid is not None:
+            b[invalid] = 0.0
+        # contributions(): n² = b2·a2·2^-2(20+c) and r² = a2·(¼·1)·2^-2c (0 + u = u for
+        # u ≥ 0); a2·¼·2^-36 = a2·2^-38, both scalings exact (a2 = 0 or a2 ≥ 2^36).
+        norm = _column_norm_sq(b)
+        norm *= a2
+        norm *= pow2(-2 * (GRAD_BITS + c))
+        np.sqrt(norm, out=norm)
+        norm *= _UP
+        slack = a2 * pow2(-2 - 2 * c)
+        np.sqrt(slack, out=slack)
+        slack *= _UP
+        # w = clamp((t − slack)/norm, 0, units) = min(max(·, 0), units), NaN kept by both
+        w = np.subtract(self._target, slack, out=slack)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            w /= norm
+        np.maximum(w, 0.0, out=w)
+        np.minimum(w, self._units, out=w)
+        if invalid is not None:  # where(valid, w, 0)
+            w[invalid] = 0.0
+        v = np.multiply(b, w, out=w)  # V = round(b·w·2^-20)
+        v *= pow2(-GRAD_BITS)
+        np.rint(v, out=v)
+        total = _column_norm_sq(v)
+        total *= a2
+        total *= pow2(-2 * c)
+        total *= _UP
+        if bool((total > self._limit).any()):
+            raise GuardFailed(f"{self.label}: a row's contribution exceeds its bound")
+        return v @ a  # exact integer products and sums (ii)
+
+
+def _logistic_grid(layer: torch.nn.Linear) -> tuple[npt.NDArray[np.float64], int]:
+    """[W_int, b_int] as one float64 vector (d + 1,) and the grid's b for logistic
+    regression: :func:`layer_grids`' one layer (in_bits 2^-18, no activation range) and
+    :func:`~worker.mechanisms.fixed_point.parameters_on_grid`'s operations (widening,
+    |·|, max, frexp, ×2^b, round half to even), in numpy."""
+    d = layer.weight.shape[1]
+    room = _EXACT - (FEATURE_BITS + _ceil_log2(d + 1))
+    weight = layer.weight.detach().numpy().reshape(-1)
+    bias = layer.bias.detach().numpy() if layer.bias is not None else np.zeros(1)
+    theta = np.concatenate((weight, bias), dtype=np.float64)  # widening: exact
+    largest = float(np.abs(theta).max())
+    if not math.isfinite(largest):
+        raise PlanMismatch("the model's parameters are not finite")
+    exponent = math.frexp(largest)[1] if largest > 0 else -MAX_GRID_BITS
+    bits = min(room - exponent, MAX_GRID_BITS)
+    theta *= pow2(bits)
+    return np.rint(theta, out=theta), bits
+
+
+def _column_norm_sq(v: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
+    """:func:`norm_sq_upper` of one column (rows, 1) of grid values, in numpy: h = 26,
+    s = max(0, e − 26) per row (frexp's e: |v| < 2^e), q = ⌈|v|·2^-s⌉, U = q²·4^s (q² ≤ 2^52,
+    exact). When every |v| < 2^26, every s is 0, q = |v| (an integer) and U = v·v, the same
+    bits (a NaN or ±inf has frexp exponent 0: s = 0 and U = v·v too, but a NaN hides the
+    other values' maximum, so a NaN or any |v| ≥ 2^26 takes the general branch)."""
+    magnitude = np.abs(v)
+    if not v.shape[0] or magnitude.max() < pow2(_half_bits(1)):
+        return v * v
+    _, exponent = np.frexp(magnitude)
+    shift = np.maximum(exponent.astype(np.int64) - _half_bits(1), 0)
+    if int(shift.max()) > 31:  # 4^s must stay an exact int64 shift
+        raise PlanMismatch("a value exceeded the exact engine's range")
+    q = np.ceil(np.ldexp(magnitude, -shift))
+    return np.ldexp(q * q, 2 * shift)
 
 
 def _round_chunk_sums(chunks: list[torch.Tensor], c: int) -> torch.Tensor:
