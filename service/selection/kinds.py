@@ -3,6 +3,10 @@ given kind, and the calibration of the per-training ε to a whole-workflow budge
 
 from __future__ import annotations
 
+import hashlib
+import json
+import threading
+from collections import OrderedDict
 from typing import Any, Literal
 
 from pydantic import ValidationError
@@ -44,32 +48,47 @@ def with_total_epsilon(
     Raises PlanError if no calibratable per-training ε fits.
 
     Cost: ~44 whole plans (each calibrates σ per privacy setting), most of a selection
-    quote's time (benchmarks/results/quote_latency.md). A faster search (a secant needs
-    7–13) would resolve a different per-training ε, hence other plans: the workflow ε is
-    not monotone at the 0.1 % scale of σ's calibration tolerance, so the steps cannot be
-    predicted either; tests/unit/test_plan_digests.py holds the resolved plans fixed."""
+    quote's time (benchmarks/results/quote_latency.md), less the steps an earlier request
+    with the same planning inputs already planned (:data:`_COSTS`: all of them for a
+    repeat; the first ~10–15 for one that differs by ~0.5 % in its workflow ε). A faster
+    search (a secant needs 7–13) would resolve a different per-training ε, hence other
+    plans: the workflow ε is not monotone at the 0.1 % scale of σ's calibration
+    tolerance, so the steps cannot be predicted either; tests/unit/test_plan_digests.py
+    holds the resolved plans fixed."""
     if request.budget is None:
         raise PlanError("this request has no per-training budget to calibrate")
     kind = next(k for k, model in REQUEST_MODELS.items() if isinstance(request, model))
     start = request.budget
     refusals: list[PlanError] = []
+    inputs = _planning_inputs(request, delta, dataset, n_rows, n_features, schema)
 
     def cost(t: float) -> float | None:
-        """Whole-workflow ε with per-training ε = t; None if t cannot be calibrated."""
+        """:func:`_plan_cost` at t, from the process's memo when these exact inputs were
+        planned before (a pure function: the memo returns what planning would)."""
+        known = _COSTS.get((inputs, t))
+        if known is None:
+            try:
+                known = _plan_cost(t)
+            except PlanError as exc:
+                known = exc
+            _COSTS.put((inputs, t), known)
+        if isinstance(known, PlanError):
+            refusals.append(known)
+            return None
+        return known
+
+    def _plan_cost(t: float) -> float:
+        """Whole-workflow ε with per-training ε = t (PlanError: t cannot be calibrated)."""
         budget = start.model_copy(update={"training_epsilon": t})
         candidate = request.model_copy(update={"budget": budget})
-        try:
-            plan = plan_selection(
-                kind,  # type: ignore[arg-type]
-                candidate,
-                dataset=dataset,
-                n_rows=n_rows,
-                n_features=n_features,
-                schema=schema,
-            )
-        except PlanError as exc:
-            refusals.append(exc)
-            return None
+        plan = plan_selection(
+            kind,  # type: ignore[arg-type]
+            candidate,
+            dataset=dataset,
+            n_rows=n_rows,
+            n_features=n_features,
+            schema=schema,
+        )
         return workflow_epsilon(plan, delta=delta)
 
     # Very small t cannot be calibrated (σ would exceed its cap): start at the smallest
@@ -89,6 +108,70 @@ def with_total_epsilon(
         c = cost(mid)
         lo, hi = (mid, hi) if c is not None and c <= epsilon else (lo, mid)
     return request.model_copy(update={"budget": start.model_copy(update={"training_epsilon": lo})})
+
+
+def _planning_inputs(
+    request: SelectionRequest,
+    delta: float,
+    dataset: str,
+    n_rows: int,
+    n_features: int,
+    schema: TabularSchema | dict[str, Any] | None,
+) -> bytes:
+    """sha256 of everything :func:`with_total_epsilon`'s cost reads but the per-training ε
+    (the kind's request with that ε set to 1, δ, the dataset's public facts): two requests
+    with the same digest plan identically at every t. JSON of pydantic models and floats
+    by repr (shortest round trip): distinct values, distinct texts."""
+    assert request.budget is not None
+    budget = request.budget.model_copy(update={"training_epsilon": 1.0})
+    fields = [
+        type(request).__name__,
+        request.model_copy(update={"budget": budget}).model_dump_json(),
+        repr(float(delta)),
+        dataset,
+        repr(n_rows),
+        repr(n_features),
+        (
+            schema.model_dump_json()
+            if isinstance(schema, TabularSchema)
+            else json.dumps(schema, sort_keys=True, allow_nan=True)
+        ),
+    ]
+    return hashlib.sha256(json.dumps(fields).encode()).digest()
+
+
+class _Memo:
+    """A bounded LRU map shared by the API's threads (the planning slots run in parallel)."""
+
+    def __init__(self, size: int) -> None:
+        self._size = size
+        self._items: OrderedDict[tuple[bytes, float], float | PlanError] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: tuple[bytes, float]) -> float | PlanError | None:
+        with self._lock:
+            value = self._items.get(key)
+            if value is not None:
+                self._items.move_to_end(key)
+            return value
+
+    def put(self, key: tuple[bytes, float], value: float | PlanError) -> None:
+        with self._lock:
+            self._items[key] = value
+            self._items.move_to_end(key)
+            while len(self._items) > self._size:
+                self._items.popitem(last=False)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._items.clear()
+
+
+_COSTS = _Memo(16_384)
+"""Whole-workflow ε (or the refusal) per (planning inputs, per-training ε): a quote that
+differs from an earlier one only in its workflow ε walks the same bisection until the two
+targets part (and a repeated quote walks it all), so those steps are read, not planned.
+About 44 entries per distinct request; at most a few MB."""
 
 
 # ------------------------------------------------------------------ kind adapter
