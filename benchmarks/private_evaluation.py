@@ -5,7 +5,9 @@ simulated holdouts, and the ε an empirical distinguisher shows against the char
 
 Population: the discrete one of tests/unit/test_private_evaluation.py (five score levels,
 binary labels), so every population metric is an exact sum. Holdout n = 300, nominal
-level 0.90, all four scalar metrics in one plan (equal shares of ε, δ = 1e-6). The
+level 0.90, all four scalar metrics in one plan (equal shares of ε, δ = 1e-6). Accuracy
+also gets its exact coverage (the law of the released count summed, no simulation) and,
+as the anchor, the union-bound interval it replaced (issue 21) on the same releases. The
 distinguishers are the unit tests' (accuracy: ε = 1, n = 50; AUC: ε = 2, n = 400, one
 positive moved across all negatives), with more runs.
 """
@@ -20,13 +22,16 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from service.privacy.audit import threshold_bound
-from service.privacy.evaluation import NoiseKind, plan_evaluation
+from service.privacy.audit import clopper_pearson_lower, clopper_pearson_upper, threshold_bound
+from service.privacy.evaluation import NoiseKind, noise_tail, plan_evaluation
+from service.privacy.evaluation_intervals import Interval
 from tests.unit.test_private_evaluation import (
     _draw_binary,
     _inside,
+    _Intervals,
     _population_binary,
     _releases,
+    _scalar_plan,
 )
 from worker.mechanisms.evaluation import (
     auc_exact,
@@ -38,25 +43,38 @@ from worker.mechanisms.evaluation import (
 METRICS = ("accuracy", "auc", "log_loss", "calibration_error")
 
 
+def union_bound_interval(noisy: int, n: int, noise: NoiseKind, scale: float) -> Interval:
+    """The accuracy interval before issue 21 (commit cb1bb3b), the anchor: the noise's
+    quantile t at α/2 and a Clopper–Pearson interval at α/2 evaluated at C̃ ∓ t."""
+    a = 0.05
+    t = noise_tail(noise=noise, scale=scale, probability=a)
+    lo_c, hi_c = min(max(noisy - t, 0), n), min(max(noisy + t, 0), n)
+    lo = clopper_pearson_lower(successes=lo_c, trials=n, alpha=a / 2) if lo_c > 0 else 0.0
+    hi = clopper_pearson_upper(successes=hi_c, trials=n, alpha=a / 2) if hi_c < n else 1.0
+    return Interval(lo, hi, 0.9)
+
+
 def coverage(runs: int) -> None:
     truth = _population_binary(1e-4, 10)
-    print("| noise | ε | " + " | ".join(f"{m}: coverage, mean width" for m in METRICS) + " |")
-    print("|---|---:|" + "---:|" * len(METRICS))
+    print(
+        "| noise | ε | accuracy: exact coverage, exact mean width | "
+        "accuracy before (union bound): coverage, mean width | width ratio after/before | "
+        + " | ".join(f"{m}: coverage, mean width" for m in METRICS)
+        + " |"
+    )
+    print("|---|---:|---:|---:|---:|" + "---:|" * len(METRICS))
     noises: tuple[NoiseKind, ...] = ("laplace", "gaussian")
     for noise in noises:
         for eps in (0.5, 1.0, 4.0):
-            plan = plan_evaluation(
-                metrics=list(METRICS),  # type: ignore[arg-type]
-                n=300,
-                classes=2,
-                epsilon=eps,
-                delta=1e-6,
-                noise=noise,
-                confidence=0.9,
+            plan = _scalar_plan(noise, eps)
+            scale = plan.metric("accuracy").scale
+            exact, exact_width = _Intervals(plan.n, noise, scale, 0.9).exact_coverage(
+                truth["accuracy"]
             )
             rng = np.random.default_rng(5)
             cov = dict.fromkeys(METRICS, 0)
             width = dict.fromkeys(METRICS, 0.0)
+            old_cov, old_width = 0, 0.0
             for _ in range(runs):
                 p, y = _draw_binary(rng, plan.n)
                 r = evaluate(plan=plan, probabilities=p, labels=y)
@@ -64,8 +82,16 @@ def coverage(runs: int) -> None:
                     iv = getattr(r, m).interval
                     cov[m] += _inside(truth[m], iv)
                     width[m] += iv.upper - iv.lower
+                assert r.accuracy is not None
+                old = union_bound_interval(round(r.accuracy.value * plan.n), plan.n, noise, scale)
+                old_cov += _inside(truth["accuracy"], old)
+                old_width += old.upper - old.lower
             cells = " | ".join(f"{cov[m] / runs:.3f}, {width[m] / runs:.3f}" for m in METRICS)
-            print(f"| {noise} | {eps:g} | {cells} |")
+            print(
+                f"| {noise} | {eps:g} | {exact:.4f}, {exact_width:.3f} | "
+                f"{old_cov / runs:.3f}, {old_width / runs:.3f} | "
+                f"{width['accuracy'] / old_width:.2f} | {cells} |"
+            )
 
 
 def audits(runs: int) -> None:

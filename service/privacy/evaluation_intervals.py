@@ -8,13 +8,17 @@ Each metric's interval is pointwise (not simultaneous across metrics or cells).
 * :func:`proportion_interval` (accuracy, confusion cells) inverts the exact law of the
   released count (binomial plus the known integer noise): sampling and noise are treated
   together, and the coverage is the level up to the count's discreteness.
-* :func:`bounded_mean_interval`, :func:`calibration_error_interval`, :func:`auc_interval`
-  are still a union bound over the noise exceeding its (1 − α_n) quantile t (so the
-  noiseless statistic lies within t of the released one) and a sampling bound at level
-  α_s that is monotone in the statistic (so widening by t keeps it valid), α split
-  equally between the events (three for AUC, which also bounds its private class
-  counts). Their sampling bounds hold for any population of the given range
-  (Hoeffding, McDiarmid), so they are valid but conservative.
+* :func:`bounded_mean_interval` (log loss) inverts a bound on the tail of the released sum
+  that also treats sampling and noise together: the row sum is replaced by its worst case
+  in the convex order (a binomial on the range's two ends), so it holds for any
+  population and is conservative for a spread-out one such as log losses.
+* :func:`calibration_error_interval`, :func:`auc_interval` are still a union bound over
+  the noise exceeding its (1 − α_n) quantile t (so the noiseless statistic lies within t
+  of the released one) and a sampling bound at level α_s that is monotone in the
+  statistic (so widening by t keeps it valid), α split equally between the events (three
+  for AUC, which also bounds its private class counts); their sampling bounds (McDiarmid)
+  and the calibration error's bias bound hold for any population, so they are valid but
+  conservative.
 """
 
 from __future__ import annotations
@@ -68,12 +72,12 @@ def _split_alpha(confidence: float, parts: int) -> float:
 # < 1e-20, and scipy's bdtr and ndtr are *assumed* accurate to 1e-13 relative (an
 # assumption, not a proof; weights summing to ≤ 1 keep the total below 1e-11).
 _TAIL_ERROR: Final[float] = 1e-11
-# Noise values beyond ±J are dropped, J the smallest with P(|N| > J) < 1e-20: discrete
-# Laplace 2r^{J+1}/(1 + r) ≤ 2e^{−(J+1)/b} < 1e-20 for J ≥ 46.1·b; rounded Gaussian
-# P(|σZ| ≥ J + ½) < 1e-20 for (J + ½)/σ ≥ 9.3 (erfc(9.3/√2) ≈ 1.4e-20·… < 1e-19; margin
-# below in the error allowance).
-_LAPLACE_WINDOW: Final[float] = 46.1
-_GAUSSIAN_WINDOW: Final[float] = 9.3
+# Noise values beyond ±J are dropped, J with P(|N| > J) < 1e-20: discrete Laplace
+# 2r^{J+1}/(1 + r) ≤ 2e^{−(J+1)/b} < 1e-20 for J ≥ 46.8·b (ln(2e20) = 46.74); rounded
+# Gaussian P(|N| > J) = P(|σZ| ≥ J + ½) = 2Φ(−(J + ½)/σ) < 1e-20 for J ≥ 9.4σ
+# (2Φ(−9.4) = 5.5e-21).
+_LAPLACE_WINDOW: Final[float] = 46.8
+_GAUSSIAN_WINDOW: Final[float] = 9.4
 
 
 def _noise_cdf(noise: NoiseKind, scale: float, k: FloatArray) -> FloatArray:
@@ -139,12 +143,12 @@ def proportion_interval(
 
     X is stochastically increasing in π (C is, and N is independent of C), so
     P_π(X ≤ x) decreases in π and the upper end π_U(x) = sup{π : P_π(X ≤ x) ≥ α/2} misses
-    with probability ≤ α/2 (the tail-inversion theorem, Casella & Berger 2002, Thm 9.2.12);
+    with probability ≤ α/2 (pivoting a discrete cdf, Casella & Berger 2002, §9.2.3);
     N is symmetric, so n − X = (n − C) + (−N) has the same form with 1 − π and the lower end
     is 1 − π_U(n − x). Together they cover π with probability ≥ 1 − α for every π; the
-    release's discreteness is the only slack. The same construction for a noisy binomial
-    count is Awan & Slavković 2018 ("Differentially private uniformly most powerful tests
-    for binomial data", NeurIPS), who invert the tests of X = C + N for the Tulap law.
+    release's discreteness is the only slack. Awan & Slavković 2018 ("Differentially
+    private uniformly most powerful tests for binomial data", NeurIPS) likewise test and
+    bound π from the law of a binomial count plus its (Tulap) noise.
 
     Numerics: P_π(X ≤ x) is an exact sum (:func:`_upper_limit`) computed in float64;
     each end is solved at α/2·(1 − 1e-6) − 1e-11 (``_TAIL_ERROR``) and put on the outer side
@@ -164,34 +168,104 @@ def proportion_interval(
     return Interval(max(0.0, lower), upper, confidence)
 
 
-def _kl_bernoulli(a: float, b: float) -> float:
-    """kl(a‖b) = a ln(a/b) + (1 − a) ln((1 − a)/(1 − b)) for a ∈ [0, 1], b ∈ (0, 1)."""
-    out = 0.0
-    if a > 0.0:
-        out += a * math.log(a / b)
-    if a < 1.0:
-        out += (1.0 - a) * math.log((1.0 - a) / (1.0 - b))
-    return out
+def _excess_over(noise: NoiseKind, scale: float, a: FloatArray) -> FloatArray:
+    """An upper bound on E(N − a)_+ for the worker's noise N at real thresholds a.
+
+    Discrete Laplace (exact): for a ≥ 0, with m = ⌊a⌋ + 1 the first integer above a and
+    C = (1 − r)/(1 + r), Σ_{k≥m}(k − a)·C r^k = C r^m((m − a)/(1 − r) + r/(1 − r)²) (the
+    geometric series and Σ_j j r^j = r/(1 − r)²); for a < 0, E(N − a)_+ = −a + E(N + a)_+
+    since (x)_+ = x + (−x)_+, E N = 0 and −N has the law of N.
+    Rounded Gaussian N = ⌊σZ + ½⌋ ≤ σZ + ½, so (N − a)_+ ≤ (σZ − a')_+ with a' = a − ½, and
+    E(σZ − a')_+ = σφ(a'/σ) − a'Φ(−a'/σ) (the normal's partial expectation).
+    """
+    if noise == "laplace":
+        r = math.exp(-1.0 / scale)
+        one_minus_r = -math.expm1(-1.0 / scale)
+        c = one_minus_r / (1.0 + r)
+        pos = np.abs(a)
+        m = np.floor(pos) + 1.0
+        right = c * np.exp(-m / scale) * ((m - pos) / one_minus_r + r / one_minus_r**2)
+        return np.asarray(np.where(a >= 0, right, pos + right), dtype=np.float64)
+    z = (a - 0.5) / scale
+    out = scale * (np.exp(-0.5 * z * z) / math.sqrt(2.0 * math.pi) - z * special.ndtr(-z))
+    return np.asarray(np.maximum(out, 0.0), dtype=np.float64)
 
 
-def _kl_bound(x: float, level: float, *, upper: bool) -> float:
-    """The q beyond x (above if ``upper``) where kl(x‖q) reaches ``level``, by bisection:
-    the end of Hoeffding's KL interval for a mean of [0, 1] values. Bisection stops on an
-    interval of 1e-12, returned on the outer side."""
-    x = min(max(x, 0.0), 1.0)
-    lo, hi = (x, 1.0) if upper else (0.0, x)
-    if upper and (x >= 1.0 or _kl_bernoulli(x, 1.0 - 1e-15) <= level):
-        return 1.0
-    if not upper and (x <= 0.0 or _kl_bernoulli(x, 1e-15) <= level):
+def _binomial_pmf(c: FloatArray, n: int, p: float) -> FloatArray:
+    """Bin(c; n, p) from log-gamma (0 < p < 1; p = 0 or 1 exactly): each log term is within a
+    few ulp of its magnitude ≤ n·ln(n) + n, so for n ≤ 10⁷ the pmf is within 1e-7 relative,
+    which the relative margin 1e-6 of the targets absorbs."""
+    if p <= 0.0 or p >= 1.0:
+        return np.asarray(c == (0.0 if p <= 0.0 else float(n)), dtype=np.float64)
+    log_pmf = (
+        special.gammaln(n + 1.0)
+        - special.gammaln(c + 1.0)
+        - special.gammaln(n - c + 1.0)
+        + c * math.log(p)
+        + (n - c) * math.log1p(-p)
+    )
+    return np.asarray(np.exp(log_pmf), dtype=np.float64)
+
+
+def _mean_lower(s: int, n: int, top: int, noise: NoiseKind, scale: float, tail: float) -> float:
+    """A μ excluded from below, the largest found: a μ with a v < s such that
+    E(top·Bin(n, μ) + N − v)_+/(s − v) ≤ ``tail`` less the error allowance (0 if μ = 0 is
+    not excluded). That ratio bounds P_μ(S + N ≥ s) from above for any sum S of n
+    independent values in [0, ``top``] of mean top·μ (:func:`bounded_mean_interval`) and,
+    for a fixed v, increases with μ, so the v found at the returned μ excludes every
+    smaller μ as well. The binomial is summed over a window |c − nμ| ≤ 10 + 8√(nμ(1 − μ))
+    and each side outside it is charged its mass times its largest term (the terms increase
+    with c, so that is the window's edge below it and c = n above it): any window gives a
+    valid bound, this one a tight one. Found to about 1e-8 in μ."""
+    target = tail * (1.0 - 1e-6) - _TAIL_ERROR
+    spread_noise = 2.0 * scale * scale if noise == "laplace" else scale * scale + 0.25
+
+    def span_of(mu: float) -> float:
+        return 10.0 * math.sqrt(top * top * n * mu * (1.0 - mu) + spread_noise) + 1.0
+
+    def certified(mu: float) -> float:
+        half = 10.0 + 8.0 * math.sqrt(n * mu * (1.0 - mu))
+        lo = max(0, math.floor(n * mu - half))
+        hi = min(n, math.ceil(n * mu + half))
+        c = np.arange(lo, hi + 1, dtype=np.float64)
+        weights = _binomial_pmf(c, n, mu)
+        below = float(special.bdtr(lo - 1, n, mu)) if lo > 0 else 0.0
+        above = float(special.bdtrc(hi, n, mu)) if hi < n else 0.0
+        span = abs(s - top * n * mu) + span_of(mu)
+
+        def bound(d: FloatArray) -> FloatArray:
+            v = float(s) - d[:, None]
+            inside = _excess_over(noise, scale, v - top * c) @ weights
+            edge = np.array([top * (lo - 1.0), top * float(n)])
+            ends = _excess_over(noise, scale, v - edge)
+            return np.asarray((inside + ends @ np.array([below, above])) / d, dtype=np.float64)
+
+        # Any d = s − v > 0 gives a valid bound: a log grid over (1e-9, 1]·span, then a finer
+        # one around its best point.
+        coarse = span * np.logspace(-9.0, 0.0, 25)
+        values = bound(coarse)
+        k = int(np.argmin(values))
+        fine = coarse[max(k - 1, 0)] * np.logspace(0.0, 0.75, 16)
+        return float(min(values.min(), bound(fine).min()))
+
+    if certified(0.0) > target:
         return 0.0
-    while hi - lo > 1e-12:
-        mid = 0.5 * (lo + hi)
-        inside = _kl_bernoulli(x, mid) <= level
-        if inside == upper:
-            lo = mid
-        else:
-            hi = mid
-    return hi if upper else lo
+    if certified(1.0) <= target:
+        return 1.0
+    # Bracket near the released mean (the root lies below it), else the whole of [0, 1].
+    guess = min(max(s / (n * top), 0.0), 1.0)
+    a, b = 0.0, 1.0
+    if certified(guess) > target:
+        b = guess
+        floor = max(guess - 3.0 * (span_of(guess) / (n * top)), 0.0)
+        if floor > 0.0 and certified(floor) <= target:
+            a = floor
+    root = float(optimize.brentq(lambda mu: certified(mu) - target, a, b, xtol=1e-8))
+    step = 1e-9
+    while root > 0.0 and certified(root) > target:
+        root -= step
+        step *= 2.0
+    return max(root, 0.0)
 
 
 def bounded_mean_interval(
@@ -205,25 +279,36 @@ def bounded_mean_interval(
     confidence: float,
 ) -> Interval:
     """Interval for the population mean μ of a per-row value in [0, ``width``] released as
-    a noisy integer sum (grid ``unit`` per integer; the clipped log loss).
+    a noisy integer sum (grid ``unit`` per integer, G = width/unit grid points; the clipped
+    log loss): sampling and noise bounded together, each side at α/2.
 
-    Sampling: Hoeffding 1963, Thm 1 (the Kullback–Leibler form, which is the binomial
-    Chernoff bound and holds for any values in [0, 1]): P(X̄ − μ ≥ s) ≤ exp(−n·kl(μ + s‖μ))
-    and the mirror inequality, so with each side at α/4 the set of μ with
-    n·kl(x̄‖μ/width) ≤ ln(4/α) covers μ; its ends increase with x̄. Much tighter than the
-    range-only Hoeffding bound when μ is small against ``width`` (log loss ≈ 0.5 against
-    −ln p_min ≈ 9.2). Noise: x̄ lies within t·unit/n of the released mean (t at α/2).
+    Sampling, for any population of the range: every value q ∈ [0, G] of mean Gm lies
+    below G·Bernoulli(m) in the convex order (f(q) ≤ (1 − q/G)f(0) + (q/G)f(G) for convex
+    f), and applying this to one row at a time (E f(x + rest) is convex in x) gives
+    E f(S) ≤ E f(G·Bin(n, m)) for the row sum S: Hoeffding 1963, Thm 3 and §4; the tail
+    bound below is Bentkus 2004 ("On Hoeffding's inequalities", Ann. Probab. 32, 1650–1673),
+    P(S ≥ s) ≤ inf_v E(S − v)_+/(s − v), with the DP noise N added inside (it is
+    independent of the rows, so the convex-order step holds conditionally on it):
+    P_m(S + N ≥ s) ≤ inf_{v<s} E(G·Bin(n, m) + N − v)_+/(s − v), E(·)_+ of the noise in
+    closed form (:func:`_excess_over`). m is excluded from below when this is ≤ α/2 at the
+    released s (:func:`_mean_lower`), and from above by the mirror image (values G − q,
+    noise −N ~ N). The bound is exact for two-point rows and conservative otherwise (log
+    losses are spread inside [0, L], far from two points), so coverage exceeds the level.
     Grid: each row is rounded to the grid before the sum, which moves μ by ≤ unit/2.
     """
     n = count_at_least("trials", trials, low=1)
     w = positive_number("width", width)
-    a = _split_alpha(confidence, 2)
-    t = noise_tail(noise=noise, scale=scale, probability=a)
-    level = math.log(4.0 / a) / n
-    low_mean = (noisy_sum - t) * unit / n
-    high_mean = (noisy_sum + t) * unit / n
-    lower = w * _kl_bound(low_mean / w, level, upper=False) - unit / 2.0
-    upper = w * _kl_bound(high_mean / w, level, upper=True) + unit / 2.0
+    s = positive_number("scale", scale)
+    top = round(w / positive_number("unit", unit))
+    if top < 1:
+        raise ValueError(f"width {width!r} must span at least one unit {unit!r}")
+    tail = (1.0 - confidence) / 2.0
+    if tail <= 1e-10:
+        return Interval(0.0, w, confidence)
+    low_m = _mean_lower(int(noisy_sum), n, top, noise, s, tail)
+    high_m = 1.0 - _mean_lower(n * top - int(noisy_sum), n, top, noise, s, tail)
+    lower = w * min(low_m, high_m) - unit / 2.0
+    upper = w * high_m + unit / 2.0
     return Interval(max(0.0, lower), min(w, upper), confidence)
 
 
