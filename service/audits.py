@@ -20,11 +20,11 @@ from __future__ import annotations
 import math
 import uuid
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Float, ForeignKey, Index, String, func, select, update
+from sqlalchemy import Float, ForeignKey, Index, String, and_, func, or_, select, update
 from sqlalchemy.orm import Mapped, Session, mapped_column
 
 from service.jobs import as_utc
@@ -223,13 +223,18 @@ def create_audit(s: Session, body: AuditRequest, *, requested_by: int) -> Audit:
     return audit
 
 
-def claim_audit(s: Session, audit_id: str) -> AuditRequest | None:
+def claim_audit(s: Session, audit_id: str, *, time_limit_s: float) -> AuditRequest | None:
     """Mark a queued audit running (compare-and-set: a duplicate message finds it taken
-    and gets None, as does an unknown id)."""
+    and gets None, as does an unknown id). A running audit started more than
+    ``time_limit_s`` ago (the workers' task time limit) is taken again: its run is over,
+    its worker died (the message comes back to a worker after that, late acks)."""
+    now = datetime.now(UTC)
+    stale = now - timedelta(seconds=time_limit_s)
+    takeable = or_(
+        Audit.status == "queued", and_(Audit.status == "running", Audit.started_at < stale)
+    )
     taken = s.execute(
-        update(Audit)
-        .where(Audit.id == audit_id, Audit.status == "queued")
-        .values(status="running", started_at=datetime.now(UTC))
+        update(Audit).where(Audit.id == audit_id, takeable).values(status="running", started_at=now)
     )
     if taken.rowcount != 1:  # type: ignore[attr-defined]
         return None

@@ -33,7 +33,7 @@ def execute_audit(audit_id: str, settings: Settings | None = None) -> AuditOutco
     settings = settings or get_settings()
     engine = engine_for(settings.resolved_database_url)
     with transaction(engine) as s:
-        request = claim_audit(s, audit_id)
+        request = claim_audit(s, audit_id, time_limit_s=settings.job_time_limit_s)
     if request is None:
         log.info("audit %s: not queued (unknown, or taken); skipped", audit_id)
         return AuditOutcome.skipped

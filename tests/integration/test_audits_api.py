@@ -8,10 +8,11 @@ not a value of the bound."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from sqlalchemy import inspect, select
+from sqlalchemy import inspect, select, update
 
 from service.audits import PUBLIC_DATASETS, Audit
 from service.db import engine_for, transaction
@@ -117,6 +118,30 @@ def test_a_small_audit_runs_end_to_end(client: Any, keys: Any, settings: Any) ->
 
     listed = client.get("/v1/admin/audits", headers=auth(keys.admin)).json()
     assert [a["id"] for a in listed] == [queued["id"]]
+
+
+def test_a_running_audit_is_taken_again_only_after_the_time_limit(
+    client: Any, keys: Any, settings: Any
+) -> None:
+    """A worker that died mid-audit leaves it running; the message, back after the late
+    ack, runs it again only once the task time limit has passed since it started."""
+    audit_id = _post(client, keys.admin).json()["id"]
+    engine = engine_for(settings.resolved_database_url)
+    started = datetime.now(UTC) - timedelta(seconds=settings.job_time_limit_s - 60)
+    with transaction(engine) as s:
+        s.execute(
+            update(Audit).where(Audit.id == audit_id).values(status="running", started_at=started)
+        )
+    assert execute_audit(audit_id, settings) == AuditOutcome.skipped  # may still be running
+    with transaction(engine) as s:
+        s.execute(
+            update(Audit)
+            .where(Audit.id == audit_id)
+            .values(started_at=started - timedelta(seconds=120))
+        )
+    assert execute_audit(audit_id, settings) == AuditOutcome.done
+    done = client.get(f"/v1/admin/audits/{audit_id}", headers=auth(keys.admin)).json()
+    assert done["status"] == "done" and done["result"]["canaries"] == 20
 
 
 def test_the_public_facts_are_what_the_worker_reads() -> None:

@@ -1,0 +1,52 @@
+"""A privacy audit through the deployed processes (issue 22): the API stores and sends it,
+a real Celery worker takes the ``enclave.run_audit`` message and runs a small audit on
+public Adult, and the ledger is untouched: nothing is charged to any budget."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+from sqlalchemy import func, select
+
+from service.config import Settings
+from service.db import engine_for, transaction
+from service.ledger.tables import Dataset, LedgerEntry
+from tests.e2e.stack import GENEROUS_S, check_ledger, running_stack
+
+
+def _ledger(settings: Settings) -> tuple[int, list[tuple[str, int]]]:
+    with transaction(engine_for(settings.resolved_database_url)) as s:
+        entries = int(s.scalar(select(func.count()).select_from(LedgerEntry)) or 0)
+        spent = [(d.name, d.spent_epsilon_micro) for d in s.scalars(select(Dataset))]
+    return entries, spent
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_an_audit_runs_on_a_celery_worker_and_charges_nothing(
+    settings: Settings, tmp_path: Path
+) -> None:
+    body = {
+        "method": "dpsgd",
+        "epsilon": 1.0,
+        "delta": 1e-5,
+        "canaries": 20,
+        "dpsgd": {"epochs": 1},
+    }
+    with running_stack(settings, tmp_path, settings.resolved_broker_url) as stack:
+        before = _ledger(settings)
+        stack.add_worker("w1")
+        with stack.client(stack.keys.admin) as c:
+            audit = c.post("/v1/admin/audits", json=body).raise_for_status().json()
+            deadline = time.monotonic() + GENEROUS_S
+            while audit["status"] in ("queued", "running"):
+                assert time.monotonic() < deadline, audit
+                time.sleep(0.3)
+                audit = c.get(f"/v1/admin/audits/{audit['id']}").raise_for_status().json()
+        assert audit["status"] == "done", audit
+        result = audit["result"]
+        assert 0.0 <= result["epsilon_lower_bound"] <= result["ceiling"] == audit["ceiling"]
+        assert result["canaries"] == 20 and audit["seconds"] > 0
+        assert _ledger(settings) == before  # no entry, no ε spent on any dataset
+        check_ledger(settings, releases=0)
