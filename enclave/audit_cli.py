@@ -1,18 +1,22 @@
 """`enclave admin audit`: the one-run privacy audit (Steinke, Nasr & Jagielski 2023,
 arXiv:2305.08846) of a method and configuration, run here, in-process, on a public dataset
-bundled with the product (worker/audits.py). Nothing is charged to any budget and nothing
-is released: the admin reads the figure, with the largest figure the same test could
-show beside it, because a small lower bound is not a proof of privacy."""
+bundled with the product (worker/audits.py); with ``--via-api``, as an admin job instead
+(POST /v1/admin/audits, run by a worker, listed by the API and the dashboard), waited for
+and printed the same way. Nothing is charged to any budget and nothing is released: the
+admin reads the figure, with the largest figure the same test could show beside it,
+because a small lower bound is not a proof of privacy."""
 
 from __future__ import annotations
 
 import math
-from typing import Annotated
+import time
+from typing import Annotated, Any
 
 import typer
 from pydantic import ValidationError
 
 from enclave.errors import fail
+from enclave.jobs_cli import DEFAULT_URL, Api, Url
 from service.audits import round_down, round_up
 from service.privacy.one_run_audit import OneRunBound
 
@@ -46,6 +50,24 @@ def admin_audit(
         int | None, typer.Option(help="r: guesses made (top r/2 and bottom r/2). Default m/5.")
     ] = None,
     confidence: Annotated[float, typer.Option(help="Confidence of the bound.")] = 0.95,
+    via_api: Annotated[
+        bool,
+        typer.Option(
+            "--via-api",
+            help="Run it as an admin job (POST /v1/admin/audits, a worker runs it) and wait; "
+            "it is then listed by the API and the dashboard. Default: here, in-process.",
+        ),
+    ] = False,
+    url: Url = DEFAULT_URL,
+    key: Annotated[
+        str | None,
+        typer.Option(
+            "--key", envvar="ENCLAVE_API_KEY", help="An admin's API key.", show_default=False
+        ),
+    ] = None,
+    timeout: Annotated[
+        float, typer.Option(min=0, help="With --via-api: give up after this many seconds.")
+    ] = 3600.0,
 ) -> None:
     """Run a one-run privacy audit (one training run) and print ε's lower bound and the
     test's ceiling. Public data only; nothing is charged or released."""
@@ -53,6 +75,18 @@ def admin_audit(
     _positive("delta", delta)
     if not 0 < confidence < 1:
         fail(f"--confidence must be in (0, 1), got {confidence!r}")
+    if via_api:
+        body = {
+            "method": method,
+            "epsilon": epsilon,
+            "delta": delta,
+            "canaries": canaries,
+            "dataset": dataset,
+            "guesses": guesses,
+            "confidence": confidence,
+        }
+        _audit_via_api(Api(url, key), body, timeout)
+        return
     from service.plans import PlanError
     from worker.audits import AuditRefused, run_one_run_audit
 
@@ -74,12 +108,75 @@ def admin_audit(
         fail(f"{where}: {first['msg']} (got {first.get('input')!r})")
     except PlanError as exc:
         fail(f"no plan for this configuration: {exc}")
-    b = audit.bound
+    _report(
+        audit.bound,
+        method=audit.method,
+        dataset=audit.dataset,
+        rows=audit.rows,
+        epsilon=epsilon,
+        delta=delta,
+        noise_multiplier=audit.noise_multiplier,
+        steps=audit.steps,
+        sampling_rate=audit.sampling_rate,
+        seconds=audit.seconds,
+    )
+
+
+def _report(
+    b: OneRunBound,
+    *,
+    method: str,
+    dataset: str,
+    rows: int,
+    epsilon: float,
+    delta: float,
+    noise_multiplier: float,
+    steps: int,
+    sampling_rate: float,
+    seconds: float,
+) -> None:
     typer.echo(audit_sentence(b))
     typer.echo(
         f"{b.correct} of {b.guesses} guesses right on {b.canaries:,} canaries; "
-        f"{audit.method} logistic regression on {audit.dataset} ({audit.rows:,} rows), "
-        f"claimed ε = {epsilon:g}, δ = {delta:g}; σ = {audit.noise_multiplier:.4g}, "
-        f"{audit.steps} steps at q = {audit.sampling_rate:.4g}; {audit.seconds:.1f} s; "
+        f"{method} logistic regression on {dataset} ({rows:,} rows), "
+        f"claimed ε = {epsilon:g}, δ = {delta:g}; σ = {noise_multiplier:.4g}, "
+        f"{steps} steps at q = {sampling_rate:.4g}; {seconds:.1f} s; "
         "nothing charged"
     )
+
+
+def _audit_via_api(api: Api, body: dict[str, Any], timeout: float) -> None:
+    """POST the audit, poll it until it ends, print what the in-process run prints (and
+    the audit's id: the API and the dashboard list it)."""
+    audit = api.json("POST", "/v1/admin/audits", json=body)
+    deadline = time.monotonic() + timeout
+    while audit["status"] in ("queued", "running"):
+        if time.monotonic() > deadline:
+            fail(f"audit {audit['id']} is still {audit['status']} after {timeout:g} s")
+        time.sleep(0.5)
+        audit = api.json("GET", f"/v1/admin/audits/{audit['id']}")
+    if audit["status"] != "done":
+        fail(f"audit {audit['id']} {audit['status']}: {audit.get('failure') or ''}".rstrip(": "))
+    r, config = audit["result"], audit["configuration"]
+    bound = OneRunBound(
+        epsilon=r["epsilon_lower_bound"],
+        ceiling=r["ceiling"],
+        canaries=r["canaries"],
+        guesses=r["guesses"],
+        correct=r["correct"],
+        confidence=r["confidence"],
+        delta=config["delta"],
+    )
+    _report(
+        bound,
+        method=config["method"],
+        dataset=config["dataset"],
+        rows=r["rows"],
+        epsilon=config["epsilon"],
+        delta=config["delta"],
+        noise_multiplier=r["noise_multiplier"],
+        steps=r["steps"],
+        sampling_rate=r["sampling_rate"],
+        seconds=audit["seconds"],
+    )
+    typer.echo(f"audit {audit['id']} (GET /v1/admin/audits/{audit['id']}, dashboard: Audits)")
