@@ -172,6 +172,7 @@ async def warm_up(app: FastAPI) -> dict[str, str]:
         log.warning("warm-up: the ledger failed", exc_info=True)
         dataset, done["ledger"] = None, f"failed: {type(exc).__name__}"
     inner = _below_middleware(app)
+    before = app.dependency_overrides.get(current_caller)  # e.g. a test's own override
     app.dependency_overrides[current_caller] = lambda: _NOBODY
     try:
         for path, body in _WARM_UP_QUOTES:
@@ -187,7 +188,10 @@ async def warm_up(app: FastAPI) -> dict[str, str]:
             except Exception as exc:  # a server error (ServerErrors would log and render it)
                 done[name] = f"failed: {type(exc).__name__}: {str(exc)[:200]}"
     finally:
-        del app.dependency_overrides[current_caller]
+        if before is None:
+            del app.dependency_overrides[current_caller]
+        else:
+            app.dependency_overrides[current_caller] = before
     log.info(
         "warm-up done in %.0f ms: %s",
         1e3 * (time.perf_counter() - started),
