@@ -23,7 +23,7 @@ from service.api.metrics import Metrics, MetricsMiddleware
 from service.api.metrics import router as metrics_router
 from service.api.middleware import ServerErrors, reject_hostile_input
 from service.api.openapi import install_openapi
-from service.api.routes import admin, evaluations, health, jobs, selections
+from service.api.routes import admin, audits, evaluations, health, jobs, selections
 from service.auth import analyst_for_key, new_api_key
 from service.config import Settings, get_settings
 from service.dashboard import routes as dashboard
@@ -319,6 +319,7 @@ def create_app(
     app.include_router(selections.router)
     app.include_router(evaluations.router)
     app.include_router(admin.router)
+    app.include_router(audits.router)
     dashboard.install(app)
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)  # type: ignore[arg-type]
     # Outside BodyLimit: it also counts the requests BodyLimit refuses.
