@@ -79,11 +79,12 @@ import torch
 from torch.func import functional_call, grad, jvp, vmap
 
 from worker.mechanisms.base import PlanMismatch
+from worker.mechanisms.exact_conv import ExactConvClipper
 from worker.mechanisms.exact_grud import GrudExactClipper
 from worker.mechanisms.exact_net import ExactNetClipper, exact_net_supports
 from worker.mechanisms.exact_softmax import ExactSoftmaxClipper
 from worker.mechanisms.guards import positive_finite, row_contributions_within
-from worker.models import Logistic, Softmax
+from worker.models import Cnn, Logistic, Softmax
 from worker.models.functional import ParamLayout
 from worker.models.grud import Grud
 
@@ -493,8 +494,13 @@ def exact_clipper(
     :class:`~worker.mechanisms.exact_net.ExactNetClipper` for logistic regression and MLPs,
     :class:`~worker.mechanisms.exact_grud.GrudExactClipper` for GRU-D,
     :class:`~worker.mechanisms.exact_softmax.ExactSoftmaxClipper` for multinomial logistic
-    regression (K ≥ 3 classes); any other model falls back to :class:`IntegerClipper`
+    regression (K ≥ 3 classes), :class:`~worker.mechanisms.exact_conv.ExactConvClipper`
+    for CNNs; any other model falls back to :class:`IntegerClipper`
     (assumption A1), which no plan reaches today."""
+    if isinstance(module, Cnn):
+        return ExactConvClipper(
+            module, grid_bits=grid_bits, max_grad_norm=max_grad_norm, parameters=parameters
+        )
     if isinstance(module, Softmax):
         return ExactSoftmaxClipper(
             module, grid_bits=grid_bits, max_grad_norm=max_grad_norm, parameters=parameters

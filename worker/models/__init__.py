@@ -17,7 +17,8 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from service.modelspec import GrudSpec, LogisticSpec, MlpSpec, ModelSpec
+from service.modelspec import CnnSpec, GrudSpec, LogisticSpec, MlpSpec, ModelSpec
+from worker.models.cnn import Cnn
 from worker.models.functional import BatchedModel, LinearBatchedModel, ParamLayout
 from worker.models.grud import Grud, pack_inputs, pack_inputs_np
 from worker.models.logistic import Logistic
@@ -26,6 +27,7 @@ from worker.models.softmax import Softmax
 
 __all__ = [
     "BatchedModel",
+    "Cnn",
     "Grud",
     "LinearBatchedModel",
     "Logistic",
@@ -54,6 +56,8 @@ def build_module(
     if isinstance(spec, GrudSpec):
         means = None if public_means is None else torch.tensor(list(public_means))
         return Grud(n_features, spec.hidden, means)
+    if isinstance(spec, CnnSpec):
+        return Cnn(spec)
     raise ValueError(f"unknown model kind {getattr(spec, 'kind', spec)!r}")
 
 
