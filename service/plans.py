@@ -12,11 +12,12 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from service.datasets.images import ImageSchema
 from service.datasets.kinds import DATA_KINDS, DEFAULT_KIND, DataKind
 from service.methods import METHODS, choose_method, method_key, plan_key
 from service.methods.common import PlanError as PlanError
 from service.methods.common import PlanFacts
-from service.modelspec import LogisticSpec, ModelSpec
+from service.modelspec import CnnSpec, ModelSpec, fitted_cnn
 from service.privacy.events import DpEvent, SelfComposedEvent
 from service.privacy.orders import ORDERS
 from service.schemas import JobRequest, PrivacyPlan
@@ -55,8 +56,8 @@ def _model_json(model: ModelSpec) -> dict[str, Any]:
 
 
 MULTICLASS_SUPPORT = (
-    "DP-SGD (method 'dpsgd', engine 'exact') and the proven ExpM (method 'expm', sampler "
-    "'langevin') on model 'logistic'"
+    "DP-SGD (method 'dpsgd', engine 'exact') on models 'logistic' and 'cnn', and the proven "
+    "ExpM (method 'expm', sampler 'langevin') on model 'logistic'"
 )
 """What trains a target of K ≥ 3 classes today (worker/mechanisms/exact_softmax.py,
 worker/mechanisms/langevin.py)."""
@@ -78,7 +79,7 @@ def with_classes(request: JobRequest, n_classes: int) -> JobRequest:
     supported = (request.method == "dpsgd" and engine == "exact") or (
         request.method == "expm" and sampler == "langevin"
     )
-    if not supported or request.model.kind != "logistic":
+    if not supported or request.model.kind not in ("logistic", "cnn"):
         what = f"method {request.method!r}, model {request.model.kind!r}"
         if request.method == "dpsgd":
             what += f", engine {engine!r}"
@@ -91,10 +92,25 @@ def with_classes(request: JobRequest, n_classes: int) -> JobRequest:
     if given is not None and given != n_classes:
         raise PlanError(f"model.classes {given} differs from the dataset's {n_classes} classes")
     try:  # validated (model_copy would not be): 3 ≤ K ≤ MAX_CLASSES
-        model = LogisticSpec.model_validate({**request.model.model_dump(), "classes": n_classes})
+        fitted = {**request.model.model_dump(), "classes": n_classes}
+        model = type(request.model).model_validate(fitted)
     except ValidationError as exc:
         raise PlanError(f"model.classes: {exc.errors()[0]['msg']}") from None
     return request.model_copy(update={"model": model})
+
+
+def with_image_shape(request: JobRequest, public_schema: dict[str, Any]) -> JobRequest:
+    """``request`` with a CNN model given the image dataset's public shape (C, H, W), as
+    :func:`with_classes` gives it the classes; any other request unchanged. A shape the
+    request states must equal the dataset's; a network that does not fit the images is a
+    :class:`PlanError` (the parameter cap is modelspec.parameter_count's)."""
+    if not isinstance(request.model, CnnSpec) or public_schema.get("kind") != "images":
+        return request
+    try:
+        schema = ImageSchema.model_validate(public_schema)
+        return request.model_copy(update={"model": fitted_cnn(request.model, schema.shape)})
+    except (ValueError, ValidationError) as exc:
+        raise PlanError(str(exc).splitlines()[0]) from None
 
 
 def build_plan(
@@ -129,8 +145,11 @@ def build_plan(
     if request.model.kind not in data_kind(dataset_kind).model_kinds:
         raise PlanError(
             f"model {request.model.kind!r} does not fit a {dataset_kind} dataset "
-            "(GRU-D is for time-series datasets, the others for tabular ones)"
+            "(GRU-D is for time-series datasets, CNNs for image datasets, the others for "
+            "tabular and image ones)"
         )
+    if request.model.kind == "cnn" and request.method != "dpsgd":
+        raise PlanError("model 'cnn' is trained by DP-SGD (method 'dpsgd') only for now")
     if request.method == "selection":
         raise PlanError("selection jobs are submitted through POST /v1/selections")
     if request.method == "evaluation":
@@ -176,6 +195,7 @@ def plan_for_dataset(
     row count and its public schema (kind, encoded width). The API (quote, admission) and
     the worker (re-derivation before it reads data) both call this. The kind's entry in
     :data:`~service.datasets.kinds.DATA_KINDS` parses the schema and gives its bound."""
+    request = with_image_shape(request, public_schema)
     kind = str(public_schema.get("kind", DEFAULT_KIND))
     entry = data_kind(kind)
     schema = entry.parse(public_schema)

@@ -115,12 +115,11 @@ DATA_KINDS: dict[str, DataKind] = {
         mapping_keys="name, kind, grid, outcome, variables",
         describe=_describe_series,
     ),
-    # Logistic regression and MLPs on the flattened pixels (a CNN comes later, issue 20);
-    # with binary models only, registration takes two classes for now (worker/data.py).
+    # Logistic regression and MLPs on the flattened pixels, CNNs on the images (issue 20).
     "images": DataKind(
         name="images",
         parse=ImageSchema.model_validate,
-        model_kinds=frozenset({"logistic", "mlp"}),
+        model_kinds=frozenset({"logistic", "mlp", "cnn"}),
         default_model=LogisticSpec,
         norm_sq_bound=_image_norm_sq_bound,
         mapping_keys="name, kind, height, width, channels, classes, pixels, source",

@@ -37,10 +37,13 @@ from service.methods.common import (
 )
 from service.modelspec import (
     MODEL_SPEC,
+    CnnSpec,
     GrudSpec,
     LogisticSpec,
     MlpSpec,
     ModelSpec,
+    cnn_row_floats,
+    cnn_row_macs,
     parameter_count,
 )
 from service.privacy.events import (
@@ -153,6 +156,11 @@ def _options_fields(options: DpsgdOptions, *, exclude: set[str]) -> dict[str, An
 def _check_engine(request: JobRequest, options: DpsgdOptions) -> None:
     if options.engine == "exact":
         return
+    if request.model.kind == "cnn":
+        raise PlanError(
+            f"engine {options.engine!r} is not built for convolutions yet (ghost clipping and "
+            "JL for CNNs: issue 20); model 'cnn' trains with engine 'exact'"
+        )
     if request.model.kind not in LINEAR_ENGINE_MODELS:
         raise PlanError(
             f"engine {options.engine!r} needs a model whose parameters all sit in Linear layers "
@@ -169,7 +177,9 @@ def _check_engine(request: JobRequest, options: DpsgdOptions) -> None:
 # Multinomial logistic regression (a logistic model with K ≥ 3 classes) is proven in the
 # exact engine (worker/mechanisms/exact_softmax.py), the only one that takes it
 # (service.plans.with_classes refuses the others before a plan is built).
-PROVEN_MODELS = ("logistic", "mlp", "grud")
+# CNNs are proven in the exact engine (worker/mechanisms/exact_conv.py), the only one that
+# takes them (_check_engine refuses ghost and jl).
+PROVEN_MODELS = ("logistic", "mlp", "grud", "cnn")
 
 
 def dpsgd_guarantee(request: JobRequest) -> Guarantee:
@@ -388,6 +398,11 @@ DPSGD_GRUD_ELEMENTS_PER_S = 1e7  # torch.func vmap over GRU-D, elements = B·P·
 # _CHUNK_ELEMENTS (a unit test checks they agree; the worker's slice is also at most
 # REDUCE_CHUNK rows, so this stays on the high side).
 DPSGD_CHUNK_ELEMENTS = 1 << 24
+# CNN (worker/mechanisms/exact_conv.py): multiply-adds per row of one exact pass
+# (modelspec.cnn_row_macs) at this rate, float64 with the grid passes; measured by
+# benchmarks/cnn_digits.py (benchmarks/results/cnn_digits.md) and set below the busy
+# machine's figure, as the constants above.
+DPSGD_CNN_MACS_PER_S = 2e7
 
 
 def dpsgd_work_twin(request: JobRequest) -> JobRequest | None:
@@ -431,7 +446,9 @@ def dpsgd_training_seconds(
     selections count one per candidate training)."""
     elements = float(m["expected_batch_size"]) * int(m["parameters"])
     per_step = DPSGD_STEP_OVERHEAD_S
-    if isinstance(spec, GrudSpec):
+    if isinstance(spec, CnnSpec):
+        per_step += float(m["expected_batch_size"]) * cnn_row_macs(spec) / DPSGD_CNN_MACS_PER_S
+    elif isinstance(spec, GrudSpec):
         t = series_steps or 1
         per_step += t * DPSGD_GRID_STEP_OVERHEAD_S + elements * t / DPSGD_GRUD_ELEMENTS_PER_S
     else:
@@ -461,6 +478,16 @@ def dpsgd_training_memory_bytes(
     n = int(m["public_n_rows"])
     rows = min(max(1, DPSGD_CHUNK_ELEMENTS // p), _dpsgd_batch_ceiling(m))
     grads = 4 * 8 * rows * p
+    if isinstance(spec, CnnSpec):
+        # the exact engine's chunk of rows (DPSGD_CHUNK_ELEMENTS float64 values at most),
+        # three times over for the temporaries of its passes
+        per_row = cnn_row_floats(spec)
+        rows = min(max(1, DPSGD_CHUNK_ELEMENTS // per_row), _dpsgd_batch_ceiling(m))
+        return (
+            FLOAT_BYTES * n * n_features
+            + 3 * 8 * rows * per_row
+            + FLOAT_BYTES * WITH_GRAD_AND_ADAM * p
+        )
     if isinstance(spec, GrudSpec):
         t = series_steps or 1
         data = FLOAT_BYTES * n * 3 * t * n_features

@@ -53,7 +53,8 @@ integer-valued float64 n standing for n·2^-g on a public grid 2^-g.
   max |v_row| < 2^e (frexp, exact), v' = round(v·2^-s) with |v'| ≤ 2^h, h_B + h_P ≤
   52 − ⌈log₂ L⌉; then G' = B'ᵀ·P' is a per-row matrix product (``bmm``) with partial sums
   ≤ L·2^(h_B + h_P) ≤ 2^52: exact (ii). The shifts are functions of the row alone (iii),
-  so G' and its scale 2^(s_B + s_P − 20 − c) are too. (Precision: 2^-h ≤ 2^-20 relative.)
+  so G' and its scale 2^(s_B + s_P − 20 − c) are too. (Precision: about 2^-h relative,
+  h ≈ (52 − ⌈log₂ L⌉)/2: 2^-23 for the digits' 64 positions.)
 * **Invalid rows** (a non-finite feature, a label outside {0, 1} or [0, K), a bound above
   exceeded) are decided by exact comparisons on the row's own exact values; their
   activations and gradients are zeroed as soon as they are found and their contribution

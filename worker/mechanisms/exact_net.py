@@ -96,6 +96,7 @@ import torch
 from worker.mechanisms.base import PlanMismatch
 from worker.mechanisms.fixed_point import (
     MAX_GRID_BITS,
+    _sigmoid_block,
     parameters_on_grid,
     pow2,
     pow2_tensor,
@@ -130,6 +131,12 @@ CHUNK: Final[int] = 1024
 _EXACT: Final[int] = 52  # partial sums of integers ≤ 2^52 < 2^53: exact in any order
 _UP: Final[float] = 1.0 + 2.0**-40  # covers ≤ 12 roundings of relative error 2^-53
 _MARGIN: Final[float] = 2.0**-20  # the weights aim at c_row·(1 − 2^-20)
+# Exact powers of two of the logistic path (ExactNetClipper._logistic_sum).
+_P_C: Final[float] = math.ldexp(1.0, FEATURE_BITS)
+_P_INV_C: Final[float] = math.ldexp(1.0, -FEATURE_BITS)
+_P_HALF_C: Final[float] = math.ldexp(1.0, FEATURE_BITS - 1)
+_P_GRAD: Final[float] = math.ldexp(1.0, GRAD_BITS)
+_P_INV_GRAD: Final[float] = math.ldexp(1.0, -GRAD_BITS)
 
 
 def _ceil_log2(n: int) -> int:
@@ -304,6 +311,10 @@ def _half_bits(width: int) -> int:
     return (_EXACT - _ceil_log2(max(width, 1))) // 2
 
 
+_COLUMN_RANGE: Final[float] = math.ldexp(1.0, _half_bits(1))
+"""2^26: one column's norm_sq_upper scales no value below it."""
+
+
 def _norm_sq_bounded(v: torch.Tensor, *, bound_bits: int) -> torch.Tensor:
     """:func:`norm_sq_upper` of integer-valued v whose entries are known, from how v was
     built, to satisfy |v_ij| ≤ 2^bound_bits with bound_bits + 1 ≤ h: then every row's
@@ -413,8 +424,9 @@ class ExactNetClipper:
         self._limit = self.row_cap * self.row_cap * (1.0 - 2.0**-40)
         # Logistic regression whose input norms take _norm_sq_bounded's exact sum (d + 1 ≤
         # 2^14; wider inputs take norm_sq_upper's coarser bound): :meth:`_logistic_sum`.
-        width = _half_bits(module.linear.weight.shape[1] + 1) if isinstance(module, Logistic) else 0
-        self._logistic = width >= FEATURE_BITS + 1
+        d_in = module.linear.weight.shape[1] if isinstance(module, Logistic) else 1 << 20
+        self._logistic = _half_bits(d_in + 1) >= FEATURE_BITS + 1
+        self._room = _EXACT - (FEATURE_BITS + _ceil_log2(d_in + 1))  # layer_grids' m_0
 
     def contributions(
         self,
@@ -521,22 +533,32 @@ class ExactNetClipper:
         GuardFailed) is raised by the same chunk."""
         if not isinstance(self.module, Logistic):
             raise PlanMismatch("the logistic path needs logistic regression")
-        wb, bits = _logistic_grid(self.module.linear)
+        wb, bits = _logistic_grid(self.module.linear, room=self._room)
         rows = x.shape[0]
         if rows == 0:
             return torch.zeros(self.parameters, dtype=torch.int64)
+        # float32 (the data's type) or float64 as they are; anything else widened first
+        if x.dtype not in (torch.float32, torch.float64):
+            x = x.double()
         features = x.detach().numpy()
-        labels = y.detach().numpy().astype(np.float64)
-        c = FEATURE_BITS
+        labels = y.detach().double().numpy()
+        scale = pow2(-(FEATURE_BITS + bits))  # row_signals' logit scaling 2^-(c + b)
         chunk_sums = [
-            self._logistic_chunk(features[start : start + self._chunk], labels[start:], wb, bits)
+            self._logistic_chunk(
+                features[start : start + self._chunk],
+                labels[start : start + self._chunk],
+                wb,
+                scale,
+            )
             for start in range(0, rows, self._chunk)
         ]
         if len(chunk_sums) == 1:  # ⌊(t + 2^(c−1))·2^-c⌋, each step exact (__call__)
             t = chunk_sums[0]
-            out = torch.from_numpy(np.floor((t + pow2(c - 1)) * pow2(-c)).astype(np.int64))
+            t += _P_HALF_C
+            t *= _P_INV_C
+            out = torch.from_numpy(np.floor(t, out=t).astype(np.int64))
         else:
-            out = _round_chunk_sums([torch.from_numpy(t) for t in chunk_sums], c)
+            out = _round_chunk_sums([torch.from_numpy(t) for t in chunk_sums], FEATURE_BITS)
         if out.shape != (self.parameters,):
             raise PlanMismatch("the model's parameter count differs from the plan's")
         return out
@@ -546,41 +568,45 @@ class ExactNetClipper:
         features: npt.NDArray[np.floating],
         labels: npt.NDArray[np.float64],
         wb: npt.NDArray[np.float64],
-        bits: int,
+        scale: float,
     ) -> npt.NDArray[np.float64]:
         """One chunk's exact Σ_i V_i·[A_i, 2^18] (float64 integers, (d + 1,)) for
-        :meth:`_logistic_sum`; ``labels`` may run past the chunk (only its rows are read)."""
-        rows, d = features.shape
-        labels = labels[:rows]
-        c = FEATURE_BITS
-        # A = trunc(clamp(x, 0, 1)·2^18) with the column 2^18, in place: clamping in x's
-        # float32 and widening after is the value of widening first (both exact);
-        # clamp(u, 0, 1) = min(max(u, 0), 1) with NaN kept (torch and numpy alike); the
-        # product by 2^18 and the truncation are exact.
-        a = np.empty((rows, d + 1), dtype=np.float64)
-        body = a[:, :d]
-        np.maximum(features, 0.0, out=body)
-        np.minimum(body, 1.0, out=body)
-        np.multiply(body, pow2(c), out=body)
-        np.trunc(body, out=body)
-        a[:, d] = pow2(c)
-        # ‖[A, 2^18]‖², an exact integer sum (≤ 106·2^36 < 2^52: (ii)) as _norm_sq_bounded.
-        # clamp maps ±inf into [0, 1], so a row's only non-finite value is NaN, and its
-        # squared norm is NaN exactly when one of its entries is (the others are bounded):
-        # finite(a2) is row_signals' isfinite(A).all(1).
-        a2 = np.einsum("ij,ij->i", a, a)
+        :meth:`_logistic_sum`, ``scale`` = 2^-(18 + b) for the parameters' grid 2^-b."""
+        d = features.shape[1]
+        # A = trunc(clamp(x, 0, 1)·2^18), computed in the features' own type (float32, the
+        # data's, or float64) then widened: clamp (min(max(x, 0), 1), NaN kept, as
+        # torch.clamp), the product by 2^18 (no overflow after the clamp) and the
+        # truncation are exact in float32 as in float64, and the widening is exact, so
+        # the values are row_signals'. The column 2^18 of [A, 2^18] is kept apart
+        # (contiguous arrays: numpy's fast loops); the sums below that include it are
+        # exact integer sums, the same in any order or grouping (ii).
+        low = np.maximum(features, 0.0)
+        np.minimum(low, 1.0, out=low)
+        np.multiply(low, _P_C, out=low)
+        np.trunc(low, out=low)
+        a = low.astype(np.float64, copy=False)
+        # ‖[A, 2^18]‖² = Σ_j A_j² + 2^36, an exact integer sum (≤ 2^14·2^36 < 2^52: (ii)),
+        # as _norm_sq_bounded. clamp maps ±inf into [0, 1], so a row's only non-finite
+        # value is NaN, and its squared norm is NaN exactly when one of its entries is (the
+        # others are bounded): finite(a2) is row_signals' isfinite(A).all(1).
+        a2 = np.vecdot(a, a)
+        a2 += _P_C * _P_C
         valid = np.isfinite(a2)
         valid &= np.isfinite(labels)
-        invalid = None if valid.all() else ~valid
-        if invalid is not None:  # masked_fill(invalid, 0): zero rows, zero norms
+        invalid = None if np.logical_and.reduce(valid) else ~valid
+        if invalid is not None:  # masked_fill(invalid, 0): zero rows (2^18 too), zero norms
             a[invalid] = 0.0
             a2[invalid] = 0.0
-        # Z = [A, 2^18]·[W_int, b_int]: integers, partial sums ≤ 2^52, exact in any order.
-        logit = a @ wb
-        logit *= pow2(-(c + bits))
-        b = sigmoid_basic(torch.from_numpy(logit)).numpy()
+        ones = None if invalid is None else np.where(valid, _P_C, 0.0)
+        # Z = A·W_int + 2^18·b_int: integers, partial sums ≤ 2^52, exact in any order.
+        logit = a @ wb[:d]
+        logit += _P_C * wb[d] if ones is None else ones * wb[d]
+        logit *= scale
+        # σ̃: fixed_point's CPU kernel for one block (a chunk's ≤ 1024 rows are one block
+        # of sigmoid_basic's loop: the same operations), in place
+        b = _sigmoid_block(logit, logit)
         b -= labels  # b = round((σ̃ − y)·2^20), torch.round and rint: half to even
-        b *= pow2(GRAD_BITS)
+        b *= _P_GRAD
         np.rint(b, out=b)
         if invalid is not None:
             b[invalid] = 0.0
@@ -588,10 +614,10 @@ class ExactNetClipper:
         # u ≥ 0); a2·¼·2^-36 = a2·2^-38, both scalings exact (a2 = 0 or a2 ≥ 2^36).
         norm = _column_norm_sq(b)
         norm *= a2
-        norm *= pow2(-2 * (GRAD_BITS + c))
+        norm *= _P_INV_GRAD * _P_INV_GRAD * _P_INV_C * _P_INV_C  # 2^-76, exact
         np.sqrt(norm, out=norm)
         norm *= _UP
-        slack = a2 * pow2(-2 - 2 * c)
+        slack = a2 * (0.25 * _P_INV_C * _P_INV_C)  # 2^-38, exact
         np.sqrt(slack, out=slack)
         slack *= _UP
         # w = clamp((t − slack)/norm, 0, units) = min(max(·, 0), units), NaN kept by both
@@ -603,28 +629,29 @@ class ExactNetClipper:
         if invalid is not None:  # where(valid, w, 0)
             w[invalid] = 0.0
         v = np.multiply(b, w, out=w)  # V = round(b·w·2^-20)
-        v *= pow2(-GRAD_BITS)
+        v *= _P_INV_GRAD
         np.rint(v, out=v)
         total = _column_norm_sq(v)
         total *= a2
-        total *= pow2(-2 * c)
+        total *= _P_INV_C * _P_INV_C  # 2^-36, exact
         total *= _UP
-        if bool((total > self._limit).any()):
+        if np.logical_or.reduce(total > self._limit):
             raise GuardFailed(f"{self.label}: a row's contribution exceeds its bound")
-        return v @ a  # exact integer products and sums (ii)
+        # Σ_i V_i·[A_i, 2^18]: exact integer products and sums (ii); the last entry as
+        # 2^18·Σ_i V_i (valid rows) is the same exact integer.
+        total_ones = np.add.reduce(v) * _P_C if ones is None else v @ ones
+        return np.concatenate((v @ a, [total_ones]))
 
 
-def _logistic_grid(layer: torch.nn.Linear) -> tuple[npt.NDArray[np.float64], int]:
+def _logistic_grid(layer: torch.nn.Linear, *, room: int) -> tuple[npt.NDArray[np.float64], int]:
     """[W_int, b_int] as one float64 vector (d + 1,) and the grid's b for logistic
-    regression: :func:`layer_grids`' one layer (in_bits 2^-18, no activation range) and
-    :func:`~worker.mechanisms.fixed_point.parameters_on_grid`'s operations (widening,
-    |·|, max, frexp, ×2^b, round half to even), in numpy."""
-    d = layer.weight.shape[1]
-    room = _EXACT - (FEATURE_BITS + _ceil_log2(d + 1))
+    regression: :func:`layer_grids`' one layer (``room`` = 52 − 18 − ⌈log₂(d + 1)⌉, no
+    activation range) and :func:`~worker.mechanisms.fixed_point.parameters_on_grid`'s
+    operations (widening, |·|, max, frexp, ×2^b, round half to even), in numpy."""
     weight = layer.weight.detach().numpy().reshape(-1)
     bias = layer.bias.detach().numpy() if layer.bias is not None else np.zeros(1)
     theta = np.concatenate((weight, bias), dtype=np.float64)  # widening: exact
-    largest = float(np.abs(theta).max())
+    largest = float(np.maximum.reduce(np.abs(theta)))
     if not math.isfinite(largest):
         raise PlanMismatch("the model's parameters are not finite")
     exponent = math.frexp(largest)[1] if largest > 0 else -MAX_GRID_BITS
@@ -640,7 +667,7 @@ def _column_norm_sq(v: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
     bits (a NaN or ±inf has frexp exponent 0: s = 0 and U = v·v too, but a NaN hides the
     other values' maximum, so a NaN or any |v| ≥ 2^26 takes the general branch)."""
     magnitude = np.abs(v)
-    if not v.shape[0] or magnitude.max() < pow2(_half_bits(1)):
+    if not v.shape[0] or np.maximum.reduce(magnitude) < _COLUMN_RANGE:
         return v * v
     _, exponent = np.frexp(magnitude)
     shift = np.maximum(exponent.astype(np.int64) - _half_bits(1), 0)

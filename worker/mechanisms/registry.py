@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from service.modelspec import LogisticSpec, ModelSpec
+from service.modelspec import CnnSpec, LogisticSpec, ModelSpec
 from service.plans import PlanError
 from service.schemas import PrivacyPlan
 from worker.mechanisms.base import MechanismOutput, ProgressFn, TabularTrainingSet
@@ -69,6 +69,8 @@ def run_mechanism(
     classes = plan.model.get("classes")
     if classes is not None and isinstance(spec, LogisticSpec) and spec.classes != classes:
         spec = spec.model_copy(update={"classes": int(classes)})
+    if isinstance(spec, CnnSpec):  # and a CNN the dataset's image shape (service.plans)
+        spec = CnnSpec.model_validate(plan.model)
     if entry.takes_plan:
         out = run(plan=plan, spec=spec, data=data, device=device, progress=progress)
     else:
