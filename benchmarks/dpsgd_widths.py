@@ -35,8 +35,17 @@ fixed_point.py from ``git show``, imported as a separate package), interleaved o
 batches, and every int64 sum is compared bit for bit: the before/after of a speed change
 under the same load.
 
+With ``--product-baseline REV`` the product's whole epoch also runs with worker/mechanisms'
+dpsgd.py, exact_net.py and fixed_point.py as of REV (imported as a separate package, its
+``exact`` engine the baseline ExactNetClipper; the rest of the tree is today's) as a fourth
+interleaved run, ``product@REV``; once per model both run on the same seeded ChaCha stream
+(instead of secure_rng) and their releases are compared bit for bit.
+
+``--widths`` with no value times logistic regression alone; ``--profile-width 0`` profiles
+the logistic epoch.
+
     .venv/bin/python benchmarks/dpsgd_widths.py [--repeats 3] [--widths 64 256 1024]
-        [--clip-baseline REV]
+        [--clip-baseline REV] [--product-baseline REV] [--profile-width 256]
 """
 
 from __future__ import annotations
@@ -73,6 +82,7 @@ from worker.models import build_module  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 RUNS = ("product", "opacus-hooks", "opacus-ghost")
+BASELINE_RUN = "product@baseline"
 State = dict[str, torch.Tensor]
 
 
@@ -99,7 +109,11 @@ def plan_for(spec: Any, n: int, d: int) -> dict[str, Any]:
 
 
 def make_runs(
-    spec: Any, mechanism: dict[str, Any], x: torch.Tensor, y: torch.Tensor
+    spec: Any,
+    mechanism: dict[str, Any],
+    x: torch.Tensor,
+    y: torch.Tensor,
+    baseline: Any = None,
 ) -> dict[str, Callable[[], State]]:
     n, d = x.shape
     q, steps, sigma = mechanism["sampling_rate"], mechanism["steps"], mechanism["noise_multiplier"]
@@ -107,8 +121,8 @@ def make_runs(
     lr = float(mechanism.get("learning_rate", 1.0))
     train = TabularTrainingSet(x, y)
 
-    def product() -> State:
-        out = run_dpsgd(
+    def product(run: Callable[..., Any] = run_dpsgd) -> State:
+        out = run(
             spec=spec,
             mechanism=mechanism,
             samples=1,
@@ -157,11 +171,12 @@ def make_runs(
         inner = wrapped._module
         return {k: v.detach().clone() for k, v in inner.state_dict().items()}
 
-    return {
-        "product": product,
-        "opacus-hooks": lambda: opacus("hooks"),
-        "opacus-ghost": lambda: opacus("ghost"),
-    }
+    runs: dict[str, Callable[[], State]] = {"product": product}
+    if baseline is not None:
+        runs[BASELINE_RUN] = lambda: product(baseline.run_dpsgd)
+    runs["opacus-hooks"] = lambda: opacus("hooks")
+    runs["opacus-ghost"] = lambda: opacus("ghost")
+    return runs
 
 
 def auc(spec: Any, d: int, state: State, x: torch.Tensor, y: torch.Tensor) -> float:
@@ -204,9 +219,10 @@ def profile_product(run: Callable[[], State]) -> tuple[float, str, list[tuple[st
     return wall, top, ours
 
 
-def load_baseline_clipper(rev: str) -> Any:
-    """exact_net.py and fixed_point.py as of git revision ``rev``, imported as a separate
-    package (the rest of the tree is today's), for the clipped sum's before/after."""
+def load_baseline(rev: str, package_name: str, modules: tuple[str, ...]) -> dict[str, Any]:
+    """worker/mechanisms/<module>.py for each of ``modules`` as of git revision ``rev``,
+    imported as the separate package ``package_name`` (their imports of one another
+    rewritten; the rest of the tree is today's)."""
     import importlib
     import subprocess
     import tempfile
@@ -216,18 +232,66 @@ def load_baseline_clipper(rev: str) -> Any:
             ["git", "show", f"{rev}:{path}"], cwd=ROOT, check=True, capture_output=True, text=True
         ).stdout
 
-    tmp = Path(tempfile.mkdtemp(prefix="clip_baseline_"))
-    package = tmp / "clip_baseline"
+    tmp = Path(tempfile.mkdtemp(prefix=f"{package_name}_"))
+    package = tmp / package_name
     package.mkdir()
     (package / "__init__.py").write_text("")
-    (package / "fixed_point.py").write_text(show("worker/mechanisms/fixed_point.py"))
-    (package / "exact_net.py").write_text(
-        show("worker/mechanisms/exact_net.py").replace(
-            "from worker.mechanisms.fixed_point import", "from clip_baseline.fixed_point import"
-        )
-    )
+    for name in modules:
+        source = show(f"worker/mechanisms/{name}.py")
+        for other in modules:
+            source = source.replace(
+                f"from worker.mechanisms.{other} import", f"from {package_name}.{other} import"
+            )
+        (package / f"{name}.py").write_text(source)
     sys.path.insert(0, str(tmp))
-    return importlib.import_module("clip_baseline.exact_net")
+    return {name: importlib.import_module(f"{package_name}.{name}") for name in modules}
+
+
+def load_baseline_clipper(rev: str) -> Any:
+    """exact_net.py and fixed_point.py as of git revision ``rev``, imported as a separate
+    package (the rest of the tree is today's), for the clipped sum's before/after."""
+    return load_baseline(rev, "clip_baseline", ("fixed_point", "exact_net"))["exact_net"]
+
+
+def load_baseline_dpsgd(rev: str) -> Any:
+    """dpsgd.py, exact_net.py and fixed_point.py as of ``rev`` (:func:`load_baseline`),
+    the baseline's ``exact`` engine being its own ExactNetClipper (logistic regression and
+    MLPs, the models timed here), for the whole epoch's before/after."""
+    mods = load_baseline(rev, "dpsgd_baseline", ("fixed_point", "exact_net", "dpsgd"))
+    dpsgd, exact_net = mods["dpsgd"], mods["exact_net"]
+    dpsgd.exact_clipper = lambda module, **kw: exact_net.ExactNetClipper(module, **kw)
+    return dpsgd
+
+
+def same_releases(
+    spec: Any, mechanism: dict[str, Any], x: torch.Tensor, y: torch.Tensor, baseline: Any
+) -> bool:
+    """One epoch of this tree's run_dpsgd and the baseline's on the same seeded ChaCha
+    stream (secure_rng replaced in both modules for the call): bit-identical releases?"""
+    import numpy as np
+    from randomgen import ChaCha
+
+    from worker.mechanisms import dpsgd as tree
+
+    train = TabularTrainingSet(x, y)
+    releases = []
+    for module in (tree, baseline):
+        saved = module.secure_rng
+        module.secure_rng = lambda: np.random.Generator(ChaCha(key=25, rounds=20))
+        try:
+            out = module.run_dpsgd(
+                spec=spec,
+                mechanism=mechanism,
+                samples=1,
+                data=train,
+                device=torch.device("cpu"),
+                progress=lambda a, b: None,
+            )
+        finally:
+            module.secure_rng = saved
+        releases.append(out.releases[0])
+    a, b = releases
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
 def compare_clippers(
@@ -285,7 +349,7 @@ def compare_clippers(
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--widths", type=int, nargs="+", default=[64, 256, 1024])
+    ap.add_argument("--widths", type=int, nargs="*", default=[64, 256, 1024])
     ap.add_argument("--wide-from", type=int, default=1024)
     ap.add_argument("--wide-repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1)
@@ -298,6 +362,12 @@ def main() -> None:
         help="a git revision: also time ExactNetClipper of that revision against this tree's",
     )
     ap.add_argument("--clip-rounds", type=int, default=5)
+    ap.add_argument(
+        "--product-baseline",
+        default=None,
+        help="a git revision: also time the product's epoch with that revision's dpsgd.py, "
+        "exact_net.py and fixed_point.py, interleaved, and compare releases on a seeded stream",
+    )
     args = ap.parse_args()
     # Opacus's secure-RNG notice and torch's full-backward-hook notice, once per run.
     warnings.filterwarnings("ignore", category=UserWarning)
@@ -312,20 +382,25 @@ def main() -> None:
     models += [(f"MLP [{w}]", w) for w in args.widths]
     plans = {label: plan_for(spec_for(w), n, d) for label, w in models}
 
+    baseline = load_baseline_dpsgd(args.product_baseline) if args.product_baseline else None
+    runs_order = RUNS if baseline is None else (RUNS[0], BASELINE_RUN, *RUNS[1:])
     # Warm-up: each run once on logistic regression (imports, allocator).
-    warm = make_runs(spec_for(None), plan_for(spec_for(None), n, d), x, y)
+    warm = make_runs(spec_for(None), plan_for(spec_for(None), n, d), x, y, baseline)
     for fn in warm.values():
         fn()
 
     rows: list[dict[str, Any]] = []
     for label, w in models:
         spec = spec_for(w)
-        runs = make_runs(spec, plans[label], x, y)
+        runs = make_runs(spec, plans[label], x, y, baseline)
         rounds = args.wide_repeats if w is not None and w >= args.wide_from else args.repeats
-        times: dict[str, list[float]] = {k: [] for k in RUNS}
+        times: dict[str, list[float]] = {k: [] for k in runs_order}
         aucs: dict[str, float] = {}
-        for r in range(rounds):  # interleaved: product, hooks, ghost, repeat
-            for name in RUNS:
+        identical = (
+            same_releases(spec, plans[label], x, y, baseline) if baseline is not None else None
+        )
+        for r in range(rounds):  # interleaved: product, (baseline,) hooks, ghost, repeat
+            for name in runs_order:
                 t = time.perf_counter()
                 state = runs[name]()
                 times[name].append(time.perf_counter() - t)
@@ -348,13 +423,15 @@ def main() -> None:
                 "ratio_ghost": med["product"] / med["opacus-ghost"],
                 "aucs": aucs,
                 "plan": plans[label],
+                "identical": identical,
             }
         )
 
-    prof_label = f"MLP [{args.profile_width}]"
-    prof_plan = plan_for(spec_for(args.profile_width), n, d)
+    prof_w = args.profile_width or None  # 0: logistic regression
+    prof_label = "logistic" if prof_w is None else f"MLP [{prof_w}]"
+    prof_plan = plan_for(spec_for(prof_w), n, d)
     prof_wall, prof_top, prof_ours = profile_product(
-        make_runs(spec_for(args.profile_width), prof_plan, x, y)["product"]
+        make_runs(spec_for(prof_w), prof_plan, x, y)["product"]
     )
     clip_lines: list[str] = []
     if args.clip_baseline:
@@ -408,7 +485,30 @@ def main() -> None:
             f"{r['ratio_ghost']:.3f} | "
             f"{a['product']:.4f} / {a['opacus-hooks']:.4f} / {a['opacus-ghost']:.4f} |"
         )
-    lines += ["", "Cells: median (min–max) seconds per epoch.", "", "## Goal check", ""]
+    lines += ["", "Cells: median (min–max) seconds per epoch.", ""]
+    if baseline is not None:
+        rev = args.product_baseline
+        lines += [
+            f"## The product's epoch: this tree vs {rev}",
+            "",
+            f"product@{rev}: dpsgd.py, exact_net.py and fixed_point.py as of {rev}, timed in "
+            "the same interleaved rounds (medians). Releases: one epoch of each on the same "
+            "seeded ChaCha stream, compared bit for bit.",
+            "",
+            f"| model | {rev} s | this tree s | this / {rev} | {rev} / best Opacus "
+            "| this / best Opacus | releases identical |",
+            "|---|---:|---:|---:|---:|---:|---|",
+        ]
+        for r in rows:
+            best = r["med"][r["best"]]
+            old, new = r["med"][BASELINE_RUN], r["med"]["product"]
+            lines.append(
+                f"| {r['label']} | {cell(r, BASELINE_RUN)} | {cell(r, 'product')} | "
+                f"{new / old:.3f} | {old / best:.3f} | {new / best:.3f} | "
+                f"{'yes' if r['identical'] else 'NO'} |"
+            )
+        lines.append("")
+    lines += ["## Goal check", ""]
     for r in rows:
         goal = 0.2 if r["width"] is None else 1.0
         met = "met" if r["ratio"] <= goal else "NOT met"
