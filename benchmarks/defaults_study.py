@@ -20,6 +20,11 @@ For each dataset of the study and each method (``dpsgd``, logistic regression, a
 Gap = grid best − default (positive: the default loses). The goal of the issue: gap ≤ 0.02
 on every dataset.
 
+``--methods dpsgd,expm,auto`` adds ``method: "auto"`` (issue 21, point 3;
+service/methods/auto.py): R releases of the request ``auto`` plans (the chosen method at its
+defaults), against the better of the two methods' grid bests on the same dataset (so it
+needs both methods' rows, listed before it), in a second table.
+
 Datasets (each encoded into [0, 1]^d as the product does; n is the training row count,
 used as the public row count n̂ of the plans: on a registered dataset n̂ is a DP noisy
 count a few rows away):
@@ -246,12 +251,13 @@ def plan_for(ds: Dataset, method: str, options: dict[str, Any] | None) -> Privac
 RUNNERS: dict[str, Callable[..., Any]] = {"dpsgd": run_dpsgd, "expm": run_expm_langevin}
 
 
-def release(ds: Dataset, method: str, plan: PrivacyPlan) -> tuple[float, float]:
-    """(test AUC, seconds) of one release of ``plan`` as the worker runs it."""
+def release(ds: Dataset, plan: PrivacyPlan) -> tuple[float, float]:
+    """(test AUC, seconds) of one release of ``plan`` as the worker runs it (by the plan's
+    method: for ``auto``, the one chosen)."""
     data = TabularTrainingSet(ds.x, ds.y)
     t0 = time.perf_counter()
-    out = RUNNERS[method](
-        spec=request_for(method, None).model,
+    out = RUNNERS[plan.method](
+        spec=request_for(plan.method, None).model,
         mechanism=plan.mechanism,
         samples=1,
         data=data,
@@ -277,10 +283,10 @@ def grid(method: str, n: int) -> list[dict[str, Any]]:
     return points
 
 
-def settings_of(method: str, plan: PrivacyPlan) -> dict[str, Any]:
+def settings_of(plan: PrivacyPlan) -> dict[str, Any]:
     """The resolved settings a plan runs with (what the table shows)."""
     m = plan.mechanism
-    if method == "dpsgd":
+    if plan.method == "dpsgd":
         keys = (
             "batch_size",
             "epochs",
@@ -298,11 +304,12 @@ def measure(
     ds: Dataset, method: str, options: dict[str, Any] | None, repeats: int
 ) -> dict[str, Any]:
     plan = plan_for(ds, method, options)
-    runs = [release(ds, method, plan) for _ in range(repeats)]
+    runs = [release(ds, plan) for _ in range(repeats)]
     aucs = [a for a, _ in runs]
     return {
         "options": options,
-        "settings": settings_of(method, plan),
+        "method": plan.method,
+        "settings": settings_of(plan),
         "aucs": aucs,
         "median": statistics.median(aucs),
         "seconds": statistics.median(s for _, s in runs),
@@ -343,14 +350,46 @@ def study_one(
         stage2 = [measure(ds, method, r["options"], repeats) for r in ranked[: args.top]]
         best = max(stage2, key=lambda r: r["median"])
         grid_part = {"stage1": stage1, "stage2": stage2, "best": best}
-    best = max(grid_part["best"]["median"], grid_part.get("best_again", {}).get("median", 0.0))
-    gap = best - default["median"]
+    gap = grid_best(grid_part) - default["median"]
     print(
         f"{ds.name:14s} {method:6s} default {default['median']:.4f} best "
         f"{grid_part['best']['median']:.4f} gap {gap:+.4f} ({time.perf_counter() - t0:.0f} s)",
         flush=True,
     )
     return {"dataset": ds.name, "method": method, "default": default, **grid_part, "gap": gap}
+
+
+def grid_best(row: dict[str, Any]) -> float:
+    """A row's grid best: the higher of its best point's median and, with --grid-from, the
+    median of that point released again in this run."""
+    return float(max(row["best"]["median"], row.get("best_again", {}).get("median", 0.0)))
+
+
+def study_auto(ds: Dataset, args: argparse.Namespace, rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """``method: "auto"`` on ``ds``: R releases of its plan, against the best of ``rows``'
+    grid bests (this dataset's rows of the other methods)."""
+    _, repeats = repeats_for(ds, args)
+    plan = plan_for(ds, "auto", None)
+    assert plan.method_choice is not None
+    default = measure(ds, "auto", None, repeats)
+    out: dict[str, Any] = {
+        "dataset": ds.name,
+        "method": "auto",
+        "chosen": plan.method,
+        "reason": plan.method_choice.reason,
+        "default": default,
+    }
+    graded = [r for r in rows if "best" in r]
+    if graded:
+        best = max(graded, key=grid_best)
+        out.update(best_method=best["method"], best_median=grid_best(best))
+        out["gap"] = out["best_median"] - default["median"]
+    print(
+        f"{ds.name:14s} auto -> {plan.method:5s} {default['median']:.4f}"
+        + (f" best {out['best_median']:.4f} gap {out['gap']:+.4f}" if graded else ""),
+        flush=True,
+    )
+    return out
 
 
 def _fmt_settings(method: str, s: dict[str, Any]) -> str:
@@ -408,6 +447,8 @@ def write(results: dict[str, Any], stem: Path) -> None:
     ]
     for r in results["rows"]:
         ds = results["datasets"][r["dataset"]]
+        if r["method"] == "auto":
+            continue  # its own table below
         if "best" not in r:  # --no-grid
             lines.append(
                 f"| {r['dataset']} | {ds['n']} | {ds['d']} | {r['method']} | "
@@ -426,6 +467,7 @@ def write(results: dict[str, Any], stem: Path) -> None:
             f"{_fmt_settings(r['method'], best['settings'])}{_again(r)} | "
             f"{gap:+.4f}{mark} | {_spread(r['default'])}; {_spread(r['best'])} |"
         )
+    lines += _auto_table(results)
     lines += ["", "Datasets:", ""]
     for name, ds in results["datasets"].items():
         lines.append(
@@ -433,6 +475,36 @@ def write(results: dict[str, Any], stem: Path) -> None:
             f"test rows {ds['n_test']})"
         )
     Path(f"{stem}.md").write_text("\n".join(lines) + "\n")
+
+
+def _auto_table(results: dict[str, Any]) -> list[str]:
+    rows = [r for r in results["rows"] if r["method"] == "auto"]
+    if not rows:
+        return []
+    lines = [
+        "",
+        '`method: "auto"` (service/methods/auto.py): the method it chose and its default '
+        "settings, R releases as above, against the better of the two methods' grid bests "
+        "(gap = that − auto; s = n·ε/√B, the rule's scale).",
+        "",
+        "| dataset | n | s | auto chose | auto AUC | settings | grid best AUC (method) | gap "
+        "| spread |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        ds = results["datasets"][r["dataset"]]
+        s = ds["n"] * EPSILON[0] / math.sqrt(ds["B"])
+        default = r["default"]
+        best = f"{r['best_median']:.4f} ({r['best_method']})" if "gap" in r else ""
+        gap = (
+            f"{r['gap']:+.4f}" + (" **(> 0.02)**" if r["gap"] > 0.02 else "") if "gap" in r else ""
+        )
+        lines.append(
+            f"| {r['dataset']} | {ds['n']} | {s:.0f} | {r['chosen']} | {default['median']:.4f} | "
+            f"{_fmt_settings(r['chosen'], default['settings'])} | {best} | {gap} | "
+            f"{_spread(default)} |"
+        )
+    return lines
 
 
 def main() -> None:
@@ -479,10 +551,14 @@ def main() -> None:
             "nonprivate_auc": nonprivate_auc(ds),
         }
         for method in args.methods.split(","):
-            old_row = old_rows.get((ds.name, method)) if args.grid_from else None
-            if args.grid_from and old_row is None:
-                raise SystemExit(f"{args.grid_from} has no row for {ds.name}/{method}")
-            results["rows"].append(study_one(ds, method, args, old_row))
+            if method == "auto":
+                rows = [r for r in results["rows"] if r["dataset"] == ds.name]
+                results["rows"].append(study_auto(ds, args, rows))
+            else:
+                old_row = old_rows.get((ds.name, method)) if args.grid_from else None
+                if args.grid_from and old_row is None:
+                    raise SystemExit(f"{args.grid_from} has no row for {ds.name}/{method}")
+                results["rows"].append(study_one(ds, method, args, old_row))
             results["load_end"] = os.getloadavg()[0]
             results["wall_s"] = time.perf_counter() - t0
             write(results, Path(args.out))
