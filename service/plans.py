@@ -1,7 +1,8 @@
 """Requests become privacy plans: a pure function of the request and public metadata.
 
-The worker calls :func:`build_plan` again with the stored request and refuses to run a
-job whose stored plan differs from the recomputed one ("a plan it cannot reproduce").
+The worker calls :func:`build_plan` again with the stored request (its defaults resolved
+at admission, :func:`resolve_defaults`) and refuses to run a job whose stored plan differs
+from the recomputed one ("a plan it cannot reproduce").
 Each method's own plan builder lives in :mod:`service.methods` (one module per method,
 one table); this module holds what every plan shares.
 """
@@ -14,7 +15,7 @@ from pydantic import ValidationError
 
 from service.datasets.images import ImageSchema
 from service.datasets.kinds import DATA_KINDS, DEFAULT_KIND, DataKind
-from service.methods import METHODS, choose_method, method_key, plan_key
+from service.methods import CHOOSERS, METHODS, choose_method, method_key, plan_key
 from service.methods.common import PlanError as PlanError
 from service.methods.common import PlanFacts
 from service.modelspec import CnnSpec, ModelSpec, fitted_cnn
@@ -25,9 +26,12 @@ from service.schemas import JobRequest, PrivacyPlan
 __all__ = [
     "PlanError",
     "build_plan",
+    "check_resolved",
     "data_kind",
     "plan_for_dataset",
     "progress_total",
+    "replan_admitted",
+    "resolve_defaults",
     "with_classes",
 ]
 
@@ -196,20 +200,93 @@ def plan_for_dataset(
     the worker (re-derivation before it reads data) both call this. The kind's entry in
     :data:`~service.datasets.kinds.DATA_KINDS` parses the schema and gives its bound."""
     request = with_image_shape(request, public_schema)
+    kind, facts, n_classes = _dataset_facts(public_schema, n_rows=n_rows)
+    return build_plan(
+        request,
+        n_rows=n_rows,
+        n_features=facts.n_features,
+        dataset_kind=kind,
+        norm_sq_bound=facts.norm_sq_bound,
+        n_classes=n_classes,
+    )
+
+
+def _dataset_facts(public_schema: dict[str, Any], *, n_rows: int) -> tuple[str, PlanFacts, int]:
+    """A registered dataset's kind, plan facts and number of classes, from its public
+    schema (parsed by its kind's entry in :data:`~service.datasets.kinds.DATA_KINDS`)."""
     kind = str(public_schema.get("kind", DEFAULT_KIND))
     entry = data_kind(kind)
     schema = entry.parse(public_schema)
     bound = entry.norm_sq_bound
-    return build_plan(
-        request,
+    facts = PlanFacts(
         n_rows=n_rows,
         n_features=schema.n_features,
-        dataset_kind=kind,
         norm_sq_bound=None if bound is None else bound(schema),
-        # A kind whose schema declares no classes (one added by its table entry alone) is
-        # binary.
-        n_classes=int(getattr(schema, "n_classes", 2)),
     )
+    # A kind whose schema declares no classes (one added by its table entry alone) is binary.
+    return kind, facts, int(getattr(schema, "n_classes", 2))
+
+
+def resolve_defaults(
+    request: JobRequest, *, n_rows: int, public_schema: dict[str, Any]
+) -> JobRequest:
+    """``request`` with every default its plan fills in written out, for the same public
+    facts as :func:`plan_for_dataset`: the method a rule of
+    :data:`~service.methods.CHOOSERS` (``auto``) chose, then that method's options as its
+    ``MethodEntry.resolve`` fills them. It plans identically (:func:`replan_admitted`).
+    Admission stores it beside the request as sent (``Job.resolved_request``) and the worker
+    re-plans from it, so a default rule changed between admission and run (an upgrade)
+    leaves a queued job's plan reproducible. A request no entry of :data:`METHODS` plans
+    (selection, evaluation) is returned as it is: its endpoint stores it with its budget
+    resolved, but a selection's training defaults are not pinned."""
+    _, facts, n_classes = _dataset_facts(public_schema, n_rows=n_rows)
+    if request.method in CHOOSERS:
+        request, _ = choose_method(request, facts, n_classes=n_classes)
+    entry = METHODS.get(method_key(request))
+    return request if entry is None else entry.resolve(request, facts)
+
+
+def replan_admitted(
+    admitted: JobRequest,
+    *,
+    sent: JobRequest,
+    stored: PrivacyPlan,
+    n_rows: int,
+    public_schema: dict[str, Any],
+) -> PrivacyPlan:
+    """The worker's re-derivation of a stored plan from the admitted request
+    (:func:`resolve_defaults` of ``sent``; :func:`check_resolved` first). Where ``sent`` let
+    a rule choose the method (``auto``), the admitted request names the method chosen at
+    admission and the plan carries the stored choice when it names that method (its reason
+    is the admission's rule's, which a later rule may word otherwise)."""
+    plan = plan_for_dataset(admitted, n_rows=n_rows, public_schema=public_schema)
+    choice = stored.method_choice
+    if sent.method in CHOOSERS and choice is not None and choice.method == admitted.method:
+        plan = plan.model_copy(update={"method_choice": choice})
+    return plan
+
+
+def check_resolved(sent: JobRequest, resolved: JobRequest) -> None:
+    """Refuse (:class:`PlanError`) a resolved request that is not ``sent`` with only values
+    ``sent`` left empty (None) filled in, and the method where ``sent`` left it to a rule
+    (``auto``): whatever the analyst wrote is what runs."""
+    given = sent.model_dump(mode="json")
+    if sent.method in CHOOSERS:
+        given["method"] = None
+    if not _fills_only(given, resolved.model_dump(mode="json")):
+        raise PlanError("the admitted request differs from the request as sent")
+
+
+def _fills_only(sent: Any, resolved: Any) -> bool:
+    if sent is None:
+        return True
+    if isinstance(sent, dict):
+        return (
+            isinstance(resolved, dict)
+            and sent.keys() == resolved.keys()
+            and all(_fills_only(v, resolved[k]) for k, v in sent.items())
+        )
+    return bool(sent == resolved) and type(sent) is type(resolved)
 
 
 def progress_total(plan: PrivacyPlan) -> int:

@@ -3,7 +3,9 @@
 1. Claim (one transaction, job row locked): skip jobs that are finished or running with a
    fresh heartbeat; give up after `max_attempts`; otherwise take a new run token.
 2. Recompute the plan from the stored request and public metadata; refuse a plan that
-   cannot be reproduced (before any private row is read).
+   cannot be reproduced (before any private row is read). The request re-planned is the
+   one admitted, its defaults resolved at admission: a default rule changed by an upgrade
+   while the job was queued does not fail it, and what the analyst sent must be kept.
 3. Open the private rows, mark `data_touched` just before the first read (a failure
    before that, e.g. a missing data file, leaves the charge refundable), run the
    mechanism. A heartbeat thread reports data-independent progress (step k of T) and
@@ -39,7 +41,13 @@ from service.ledger.locks import lock_job
 from service.ledger.releases import record_release
 from service.ledger.tables import Dataset, FailureCategory, Job, JobStage, JobStatus, Release
 from service.modelspec import ModelSpec
-from service.plans import PlanError, plan_for_dataset, progress_total
+from service.plans import (
+    PlanError,
+    check_resolved,
+    progress_total,
+    replan_admitted,
+    resolve_defaults,
+)
 from service.privacy.amounts import from_micro
 from service.schemas import JobRequest, PrivacyPlan
 from service.selection.api_bodies import ResolvedSelection, plan_selection_job
@@ -296,6 +304,26 @@ def _run_evaluation(
     return MechanismOutput(releases=[]), card
 
 
+def _admitted_request(
+    job_id: str, request: JobRequest, resolved: dict[str, Any] | None, ds: Dataset
+) -> JobRequest:
+    """What the plan check re-plans: the request with the defaults resolved at admission
+    (``Job.resolved_request``), which must keep every value the analyst sent; the request as
+    sent where none was stored. A default rule changed since admission (an upgrade) thus
+    leaves the admitted plan reproducible; it is logged, and the admitted defaults run."""
+    if resolved is None:
+        return request
+    admitted = JobRequest.model_validate(resolved)
+    check_resolved(request, admitted)
+    try:
+        today = resolve_defaults(request, n_rows=ds.n_rows, public_schema=ds.public_schema)
+    except PlanError:
+        today = None  # today's rules refuse it (auto's, say): the admitted choice runs
+    if today != admitted:
+        log.info("job %s: runs the defaults resolved at admission (today's rules differ)", job_id)
+    return admitted
+
+
 def execute_job(job_id: str, settings: Settings | None = None) -> Outcome:
     settings = settings or get_settings()
     engine = engine_for(settings.resolved_database_url)
@@ -306,17 +334,24 @@ def execute_job(job_id: str, settings: Settings | None = None) -> Outcome:
     try:
         request = JobRequest.model_validate(job.request)
         stored = PrivacyPlan.model_validate(job.plan)
+        admitted = _admitted_request(job_id, request, job.resolved_request, ds)
         selection: ResolvedSelection | None = None
         if request.method == "selection":
             selection, plan = plan_selection_job(
-                request, n_rows=ds.n_rows, public_schema=ds.public_schema
+                admitted, n_rows=ds.n_rows, public_schema=ds.public_schema
             )
         elif request.method == "evaluation":
             plan = plan_evaluation_job(
-                request, holdout_rows=ds.holdout_rows, public_schema=ds.public_schema
+                admitted, holdout_rows=ds.holdout_rows, public_schema=ds.public_schema
             )
         else:
-            plan = plan_for_dataset(request, n_rows=ds.n_rows, public_schema=ds.public_schema)
+            plan = replan_admitted(
+                admitted,
+                sent=request,
+                stored=stored,
+                n_rows=ds.n_rows,
+                public_schema=ds.public_schema,
+            )
         if plan != stored:
             raise PlanError("stored plan differs from the recomputed plan")
     except Exception:

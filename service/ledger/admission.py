@@ -214,8 +214,13 @@ def admit_job(
     request: JobRequest,
     plan: PrivacyPlan,
     idempotency_key: str | None,
+    resolved_request: JobRequest | None = None,
 ) -> Admitted:
     """Charge the plan and create the queued job, in the caller's transaction.
+
+    ``resolved_request`` is ``request`` with the defaults its plan filled in written out
+    (service.plans.resolve_defaults), stored for the worker's plan check; None, or equal to
+    ``request``: nothing to resolve (stored NULL). The digest is of ``request`` as sent.
 
     Raises :class:`BudgetExceeded` (nothing written) when either filter refuses.
 
@@ -244,6 +249,9 @@ def admit_job(
         "request_hash": digest,
         "request": request.model_dump(mode="json"),
         "plan": plan.model_dump(mode="json"),
+        "resolved_request": None
+        if resolved_request is None or resolved_request == request
+        else resolved_request.model_dump(mode="json"),
         "status": JobStatus.queued,
         "progress_step": 0,
         "progress_total": progress_total(plan),

@@ -117,6 +117,12 @@ class Job(Base):
     request_hash: Mapped[str] = mapped_column(String(64))
     request: Mapped[dict[str, Any]]
     plan: Mapped[dict[str, Any]]
+    # The request with every default its plan filled in written out (migration 0010;
+    # service.plans.resolve_defaults): what the worker re-plans, so that a default rule
+    # changed by an upgrade after admission leaves the plan reproducible. ``request`` stays
+    # as the analyst sent it (served, digested). NULL: nothing to resolve, or a job older
+    # than the column (the worker re-plans ``request``).
+    resolved_request: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
     status: Mapped[JobStatus] = mapped_column(_enum(JobStatus), index=True)
     progress_step: Mapped[int] = mapped_column(Integer, default=0)
     progress_total: Mapped[int] = mapped_column(Integer, default=0)

@@ -26,9 +26,15 @@ from service.methods.dpsgd import (
     dpsgd_resources,
     dpsgd_work_twin,
     plan_dpsgd,
+    resolve_dpsgd_request,
 )
-from service.methods.expm import langevin_resources, plan_langevin, plan_mcmc
-from service.methods.expm_nf import expm_nf_resources, plan_expm_nf
+from service.methods.expm import (
+    langevin_resources,
+    plan_langevin,
+    plan_mcmc,
+    resolve_expm_request,
+)
+from service.methods.expm_nf import expm_nf_resources, plan_expm_nf, resolve_expm_nf_request
 from service.schemas import Guarantee, JobRequest, PrivacyPlan
 from service.schemas.common import AUTO_METHOD
 from service.schemas.jobs import MethodChoice
@@ -57,6 +63,11 @@ class MethodEntry:
     work_twin: Callable[[JobRequest], JobRequest | None] = lambda _request: None
     """A request whose plan costs the worker what the request's does but is quick to plan
     (service/resources.py ``work_twin``), or None: planning is quick already."""
+    resolve: Callable[[JobRequest, PlanFacts], JobRequest] = lambda request, _facts: request
+    """The request with every default its plan fills in made explicit, which must plan
+    identically (tests/unit/test_admitted_requests.py): stored at admission, it is what the
+    worker re-plans, so a later change of a default rule does not fail a queued job. The
+    default (the request as sent) suits a method whose plan fills no default."""
 
 
 def _always(guarantee: Guarantee) -> Callable[[JobRequest], Guarantee]:
@@ -65,16 +76,25 @@ def _always(guarantee: Guarantee) -> Callable[[JobRequest], Guarantee]:
 
 METHODS: dict[tuple[str, str | None], MethodEntry] = {
     ("dpsgd", None): MethodEntry(
-        plan_dpsgd, dpsgd_guarantee, dpsgd_resources, work_twin=dpsgd_work_twin
+        plan_dpsgd,
+        dpsgd_guarantee,
+        dpsgd_resources,
+        work_twin=dpsgd_work_twin,
+        resolve=resolve_dpsgd_request,
     ),
-    ("expm", "langevin"): MethodEntry(plan_langevin, _always("proven"), langevin_resources),
-    ("expm", "mcmc"): MethodEntry(plan_mcmc, _always("asymptotic"), no_estimate),
+    ("expm", "langevin"): MethodEntry(
+        plan_langevin, _always("proven"), langevin_resources, resolve=resolve_expm_request
+    ),
+    ("expm", "mcmc"): MethodEntry(
+        plan_mcmc, _always("asymptotic"), no_estimate, resolve=resolve_expm_request
+    ),
     ("expm_nf", None): MethodEntry(
         # One flow is trained for all the samples: its steps are the job's.
         plan_expm_nf,
         _always("nominal"),
         expm_nf_resources,
         lambda plan: int(plan.mechanism["steps"]),
+        resolve=resolve_expm_nf_request,
     ),
 }
 

@@ -116,6 +116,16 @@ def resolve_dpsgd_options(
     return options.model_copy(update={"batch_size": batch, "epochs": epochs})
 
 
+def resolve_dpsgd_request(request: JobRequest, facts: PlanFacts) -> JobRequest:
+    """``request`` with its DP-SGD options as its plan uses them (batch_size and epochs
+    filled by :func:`resolve_dpsgd_options`): it plans identically, under these rules or
+    any later ones (the job's admitted request, service.plans.resolve_defaults)."""
+    options = resolve_dpsgd_options(
+        request.dpsgd or DpsgdOptions(), n_rows=facts.n_rows, model_kind=request.model.kind
+    )
+    return request.model_copy(update={"dpsgd": options})
+
+
 def dpsgd_schedule(*, n_rows: int, options: DpsgdOptions) -> DpsgdSchedule:
     """The public schedule (raises :class:`PlanError` when batch_size exceeds the count)."""
     options = resolve_dpsgd_options(options, n_rows=n_rows)

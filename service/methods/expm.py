@@ -136,6 +136,21 @@ def resolve_expm_options(
     return options.model_copy(update=update)
 
 
+def resolve_expm_request(request: JobRequest, facts: PlanFacts) -> JobRequest:
+    """``request`` with its ExpM options as its plan uses them (:func:`resolve_expm_options`,
+    either sampler): it plans identically, under these rules or any later ones (the job's
+    admitted request, service.plans.resolve_defaults)."""
+    if facts.norm_sq_bound is None:
+        return request  # no plan: _norm_sq_bound refuses
+    options = resolve_expm_options(
+        request.expm or ExpmOptions(),
+        epsilon=request.epsilon,
+        n_rows=facts.n_rows,
+        norm_sq_bound=facts.norm_sq_bound,
+    )
+    return request.model_copy(update={"expm": options})
+
+
 def _expm_langevin_plan(
     request: JobRequest, *, n_rows: int, n_features: int, norm_sq_bound: int
 ) -> tuple[DpEvent, dict[str, Any], str]:

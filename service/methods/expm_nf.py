@@ -41,6 +41,15 @@ def resolve_expm_nf_options(options: ExpmNfOptions, *, model_kind: str) -> ExpmN
     )
 
 
+def resolve_expm_nf_request(request: JobRequest, _facts: PlanFacts) -> JobRequest:
+    """``request`` with its ExpM+NF options as its plan uses them (the sampler sizes of
+    :func:`resolve_expm_nf_options`)."""
+    options = resolve_expm_nf_options(
+        request.expm_nf or ExpmNfOptions(), model_kind=request.model.kind
+    )
+    return request.model_copy(update={"expm_nf": options})
+
+
 def _expm_plan(request: JobRequest) -> tuple[DpEvent, dict[str, Any], str]:
     options = resolve_expm_nf_options(
         request.expm_nf or ExpmNfOptions(), model_kind=request.model.kind

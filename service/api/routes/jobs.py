@@ -40,7 +40,7 @@ from service.ledger.nominal import nominal_refusal
 from service.ledger.refunds import cancel_job
 from service.ledger.tables import AnalystCap, Dataset, Job, JobStatus, Release
 from service.methods.common import ResourceEstimate
-from service.plans import PlanError, plan_for_dataset
+from service.plans import PlanError, plan_for_dataset, resolve_defaults
 from service.privacy.amounts import from_micro
 from service.privacy.deadline import PlanningTimeout, planning_deadline
 from service.privacy.rdp import epsilon_from_rdp
@@ -115,6 +115,9 @@ class Planned:
     plan: PrivacyPlan
     dataset_id: int  # datasets are never deleted: admission may lock it by id
     estimate: ResourceEstimate  # the worker time and memory the limits were checked on
+    # The request with its plan's defaults written out (service.plans.resolve_defaults),
+    # stored for the worker's plan check; None: the request as sent (selections, evaluations).
+    resolved: JobRequest | None = None
 
 
 def _plan_for(engine: EngineDep, settings: Settings, body: JobRequest) -> Planned:
@@ -136,7 +139,9 @@ def _plan_for(engine: EngineDep, settings: Settings, body: JobRequest) -> Planne
             plan = plan_for_dataset(body, n_rows=n_rows, public_schema=public_schema)
     except (PlanError, PlanningTimeout) as exc:
         raise ProblemError(422, "invalid-plan", str(exc)) from exc
-    return Planned(plan, dataset_id, refuse_over_limits(plan, public_schema, settings))
+    estimate = refuse_over_limits(plan, public_schema, settings)
+    resolved = resolve_defaults(body, n_rows=n_rows, public_schema=public_schema)
+    return Planned(plan, dataset_id, estimate, resolved)
 
 
 def refuse_over_limits(
@@ -267,6 +272,7 @@ def admit_and_enqueue(
                 request=body,
                 plan=planned.plan,
                 idempotency_key=idempotency_key,
+                resolved_request=planned.resolved,
             )
             view = job_public(admitted.job, admitted.dataset_name)
     except BudgetExceeded as exc:
