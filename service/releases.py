@@ -172,6 +172,9 @@ def predict_class_proba(release: LoadedRelease, x: np.ndarray, sample: int = 0) 
     encoded features x, from a multinomial logistic release (``model.classes`` = K ≥ 3)."""
     if n_classes(release) < 3:
         raise ValueError("a binary release: use predict_proba (P(y = 1 | x))")
+    kind = release.card["model"]["kind"]
+    if kind != "logistic":  # a K-class CNN (issue 20): scored in the enclave's tests only
+        raise ValueError(f"predict_class_proba supports logistic releases, not {kind!r}")
     w = release.sample_weights(sample)
     z = x.astype(np.float64) @ w["linear.weight"].T.astype(np.float64) + w["linear.bias"]
     z = z - z.max(axis=1, keepdims=True)
