@@ -12,8 +12,15 @@ the workflow's ε by the quote):
 - fresh: the first quote a freshly started API process answers (readiness checked with
   /readyz only), one process per family and repeat;
 - never-seen: distinct requests (each its own ε, and batch size for DP-SGD) in one
-  running process, so every quote plans and calibrates from scratch (no cache hit);
+  running process, so every quote plans and calibrates anew; a selection's requests
+  differ in their workflow ε only, so its per-training ε's bisection reads the steps
+  the earlier ones share from service.selection.kinds' memo;
+- new inputs: never-seen requests that also differ in a planning input (a selection's
+  fitness ε), so no step of the bisection was planned before: a request of a kind and
+  shape nobody asked before;
 - repeat: one request repeated, answered from the calibration caches.
+
+With ``--baseline`` the fresh processes alternate between the two trees too.
 
 p50 and max of the client-side latency (the whole HTTP round trip). The per-key and global
 planning limits are raised for the run (the sequential client never meets them anyway).
@@ -84,7 +91,8 @@ def setup(url: str, home: Path) -> str:
 
 
 def _dpsgd(options: dict[str, Any]) -> Body:
-    def body(i: int) -> tuple[str, dict[str, Any]]:
+    def body(i: int, new_inputs: bool = False) -> tuple[str, dict[str, Any]]:
+        i += 500 if new_inputs else 0  # distinct batch sizes: new inputs anyway
         return "/v1/quote", {
             "method": "dpsgd",
             "epsilon": 0.5 + 0.0137 * i,
@@ -96,7 +104,8 @@ def _dpsgd(options: dict[str, Any]) -> Body:
 
 
 def _method(method: str, delta: float, options: dict[str, Any]) -> Body:
-    def body(i: int) -> tuple[str, dict[str, Any]]:
+    def body(i: int, new_inputs: bool = False) -> tuple[str, dict[str, Any]]:
+        i += 500 if new_inputs else 0  # distinct ε: a new plan anyway
         return "/v1/quote", {
             "method": method,
             "epsilon": 0.5 + 0.0137 * i,
@@ -108,18 +117,20 @@ def _method(method: str, delta: float, options: dict[str, Any]) -> Body:
 
 
 def _selection(kind: str, epsilon: float, options: dict[str, Any]) -> Body:
-    def body(i: int) -> tuple[str, dict[str, Any]]:
+    def body(i: int, new_inputs: bool = False) -> tuple[str, dict[str, Any]]:
+        fitness = {"fitness_epsilon": 0.1 + 0.0011 * (i + 1)} if new_inputs else {}
         return "/v1/selections/quote", {
             "kind": kind,
             "epsilon": epsilon + 0.0137 * i,
             "delta": 1e-6,
+            **fitness,
             **options,
         }
 
     return body
 
 
-Body = Callable[[int], tuple[str, dict[str, Any]]]
+Body = Callable[..., tuple[str, dict[str, Any]]]  # (i, new_inputs=False)
 
 # (label, request i of the family): request i ≠ request j for i ≠ j.
 FAMILIES: list[tuple[str, Body]] = [
@@ -168,11 +179,18 @@ def timed(client: httpx.Client, request: tuple[str, dict[str, Any]], name: str) 
     return took
 
 
-def fresh_first(env: dict[str, str], home: Path, key: str, body: Body, i: int) -> float:
-    """The first quote of a freshly started API process (request ``i`` of the family)."""
+def fresh_first(
+    env: dict[str, str], home: Path, key: str, body: Body, i: int, tree: Path | None = None
+) -> float:
+    """The first quote of a freshly started API process (request ``i`` of the family),
+    serving this tree or ``tree``."""
     port = free_port()
     base = f"http://127.0.0.1:{port}"
-    proc = start_api(child_env(env), port, log=home / "api.log")
+    if tree is None:
+        proc = start_api(child_env(env), port, log=home / "api.log")
+    else:
+        tree_env = child_env({**env, "PYTHONPATH": str(tree)})
+        proc = start_api(tree_env, port, log=home / "api-baseline.log", cwd=tree)
     try:
         wait_ready(base)
         headers = {"Authorization": f"Bearer {key}"}
@@ -180,6 +198,33 @@ def fresh_first(env: dict[str, str], home: Path, key: str, body: Body, i: int) -
             return timed(c, body(i), DATASET)
     finally:
         stop(proc)
+
+
+def _load() -> str:
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def _cells(row: dict[str, Any]) -> dict[str, str]:
+    """The table's cells of one family: 'this / baseline' where a baseline ran."""
+
+    def both(key: str, f: Callable[[list[float]], float]) -> str:
+        old = row.get(f"{key}_old") or []
+        mine = f"{1e3 * f(row[key]):.0f}"
+        return f"{mine} / {1e3 * f(old):.0f}" if old else mine
+
+    def firsts(key: str) -> str:
+        return ", ".join(f"{1e3 * x:.0f}" for x in row[key])
+
+    fresh = firsts("fresh") + (f" / {firsts('fresh_old')}" if row.get("fresh_old") else "")
+    return {
+        "fresh": fresh,
+        "cold p50": both("cold", statistics.median),
+        "cold max": both("cold", max),
+        "new p50": both("new", statistics.median),
+        "new max": both("new", max),
+        "warm p50": both("warm", statistics.median),
+        "warm max": both("warm", max),
+    }
 
 
 def main() -> None:
@@ -197,6 +242,7 @@ def main() -> None:
         "second API process on the same ledger; never-seen quotes alternate between the two",
     )
     args = ap.parse_args()
+    load_before = _load()
     families = [(label, body) for label, body in FAMILIES if args.only in label]
     db, url = fresh_db(args.pg)
     home = Path(tempfile.mkdtemp(prefix="enclave-quote-bench-"))
@@ -214,11 +260,17 @@ def main() -> None:
     proc = old = None
     try:
         key = setup(url, home)
-        # Fresh processes first: request 1000 + r of each family is never asked again.
-        fresh = {
-            label: [fresh_first(env, home, key, body, 1000 + r) for r in range(args.fresh)]
-            for label, body in families
-        }
+        # Fresh processes first: request 1000 + r of each family is never asked again
+        # (2000 + r to the baseline's processes, started in turn with this tree's).
+        tree = None if args.baseline is None else args.baseline.resolve()
+        fresh: dict[str, list[float]] = {}
+        fresh_old: dict[str, list[float]] = {}
+        for label, body in families:
+            for r in range(args.fresh):
+                fresh.setdefault(label, []).append(fresh_first(env, home, key, body, 1000 + r))
+                if tree is not None:
+                    old_first = fresh_first(env, home, key, body, 2000 + r, tree)
+                    fresh_old.setdefault(label, []).append(old_first)
         port = free_port()
         base = f"http://127.0.0.1:{port}"
         proc = start_api(child_env(env), port, log=home / "api.log")
@@ -233,10 +285,10 @@ def main() -> None:
             baseline = httpx.Client(
                 base_url=f"http://127.0.0.1:{old_port}", headers=headers, timeout=300
             )
-            timed(baseline, FAMILIES[0][1](2000), DATASET)
+            timed(baseline, FAMILIES[0][1](3000), DATASET)
         wait_ready(base)
         with httpx.Client(base_url=base, headers=headers, timeout=300) as client:
-            timed(client, FAMILIES[0][1](2000), DATASET)  # the process's first quote
+            timed(client, FAMILIES[0][1](3000), DATASET)  # the process's first quote
             for label, body in families:
                 cold: list[float] = []
                 cold_old: list[float] = []
@@ -244,25 +296,33 @@ def main() -> None:
                     cold.append(timed(client, body(i), DATASET))
                     if baseline is not None:
                         cold_old.append(timed(baseline, body(i), DATASET))
+                new: list[float] = []
+                new_old: list[float] = []
+                for i in range(args.cold):
+                    new.append(timed(client, body(i, new_inputs=True), DATASET))
+                    if baseline is not None:
+                        new_old.append(timed(baseline, body(i, new_inputs=True), DATASET))
                 same = body(0)  # asked above: cached
                 warm = [timed(client, same, DATASET) for _ in range(args.warm)]
+                warm_old = (
+                    [timed(baseline, same, DATASET) for _ in range(args.warm)]
+                    if baseline is not None
+                    else []
+                )
                 rows.append(
                     {
                         "what": label,
                         "fresh": fresh[label],
+                        "fresh_old": fresh_old.get(label, []),
                         "cold": cold,
                         "cold_old": cold_old,
+                        "new": new,
+                        "new_old": new_old,
                         "warm": warm,
+                        "warm_old": warm_old,
                     }
                 )
-                print(
-                    label,
-                    [round(1e3 * x) for x in fresh[label]],
-                    round(1e3 * statistics.median(cold)),
-                    round(1e3 * statistics.median(cold_old)) if cold_old else "",
-                    round(1e3 * statistics.median(warm)),
-                    flush=True,
-                )
+                print(label, _cells(rows[-1]), flush=True)
         if baseline is not None:
             baseline.close()
     finally:
@@ -270,43 +330,36 @@ def main() -> None:
         drop_db(args.pg, db)
 
     cmd = "python " + shlex.join(["benchmarks/quote_latency.py", *sys.argv[1:]])
+    columns = ["fresh process, first quote", "never-seen p50", "never-seen max"]
+    columns += ["new inputs p50", "new inputs max", "repeat p50", "repeat max"]
     lines = [
-        "# Quote latency over HTTP: fresh process, never-seen, repeated (PostgreSQL, one API "
-        "process)",
+        "# Quote latency over HTTP: fresh process, never-seen, new inputs, repeated "
+        "(PostgreSQL, one API process)",
         "",
-        f"Command: `{cmd}`. This machine: 2 cores shared with other jobs (noisy). "
-        "Adult registered (d = 104); one sequential client. Milliseconds, client side.",
+        f"Command: `{cmd}`. Load average before / after the run: {load_before} / "
+        f"{_load()} (`uptime`; 2 cores shared with other jobs: noisy). Adult registered "
+        "(d = 104); one sequential client. Milliseconds, client side"
+        + (
+            f"; each cell `this tree / baseline` (baseline: {args.baseline}, served by "
+            "processes of its own on the same ledger, every request sent to both in turn)."
+            if args.baseline
+            else "."
+        ),
         "",
-        "| family | fresh process, first quote | never-seen p50 | never-seen max "
-        "| repeat p50 | repeat max |"
-        + (" baseline never-seen p50 | baseline max |" if args.baseline else ""),
-        "|---|---|---:|---:|---:|---:|" + ("---:|---:|" if args.baseline else ""),
+        "| family | " + " | ".join(columns) + " |",
+        "|---|---|" + "---:|" * (len(columns) - 1),
     ]
     for r in rows:
-        fresh_ms = ", ".join(f"{1e3 * x:.0f}" for x in r["fresh"])
-        line = (
-            f"| {r['what']} | {fresh_ms} | {1e3 * statistics.median(r['cold']):.1f} | "
-            f"{1e3 * max(r['cold']):.1f} | {1e3 * statistics.median(r['warm']):.1f} | "
-            f"{1e3 * max(r['warm']):.1f} |"
-        )
-        if r["cold_old"]:
-            line += (
-                f" {1e3 * statistics.median(r['cold_old']):.1f} | {1e3 * max(r['cold_old']):.1f} |"
-            )
-        lines.append(line)
+        lines.append(f"| {r['what']} | " + " | ".join(_cells(r).values()) + " |")
     lines += [
         "",
         f"Fresh: the first quote of a newly started API process ({args.fresh} processes per "
         f"family, each value one process). Never-seen: {args.cold} distinct requests per "
-        "family in one running process (each plans and calibrates from scratch; a "
-        "selection's per-training ε is calibrated to its workflow ε). Repeat: one request "
-        f"asked {args.warm} times, from the caches."
-        + (
-            f" Baseline: the tree {args.baseline} served by a second API process on the same "
-            "ledger, each never-seen request sent to both processes in turn (same load)."
-            if args.baseline
-            else ""
-        ),
+        "family in one running process (a selection's differ in their workflow ε only, so "
+        "its per-training ε's bisection reads the steps they share from the memo of "
+        "service.selection.kinds). New inputs: as many requests that also differ in a "
+        "planning input (a selection's fitness ε), so nothing of their bisection was "
+        f"planned before. Repeat: one request asked {args.warm} times, from the caches.",
     ]
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "quote_latency.md").write_text("\n".join(lines) + "\n")
