@@ -32,7 +32,8 @@ The result holds rates, counts and bounds; nothing else leaves.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -153,13 +154,23 @@ def lira_plan(configuration: str, *, epsilon: float, delta: float, pool: Pool) -
     )
 
 
+@contextmanager
+def _one_thread() -> Iterator[None]:
+    """Tiny models: one torch thread (see tests/privacy/harness.py; on a busy machine a
+    thread pool makes each step many times slower)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
 def product_trainer(plan: PrivacyPlan) -> Trainer:
     """One release of ``plan`` by the worker's own mechanism, on the CPU, one thread."""
 
     def train(x: torch.Tensor, y: torch.Tensor) -> dict[str, torch.Tensor]:
-        threads = torch.get_num_threads()
-        torch.set_num_threads(1)  # tiny model: one thread (see tests/privacy/harness.py)
-        try:
+        with _one_thread():
             out = run_mechanism(
                 plan=plan,
                 spec=LogisticSpec.model_validate(plan.model),
@@ -167,8 +178,6 @@ def product_trainer(plan: PrivacyPlan) -> Trainer:
                 device=torch.device("cpu"),
                 progress=lambda step, total: None,
             )
-        finally:
-            torch.set_num_threads(threads)
         return out.releases[0]
 
     return train
@@ -176,24 +185,22 @@ def product_trainer(plan: PrivacyPlan) -> Trainer:
 
 def nonprivate_trainer(l2: float = 1e-3, iterations: int = 30) -> Trainer:
     """The ANCHOR: a non-private fit (Newton's method on the mean logistic loss plus
-    l2·‖w‖²/2, bias unpenalised), to show what LiRA finds in a release with no noise. For
-    benchmarks and tests only: no API route or command reaches it."""
+    l2·‖w‖²/2, bias unpenalised; float64, one thread), to show what LiRA finds in a release
+    with no noise. For benchmarks and tests only: no API route or command reaches it."""
 
     def train(x: torch.Tensor, y: torch.Tensor) -> dict[str, torch.Tensor]:
-        a = np.hstack([x.double().numpy(), np.ones((x.shape[0], 1))])
-        t = y.double().numpy()
-        ridge = np.full(a.shape[1], l2)
+        a = torch.cat([x.double(), torch.ones(x.shape[0], 1, dtype=torch.float64)], dim=1)
+        t = y.double()
+        ridge = torch.full((a.shape[1],), l2, dtype=torch.float64)
         ridge[-1] = 0.0
-        w = np.zeros(a.shape[1])
-        for _ in range(iterations):
-            p = 1.0 / (1.0 + np.exp(-(a @ w)))
-            grad = a.T @ (p - t) / len(t) + ridge * w
-            hess = (a.T * (p * (1.0 - p))) @ a / len(t) + np.diag(ridge + 1e-10)
-            w -= np.linalg.solve(hess, grad)
-        return {
-            "linear.weight": torch.from_numpy(w[None, :-1].copy()).float(),
-            "linear.bias": torch.from_numpy(w[-1:].copy()).float(),
-        }
+        w = torch.zeros(a.shape[1], dtype=torch.float64)
+        with _one_thread():
+            for _ in range(iterations):
+                p = torch.sigmoid(a @ w)
+                grad = a.T @ (p - t) / len(t) + ridge * w
+                hess = (a.T * (p * (1.0 - p))) @ a / len(t) + torch.diag(ridge + 1e-10)
+                w = w - torch.linalg.solve(hess, grad)
+        return {"linear.weight": w[None, :-1].float(), "linear.bias": w[-1:].float()}
 
     return train
 
