@@ -593,8 +593,7 @@ def evaluate(
     metrics: Annotated[
         str,
         typer.Option(
-            help="Comma-separated: accuracy, log_loss, calibration_error, confusion (auc is "
-            "refused for now)."
+            help="Comma-separated: accuracy, auc, log_loss, calibration_error, confusion."
         ),
     ] = "accuracy,log_loss",
     noise: Annotated[str, typer.Option(help="laplace or gaussian.")] = "laplace",

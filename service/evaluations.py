@@ -24,12 +24,11 @@ The plan's event is the composition the evaluation charges, one leaf per metric:
   charges that curve; the plan's stated (ε, δ) is the PLD calibration's
   (service/privacy/evaluation.py ``gaussian_scale``).
 
-Refused for now: **AUC**. Its mechanism is propose-test-release: (ε, δ)-DP where part of
-δ is the probability δ_bad that the noisy class counts' lower bounds fail, and such a
-mechanism has no finite Rényi-DP curve. The ledger is an RDP filter (or a pure one) that
-admits only mechanisms with an RDP curve (service/privacy/filters.py, "Setting"), so an
-AUC evaluation could not be charged honestly without an approximate-RDP charge (a δ the
-filter reserves), which the ledger does not have.
+AUC (binary and macro one-vs-rest) is two leaves, each charged as above: its integer
+statistic 2U (or the vector of each class's 2U_k) with sensitivity 2(n − 1) (6(n − 1) in
+L1, 2√3(n − 1) in L2 for K ≥ 3), and the class counts (sensitivity 1; K ≥ 3: L1 2, L2
+√2); the AUC is post-processing (service/privacy/evaluation.py ``auc_sensitivity``). It
+replaced a propose-test-release mechanism that had no Rényi-DP curve and was refused.
 """
 
 from __future__ import annotations
@@ -67,14 +66,9 @@ __all__ = [
     "plan_evaluation_job",
 ]
 
-REFUSED_METRICS: Final[dict[str, str]] = {
-    "auc": (
-        "AUC is not offered yet: its mechanism (propose-test-release on the noisy class "
-        "counts) is (ε, δ)-DP with a failure probability, which has no Rényi-DP curve, and "
-        "the ledger charges only mechanisms with one (service/evaluations.py)"
-    ),
-}
-"""Metrics that service/privacy/evaluation.py computes but the ledger cannot charge yet."""
+REFUSED_METRICS: Final[dict[str, str]] = {}
+"""Metrics that service/privacy/evaluation.py computes but the ledger cannot charge (none
+since AUC is charged as two fixed-sensitivity releases)."""
 
 HOLDOUT_RELATION: Final[str] = (
     "replace one row of the holdout, whose size is public; it follows from the ledger's "
@@ -190,22 +184,41 @@ def evaluation_plan(
         raise PlanError(str(exc)) from exc
 
 
-def _metric_event(entry: MetricPlan, *, classes: int) -> DpEvent:
-    """One metric's leaf (module docstring): pure ε_m for Laplace; for the rounded Gaussian,
-    the Gaussian mechanism of multiplier σ/Δ₂ and the sampler's pmf slack."""
-    if entry.noise == "laplace":
-        return PureDpEvent(epsilon=entry.epsilon)
-    dims = classes * classes if entry.metric == "confusion" else 1
+def _gaussian_leaf(scale: float, sensitivity_l2: float, dims: int) -> DpEvent:
+    """The rounded Gaussian of σ on an integer statistic of L2 sensitivity Δ₂ (``dims``
+    coordinates): the Gaussian mechanism of multiplier σ/Δ₂ and the sampler's pmf slack."""
     return ComposedEvent(
         events=(
             PoissonSubsampledGaussianEvent(
-                sampling_rate=1.0,
-                noise_multiplier=entry.scale / entry.sensitivity_l2,
-                steps=1,
+                sampling_rate=1.0, noise_multiplier=scale / sensitivity_l2, steps=1
             ),
             noise_slack(draws=dims),
         )
     )
+
+
+def _metric_event(entry: MetricPlan, *, classes: int) -> DpEvent:
+    """One metric's leaf (module docstring): pure ε_m for Laplace; for the rounded Gaussian,
+    :func:`_gaussian_leaf`. AUC: its 2U release and its counts' release, composed."""
+    if entry.metric == "auc":
+        assert entry.count_scale is not None and entry.count_epsilon is not None
+        assert entry.count_sensitivity_l2 is not None
+        dims = 1 if classes == 2 else classes
+        if entry.noise == "laplace":
+            parts: tuple[DpEvent, DpEvent] = (
+                PureDpEvent(epsilon=entry.epsilon - entry.count_epsilon),
+                PureDpEvent(epsilon=entry.count_epsilon),
+            )
+        else:
+            parts = (
+                _gaussian_leaf(entry.scale, entry.sensitivity_l2, dims),
+                _gaussian_leaf(entry.count_scale, entry.count_sensitivity_l2, dims),
+            )
+        return ComposedEvent(events=parts)
+    if entry.noise == "laplace":
+        return PureDpEvent(epsilon=entry.epsilon)
+    dims = classes * classes if entry.metric == "confusion" else 1
+    return _gaussian_leaf(entry.scale, entry.sensitivity_l2, dims)
 
 
 def plan_evaluation_job(

@@ -6,8 +6,7 @@ Neighbouring relation
 ---------------------
 **Replace one row** of a holdout whose size ``n`` is public. Everything else the
 mechanisms use is public too: the number of classes K, the decision rule (arg-max, or
-p ≥ ½ for binary), the log-loss clip p_min, the calibration bins, the grids below, and,
-for AUC, the noisy class counts that the same charge releases first.
+p ≥ ½ for binary), the log-loss clip p_min, the calibration bins and the grids below.
 
 Why replace-one with a public n fits a ledger that counts add/remove-one on the whole
 dataset: if the holdout is the ``n`` rows with the smallest keyed hash h(seed, row id)
@@ -30,8 +29,8 @@ accuracy           C = #correct                               1       1
 confusion          M_ij = #{y = i, ŷ = j} (K² cells)           2       √2
 log loss           Σ_i q_i, q_i = round(ℓ_i·G/L) ∈ [0, G]     G       G
 calibration error  Σ_b |Σ_{i∈b} q_i|, q_i = round((o_i−c_i)G)  2G      2G
-AUC (binary)       counts: n₁; then round(A·m·G)              1; G+1  1; G+1
-AUC (macro OvR)    counts: (n_k)_k; then round(A·G/Δ_A)       2; G+1  √2; G+1
+AUC (binary)       2U (Mann–Whitney, ties ½); count n₊       2(n−1); 1  2(n−1); 1
+AUC (macro OvR)    (2U_k)_k; counts (n_k)_k                  6(n−1); 2  2√3(n−1); √2
 =================  =========================================  ======  ======
 
 Proofs of the table (replace one row (x, y) by (x', y')):
@@ -45,17 +44,18 @@ Proofs of the table (replace one row (x, y) by (x', y')):
   q_i = round((o_i − c_i)·G) clamped to [−G, G] (o the outcome, c the confidence).
   Removing the row changes one bin's |S_b| by at most G (triangle inequality), adding one
   changes one bin's by at most G: Δ₁ = 2G.
-* AUC: see :func:`binary_auc_sensitivity` and :func:`macro_auc_sensitivity`. The AUC's
-  sensitivity depends on the private class counts (local sensitivity 1/min(n₁, n₀)), so
-  the mechanism first releases noisy counts, turns them into public lower bounds m that
-  hold except with probability δ_bad, and scales the AUC noise to 1/m: the
-  propose-test-release pattern (Dwork & Lei 2009, "Differential privacy and robust
-  statistics", STOC; Dwork & Roth 2014, "The Algorithmic Foundations of Differential
-  Privacy", Ch. 7, stability and privacy). Rounding A/g to the grid g = Δ_A/G adds one
-  unit: |round(a) − round(b)| ≤ ⌊|a − b|⌋ + 1 ≤ G + 1. Boyd, Lantz & Page 2015
-  ("Differential privacy for classifier evaluation", AISec, doi:10.1145/2808769.2808775)
-  give private mechanisms for AUC built on its sensitivity (only their abstract was read
-  here: the bound used is proven in :func:`binary_auc_sensitivity`, not taken from them).
+* AUC: the AUC U/(n₊n₋) has a sensitivity that depends on the private class counts
+  (1/min(n₊, n₋)), but its numerator does not: 2U (an integer) has the global bound
+  2(n − 1) (:func:`auc_sensitivity`, proof there), and the counts have sensitivity 1
+  (binary n₊; n₋ = n − n₊) or L1 2 (the K-class histogram). Both are released with
+  noise of fixed scale; AUC = Ũ/(ñ₊ñ₋) is post-processing. This replaces a
+  propose-test-release mechanism (Dwork & Lei 2009) that scaled the noise to noisy
+  lower bounds of the counts: (ε, δ)-DP with a failure probability and no RDP curve, so
+  the ledger could not charge it (removed, issue 21; its noise is compared with this one
+  in benchmarks/results/private_evaluation.md). Boyd, Lantz & Page 2015 ("Differential
+  privacy for classifier evaluation", AISec, doi:10.1145/2808769.2808775) give private
+  AUC mechanisms built on its sensitivity with public class counts (only their abstract
+  was read here: the bound used is proven in :func:`auc_sensitivity`).
 
 Noise calibration (:func:`laplace_scale`, :func:`gaussian_scale`): the discrete Laplace
 (two-sided geometric) law with scale Δ₁/ε is ε-DP for an integer query of L1
@@ -69,9 +69,9 @@ grid), times Δ₂. The sampler's pmf gap (η per coordinate, service/privacy/sa
 subtracted from each part's ε before calibrating, so the parts still sum to the budget.
 
 Budget split (:func:`split_budget`): equal shares of (ε, δ) per requested metric, summed
-by basic composition (Dwork & Roth 2014, Thm 3.16; it holds for adaptively chosen
-mechanisms, which the AUC's second stage is). With Laplace noise every metric but AUC is
-pure ε-DP and δ goes to the AUC's δ_bad only (AUC needs δ > 0).
+by basic composition (Dwork & Roth 2014, Thm 3.16). With Laplace noise every metric is
+pure ε-DP (δ = 0); the AUC's share is split between 2U and the counts
+(:data:`AUC_COUNT_SHARE`).
 
 Confidence intervals: service/privacy/evaluation_intervals.py.
 """
@@ -81,7 +81,6 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from fractions import Fraction
 from statistics import NormalDist
 from typing import Final, Literal
 
@@ -89,19 +88,16 @@ from service.privacy.calibrate import calibrate
 from service.privacy.sampling import noise_slack
 
 __all__ = [
-    "AUC_GRID",
+    "AUC_COUNT_SHARE",
     "ECE_GRID",
     "LOG_LOSS_GRID",
-    "AucStage",
     "EvaluationPlan",
     "Metric",
     "MetricPlan",
     "NoiseKind",
-    "auc_stage",
-    "binary_auc_sensitivity",
+    "auc_sensitivity",
     "gaussian_scale",
     "laplace_scale",
-    "macro_auc_sensitivity",
     "noise_tail",
     "plan_evaluation",
     "split_budget",
@@ -117,9 +113,6 @@ METRICS: Final[tuple[Metric, ...]] = (
     "confusion",
 )
 
-AUC_GRID: Final[int] = 2**12
-"""Grid units per AUC sensitivity: the AUC is released on the grid Δ_A/4096 (rounding costs
-one unit of 4097 in sensitivity, 0.02%)."""
 LOG_LOSS_GRID: Final[int] = 2**16
 """Grid units per clipped log loss range [0, L], L = −ln p_min."""
 ECE_GRID: Final[int] = 2**16
@@ -237,9 +230,8 @@ def split_budget(
     """Equal shares of one (ε, δ) over the requested metrics; they sum to at most (ε, δ), so
     the evaluation is (ε, δ)-DP by basic composition (Dwork & Roth 2014, Thm 3.16).
 
-    Laplace: each metric gets ε/k; δ is spent by the AUC only (its count test), and a
-    Laplace plan with AUC needs δ > 0 (a plan without AUC charges δ = 0). Gaussian: each
-    metric gets (ε/k, δ/k); δ > 0 is required.
+    Laplace: each metric gets ε/k and δ = 0 (every metric, AUC included, is pure ε-DP).
+    Gaussian: each metric gets (ε/k, δ/k); δ > 0 is required.
     """
     ms = list(metrics)
     if not ms or len(set(ms)) != len(ms) or any(m not in METRICS for m in ms):
@@ -248,9 +240,7 @@ def split_budget(
     dlt = _probability("delta", delta, allow_zero=True)
     k = len(ms)
     if noise == "laplace":
-        if "auc" in ms and dlt == 0.0:
-            raise ValueError("AUC needs delta > 0 (its class-count test fails with probability δ)")
-        return {m: Share(epsilon=eps / k, delta=dlt if m == "auc" else 0.0) for m in ms}
+        return {m: Share(epsilon=eps / k, delta=0.0) for m in ms}
     if noise == "gaussian":
         if dlt == 0.0:
             raise ValueError("Gaussian noise needs delta > 0")
@@ -261,48 +251,42 @@ def split_budget(
 # ---------------------------------------------------------------------- AUC sensitivity
 
 
-def binary_auc_sensitivity(*, positives: int, negatives: int) -> Fraction:
-    """Largest change of the binary AUC when one row is replaced, for a holdout with
-    ``positives`` = n₁ ≥ 1 and ``negatives`` = n₀ ≥ 1: 1/min(n₁, n₀) (local sensitivity).
+def auc_sensitivity(*, n: int, classes: int) -> tuple[int, float]:
+    """(Δ₁, Δ₂) of the AUC's integer statistic 2U under replace-one on a holdout of public
+    size n: binary 2(n − 1) for both; K ≥ 3, the vector (2U_k)_k of the one-vs-rest
+    problems, Δ₁ = 6(n − 1) and Δ₂ = 2√3·(n − 1). (1 for n = 1, where 2U ≡ 0.)
 
-    AUC = U/(n₁n₀), U = Σ_{i pos} Σ_{j neg} h(s_i, s_j), h = 1, ½, 0 for >, =, < (Mann-
-    Whitney; Hanley & McNeil 1982); a class left empty has AUC ½ by convention.
-    Proof (AUC's sensitivity is the subject of Boyd, Lantz & Page 2015; this is our own):
-    * same class, positive: the row's n₀ pairs change, each by ≤ 1: |ΔAUC| ≤ n₀/(n₁n₀)
-      = 1/n₁; a negative likewise 1/n₀. Attained: move the lowest-scored positive above
-      every negative when it was below them all.
-    * positive → negative: let A₀ be the AUC of the other rows (n₁ − 1 positives, n₀
-      negatives). AUC(D) = A₀ + (r/n₀ − A₀)/n₁ (r ∈ [0, n₀] the row's pairs, a weighted
-      mean of the pairs) and AUC(D') = A₀ + (r'/(n₁ − 1) − A₀)/(n₀ + 1) (r' ∈ [0, n₁ − 1]),
-      so |ΔAUC| ≤ max_{A₀∈[0,1]} max((1 − A₀)/n₁ +
-      A₀/(n₀ + 1), A₀/n₁ + (1 − A₀)/(n₀ + 1)) = max(1/n₁, 1/(n₀ + 1)) ≤ 1/min(n₁, n₀).
-      (n₁ = 1: the bound is 1, which any change satisfies.) Negative → positive is
-      symmetric: max(1/n₀, 1/(n₁ + 1)).
-    So on any neighbour D' of D, |AUC(D) − AUC(D')| ≤ 1/min(n₁(D), n₀(D)); the test in
-    tests/unit/test_private_evaluation.py enumerates neighbours and finds it attained.
+    2U = Σ_{i pos} Σ_{j neg} (2·1{s_i > s_j} + 1{s_i = s_j}), so U is the Mann–Whitney
+    count with ties ½ (Mann & Whitney 1947) and AUC = U/(n₊n₋) (Bamber 1975; Hanley &
+    McNeil 1982). Proof: replace row r by r'. Pairs not involving the row are unchanged.
+    Let the other n − 1 rows hold m₊ positives and m₋ negatives (m₊ + m₋ = n − 1). As a
+    positive the row adds a term in [0, 2m₋] (its m₋ pairs, each 0, 1 or 2); as a negative,
+    one in [0, 2m₊]. Same label before and after: |Δ2U| ≤ 2m₋ (or 2m₊) ≤ 2(n − 1); a label
+    change: 2U moves from [0, 2m₋] to [0, 2m₊] (or back), |Δ2U| ≤ 2·max(m₊, m₋) ≤ 2(n − 1).
+    Attained: one positive among n − 1 negatives, moved from above all of them to below
+    (tests/unit/test_private_evaluation.py enumerates every neighbour of small holdouts).
+
+    K ≥ 3 (problem k: class k positive, the rest negative, scores s_k): with m_k the other
+    rows' count of class k (Σ m_k = n − 1), a row of class a pairs with n − 1 − m_a rows in
+    problem a and with m_k rows in problem k ≠ a. Class a → b ≠ a: problem k ∉ {a, b} moves
+    by ≤ 2m_k, problem a by ≤ 2·max(m_a, n − 1 − m_a), problem b by ≤ 2·max(m_b, n − 1 −
+    m_b), so Σ_k |Δ_k| ≤ 2[(n − 1 − m_a − m_b) + max(·) + max(·)] ≤ 6(n − 1) (each max
+    case checked: 6(n − 1) − 4(m_a + m_b), 4(n − 1) − 4m_b, 2(n − 1)); squares:
+    Σ_k Δ_k² ≤ 4[max(·)² + max(·)² + (Σ_{k∉{a,b}} m_k)²] ≤ 12(n − 1)². Same class a:
+    Σ_k |Δ_k| ≤ 2[(n − 1 − m_a) + Σ_{k≠a} m_k] = 4(n − 1 − m_a) and Σ Δ_k² ≤ 8(n − 1)².
+    Attained (L1): the row alone in class a, every other row in one class c, the row's
+    s_a, s_c moving from the top to the bottom and s_b from the bottom to the top.
+    Boyd, Lantz & Page 2015 ("Differential privacy for classifier evaluation", AISec)
+    study the AUC's sensitivity with the class counts public; here they are private,
+    which is why 2U (not U/(n₊n₋)) is released and the counts are released separately.
     """
-    p = count_at_least("positives", positives, low=1)
-    q = count_at_least("negatives", negatives, low=1)
-    return Fraction(1, min(p, q))
-
-
-def macro_auc_sensitivity(*, class_lower: Sequence[int], rest_lower: Sequence[int]) -> Fraction:
-    """Largest change of the macro one-vs-rest AUC (mean over k of AUC_k, class k against
-    the rest) when one row is replaced, given lower bounds m_k ≤ n_k and m̄_k ≤ n − n_k
-    (all ≥ 1) of D's class counts:  Δ_A = (1/K)·(Σ_k 1/m̄_k + 2/min_k m_k).
-
-    Proof: replace a row of class a by one of class b. Problem k ∉ {a, b} sees a negative
-    replaced by a negative: ≤ 1/(n − n_k) (:func:`binary_auc_sensitivity`, same class).
-    Problem a (and b, if b ≠ a) sees the row change class or stay positive: at most
-    max(1/n_a, 1/(n − n_a)) ≤ 1/n_a + 1/(n − n_a) (resp. for b). Summing,
-    Σ_k |ΔAUC_k| ≤ Σ_k 1/(n − n_k) + 1/n_a + 1/n_b ≤ Σ_k 1/m̄_k + 2/min_k m_k.
-    """
-    lo = [count_at_least("class_lower", int(m), low=1) for m in class_lower]
-    rest = [count_at_least("rest_lower", int(m), low=1) for m in rest_lower]
-    if len(lo) != len(rest) or len(lo) < 3:
-        raise ValueError("macro AUC needs K >= 3 lower bounds of each kind")
-    total = sum((Fraction(1, m) for m in rest), Fraction(0)) + Fraction(2, min(lo))
-    return total / len(lo)
+    rows = count_at_least("n", n, low=1)
+    k = count_at_least("classes", classes, low=2)
+    if rows == 1:
+        return 1, 1.0
+    if k == 2:
+        return 2 * (rows - 1), float(2 * (rows - 1))
+    return 6 * (rows - 1), 2.0 * math.sqrt(3.0) * (rows - 1)
 
 
 # ---------------------------------------------------------------------- plans
@@ -314,9 +298,9 @@ class MetricPlan:
 
     ``epsilon``, ``delta``: its share of the budget. ``noise``: the law; ``scale``: the
     discrete Laplace b or the rounded Gaussian σ, in grid units of ``sensitivity_l1`` /
-    ``sensitivity_l2``. AUC has a first stage (noisy class counts: ``count_scale``,
-    ``count_epsilon``, ``count_delta``) and a test failing with probability
-    ``delta_bad``; its grid unit is only known after the counts (:func:`auc_stage`).
+    ``sensitivity_l2``. AUC also releases noisy class counts (``count_scale`` at
+    ``count_epsilon``, ``count_delta``, sensitivities ``count_sensitivity_l1``/``_l2``);
+    its ``scale`` is 2U's, per coordinate (K ≥ 3: one 2U_k per class).
     """
 
     metric: Metric
@@ -329,7 +313,8 @@ class MetricPlan:
     count_scale: float | None = None
     count_epsilon: float | None = None
     count_delta: float | None = None
-    delta_bad: float | None = None
+    count_sensitivity_l1: float | None = None
+    count_sensitivity_l2: float | None = None
 
 
 @dataclass(frozen=True)
@@ -381,7 +366,7 @@ def plan_evaluation(
     for name, share in shares.items():
         e, d = share.epsilon, share.delta
         if name == "auc":
-            plans.append(_auc_plan(share, noise=noise, classes=k))
+            plans.append(_auc_plan(share, noise=noise, n=rows, classes=k))
             continue
         l1: float
         l2: float
@@ -409,87 +394,39 @@ def plan_evaluation(
     )
 
 
-def _auc_plan(share: Share, *, noise: NoiseKind, classes: int) -> MetricPlan:
-    """AUC's share: half of ε to the class counts, half to the AUC. Laplace: all of δ to the
-    count test (δ_bad). Gaussian: δ/3 each to the counts, the AUC and δ_bad. The total is
-    (ε, δ) by the argument of :func:`auc_stage`."""
-    e_count = e_auc = share.epsilon / 2.0
-    if noise == "laplace":
-        d_count, d_auc, d_bad = 0.0, 0.0, share.delta
-    else:
-        d_count = d_auc = d_bad = share.delta / 3.0
+AUC_COUNT_SHARE: Final[float] = 0.25
+"""The part of the AUC's ε (and half of its δ, Gaussian) spent on the class counts; the rest
+goes to 2U. The counts enter AUC = U/(n₊n₋) through n₊n₋, whose relative error is
+|n₋ − n₊|/(n₊n₋) times the count's noise (zero to first order for balanced classes), while
+2U's relative error is Δ/(2U·ε): 2U needs most of the budget."""
+
+
+def _auc_plan(share: Share, *, noise: NoiseKind, n: int, classes: int) -> MetricPlan:
+    """AUC's share: ε·(1 − AUC_COUNT_SHARE) to 2U (:func:`auc_sensitivity`), ε·AUC_COUNT_SHARE
+    to the class counts (binary: n₊, sensitivity 1; K ≥ 3: the histogram (n_k)_k, L1 2,
+    L2 √2: a replaced row leaves one class and joins one). Gaussian: δ/2 each. Both are
+    fixed-sensitivity releases of integers with the product's integer noise, so the AUC is
+    pure (ε₁ + ε₂ = ε, Laplace) or a composition of two Gaussian mechanisms (RDP curves
+    added), and the AUC and its interval are post-processing of the two noisy releases."""
+    e_count = share.epsilon * AUC_COUNT_SHARE
+    e_auc = share.epsilon - e_count
+    d_count = d_auc = share.delta / 2.0
     dims = 1 if classes == 2 else classes
     c1, c2 = (1.0, 1.0) if classes == 2 else (2.0, math.sqrt(2.0))
     count_scale = _scale(noise, l1=c1, l2=c2, epsilon=e_count, delta=d_count, dims=dims)
-    g = float(AUC_GRID + 1)
-    scale = _scale(noise, l1=g, l2=g, epsilon=e_auc, delta=d_auc, dims=1)
+    l1, l2 = auc_sensitivity(n=n, classes=classes)
+    scale = _scale(noise, l1=float(l1), l2=l2, epsilon=e_auc, delta=d_auc, dims=dims)
     return MetricPlan(
         "auc",
         share.epsilon,
         share.delta,
         noise,
-        g,
-        g,
+        float(l1),
+        l2,
         scale,
         count_scale=count_scale,
         count_epsilon=e_count,
         count_delta=d_count,
-        delta_bad=d_bad,
+        count_sensitivity_l1=c1,
+        count_sensitivity_l2=c2,
     )
-
-
-@dataclass(frozen=True)
-class AucStage:
-    """The AUC's second stage, a function of the released noisy counts only.
-
-    ``released`` is False when a lower bound is < 1 (too few rows of a class to bound the
-    sensitivity): the AUC is then not released (its share is spent anyway).
-    ``unit``: one grid unit in AUC units, Δ_A/AUC_GRID (an exact fraction).
-    ``class_lower`` / ``rest_lower``: the public lower bounds m_k ≤ n_k, m̄_k ≤ n − n_k.
-    """
-
-    released: bool
-    unit: Fraction
-    sensitivity: Fraction
-    class_lower: tuple[int, ...]
-    rest_lower: tuple[int, ...]
-
-
-def auc_stage(plan: EvaluationPlan, noisy_counts: Sequence[int]) -> AucStage:
-    """Public lower bounds on the class counts from the noisy counts, and the AUC grid.
-
-    Binary: ``noisy_counts`` = (ñ₁,) the noisy positive count; K ≥ 3: (ñ_k)_k. With
-    τ = :func:`noise_tail` at probability δ_bad (binary) or δ_bad/K (union bound over the
-    K counts), m_k = ñ_k − τ and m̄_k = n − ñ_k − τ. Binary uses m = min(m₁, m̄₁).
-
-    Privacy (the propose-test-release pattern, Dwork & Lei 2009): fix neighbours D, D' and
-    let G be the set of noisy counts whose bounds hold for D (every m_k ≤ n_k(D),
-    m̄_k ≤ n − n_k(D)). On G the sensitivity bound (:func:`binary_auc_sensitivity`,
-    :func:`macro_auc_sensitivity`, both from D's counts) is ≤ Δ_A, so the second stage is
-    (ε_a, δ_a)-indistinguishable on (D, D'); off G has probability ≤ δ_bad under D.
-    Let M* be the mechanism that, off G, runs the second stage on D' whichever input it
-    has: M*(D') = M(D') exactly, M*(D) differs from M(D) only off G (total variation
-    ≤ δ_bad), and on the pair (D, D') M* is an adaptive composition of an (ε_c, δ_c) and an
-    (ε_a, δ_a) mechanism (off G its second stage ignores the input). So for any output set
-    S, P_D[S] ≤ P_{M*(D)}[S] + δ_bad ≤ e^{ε_c + ε_a}P_{D'}[S] + δ_c + δ_a + δ_bad (adaptive
-    composition, Dwork & Roth 2014 Thm 3.16), and the same with D and D' swapped (G then
-    taken for D').
-    For binary counts, min(ñ₁, n − ñ₁) − τ ≤ min(n₁, n₀) whenever |N| ≤ τ.
-    """
-    entry = plan.metric("auc")
-    assert entry.count_scale is not None and entry.delta_bad is not None
-    counts = [int(c) for c in noisy_counts]
-    k = plan.classes
-    if len(counts) != (1 if k == 2 else k):
-        raise ValueError(f"expected {1 if k == 2 else k} noisy counts, got {len(counts)}")
-    per = entry.delta_bad if k == 2 else entry.delta_bad / k
-    tau = noise_tail(noise=plan.noise, scale=entry.count_scale, probability=per)
-    lower = tuple(c - tau for c in counts)
-    rest = tuple(plan.n - c - tau for c in counts)
-    if min(lower + rest) < 1:
-        return AucStage(False, Fraction(0), Fraction(0), lower, rest)
-    if k == 2:
-        sens = Fraction(1, min(lower[0], rest[0]))
-    else:
-        sens = macro_auc_sensitivity(class_lower=lower, rest_lower=rest)
-    return AucStage(True, sens / AUC_GRID, sens, lower, rest)

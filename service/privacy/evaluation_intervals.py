@@ -16,7 +16,7 @@ Each metric's interval is pointwise (not simultaneous across metrics or cells).
   the noise exceeding its (1 − α_n) quantile t (so the noiseless statistic lies within t
   of the released one) and a sampling bound at level α_s that is monotone in the
   statistic (so widening by t keeps it valid), α split equally between the events (three
-  for AUC, which also bounds its private class counts); their sampling bounds (McDiarmid)
+  for AUC, whose ratio U/(n₊n₋) also has noisy class counts); their sampling bounds (McDiarmid)
   and the calibration error's bias bound hold for any population, so they are valid but
   conservative.
 """
@@ -34,7 +34,6 @@ from scipy import optimize, special, stats
 
 from service.privacy.evaluation import (
     ECE_GRID,
-    AucStage,
     EvaluationPlan,
     NoiseKind,
     count_at_least,
@@ -342,56 +341,70 @@ def calibration_error_interval(
     return Interval(max(0.0, lower), min(1.0, upper), confidence)
 
 
-def auc_interval(
-    *,
-    plan: EvaluationPlan,
-    stage: AucStage,
-    noisy_stat: int,
-    noisy_counts: Sequence[int],
-) -> Interval:
-    """Interval for the AUC from the noisy grid value, three events at α/3 each:
+def _auc_range(twice_u: int, t: int, lo: int, hi: int, n: int) -> tuple[float, float]:
+    """The range of U/(n₊n₋) over 2U ∈ [ũ − t, ũ + t] and n₊ ∈ [lo, hi] (1 ≤ lo ≤ hi ≤
+    n − 1, n₋ = n − n₊): n₊(n − n₊) is concave in n₊, so its minimum over the interval is
+    at an end and its maximum at the point nearest n/2."""
+    lowest = min(lo * (n - lo), hi * (n - hi))
+    mid = min(max(n / 2.0, lo), hi)
+    highest = mid * (n - mid)
+    a = (twice_u - t) / (2.0 * (highest if twice_u - t >= 0 else lowest))
+    b = (twice_u + t) / (2.0 * (lowest if twice_u + t >= 0 else highest))
+    return a, b
 
-    * noise: |N| ≤ t (t = :func:`noise_tail`), so the noiseless grid value is within t;
-    * counts: the class counts lie within τ' of the noisy counts (τ' at α/3, per count
-      α/(3K) for K ≥ 3), which bounds n₁, n₀ (or n_k) from below for the width below;
+
+def auc_interval(
+    *, plan: EvaluationPlan, noisy_twice_u: Sequence[int], noisy_counts: Sequence[int]
+) -> Interval:
+    """Interval for the AUC from the noisy 2U (binary; K ≥ 3: each class's 2U_k) and the
+    noisy class counts (binary: n₊; K ≥ 3: each n_k), three events at α/3 each (union
+    bound, conservative):
+
+    * 2U's noise: |N| ≤ t per coordinate (:func:`noise_tail` at α/3, K ≥ 3 at α/(3K)), so
+      2U ∈ [ũ − t, ũ + t];
+    * the counts' noise: |N'| ≤ τ likewise, so n₊ ∈ [ñ₊ − τ, ñ₊ + τ] ∩ [1, n − 1]; the
+      holdout's AUC Â = U/(n₊n₋) then lies in the range of that ratio over both boxes
+      (:func:`_auc_range`);
     * sampling, conditional on the labels: the scores of the positives and of the
-      negatives are independent samples, and the empirical AUC is a U-statistic whose
-      mean is the population AUC (binary) with bounded differences 1/n₁ (a positive) and
-      1/n₀ (a negative), so McDiarmid 1989 gives
-      P(|Â − A| ≥ s) ≤ 2exp(−2s²/(1/n₁ + 1/n₀)) (Agarwal et al. 2005, "Generalization
-      bounds for the area under the ROC curve", JMLR, use the same bound).
-    For K ≥ 3 a row of class a has bounded difference c_a = (1/K)(1/n_a + Σ_{k≠a}
-    1/(n − n_k)) and s² = ln(2/α')·Σ_a n_a c_a²/2; there the mean is the macro AUC *with
-    the holdout's class mix* as the weights of each one-vs-rest negative class (sklearn's
+      negatives are independent samples, and Â is a U-statistic whose mean is the
+      population AUC (binary) with bounded differences 1/n₊ (a positive) and 1/n₋ (a
+      negative), so McDiarmid 1989 gives P(|Â − A| ≥ s) ≤ 2exp(−2s²/(1/n₊ + 1/n₋))
+      (Agarwal et al. 2005, "Generalization bounds for the area under the ROC curve",
+      JMLR, use the same bound), s evaluated at the box's smallest n₊ and n₋.
+    For K ≥ 3 the macro AUC is the mean of the K one-vs-rest ranges; a row of class a has
+    bounded difference c_a = (1/K)(1/n_a + Σ_{k≠a} 1/(n − n_k)) and s² = ln(2/α')·Σ_a n_a
+    c_a²/2 (each factor at the box's worst end); there the mean is the macro AUC *with the
+    holdout's class mix* as the weights of each one-vs-rest negative class (sklearn's
     definition on the holdout), which differs from the population's mix: the interval
     covers that label-conditional value, not the population macro AUC.
-    The grid rounding adds unit/2.
+    A box with no n₊ in [1, n − 1] (a class may be empty) gives [0, 1]. Coverage measured
+    in benchmarks/results/private_evaluation.md (conservative: the three events rarely
+    fail together).
     """
     entry = plan.metric("auc")
     assert entry.count_scale is not None
     a = _split_alpha(plan.confidence, 3)
-    if not stage.released:
-        return Interval(0.0, 1.0, plan.confidence)
     k = plan.classes
-    t = noise_tail(noise=plan.noise, scale=entry.scale, probability=a)
-    per = a if k == 2 else a / k
-    tau = noise_tail(noise=plan.noise, scale=entry.count_scale, probability=per)
     n = plan.n
+    per = a if k == 2 else a / k
+    t = noise_tail(noise=plan.noise, scale=entry.scale, probability=per)
+    tau = noise_tail(noise=plan.noise, scale=entry.count_scale, probability=per)
+    boxes = [(max(1, c - tau), min(n - 1, c + tau)) for c in noisy_counts]
+    if len(noisy_counts) != len(noisy_twice_u) or any(lo > hi for lo, hi in boxes):
+        return Interval(0.0, 1.0, plan.confidence)
+    ranges = [
+        _auc_range(int(u), t, lo, hi, n) for u, (lo, hi) in zip(noisy_twice_u, boxes, strict=True)
+    ]
+    low = sum(r[0] for r in ranges) / len(ranges)
+    high = sum(r[1] for r in ranges) / len(ranges)
     if k == 2:
-        p_lo, q_lo = noisy_counts[0] - tau, n - noisy_counts[0] - tau
-        if min(p_lo, q_lo) < 1:
-            return Interval(0.0, 1.0, plan.confidence)
-        var = 1.0 / p_lo + 1.0 / q_lo
+        lo, hi = boxes[0]
+        var = 1.0 / lo + 1.0 / (n - hi)
     else:
-        lo = [c - tau for c in noisy_counts]
-        rest = [n - c - tau for c in noisy_counts]
-        if min(lo + rest) < 1:
-            return Interval(0.0, 1.0, plan.confidence)
-        hi = [min(n, c + tau) for c in noisy_counts]
-        inv_rest = sum(1.0 / r for r in rest)
-        var = sum(h * ((1.0 / m + inv_rest) / k) ** 2 for h, m in zip(hi, lo, strict=True))
+        inv_rest = [1.0 / (n - hi) for _, hi in boxes]
+        var = sum(
+            hi * ((1.0 / lo + sum(inv_rest) - inv_rest[c]) / k) ** 2
+            for c, (lo, hi) in enumerate(boxes)
+        )
     s = math.sqrt(math.log(2.0 / a) * var / 2.0)
-    unit = float(stage.unit)
-    centre = noisy_stat * unit
-    half = s + t * unit + unit / 2.0
-    return Interval(max(0.0, centre - half), min(1.0, centre + half), plan.confidence)
+    return Interval(max(0.0, low - s), min(1.0, high + s), plan.confidence)

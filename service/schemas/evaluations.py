@@ -10,8 +10,7 @@ from service.params import Delta, Epsilon, Probability
 from service.schemas.common import ApiInput
 
 EvaluationMetric = Literal["accuracy", "auc", "log_loss", "calibration_error", "confusion"]
-"""The metrics of service/privacy/evaluation.py (``auc`` is refused for now: see
-service/evaluations.py ``REFUSED_METRICS``)."""
+"""The metrics of service/privacy/evaluation.py."""
 
 
 def _default_metrics() -> list[EvaluationMetric]:

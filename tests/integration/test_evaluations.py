@@ -198,6 +198,51 @@ def test_evaluation_is_charged_run_and_released(
     assert leaves == ["poisson_subsampled_gaussian"] * 2 and q["admitted"] is True
 
 
+def _check_auc(auc: dict[str, Any], *, n: int, classes: int, epsilon: float) -> None:
+    """An AUC release: its two noisy integer releases, the AUC as their function, its
+    interval within [0, 1], the share of ε."""
+    assert (
+        len(auc["noisy_twice_u"])
+        == len(auc["noisy_class_counts"])
+        == (1 if classes == 2 else classes)
+    )
+    values = [
+        u / (2.0 * min(max(c, 1), n - 1) * (n - min(max(c, 1), n - 1)))
+        for u, c in zip(auc["noisy_twice_u"], auc["noisy_class_counts"], strict=True)
+    ]
+    assert auc["value"] == pytest.approx(sum(values) / len(values))
+    assert 0.0 <= auc["interval"]["lower"] <= auc["interval"]["upper"] <= 1.0
+    assert auc["epsilon"] == pytest.approx(epsilon)
+
+
+def test_auc_is_charged_and_released(client: Any, keys: Keys, settings: Any, held: Any) -> None:
+    """AUC (issue 21): accepted, charged as two pure leaves (2U and the positive count) at
+    admission, released by the worker; with Gaussian noise, charged by its RDP curve."""
+    alice = auth(keys.alice)
+    trained = _train(client, settings, keys.alice)
+    body = {"job_id": trained, "epsilon": 1.0, "metrics": ["auc", "accuracy"]}
+    q = client.post("/v1/evaluations/quote", json=body, headers=alice)
+    assert q.status_code == 200, q.text
+    plan = q.json()["plan"]
+    assert q.json()["admitted"] is True and plan["delta"] == 0.0
+    auc_event = plan["event"]["events"][0]
+    assert [e["type"] for e in auc_event["events"]] == ["pure_dp", "pure_dp"]
+    before = _charges(settings)
+    r = client.post("/v1/evaluations", json=body, headers=alice)
+    assert r.status_code == 202, r.text
+    evaluation = str(r.json()["id"])
+    count, spent = _charges(settings)
+    assert count == before[0] + 1 and spent - before[1] == to_micro_up(1.0)
+    assert execute_job(evaluation, settings) == Outcome.released
+    ev = client.get(f"/v1/jobs/{evaluation}/release", headers=alice).json()["evaluation"]
+    _check_auc(ev["metrics"]["auc"], n=held.holdout_rows, classes=2, epsilon=0.5)
+
+    gauss = {**body, "delta": 1e-6, "noise": "gaussian", "metrics": ["auc"]}
+    q = client.post("/v1/evaluations/quote", json=gauss, headers=alice).json()
+    leaves = [e["events"][0]["type"] for e in q["plan"]["event"]["events"][0]["events"]]
+    assert leaves == ["poisson_subsampled_gaussian"] * 2 and q["admitted"] is True
+
+
 def test_refusals_are_4xx_and_charge_nothing(
     client: Any, keys: Keys, settings: Any, held: Any
 ) -> None:
@@ -212,7 +257,7 @@ def test_refusals_are_4xx_and_charge_nothing(
         (ok, bob, 404),  # not the caller's job
         ({**ok, "job_id": queued}, alice, 409),  # not released
         ({**ok, "job_id": on_toy}, alice, 422),  # dataset without a holdout
-        ({**ok, "metrics": ["auc"]}, alice, 422),  # no RDP curve for the ledger
+        ({**ok, "metrics": ["auc"], "noise": "gaussian"}, alice, 422),  # needs δ > 0
         ({**ok, "metrics": ["accuracy", "accuracy"]}, alice, 422),
         ({**ok, "metrics": ["precision"]}, alice, 422),
         ({**ok, "metrics": []}, alice, 422),
@@ -279,8 +324,9 @@ def test_cli_evaluate_prints_each_metric_with_its_interval(
     assert result.exit_code == 0, result.output
     assert "accuracy" in result.output and "log_loss" in result.output
     assert result.output.count("[") >= 2  # an interval per metric
-    bad = CliRunner().invoke(app, [*args[:3], "--epsilon", "1", "--metrics", "auc"], env=env)
-    assert bad.exit_code == 1 and "AUC is not offered yet" in bad.stderr
+    bad = [*args[:3], "--epsilon", "1", "--metrics", "auc", "--noise", "gaussian"]
+    refused = CliRunner().invoke(app, bad, env=env)
+    assert refused.exit_code == 1 and "delta" in refused.stderr
 
 
 def test_migration_0008_adds_and_drops_holdout_rows(settings: Any, held: Any) -> None:
@@ -332,7 +378,7 @@ def test_a_three_class_model_is_evaluated_on_its_holdout(
     trained = str(r.json()["id"])
     assert execute_job(trained, settings) == Outcome.released
 
-    ask = {"job_id": trained, "epsilon": 2.0, "metrics": ["accuracy", "confusion"]}
+    ask = {"job_id": trained, "epsilon": 3.0, "metrics": ["accuracy", "confusion", "auc"]}
     r = client.post("/v1/evaluations", json=ask, headers=alice)
     assert r.status_code == 202, r.text
     assert r.json()["plan"]["model"]["classes"] == 3  # the evaluated (fitted) model
@@ -341,6 +387,7 @@ def test_a_three_class_model_is_evaluated_on_its_holdout(
     ev = client.get(f"/v1/jobs/{evaluation}/release", headers=alice).json()["evaluation"]
     assert ev["classes"] == 3 and ev["holdout_rows"] == registered.holdout_rows
     assert len(ev["metrics"]["confusion"]["counts"]) == 3
+    _check_auc(ev["metrics"]["auc"], n=registered.holdout_rows, classes=3, epsilon=1.0)
     assert all(len(row) == 3 for row in ev["metrics"]["confusion"]["counts"])
     acc = ev["metrics"]["accuracy"]
     # Well-separated clusters: a DP-SGD model at eps 2 is far above chance (1/3); the noise

@@ -10,10 +10,11 @@ arrays or CPU torch tensors. Non-finite probabilities are read as 0 and everythi
 clipped to [0, 1] (a per-row rule, so the sensitivities hold whatever the model outputs).
 Predictions are the arg-max (ties to the lower class; binary: p > ½ is class 1).
 
-What leaves: :class:`EvaluationRelease`, the noisy values (and, for AUC, the noisy class
-counts it released first) with their intervals, all computed from the noisy integers and
-public plan values only. Noise comes from :func:`worker.noise.secure_rng` (ChaCha20 keyed
-from the OS CSPRNG); no function here takes a seed.
+What leaves: :class:`EvaluationRelease`, the noisy values (for AUC, its noisy 2U and
+noisy class counts, of which the AUC is a function) with their intervals, all computed
+from the noisy integers and public plan values only. Noise comes from
+:func:`worker.noise.secure_rng` (ChaCha20 keyed from the OS CSPRNG); no function here
+takes a seed.
 """
 
 from __future__ import annotations
@@ -32,7 +33,6 @@ from service.privacy.evaluation import (
     EvaluationPlan,
     MetricPlan,
     NoiseKind,
-    auc_stage,
 )
 from service.privacy.evaluation_intervals import (
     Interval,
@@ -49,6 +49,7 @@ __all__ = [
     "EvaluationRelease",
     "ScalarRelease",
     "auc_exact",
+    "auc_twice_u",
     "confusion_counts",
     "correct_count",
     "ece_units",
@@ -112,16 +113,32 @@ def confusion_counts(p: FloatArray, y: IntArray) -> IntArray:
     return np.bincount(flat, minlength=k * k).astype(np.int64).reshape(k, k)
 
 
-def _one_vs_rest(scores: FloatArray, positive: npt.NDArray[np.bool_]) -> Fraction:
-    """Exact AUC = U/(n₁n₀) with ties counted ½ (Mann–Whitney), ½ when a class is empty."""
+def _twice_u(scores: FloatArray, positive: npt.NDArray[np.bool_]) -> int:
+    """2U = Σ_{i pos, j neg} (2·1{s_i > s_j} + 1{s_i = s_j}) (Mann–Whitney, ties ½), exact:
+    per positive, #{negatives below} + #{negatives not above}; 0 when a class is empty."""
     pos = scores[positive]
     neg = np.sort(scores[~positive])
-    if pos.size == 0 or neg.size == 0:
-        return Fraction(1, 2)
     below = np.searchsorted(neg, pos, side="left").astype(np.int64)
     not_above = np.searchsorted(neg, pos, side="right").astype(np.int64)
-    twice_u = int(np.sum(below + not_above, dtype=np.int64))  # 2·below + ties
-    return Fraction(twice_u, 2 * int(pos.size) * int(neg.size))
+    return int(np.sum(below + not_above, dtype=np.int64))
+
+
+def _one_vs_rest(scores: FloatArray, positive: npt.NDArray[np.bool_]) -> Fraction:
+    """Exact AUC = U/(n₁n₀) with ties counted ½ (Mann–Whitney), ½ when a class is empty."""
+    n1 = int(np.count_nonzero(positive))
+    n0 = positive.size - n1
+    if n1 == 0 or n0 == 0:
+        return Fraction(1, 2)
+    return Fraction(_twice_u(scores, positive), 2 * n1 * n0)
+
+
+def auc_twice_u(p: FloatArray, y: IntArray) -> IntArray:
+    """The AUC's integer statistic: binary (2U,) of P(y = 1); K ≥ 3, (2U_k)_k with class k
+    against the rest on p_k (service/privacy/evaluation.py ``auc_sensitivity``)."""
+    k = p.shape[1]
+    if k == 2:
+        return np.array([_twice_u(p[:, 1], y == 1)], dtype=np.int64)
+    return np.array([_twice_u(p[:, c], y == c) for c in range(k)], dtype=np.int64)
 
 
 def auc_exact(p: FloatArray, y: IntArray) -> Fraction:
@@ -178,17 +195,21 @@ class ScalarRelease:
 
 @dataclass(frozen=True)
 class AucRelease:
-    """The AUC (None when the noisy counts could not bound the sensitivity: too few rows of
-    a class) and the noisy class counts it released first (binary: positives; K ≥ 3: each
-    class), which are part of the release."""
+    """The AUC (binary, or macro one-vs-rest), a post-processing of the two noisy integer
+    releases that are part of it: ``noisy_twice_u`` (2U, or each class's 2U_k) and
+    ``noisy_class_counts`` (binary: positives; K ≥ 3: each class). ``value`` is
+    Ũ/(ñ₊ñ₋) with each noisy count clamped to [1, n − 1] (it may leave [0, 1]);
+    ``noise_scale`` is 2U's noise b or σ (2U units); ``count_noise_scale`` the counts'."""
 
-    value: float | None
+    value: float
     interval: Interval
+    noisy_twice_u: tuple[int, ...]
     noisy_class_counts: tuple[int, ...]
     epsilon: float
     delta: float
     noise: NoiseKind
-    noise_scale: float | None
+    noise_scale: float
+    count_noise_scale: float
 
 
 @dataclass(frozen=True)
@@ -223,11 +244,6 @@ def _noise(rng: np.random.Generator, entry_noise: NoiseKind, scale: float, size:
     if entry_noise == "laplace":
         return discrete_laplace(rng, scale=scale, size=size)
     return rounded_gaussian(rng, scale=scale, size=size)
-
-
-def _round_fraction(x: Fraction) -> int:
-    """Nearest integer (halves up), exact."""
-    return math.floor(x + Fraction(1, 2))
 
 
 def evaluate(*, plan: EvaluationPlan, probabilities: Any, labels: Any) -> EvaluationRelease:
@@ -338,27 +354,29 @@ def _auc(
     plan: EvaluationPlan, e: MetricPlan, rng: np.random.Generator, p: FloatArray, y: IntArray
 ) -> AucRelease:
     assert e.count_scale is not None
-    k = plan.classes
+    k, n = plan.classes, plan.n
     true_counts = np.bincount(y, minlength=k).astype(np.int64)
     counted = true_counts[1:2] if k == 2 else true_counts
     noisy_counts = tuple(
         int(v) for v in counted + _noise(rng, e.noise, e.count_scale, counted.size)
     )
-    stage = auc_stage(plan, noisy_counts)
-    if not stage.released:
-        return AucRelease(
-            None,
-            Interval(0.0, 1.0, plan.confidence),
-            noisy_counts,
-            e.epsilon,
-            e.delta,
-            e.noise,
-            None,
-        )
-    stat = _round_fraction(auc_exact(p, y) / stage.unit)
-    noisy = stat + int(_noise(rng, e.noise, e.scale, 1)[0])
-    interval = auc_interval(plan=plan, stage=stage, noisy_stat=noisy, noisy_counts=noisy_counts)
-    unit = float(stage.unit)
+    stat = auc_twice_u(p, y)
+    noisy_u = tuple(int(v) for v in stat + _noise(rng, e.noise, e.scale, stat.size))
+    # Post-processing of the two releases only: AUC_k = Ũ_k/(ñ_k(n − ñ_k)), counts
+    # clamped to [1, n − 1] (n = 1: no pair, ½ by convention).
+    values = [
+        0.5 if n < 2 else u / (2.0 * min(max(c, 1), n - 1) * (n - min(max(c, 1), n - 1)))
+        for u, c in zip(noisy_u, noisy_counts, strict=True)
+    ]
+    interval = auc_interval(plan=plan, noisy_twice_u=noisy_u, noisy_counts=noisy_counts)
     return AucRelease(
-        noisy * unit, interval, noisy_counts, e.epsilon, e.delta, e.noise, e.scale * unit
+        sum(values) / len(values),
+        interval,
+        noisy_u,
+        noisy_counts,
+        e.epsilon,
+        e.delta,
+        e.noise,
+        e.scale,
+        e.count_scale,
     )

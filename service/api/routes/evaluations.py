@@ -110,7 +110,7 @@ def create_evaluation(
     stated (ε, δ), charged to the ledger at admission like any job. The worker adds the
     noise; the release (GET /v1/jobs/{id}/release) holds only the noisy metrics and their
     confidence intervals (sampling and DP noise together), and the evaluated job's model
-    card lists the evaluations made with it. AUC is refused for now (its
-    propose-test-release mechanism has no RDP curve for the ledger to charge)."""
+    card lists the evaluations made with it. AUC (binary or macro one-vs-rest) is its
+    noisy Mann–Whitney count 2U and noisy class counts, both charged."""
     request, planned = _planned(engine, settings, caller, body)
     return admit_and_enqueue(engine, settings, caller, response, request, planned, idempotency_key)
