@@ -267,7 +267,8 @@ def same_releases(
     spec: Any, mechanism: dict[str, Any], x: torch.Tensor, y: torch.Tensor, baseline: Any
 ) -> bool:
     """One epoch of this tree's run_dpsgd and the baseline's on the same seeded ChaCha
-    stream (secure_rng replaced in both modules for the call): bit-identical releases?"""
+    stream (secure_rng replaced in both modules for the call) from the same initial weights
+    (torch's generator seeded before each): bit-identical releases?"""
     import numpy as np
     from randomgen import ChaCha
 
@@ -278,6 +279,7 @@ def same_releases(
     for module in (tree, baseline):
         saved = module.secure_rng
         module.secure_rng = lambda: np.random.Generator(ChaCha(key=25, rounds=20))
+        torch.manual_seed(25)  # an MLP's initial weights come from torch's generator
         try:
             out = module.run_dpsgd(
                 spec=spec,
