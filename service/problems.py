@@ -54,6 +54,13 @@ PROBLEMS: dict[str, ProblemType] = {
         "The dataset's admin has not allowed methods whose ε is not proven (nominal or "
         "asymptotic).",
     ),
+    "audit-gate": ProblemType(
+        422,
+        "No passing audit of this configuration",
+        "The dataset's release gate is on and no audit of this configuration (method, model "
+        "family, engine, sampler, σ at most the job's) passed within the age the admin "
+        "set (service/audit_gate.py). Nothing was charged.",
+    ),
     "idempotency-conflict": ProblemType(
         422,
         "Idempotency-Key reused",

@@ -58,6 +58,7 @@ def model_card(
     samples: int,
     selection: dict[str, Any] | None = None,
     evaluation: dict[str, Any] | None = None,
+    audit: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The card states the guarantee, the neighbouring relation it is for, and the public
     values the mechanism was allowed to depend on. Nothing in it counts other people's
@@ -70,7 +71,10 @@ def model_card(
     ``evaluation`` (evaluation jobs, issue 21): the noisy metrics and their intervals
     (worker/evaluation_job.py ``release_json``); the card then has no weights (an empty
     weights file), its model is the evaluated one, and its neighbouring relation and
-    public values are the holdout's."""
+    public values are the holdout's.
+
+    ``audit``: the audit that let the job through the dataset's release gate
+    (service/audit_gate.py ``audit_of_job``: id, bound, ceiling, finished_at), or None."""
     card: dict[str, Any] = {
         "card_version": 1,
         "job_id": job_id,
@@ -121,6 +125,8 @@ def model_card(
             "a random number of runs, bounded by Papernot & Steinke 2022), charged "
             "as one event; choosing the best noisy score is post-processing."
         )
+    if audit is not None:
+        card["audit"] = audit
     if evaluation is not None:
         card["evaluation"] = evaluation
         card["weights_layout"] = "no weights: an evaluation releases only its noisy metrics"

@@ -33,6 +33,7 @@ import torch
 from sqlalchemy import Engine, update
 from sqlalchemy.exc import DBAPIError, OperationalError
 
+from service.audit_gate import audit_of_job
 from service.config import Settings, get_settings
 from service.db import engine_for, transaction
 from service.evaluations import evaluation_plan, plan_evaluation_job
@@ -434,6 +435,8 @@ def execute_job(job_id: str, settings: Settings | None = None) -> Outcome:
         finite_release(output.releases)
         payload = weights_bytes(output.releases)
         digest = sha256_bytes(payload)
+        with transaction(engine) as s:
+            gate_audit = audit_of_job(s, job_id)  # the release gate's audit (service/audit_gate)
         card = model_card(
             job_id=job_id,
             run_token=token,
@@ -446,6 +449,7 @@ def execute_job(job_id: str, settings: Settings | None = None) -> Outcome:
             samples=len(output.releases),
             selection=selected,
             evaluation=evaluated,
+            audit=gate_audit,
         )
         if output.enclave_diagnostics:
             log.info("job %s enclave diagnostics: %s", job_id, output.enclave_diagnostics)

@@ -92,6 +92,23 @@ class NominalPolicy(BaseModel):
     )
 
 
+class AuditGateUpdate(ApiInput):
+    """Turn a dataset's release gate on (the maximum age, in days, of a passing audit of a
+    job's configuration) or off (null). service/audit_gate.py says what matches and passes."""
+
+    model_config = ConfigDict(json_schema_extra={"examples": [{"max_age_days": 30}]})
+
+    max_age_days: float | None = Field(gt=0, le=3650, allow_inf_nan=False)
+
+
+class AuditGatePolicy(BaseModel):
+    dataset: str
+    max_age_days: float | None = Field(
+        description="Training jobs need an audit of their configuration that passed within "
+        "this many days (null: the gate is off). Passing an audit is not a proof."
+    )
+
+
 class RefundRequest(ApiInput):
     model_config = ConfigDict(
         json_schema_extra={"examples": [{"reason": "the worker ran out of memory before reading"}]}

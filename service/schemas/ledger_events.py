@@ -9,7 +9,7 @@ optional field here, noted as such):
   the registration's noisy row count is charged the same way (a ``pure_dp`` event).
 * ``budget``: an admin's or the registration's change, discriminated on ``"action"``:
   ``register`` (service/ledger/datasets.py), ``set_budget``, ``set_cap`` and ``set_nominal``
-  (service/ledger/budgets.py).
+  (service/ledger/budgets.py), ``set_audit_gate`` (service/audit_gate.py).
 * ``refund`` (service/ledger/refunds.py): a refund that returned the charge, or an
   information-only refund of a job that had read private rows (it returned nothing).
 * ``release`` (service/ledger/releases.py): the released weights' digest.
@@ -105,8 +105,20 @@ class SetNominalEventJson(_Entry):
     allow_nominal: bool
 
 
+class SetAuditGateEventJson(_Entry):
+    """The admin turned a dataset's release gate on (a maximum audit age) or off (null):
+    service/audit_gate.py."""
+
+    action: Literal["set_audit_gate"]
+    max_age_days: float | None = Field(gt=0, description="Days; null: the gate is off.")
+
+
 BudgetEventJson = Annotated[
-    RegisterEventJson | SetBudgetEventJson | SetCapEventJson | SetNominalEventJson,
+    RegisterEventJson
+    | SetBudgetEventJson
+    | SetCapEventJson
+    | SetNominalEventJson
+    | SetAuditGateEventJson,
     Field(discriminator="action"),
 ]
 """A ``budget`` entry's event, discriminated on ``"action"``."""

@@ -47,6 +47,8 @@ def _write_every_kind(client: Any, keys: Any, settings: Any) -> None:
         ("/v1/admin/datasets/toy/budget", {"epsilon_total": 50.0, "delta_total": 1e-4}),
         ("/v1/admin/datasets/toy/caps/alice", {"epsilon": 20.0, "delta": 1e-5}),
         ("/v1/admin/datasets/toy/nominal", {"allow_nominal": True}),
+        ("/v1/admin/datasets/toy/audit-gate", {"max_age_days": 30}),
+        ("/v1/admin/datasets/toy/audit-gate", {"max_age_days": None}),
     ):
         r = client.put(path, json=body, headers=admin)
         assert r.status_code == 200, r.text
@@ -182,6 +184,7 @@ def test_the_openapi_document_types_the_ledger_event(tmp_path: Path) -> None:
         "set_budget",
         "set_cap",
         "set_nominal",
+        "set_audit_gate",
     }
     refs = {m["$ref"].rsplit("/", 1)[1] for m in members if "$ref" in m}
     assert refs == {

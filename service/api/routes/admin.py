@@ -25,6 +25,7 @@ from service.api.paging import (
     link_next,
     paged_responses,
 )
+from service.audit_gate import gate_days, set_audit_gate
 from service.db import transaction
 from service.job_pages import DEFAULT_LIMIT
 from service.ledger.accounting import AccountingSummary, accounting_summary
@@ -47,6 +48,7 @@ from service.schemas import (
     RefundRequest,
     TotalMismatch,
 )
+from service.schemas.admin import AuditGatePolicy, AuditGateUpdate
 
 router = APIRouter(
     prefix="/v1/admin",
@@ -146,6 +148,37 @@ def put_nominal(name: str, body: NominalUpdate, _: AdminDep, engine: EngineDep) 
     with problems(), transaction(engine) as s:
         ds = ops.set_nominal(s, name, allow_nominal=body.allow_nominal)
         return NominalPolicy(dataset=ds.name, allow_nominal=ds.allow_nominal)
+
+
+@router.put(
+    "/datasets/{name}/audit-gate",
+    response_model=AuditGatePolicy,
+    operation_id="setAuditGate",
+    responses={**JSON_BODY, **problem_responses(404)},
+)
+def put_audit_gate(
+    name: str, body: AuditGateUpdate, _: AdminDep, engine: EngineDep
+) -> AuditGatePolicy:
+    """Turn the dataset's release gate on or off: while on, a training job is refused at
+    quote time (422 audit-gate, nothing charged) unless an audit of its configuration
+    (method, model family, engine, sampler, σ at most the job's) passed within
+    ``max_age_days``. Written to the ledger as budget changes are."""
+    with problems(), transaction(engine) as s:
+        ds = set_audit_gate(s, dataset=ops.dataset_named(s, name), max_age_days=body.max_age_days)
+        return AuditGatePolicy(dataset=ds.name, max_age_days=body.max_age_days)
+
+
+@router.get(
+    "/datasets/{name}/audit-gate",
+    response_model=AuditGatePolicy,
+    operation_id="getAuditGate",
+    responses=problem_responses(404, 422),
+)
+def get_audit_gate(name: str, _: AdminDep, engine: EngineDep) -> AuditGatePolicy:
+    """The dataset's release gate: the maximum audit age in days, or null (off)."""
+    with problems(), transaction(engine) as s:
+        ds = ops.dataset_named(s, name)
+        return AuditGatePolicy(dataset=ds.name, max_age_days=gate_days(s, ds.id))
 
 
 @router.post(

@@ -24,6 +24,13 @@ from service.api.paging import (
     link_next,
     paged_responses,
 )
+from service.audit_gate import (
+    GateCheck,
+    check_gate,
+    gate_days,
+    recheck_under_lock,
+    record_job_audit,
+)
 from service.config import Settings
 from service.datasets.kinds import parse_dataset_schema
 from service.db import transaction
@@ -118,6 +125,8 @@ class Planned:
     # The request with its plan's defaults written out (service.plans.resolve_defaults),
     # stored for the worker's plan check; None: the request as sent (selections, evaluations).
     resolved: JobRequest | None = None
+    # The release gate as planning read it (training jobs: service/audit_gate.py).
+    gate: GateCheck | None = None
 
 
 def _plan_for(engine: EngineDep, settings: Settings, body: JobRequest) -> Planned:
@@ -126,6 +135,7 @@ def _plan_for(engine: EngineDep, settings: Settings, body: JobRequest) -> Planne
     with transaction(engine) as s:
         ds = dataset_or_404(s, body.dataset)
         n_rows, public_schema, dataset_id = ds.n_rows, ds.public_schema, ds.id
+        gated = gate_days(s, dataset_id) is not None
     try:
         with planning_deadline(settings.planning_time_limit_s):
             twin = work_twin(body)
@@ -141,7 +151,18 @@ def _plan_for(engine: EngineDep, settings: Settings, body: JobRequest) -> Planne
         raise ProblemError(422, "invalid-plan", str(exc)) from exc
     estimate = refuse_over_limits(plan, public_schema, settings)
     resolved = resolve_defaults(body, n_rows=n_rows, public_schema=public_schema)
-    return Planned(plan, dataset_id, estimate, resolved)
+    gate = _gate(engine, dataset_id, body, plan) if gated else GateCheck(None)
+    return Planned(plan, dataset_id, estimate, resolved, gate)
+
+
+def _gate(engine: EngineDep, dataset_id: int, body: JobRequest, plan: PrivacyPlan) -> GateCheck:
+    """The release gate's decision (service/audit_gate.py): 422, nothing charged, when it
+    is on and no recent passing audit covers the job's configuration."""
+    with transaction(engine) as s:
+        seen, refused = check_gate(s, dataset_id=dataset_id, request=body, plan=plan)
+    if refused:
+        raise ProblemError(422, "audit-gate", refused)
+    return seen
 
 
 def refuse_over_limits(
@@ -274,6 +295,10 @@ def admit_and_enqueue(
                 idempotency_key=idempotency_key,
                 resolved_request=planned.resolved,
             )
+            if planned.gate is not None and admitted.created:  # the gate, under the lock
+                if refused := recheck_under_lock(conn, planned.dataset_id, planned.gate):
+                    raise ProblemError(422, "audit-gate", refused)  # rolls the charge back
+                record_job_audit(conn, admitted.job.id, planned.gate)
             view = job_public(admitted.job, admitted.dataset_name)
     except BudgetExceeded as exc:
         raise _budget_problem(exc.evaluation) from exc

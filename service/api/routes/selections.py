@@ -19,6 +19,7 @@ from service.api.routes.jobs import (
     quote_for,
     refuse_over_limits,
 )
+from service.audit_gate import SELECTIONS_GATED, gate_days
 from service.config import Settings
 from service.db import transaction
 from service.plans import PlanError
@@ -39,6 +40,8 @@ def _planned(
     with transaction(engine) as s:
         ds = dataset_or_404(s, body.dataset)
         n_rows, public_schema, dataset_id = ds.n_rows, ds.public_schema, ds.id
+        if gate_days(s, dataset_id) is not None:  # no single audit covers a selection
+            raise ProblemError(422, "audit-gate", SELECTIONS_GATED)
     try:
         with planning_deadline(settings.planning_time_limit_s):
             request = job_request(body, n_rows=n_rows, public_schema=public_schema)

@@ -1,0 +1,253 @@
+"""The release gate (issue 22, point 2): per dataset, training jobs only with a recent
+passing audit of their configuration.
+
+When the admin turns the gate on for a dataset (a maximum audit age in days), a training
+job on it (quote and submission) is refused at planning, with a 422 that charges nothing,
+unless an audit (service/audits.py) of the same configuration passed within that age:
+
+* same configuration: the plan's method, the model family (``model.kind``), the DP-SGD
+  engine and noise schedule, and the sampler (``mechanism.sampler``; DP-SGD has one, its
+  Poisson sampler), with the job's noise multiplier σ at least the audited one. Why σ ≥:
+  a Gaussian step with noise σ' ≥ σ at the same clip norm is the step with noise σ
+  followed by independent N(0, σ'² − σ²) noise, i.e. post-processing of it, so per step
+  the job's mechanism is no less private than the one audited. The sampling rate and the
+  number of steps may differ, so this is a statement about the code path at a noise
+  level no lower than the audited one, not a transfer of the audit's figure to the job.
+* passed: the audit is done and its ε lower bound is at most the ε its configuration
+  claimed. Passing is not a proof: the one-run audit can only ever show a violation (and
+  never more than its ceiling); a pass means this test found none.
+* within the age: the audit finished at most ``max_age_days`` days before the quote.
+
+The gate is read at planning (service/api/routes/jobs.py), and again under the
+dataset's lock in the admission transaction, so a gate turned on or shortened between
+the two refuses the job. The admitted job names its audit (table ``job_audits``), and
+the worker's card names it (id, bound, ceiling, finished_at). Changing the gate takes the
+dataset's lock and writes a zero-cost ``budget`` entry (action ``set_audit_gate``) to the
+ledger, as budget changes do. Tables: migration 0011. Selections are refused while the
+gate is on: a selection trains many configurations, which no single audit covers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from sqlalchemy import Connection, Float, ForeignKey, String, insert, select
+from sqlalchemy.orm import Mapped, Session, mapped_column
+
+from service.audits import Audit
+from service.jobs import as_utc
+from service.ledger.chain import _zero_cost_entry
+from service.ledger.locks import lock_dataset
+from service.ledger.tables import Base, Dataset, EntryKind, utcnow
+from service.schemas import JobRequest, PrivacyPlan
+from service.schemas.audits import READING
+
+__all__ = [
+    "MAX_GATE_DAYS",
+    "SELECTIONS_GATED",
+    "AuditGate",
+    "GateCheck",
+    "JobAudit",
+    "audit_of_job",
+    "check_gate",
+    "gate_days",
+    "recheck_under_lock",
+    "record_job_audit",
+    "set_audit_gate",
+]
+
+SELECTIONS_GATED = (
+    "this dataset's release gate is on: selections are refused while it is, since a "
+    "selection trains many configurations and no single audit covers them"
+)
+MAX_GATE_DAYS = 3650.0
+"""The longest audit age a gate may state (ten years)."""
+
+
+class AuditGate(Base):
+    """A dataset's gate: on while a row exists, with the maximum audit age in days."""
+
+    __tablename__ = "audit_gates"
+
+    dataset_id: Mapped[int] = mapped_column(ForeignKey("datasets.id"), primary_key=True)
+    max_age_days: Mapped[float] = mapped_column(Float)
+    set_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class JobAudit(Base):
+    """The audit that let a gated job through (at most one per job)."""
+
+    __tablename__ = "job_audits"
+
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id"), primary_key=True)
+    audit_id: Mapped[str] = mapped_column(String(36), ForeignKey("audits.id"))
+
+
+@dataclass(frozen=True)
+class GateCheck:
+    """What planning found: the gate as read (None: off) and the audit that passes it."""
+
+    max_age_days: float | None
+    audit_id: str | None = None
+    finished_at: datetime | None = None
+
+
+def gate_days(db: Session | Connection, dataset_id: int) -> float | None:
+    """The dataset's maximum audit age in days, or None (gate off). Core: admission calls
+    it on its connection, under the dataset's lock."""
+    stmt = select(AuditGate.max_age_days).where(AuditGate.dataset_id == dataset_id)
+    value = db.execute(stmt).scalar_one_or_none()
+    return None if value is None else float(value)
+
+
+def set_audit_gate(s: Session, *, dataset: Dataset, max_age_days: float | None) -> Dataset:
+    """Turn the gate on (a maximum age in days, in (0, MAX_GATE_DAYS]) or off (None).
+    Written to the ledger as budget changes are: a zero-cost ``budget`` entry in the
+    dataset's hash chain, action ``set_audit_gate``."""
+    if max_age_days is not None and not 0 < max_age_days <= MAX_GATE_DAYS:
+        raise ValueError(f"max_age_days must be in (0, {MAX_GATE_DAYS:g}]")
+    ds = lock_dataset(s, dataset.id)
+    gate = s.get(AuditGate, ds.id)
+    if max_age_days is None:
+        if gate is not None:
+            s.delete(gate)
+    elif gate is None:
+        s.add(AuditGate(dataset_id=ds.id, max_age_days=max_age_days, set_at=datetime.now(UTC)))
+    else:
+        gate.max_age_days = max_age_days
+        gate.set_at = datetime.now(UTC)
+    _zero_cost_entry(
+        s,
+        ds,
+        kind=EntryKind.budget,
+        event={"action": "set_audit_gate", "max_age_days": max_age_days},
+        reason="audit gate "
+        + ("off" if max_age_days is None else f"on: audits within {max_age_days:g} days")
+        + ", set by the admin",
+    )
+    s.flush()
+    return ds
+
+
+def _configuration(request: JobRequest, plan: PrivacyPlan) -> dict[str, Any]:
+    """The keys an audit must share with the job (method, model family, engine, noise
+    schedule, sampler)."""
+    options = request.dpsgd
+    return {
+        "method": plan.method,
+        "model": request.model.kind,
+        "engine": options.engine if options is not None else "exact",
+        "noise_schedule": options.noise_schedule if options is not None else "constant",
+        "sampler": plan.mechanism.get("sampler"),
+    }
+
+
+def _audit_configuration(audit: Any) -> dict[str, Any]:
+    request = audit.request
+    options = request.get("dpsgd") or {}
+    return {
+        "method": request["method"],
+        "model": request["model"]["kind"],
+        "engine": options.get("engine", "exact"),
+        "noise_schedule": options.get("noise_schedule", "constant"),
+        "sampler": None,  # the audited method's sampler: DP-SGD's Poisson sampler
+    }
+
+
+def _sigma(values: dict[str, Any] | None) -> float | None:
+    value = (values or {}).get("noise_multiplier")
+    return None if value is None else float(value)
+
+
+def check_gate(
+    s: Session, *, dataset_id: int, request: JobRequest, plan: PrivacyPlan
+) -> tuple[GateCheck, str | None]:
+    """The gate's decision on a planned training job: what it found and, when it refuses,
+    why (the caller answers 422, nothing charged)."""
+    days = gate_days(s, dataset_id)
+    if days is None:
+        return GateCheck(None), None
+    wanted = _configuration(request, plan)
+    job_sigma = _sigma(plan.mechanism)
+    since = datetime.now(UTC) - timedelta(days=days)
+    seen = {"matching": 0, "failed": 0, "expired": 0}
+    done = s.scalars(select(Audit).where(Audit.status == "done").order_by(Audit.finished_at.desc()))
+    for audit in done:
+        if _audit_configuration(audit) != wanted:
+            continue
+        audited_sigma = _sigma(audit.result) or _sigma(audit.planned)
+        if job_sigma is None or audited_sigma is None or job_sigma < audited_sigma:
+            continue
+        seen["matching"] += 1
+        result = audit.result or {}
+        if float(result["epsilon_lower_bound"]) > float(audit.request["epsilon"]):
+            seen["failed"] += 1
+            continue
+        finished = as_utc(audit.finished_at)
+        if finished is None or finished < since:
+            seen["expired"] += 1
+            continue
+        return GateCheck(days, audit.id, finished), None
+    return GateCheck(days), _reason(wanted, job_sigma, days, seen)
+
+
+def _reason(wanted: dict[str, Any], sigma: float | None, days: float, seen: dict[str, int]) -> str:
+    config = ", ".join(f"{k} {v}" for k, v in wanted.items() if v is not None)
+    noise = "" if sigma is None else f" at a noise multiplier ≤ the job's {sigma:.4g}"
+    found = (
+        "no done audit matches it"
+        if seen["matching"] == 0
+        else f"{seen['matching']} matching audit(s): {seen['failed']} failed (lower bound "
+        f"above the claimed ε), {seen['expired']} older than the gate allows"
+    )
+    return (
+        f"this dataset's release gate requires an audit of this configuration ({config}"
+        f"{noise}) that passed within {days:g} days; "
+        f"{found}. The admin runs one with POST /v1/admin/audits"
+    )
+
+
+def recheck_under_lock(db: Session | Connection, dataset_id: int, seen: GateCheck) -> str | None:
+    """In the admission transaction, after the dataset's lock is taken: the refusal when
+    the gate changed since planning in a way the planned check does not satisfy (turned
+    on, or its age shortened past the audit found)."""
+    now_days = gate_days(db, dataset_id)
+    if now_days is None:
+        return None
+    since = datetime.now(UTC) - timedelta(days=now_days)
+    if seen.audit_id is not None and seen.finished_at is not None and seen.finished_at >= since:
+        return None
+    return (
+        "this dataset's release gate changed while the job was planned; quote it again "
+        f"(audits within {now_days:g} days are required)"
+    )
+
+
+def record_job_audit(db: Session | Connection, job_id: str, seen: GateCheck) -> None:
+    """Name the audit that let the job through (nothing when the gate was off)."""
+    if seen.audit_id is not None:
+        db.execute(insert(JobAudit).values(job_id=job_id, audit_id=seen.audit_id))
+
+
+def audit_of_job(s: Session, job_id: str) -> dict[str, Any] | None:
+    """The card's ``audit``: the audit that let the job through (id, bound, ceiling,
+    finished_at, what passing means), or None."""
+    link = s.get(JobAudit, job_id)
+    if link is None:
+        return None
+    audit = s.get_one(Audit, link.audit_id)
+    result = audit.result or {}
+    finished = as_utc(audit.finished_at)
+    return {
+        "id": audit.id,
+        "epsilon_lower_bound": result.get("epsilon_lower_bound"),
+        "ceiling": result.get("ceiling", audit.ceiling),
+        "claimed_epsilon": audit.request["epsilon"],
+        "noise_multiplier": _sigma(result) or _sigma(audit.planned),
+        "finished_at": None if finished is None else finished.isoformat(),
+        "reading": "The dataset's release gate admitted this job on this one-run audit of "
+        "its configuration (its lower bound at most the claimed ε). Passing is not a "
+        f"proof. {READING}",
+    }

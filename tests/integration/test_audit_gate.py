@@ -1,0 +1,259 @@
+"""The release gate (issue 22, point 2; service/audit_gate.py): per dataset, training jobs
+only with a recent passing audit of their configuration.
+
+The audits here are rows of the real ``audits`` table written as the worker's
+``finish_audit`` leaves a done audit (tests/integration/test_audits_api.py runs real
+audits end to end); what is tested is the gate's decision on them through the API, the
+ledger's record of the gate, the card of a gated job run by the real worker, and the
+migration."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from sqlalchemy import inspect, select
+
+from service.audit_gate import GateCheck, recheck_under_lock, set_audit_gate
+from service.audits import Audit
+from service.db import engine_for, transaction
+from service.ledger.tables import Analyst, Dataset, EntryKind, Job, LedgerEntry, Role
+from service.migrate import downgrade, upgrade
+from tests.conftest import auth
+from tests.integration.test_selections import ARCH
+from worker.runner import Outcome, execute_job
+
+JOB = {
+    "dataset": "toy",
+    "method": "dpsgd",
+    "epsilon": 1.0,
+    "delta": 1e-5,
+    "dpsgd": {"epochs": 1, "batch_size": 50},
+}
+GATE = "/v1/admin/datasets/toy/audit-gate"
+PROBLEM_JSON = "application/problem+json"
+
+
+def _sigma(client: Any, keys: Any) -> float:
+    r = client.post("/v1/quote", json=JOB, headers=auth(keys.alice))
+    assert r.status_code == 200, r.text
+    return float(r.json()["plan"]["mechanism"]["noise_multiplier"])
+
+
+def _audit(
+    settings: Any,
+    *,
+    sigma: float,
+    bound: float = 0.3,
+    claimed: float = 1.0,
+    age_days: float = 1.0,
+    status: str = "done",
+    model: str = "logistic",
+    engine: str = "exact",
+) -> str:
+    """A finished audit row of the configuration given, as finish_audit writes one."""
+    finished = datetime.now(UTC) - timedelta(days=age_days)
+    with transaction(engine_for(settings.resolved_database_url)) as s:
+        admin = s.scalars(select(Analyst).where(Analyst.role == Role.admin)).first()
+        assert admin is not None
+        audit = Audit(
+            id=str(uuid.uuid4()),
+            status=status,
+            requested_by=admin.id,
+            request={
+                "method": "dpsgd",
+                "model": {"kind": model} if model == "logistic" else {"kind": model, "hidden": [8]},
+                "epsilon": claimed,
+                "delta": 1e-5,
+                "canaries": 1000,
+                "dataset": "adult",
+                "guesses": 200,
+                "confidence": 0.95,
+                "dpsgd": {"epochs": 1, "engine": engine},
+            },
+            planned={"noise_multiplier": sigma, "steps": 4, "sampling_rate": 0.25},
+            ceiling=5.8,
+            created_at=finished - timedelta(minutes=5),
+            started_at=finished - timedelta(minutes=4),
+            finished_at=finished,
+            result=None
+            if status != "done"
+            else {
+                "epsilon_lower_bound": bound,
+                "ceiling": 5.8,
+                "canaries": 1000,
+                "guesses": 200,
+                "correct": 120,
+                "confidence": 0.95,
+                "rows": 30162,
+                "noise_multiplier": sigma,
+                "steps": 4,
+                "sampling_rate": 0.25,
+            },
+            failure=None if status == "done" else "the audit did not finish",
+        )
+        s.add(audit)
+        return audit.id
+
+
+def _spent(client: Any, keys: Any) -> tuple[Any, Any]:
+    r = client.get("/v1/datasets/toy", headers=auth(keys.alice))
+    assert r.status_code == 200, r.text
+    return r.json()["budget"], r.json()["analyst_budget"]
+
+
+def _jobs(settings: Any) -> int:
+    with transaction(engine_for(settings.resolved_database_url)) as s:
+        return len(s.scalars(select(Job)).all())
+
+
+def _gate(client: Any, keys: Any, days: float | None) -> None:
+    r = client.put(GATE, json={"max_age_days": days}, headers=auth(keys.admin))
+    assert r.status_code == 200, r.text
+    assert r.json() == {"dataset": "toy", "max_age_days": days}
+
+
+def _refused(client: Any, keys: Any, settings: Any, words: str) -> None:
+    before, jobs = _spent(client, keys), _jobs(settings)
+    for path in ("/v1/quote", "/v1/jobs"):
+        r = client.post(path, json=JOB, headers=auth(keys.alice))
+        assert r.status_code == 422, r.text
+        assert r.headers["content-type"] == PROBLEM_JSON
+        assert r.json()["type"].endswith("audit-gate") and words in r.json()["detail"]
+    assert _spent(client, keys) == before and _jobs(settings) == jobs  # nothing charged
+
+
+@pytest.mark.parametrize("db_url", ["sqlite", "postgres"], indirect=True)
+def test_gate_off_changes_nothing_and_on_without_audit_refuses(
+    client: Any, keys: Any, settings: Any
+) -> None:
+    assert client.get(GATE, headers=auth(keys.admin)).json()["max_age_days"] is None
+    assert client.get(GATE, headers=auth(keys.alice)).status_code == 403
+    assert client.put(GATE, json={"max_age_days": 30}, headers=auth(keys.alice)).status_code == 403
+    r = client.post("/v1/jobs", json=JOB, headers=auth(keys.alice))
+    assert r.status_code == 202, r.text  # gate off: as before
+    _gate(client, keys, 30)
+    assert client.get(GATE, headers=auth(keys.admin)).json()["max_age_days"] == 30
+    _refused(client, keys, settings, "no done audit matches it")
+    r = client.post("/v1/selections/quote", json=ARCH, headers=auth(keys.alice))
+    assert r.status_code == 422 and "selections are refused" in r.json()["detail"], r.text
+    _gate(client, keys, None)
+    r = client.post("/v1/jobs", json=JOB, headers=auth(keys.alice))
+    assert r.status_code == 202, r.text
+    with transaction(engine_for(settings.resolved_database_url)) as s:
+        events = [
+            e.event
+            for e in s.scalars(select(LedgerEntry).order_by(LedgerEntry.id))
+            if e.kind == EntryKind.budget and e.event.get("action") == "set_audit_gate"
+        ]
+    assert events == [
+        {"action": "set_audit_gate", "max_age_days": 30},
+        {"action": "set_audit_gate", "max_age_days": None},
+    ]
+    ledger = client.get("/v1/admin/ledger", headers=auth(keys.admin))
+    assert ledger.status_code == 200, ledger.text
+    assert sum(e["event"].get("action") == "set_audit_gate" for e in ledger.json()) == 2
+
+
+@pytest.mark.parametrize(("bad_value"), [0, -1, 3651, "x", True, float("inf")], ids=str)
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_bad_gate_values_are_422_and_unknown_datasets_404(
+    client: Any, keys: Any, bad_value: Any
+) -> None:
+    body = f'{{"max_age_days": {"Infinity" if bad_value == float("inf") else bad_value}}}'
+    if isinstance(bad_value, str):
+        body = '{"max_age_days": "x"}'
+    if bad_value is True:
+        body = '{"max_age_days": true}'
+    r = client.put(
+        GATE, content=body, headers={**auth(keys.admin), "content-type": "application/json"}
+    )
+    assert r.status_code in (400, 422), r.text
+    assert r.headers["content-type"] == PROBLEM_JSON
+    assert client.get(GATE, headers=auth(keys.admin)).json()["max_age_days"] is None
+    r = client.put(
+        "/v1/admin/datasets/nope/audit-gate", json={"max_age_days": 1}, headers=auth(keys.admin)
+    )
+    assert r.status_code == 404
+
+
+@pytest.mark.parametrize(
+    ("changes", "words"),
+    [
+        ({"age_days": 40.0}, "1 older than the gate allows"),
+        ({"bound": 1.2}, "1 failed"),
+        ({"status": "failed"}, "no done audit matches it"),
+        ({"engine": "ghost"}, "no done audit matches it"),
+        ({"model": "mlp"}, "no done audit matches it"),
+        ({"sigma_factor": 1.01}, "no done audit matches it"),  # audited at more noise
+    ],
+)
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_expired_failed_or_other_audits_do_not_open_the_gate(
+    client: Any, keys: Any, settings: Any, changes: dict[str, Any], words: str
+) -> None:
+    sigma = _sigma(client, keys) * changes.pop("sigma_factor", 1.0)
+    _audit(settings, sigma=sigma, **changes)
+    _gate(client, keys, 30)
+    _refused(client, keys, settings, words)
+
+
+@pytest.mark.parametrize("db_url", ["sqlite", "postgres"], indirect=True)
+def test_a_recent_passing_audit_admits_and_the_card_names_it(
+    client: Any, keys: Any, settings: Any
+) -> None:
+    sigma = _sigma(client, keys)
+    _audit(settings, sigma=sigma * 1.5, bound=0.1)  # more noise than the job: not covering
+    _audit(settings, sigma=sigma, bound=0.9, age_days=10.0)  # covering, older
+    newest = _audit(settings, sigma=sigma * 0.5, bound=0.4, age_days=2.0)  # covering, newest
+    _gate(client, keys, 30)
+    quote = client.post("/v1/quote", json=JOB, headers=auth(keys.alice))
+    assert quote.status_code == 200 and quote.json()["admitted"], quote.text
+    r = client.post("/v1/jobs", json=JOB, headers=auth(keys.alice))
+    assert r.status_code == 202, r.text
+    job_id = r.json()["id"]
+    assert execute_job(job_id, settings) == Outcome.released
+    card = client.get(f"/v1/jobs/{job_id}/release", headers=auth(keys.alice))
+    assert card.status_code == 200, card.text
+    audit = card.json()["audit"]
+    assert audit["id"] == newest
+    assert audit["epsilon_lower_bound"] == 0.4 and audit["ceiling"] == 5.8
+    assert audit["claimed_epsilon"] == 1.0 and audit["noise_multiplier"] == sigma * 0.5
+    assert datetime.fromisoformat(audit["finished_at"]) < datetime.now(UTC) - timedelta(days=1)
+    assert "not a proof" in audit["reading"]
+    _gate(client, keys, 1)  # now the newest passing audit is too old
+    _refused(client, keys, settings, "2 older than the gate allows")
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_the_gate_is_read_again_under_the_lock(client: Any, keys: Any, settings: Any) -> None:
+    """A gate turned on, or shortened, between planning and admission refuses the job."""
+    engine = engine_for(settings.resolved_database_url)
+    with transaction(engine) as s:
+        ds = s.scalars(select(Dataset).where(Dataset.name == "toy")).one()
+        assert recheck_under_lock(s, ds.id, GateCheck(None)) is None  # still off
+        set_audit_gate(s, dataset=ds, max_age_days=5)
+        assert "changed while the job was planned" in (
+            recheck_under_lock(s, ds.id, GateCheck(None)) or ""
+        )
+        old = datetime.now(UTC) - timedelta(days=6)
+        assert recheck_under_lock(s, ds.id, GateCheck(30, "a", old)) is not None
+        recent = datetime.now(UTC) - timedelta(days=4)
+        assert recheck_under_lock(s, ds.id, GateCheck(30, "a", recent)) is None
+
+
+@pytest.mark.parametrize("db_url", ["sqlite", "postgres"], indirect=True)
+def test_the_migration_adds_and_removes_the_tables(settings: Any) -> None:
+    url = settings.resolved_database_url
+    engine_for.cache_clear()
+    tables = set(inspect(engine_for(url)).get_table_names())
+    assert {"audit_gates", "job_audits"} <= tables
+    downgrade(url, "0010")
+    engine_for.cache_clear()
+    tables = set(inspect(engine_for(url)).get_table_names())
+    assert not {"audit_gates", "job_audits"} & tables and "audits" in tables
+    upgrade(url)
+    engine_for.cache_clear()
+    assert {"audit_gates", "job_audits"} <= set(inspect(engine_for(url)).get_table_names())
