@@ -11,37 +11,37 @@ import pytest
 from tests.plan_cases import REQUESTS, plan_digest
 
 GOLDEN = {
-    "dpsgd rdp": "254bf3622dafbf57eca34169ee434b60026c9820506a94913f63e2776d255e03",
-    "dpsgd pld": "a54fc184b712605088cd327286679f7410ec106173871b04484e8dc0687b7818",
-    "dpsgd pld exponential": "6a1a3961b464434d01c33efda59fa28271af2c1bf28ab3db5a3cd1ee461c9a70",
-    "dpsgd mlp": "57dce9b087a0515737c80fe9b5a836fe54b59940d7edbdf99474fba929969aee",
-    "expm langevin": "ee32ca8b190222c1d9eb5da4dc246a0afbcd8d9c0a3f27b86c7be92fb5ee386d",
-    "expm mcmc": "7904c6f49fe2aef65bb5d93208d3af26638d01eba8e99267f11256c9208df10f",
+    "dpsgd rdp": "c0ef73d256d16c4f6f6d895c6ae5f7d4be9073344030054f779faee65efa3404",
+    "dpsgd pld": "a8f3b0271cce2786ee9831b498f0ce99154278de0571c6676b5df75fcb350d33",
+    "dpsgd pld exponential": "bb682c2774479fbcb294ddb3ff926e31d4652fd0e51981b43dc76eddc547869f",
+    "dpsgd mlp": "738e107ce3cec432764bf62f24ff0471c5236a0e00cd32694cc635f56a6f4ee8",
+    "expm langevin": "8a059f25523a57e88c7caf3f0e8e601768d8188f58ecec6dbadb6fd81728cc17",
+    "expm mcmc": "ef6f8166a9cd11dc6adae30a8ecca475c6a7b18c018a5b54a3aa33d35b3af148",
     "expm_nf": "f3ae24311ece986392b437db8cc60b893aeb24ec9919a2e59822e3c08e8f9112",
-    "architecture paas": "ecd5694c2a907eebc856ff970ae5afaac3968071a486d8d8fbb33ff7401f1b83",
-    "architecture rs": "343040807d72ed5f9e11ae64c76d9a505118f3217dcab2ce1279b9e395b77621",
+    "architecture paas": "7797e6ce2d53db591674de307ac529841978288a84892427f0d8a004706a051d",
+    "architecture rs": "cd90252a837ecb42f3d7dfc69a25eaf27afc8cc80b2072e205c1ff77d45932b2",
     "architecture mgrs batches": (
-        "edf3f41bcf99c4585c317c70cfb1f82a31963adcc03b774146336add716bab52"
+        "4bfc3111a2953a0acbde404ebada372483ddb16cb80c4a1f601f0cab7a8fe393"
     ),
-    "architecture rs runs": "5249a90ad5cee07ef3879a946e3adb987fe959ab0b36f232088c75da4f04b208",
+    "architecture rs runs": "7a9f3bfabab24efd6d131232b6b64853b4dc4ea31ac95b28edcb0ba9f1dcf821",
     "architecture rs report_noisy_max": (
-        "98e327be0c929e6720121c6a439ca31b30febe3405fd5e4f94fef3ed7a275380"
+        "3d2d50dcc6db5dc9f9922e3f723de122415f546bfb4fb58d8a306d57c91332be"
     ),
     "architecture expm_nf": "71c7e9ab432148ad9faf1311f9a029672563c77ddec4899e33655797bffc24a8",
     "architecture given training_epsilon": (
-        "cbb3838e581a2c6618e56426d4db872c1434aefc9febba0d64ff9f7ff9aec3a6"
+        "64d086c56740504c651ba98c99e8d3b22baa634a63e87c8c54cb42a9eb429847"
     ),
-    "hyperparameters tnb": "a9f0dd8215941dcba970ec7c4ae128ced91f1f19585001a6e53f007d42ba7ddd",
-    "hyperparameters grid": "b050060d130ddc2793f4d41f1d0abd2928c8dc24347a9eae3c382068c34b05df",
+    "hyperparameters tnb": "1672bae7a782e524b534e8b46697abe084520cd53da5ba018de9705c3357e25c",
+    "hyperparameters grid": "0ef29fbc796f5886e640914da6c3889cbd6ae5fa49500470c7f7dbf774e1b9f4",
     "hyperparameters poisson capped": (
-        "1e0ea07307451c96f4e6cb3025cb62c21e5a6c37c14e9854598780a223016785"
+        "112b5e3509cedeaaa5b53d2c10be400045b992f5cfd07eda358f3053e4e8cbe0"
     ),
     "hyperparameters poisson capped, too small": (
         "222b7cc2f18b5da3f70df98ee4644aaf6a72b3c4d092414b97fc3744ccb5bd09"
     ),
     "features cfs_greedy": "665bde030b48e6f846d1ab29b46306d4fbcde4fe6335357854b6b28bdef78543",
-    "features cfs_ga final": "575c7035b98268f5d619d373d84cba7a7021f089f4f97b3e511a0edd751f73ba",
-    "features pafs": "4184f2fe9c0ad8607951989c2d1c20fe48af1d358da2da5018e7d710813ed515",
+    "features cfs_ga final": "ba89487b661a8a2c2763d38336d92fb637e38f5d2e8cfcf5608ad704468e8e82",
+    "features pafs": "66d0f83504a5910758fc8f278417dc62732e5d3fc270031644165dd2113511c8",
 }
 
 

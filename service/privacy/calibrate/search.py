@@ -3,6 +3,19 @@ relative tolerance, rounded towards more noise) whose ε(σ) meets a target, for
 non-increasing in σ. A guarded secant on log ε against log σ (:func:`search_sigma`); the
 result is verified on both sides (ε(σ) ≤ target, ε(σ·(1 − rel_tol)) > target, both
 evaluated), and the sequence of evaluations is a deterministic function of the inputs.
+
+**Every σ evaluated lies on a public grid** or is an end of the range (:func:`grid_up`:
+σ rounded up to a multiple of 2^(e − k), e = σ's binary exponent, k ≥ 20 bits and 4 bits
+finer than ``rel_tol``). The accountants' ε(σ) are floats computed through libraries
+(numpy, scipy, the PLD's FFT) whose last bits differ between machines (CPU features,
+library builds): the same request planned on two machines gave σ differing by 3e-11
+relative (the plan digests of tests/unit/test_plan_digests.py, seen 2026-11-25 on an AMD
+EPYC without AVX-512), so a plan admitted by the API on one machine could fail the
+worker's re-derivation on another. With the grid, a perturbation of ε(·) by a few ulps
+moves a secant proposal by ~1e-11 relative, which rounds to the same grid point unless a
+grid point lies in between (probability ~1e-11 / 2^-20 ≈ 1e-5 per evaluation): plans are
+the same on every machine with high probability, not certainly. Rounding up
+adds noise (at most 2^-k relative), never removes it.
 """
 
 from __future__ import annotations
@@ -14,7 +27,21 @@ from dataclasses import dataclass
 from service.privacy.calibrate.common import NOISE_MULTIPLIER_MAX, NOISE_MULTIPLIER_MIN
 from service.privacy.deadline import check_deadline
 
-__all__ = ["Search", "Unreachable", "search_sigma"]
+__all__ = ["Search", "Unreachable", "grid_bits", "grid_up", "search_sigma"]
+
+
+def grid_bits(rel_tol: float) -> int:
+    """Bits k of the σ grid: at least 20, and 2^-k ≤ rel_tol/16 (so the search's closing
+    shot hi·(1 − rel_tol), rounded up, still lies strictly between lo and hi)."""
+    return max(20, math.ceil(math.log2(16.0 / rel_tol)))
+
+
+def grid_up(s: float, bits: int) -> float:
+    """The smallest multiple of 2^(e − bits) that is ≥ s > 0, where s = m·2^e, m ∈ [0.5, 1).
+    Exact in IEEE-754 doubles: s·2^(bits − e) and the product back are scalings by powers
+    of two (no rounding in range), ceil is exact."""
+    _, e = math.frexp(s)
+    return math.ldexp(math.ceil(math.ldexp(s, bits - e)), e - bits)
 
 
 class Unreachable(ValueError):
@@ -52,12 +79,16 @@ def search_sigma(
     of evaluations is a deterministic function of the inputs, so is σ.
     """
     evaluations = 0
+    bits = grid_bits(rel_tol)
     seen: dict[float, float] = {}  # σ → ε(σ)
     seen_g: dict[float, float] = {}  # σ → log(ε(σ)/target)
     order: list[float] = []
 
-    def evaluate(s: float) -> tuple[bool, float]:
+    def evaluate(s: float) -> tuple[float, bool, float]:
         nonlocal evaluations
+        # On the grid (module docstring); the range's ends are constants, kept as they are.
+        if NOISE_MULTIPLIER_MIN < s < NOISE_MULTIPLIER_MAX:
+            s = min(grid_up(s, bits), NOISE_MULTIPLIER_MAX)
         if s not in seen:
             check_deadline()  # the API bounds a request's planning (deadline.py)
             evaluations += 1
@@ -70,7 +101,7 @@ def search_sigma(
             else:
                 seen_g[s] = math.log(e / target) if math.isfinite(e) else math.inf
             order.append(s)
-        return seen[s] <= target, seen_g[s]
+        return s, seen[s] <= target, seen_g[s]
 
     def done(s: float) -> Search:
         return Search(sigma=s, epsilon=seen[s], evaluations=evaluations)
@@ -78,7 +109,7 @@ def search_sigma(
     lo_s = NOISE_MULTIPLIER_MIN
     hi_s = NOISE_MULTIPLIER_MAX
     s = min(max(initial, NOISE_MULTIPLIER_MIN), NOISE_MULTIPLIER_MAX)
-    ok, g = evaluate(s)
+    s, ok, g = evaluate(s)
     lo: tuple[float, float] | None = None  # (σ, g) with eps > target
     hi: tuple[float, float] | None = None  # (σ, g) with eps ≤ target
     if ok:
@@ -111,7 +142,7 @@ def search_sigma(
             factor = max(min(math.exp(step) * (1.0 + 2.0 * rel_tol), 8.0), 1.0 + rel_tol)
             s = min(cur[0] * factor, hi_s)
         prev = cur
-        ok, g = evaluate(s)
+        s, ok, g = evaluate(s)
         if ok:
             hi = (s, g)
         else:
@@ -143,7 +174,7 @@ def search_sigma(
             s = math.exp(root)  # a plain secant step
         last_root = root
         s = min(s, closing)
-        ok, g = evaluate(s)
+        s, ok, g = evaluate(s)
         if ok:
             hi = (s, g)
         else:
