@@ -48,6 +48,7 @@ MAX_SIDE = 4096
 MAX_ENCODED_WIDTH = 1 << 22
 """The largest H·W·C a schema may declare (a 1024 × 1024 RGB image is 3·2^20)."""
 
+
 # A file name inside the folder the admin names: no separator, not "." or "..", so that
 # a public schema can never point the worker outside that folder.
 def _file_name(text: str) -> str:
