@@ -9,12 +9,14 @@ level 0.90, all four scalar metrics in one plan (equal shares of ε, δ = 1e-6).
 also gets its exact coverage (the law of the released count summed, no simulation) and,
 as the anchor, the union-bound interval it replaced (issue 21) on the same releases. The
 distinguishers are the unit tests' (accuracy: ε = 1, n = 50; AUC: ε = 2, n = 400, one
-positive moved across all negatives), with more runs.
+positive moved across all negatives), with more runs. Last, AUC alone at n = 300, ε = 1
+against the retired propose-test-release mechanism (``--only-auc`` runs just that table).
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from pathlib import Path
 
@@ -23,9 +25,13 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from service.privacy.audit import clopper_pearson_lower, clopper_pearson_upper, threshold_bound
-from service.privacy.evaluation import NoiseKind, noise_tail, plan_evaluation
+from service.privacy.evaluation import NoiseKind, laplace_scale, noise_tail, plan_evaluation
 from service.privacy.evaluation_intervals import Interval
+from service.privacy.sampling import noise_slack
 from tests.unit.test_private_evaluation import (
+    _PMODEL,
+    _PX,
+    _RX,
     _draw_binary,
     _inside,
     _Intervals,
@@ -39,6 +45,7 @@ from worker.mechanisms.evaluation import (
     evaluate,
     probability_matrix,
 )
+from worker.noise import discrete_laplace
 
 METRICS = ("accuracy", "auc", "log_loss", "calibration_error")
 
@@ -125,18 +132,128 @@ def audits(runs: int) -> None:
     t1 = _releases(plan, q1, y, runs, "auc")
     b = threshold_bound(stats_world0=t0, stats_world1=t1, threshold=(a0 + a1) / 2, delta=1e-6)
     print(
-        f"AUC: charged ε = 2 (1 to the counts, which are equal here, 1 to the AUC), 95% lower "
+        f"AUC: charged ε = 2 (0.5 to the counts, which are equal here, 1.5 to 2U), 95% lower "
         f"bound from {runs} runs per world: {b.epsilon:.3f}"
     )
+
+
+# A 15%-positive population with a tie between two score levels (the unit test
+# test_auc_interval_covers_an_imbalanced_population's): P(x), P(y = 1 | x), the score p(x).
+_IMBALANCED = (
+    np.array([0.3, 0.3, 0.2, 0.2]),
+    np.array([0.02, 0.1, 0.2, 0.35]),
+    np.array([0.1, 0.3, 0.3, 0.8]),
+)
+
+
+def _population_auc(px: np.ndarray, rx: np.ndarray, pm: np.ndarray) -> float:
+    f1, f0 = px * rx / np.sum(px * rx), px * (1 - rx) / np.sum(px * (1 - rx))
+    return float(
+        sum(
+            f1[i] * f0[j] * (1.0 if pm[i] > pm[j] else 0.5 if pm[i] == pm[j] else 0.0)
+            for i in range(len(px))
+            for j in range(len(px))
+        )
+    )
+
+
+def ptr_release(
+    rng: np.random.Generator, auc: float, positives: int, n: int, eps: float, delta: float
+) -> tuple[float | None, Interval]:
+    """The retired propose-test-release AUC (commit 7e49e7d's parent, Laplace, the plan's
+    whole (ε, δ) on AUC), re-stated here as the anchor: ε/2 to the noisy positive count
+    ñ, δ to its test (τ = the count noise's tail at δ), the AUC noised on the grid
+    (1/m)/4096 with m = min(ñ − τ, n − ñ − τ), scale 4097/(ε/2) units (withheld if m < 1);
+    its interval: noise at α/3, counts at α/3, McDiarmid at α/3, plus half a unit."""
+    grid = 2**12
+    e = eps / 2.0 - 2.0 * noise_slack(draws=1).tau
+    count_scale, scale = laplace_scale(sensitivity=1, epsilon=e), (grid + 1) / e
+    noisy_n = positives + int(discrete_laplace(rng, scale=count_scale, size=1)[0])
+    tau = noise_tail(noise="laplace", scale=count_scale, probability=delta)
+    m = min(noisy_n - tau, n - noisy_n - tau)
+    if m < 1:
+        return None, Interval(0.0, 1.0, 0.9)
+    unit = 1.0 / (m * grid)
+    value = (round(auc / unit) + int(discrete_laplace(rng, scale=scale, size=1)[0])) * unit
+    a = 0.1 / 3
+    t = noise_tail(noise="laplace", scale=scale, probability=a)
+    tau2 = noise_tail(noise="laplace", scale=count_scale, probability=a)
+    p_lo, q_lo = noisy_n - tau2, n - noisy_n - tau2
+    if min(p_lo, q_lo) < 1:
+        return value, Interval(0.0, 1.0, 0.9)
+    half = math.sqrt(math.log(2 / a) * (1 / p_lo + 1 / q_lo) / 2) + t * unit + unit / 2
+    return value, Interval(max(0.0, value - half), min(1.0, value + half), 0.9)
+
+
+def auc_against_ptr(runs: int) -> None:
+    """AUC alone at n = 300, ε = 1, nominal 0.90: the charged mechanism (2U and the
+    counts) against the retired PTR one on the same holdouts. Noise RMS: the root mean
+    square of (released AUC − the holdout's exact AUC), over the releases made."""
+    print(
+        "| population | mechanism | noise, δ | AUC noise RMS | RMS / PTR's | withheld | "
+        "coverage | mean width |"
+    )
+    print("|---|---|---|---:|---:|---:|---:|---:|")
+    populations = {
+        "balanced (48% positive)": (_PX, _RX, _PMODEL),
+        "imbalanced (15% positive)": _IMBALANCED,
+    }
+    n, eps = 300, 1.0
+    for name, (px, rx, pm) in populations.items():
+        truth = _population_auc(px, rx, pm)
+        draws = []
+        rng = np.random.default_rng(11)
+        for _ in range(runs):
+            x = rng.choice(len(px), size=n, p=px)
+            y = (rng.random(n) < rx[x]).astype(np.int64)
+            draws.append((pm[x], y, float(auc_exact(probability_matrix(pm[x], classes=2), y))))
+        noise_rng = np.random.default_rng(12)
+        rows: list[tuple[str, str, list[float], int, int, float]] = []
+        errs: list[float] = []
+        withheld = covered = 0
+        width = 0.0
+        for _p, y, exact in draws:
+            value, iv = ptr_release(noise_rng, exact, int(y.sum()), n, eps, 1e-6)
+            if value is None:
+                withheld += 1
+            else:
+                errs.append(value - exact)
+            covered += _inside(truth, iv)
+            width += iv.upper - iv.lower
+        rows.append(("PTR (retired)", "laplace, 1e-6", errs, withheld, covered, width))
+        for noise, delta in (("laplace", 0.0), ("gaussian", 1e-6)):
+            plan = plan_evaluation(
+                metrics=["auc"], n=n, classes=2, epsilon=eps, delta=delta, noise=noise,
+                confidence=0.9,
+            )  # fmt: skip
+            errs, covered, width = [], 0, 0.0
+            for p, y, exact in draws:
+                r = evaluate(plan=plan, probabilities=p, labels=y).auc
+                assert r is not None
+                errs.append(r.value - exact)
+                covered += _inside(truth, r.interval)
+                width += r.interval.upper - r.interval.lower
+            rows.append(("2U + counts (charged)", f"{noise}, {delta:g}", errs, 0, covered, width))
+        anchor = math.sqrt(np.mean(np.square(rows[0][2]))) if rows[0][2] else math.nan
+        for mech, law, e, held, cov, w in rows:
+            rms = math.sqrt(np.mean(np.square(e))) if e else math.nan
+            print(
+                f"| {name} | {mech} | {law} | {rms:.4f} | {rms / anchor:.2f} | "
+                f"{held / runs:.3f} | {cov / runs:.3f} | {w / runs:.3f} |"
+            )
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=300)
     ap.add_argument("--audit-runs", type=int, default=1000)
+    ap.add_argument("--auc-runs", type=int, default=1000)
+    ap.add_argument("--only-auc", action="store_true", help="only the AUC-against-PTR table")
     args = ap.parse_args()
-    coverage(args.runs)
-    audits(args.audit_runs)
+    if not args.only_auc:
+        coverage(args.runs)
+        audits(args.audit_runs)
+    auc_against_ptr(args.auc_runs)
 
 
 if __name__ == "__main__":

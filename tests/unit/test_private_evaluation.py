@@ -526,7 +526,8 @@ def test_distinguisher_on_auc_stays_below_the_charge() -> None:
             r = evaluate(plan=plan, probabilities=p, labels=y).auc
             assert r is not None
             (u,), (c,) = r.noisy_twice_u, r.noisy_class_counts
-            assert r.value == u / (2.0 * min(max(c, 1), n - 1) * (n - min(max(c, 1), n - 1)))
+            ratio = u / (2.0 * min(max(c, 1), n - 1) * (n - min(max(c, 1), n - 1)))
+            assert r.value == min(max(ratio, 0.0), 1.0)
             out.append(float(u))
         return np.array(out)
 
@@ -627,6 +628,46 @@ def test_auc_interval_covers_an_imbalanced_population(noise: str) -> None:
         r = evaluate(plan=plan, probabilities=pm[x], labels=y).auc
         assert r is not None and 0.0 <= r.interval.lower <= r.interval.upper <= 1.0
         covered += _inside(truth, r.interval)
+    _assert_coverage(covered, runs, plan.confidence)
+
+
+def test_macro_auc_interval_covers_the_label_conditional_value() -> None:
+    """K = 3: the interval's stated target, the macro one-vs-rest AUC with the holdout's
+    class mix weighting each problem's negative classes, i.e. (1/K) Σ_k Σ_{j≠k}
+    n_j/(n − n_k)·A_kj with A_kj = P(s_k(X) > s_k(X') | y = k, y' = j) + ½P(=), computed
+    per holdout from the discrete population; n = 300, ε = 3 (AUC only), nominal 0.90."""
+    px = np.array([0.2, 0.2, 0.2, 0.2, 0.2])
+    rx = np.array(
+        [[0.7, 0.2, 0.1], [0.2, 0.6, 0.2], [0.1, 0.2, 0.7], [0.4, 0.4, 0.2], [0.3, 0.3, 0.4]]
+    )
+    pm = np.array(
+        [[0.8, 0.1, 0.1], [0.1, 0.8, 0.1], [0.2, 0.2, 0.6], [0.5, 0.3, 0.2], [0.3, 0.3, 0.4]]
+    )
+    k = 3
+    f = px[:, None] * rx / np.sum(px[:, None] * rx, axis=0)  # P(x | y = c), columns c
+    pair = np.zeros((k, k))
+    for c, j in itertools.product(range(k), range(k)):
+        s = pm[:, c]
+        wins = (s[:, None] > s[None, :]) + 0.5 * (s[:, None] == s[None, :])
+        pair[c, j] = f[:, c] @ wins @ f[:, j]
+    plan = plan_evaluation(
+        metrics=["auc"], n=300, classes=k, epsilon=3.0, delta=0.0, noise="laplace", confidence=0.9
+    )
+    rng = np.random.default_rng(5)
+    runs, covered = 200, 0
+    for _ in range(runs):
+        x = rng.choice(5, size=plan.n, p=px)
+        y = (rng.random(plan.n)[:, None] > np.cumsum(rx[x], axis=1)).sum(axis=1)
+        counts = np.bincount(y, minlength=k)
+        target = np.mean(
+            [
+                sum(counts[j] / (plan.n - counts[c]) * pair[c, j] for j in range(k) if j != c)
+                for c in range(k)
+            ]
+        )
+        r = evaluate(plan=plan, probabilities=pm[x], labels=y).auc
+        assert r is not None and len(r.noisy_twice_u) == k
+        covered += _inside(float(target), r.interval)
     _assert_coverage(covered, runs, plan.confidence)
 
 

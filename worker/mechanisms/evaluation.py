@@ -198,7 +198,7 @@ class AucRelease:
     """The AUC (binary, or macro one-vs-rest), a post-processing of the two noisy integer
     releases that are part of it: ``noisy_twice_u`` (2U, or each class's 2U_k) and
     ``noisy_class_counts`` (binary: positives; K ≥ 3: each class). ``value`` is
-    Ũ/(ñ₊ñ₋) with each noisy count clamped to [1, n − 1] (it may leave [0, 1]);
+    Ũ/(ñ₊ñ₋) with each noisy count clamped to [1, n − 1], then clipped to [0, 1];
     ``noise_scale`` is 2U's noise b or σ (2U units); ``count_noise_scale`` the counts'."""
 
     value: float
@@ -363,14 +363,15 @@ def _auc(
     stat = auc_twice_u(p, y)
     noisy_u = tuple(int(v) for v in stat + _noise(rng, e.noise, e.scale, stat.size))
     # Post-processing of the two releases only: AUC_k = Ũ_k/(ñ_k(n − ñ_k)), counts
-    # clamped to [1, n − 1] (n = 1: no pair, ½ by convention).
+    # clamped to [1, n − 1] (n = 1: no pair, ½ by convention), the mean clipped to [0, 1]
+    # (a noisy count near 1 can blow the ratio up).
     values = [
         0.5 if n < 2 else u / (2.0 * min(max(c, 1), n - 1) * (n - min(max(c, 1), n - 1)))
         for u, c in zip(noisy_u, noisy_counts, strict=True)
     ]
     interval = auc_interval(plan=plan, noisy_twice_u=noisy_u, noisy_counts=noisy_counts)
     return AucRelease(
-        sum(values) / len(values),
+        min(max(sum(values) / len(values), 0.0), 1.0),
         interval,
         noisy_u,
         noisy_counts,
