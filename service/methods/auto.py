@@ -49,9 +49,10 @@ and 700 of its rows (s = 18.7: 0.652, 0.597) and not on 3,000 rows (s = 80.2: DP
 and its models logistic; other kinds of data (images) follow line 6 unmeasured.
 
 The plan records the choice (``PrivacyPlan.method_choice``: requested ``auto``, the method
-and a short reason, from public values only); the request stays ``auto``, so the worker's
-plan check re-derives the same choice from it. A change of this rule changes the plan of an
-``auto`` job queued before it, which then fails its plan check unread and is refunded.
+and a short reason, from public values only); the request the analyst sent stays ``auto``,
+and the admitted request (``jobs.resolved_request``, :func:`service.plans.resolve_defaults`)
+names the chosen method with its settings, so a job queued before a change of this rule
+still runs the method and plan it was admitted with (:func:`service.plans.replan_admitted`).
 """
 
 from __future__ import annotations
