@@ -22,16 +22,16 @@ worker/noise.py (discrete Laplace or rounded Gaussian), so no float noise ever t
 data-dependent value (Mironov 2012). The integer statistics and their L1/L2
 sensitivities Δ₁, Δ₂ (grid units) are:
 
-=================  =========================================  ======  ======
-metric             integer statistic                          Δ₁      Δ₂
-=================  =========================================  ======  ======
-accuracy           C = #correct                               1       1
-confusion          M_ij = #{y = i, ŷ = j} (K² cells)           2       √2
-log loss           Σ_i q_i, q_i = round(ℓ_i·G/L) ∈ [0, G]     G       G
-calibration error  Σ_b |Σ_{i∈b} q_i|, q_i = round((o_i−c_i)G)  2G      2G
-AUC (binary)       2U (Mann–Whitney, ties ½); count n₊       2(n−1); 1  2(n−1); 1
-AUC (macro OvR)    (2U_k)_k; counts (n_k)_k                  6(n−1); 2  2√3(n−1); √2
-=================  =========================================  ======  ======
+=================  =========================================  =========  ==========
+metric             integer statistic                          Δ₁         Δ₂
+=================  =========================================  =========  ==========
+accuracy           C = #correct                               1          1
+confusion          M_ij = #{y = i, ŷ = j} (K² cells)           2          √2
+log loss           Σ_i q_i, q_i = round(ℓ_i·G/L) ∈ [0, G]     G          G
+calibration error  Σ_b |Σ_{i∈b} q_i|, q_i = round((o_i−c_i)G)  2G         2G
+AUC (binary)       2U (Mann–Whitney, ties ½); count n₊        2(n−1); 1  2(n−1); 1
+AUC (macro OvR)    (2U_k)_k; counts (n_k)_k                   6(n−1); 2  2√3(n−1); √2
+=================  =========================================  =========  ==========
 
 Proofs of the table (replace one row (x, y) by (x', y')):
 
@@ -48,7 +48,11 @@ Proofs of the table (replace one row (x, y) by (x', y')):
   (1/min(n₊, n₋)), but its numerator does not: 2U (an integer) has the global bound
   2(n − 1) (:func:`auc_sensitivity`, proof there), and the counts have sensitivity 1
   (binary n₊; n₋ = n − n₊) or L1 2 (the K-class histogram). Both are released with
-  noise of fixed scale; AUC = Ũ/(ñ₊ñ₋) is post-processing. This replaces a
+  noise of fixed scale; AUC = Ũ/(ñ₊ñ₋) is post-processing. K ≥ 3: the K one-vs-rest
+  statistics are one vector query whose joint sensitivity is bounded (6(n − 1) in L1,
+  2√3(n − 1) in L2, not K times the binary bound), noised per coordinate at that scale,
+  and composed with the counts' release: ε₁ + ε₂ (Laplace, basic composition) or the sum
+  of the two Gaussian mechanisms' RDP curves (Mironov 2017, Prop. 1). This replaces a
   propose-test-release mechanism (Dwork & Lei 2009) that scaled the noise to noisy
   lower bounds of the counts: (ε, δ)-DP with a failure probability and no RDP curve, so
   the ledger could not charge it (removed, issue 21; its noise is compared with this one
