@@ -528,6 +528,9 @@ def test_distinguisher_on_auc_stays_below_the_charge() -> None:
             (u,), (c,) = r.noisy_twice_u, r.noisy_class_counts
             ratio = u / (2.0 * min(max(c, 1), n - 1) * (n - min(max(c, 1), n - 1)))
             assert r.value == min(max(ratio, 0.0), 1.0)
+            assert r.twice_u_noise_scale == entry.scale
+            pairs = 2.0 * min(max(c, 1), n - 1) * (n - min(max(c, 1), n - 1))
+            assert r.noise_scale == pytest.approx(entry.scale / pairs)
             out.append(float(u))
         return np.array(out)
 

@@ -198,8 +198,11 @@ class AucRelease:
     """The AUC (binary, or macro one-vs-rest), a post-processing of the two noisy integer
     releases that are part of it: ``noisy_twice_u`` (2U, or each class's 2U_k) and
     ``noisy_class_counts`` (binary: positives; K ≥ 3: each class). ``value`` is
-    Ũ/(ñ₊ñ₋) with each noisy count clamped to [1, n − 1], then clipped to [0, 1];
-    ``noise_scale`` is 2U's noise b or σ (2U units); ``count_noise_scale`` the counts'."""
+    Ũ/(ñ₊ñ₋) with each noisy count clamped to [1, n − 1], then clipped to [0, 1].
+    ``twice_u_noise_scale``: 2U's noise b or σ (2U units); ``count_noise_scale``: the
+    counts'. ``noise_scale`` describes the AUC's noise in AUC units at the noisy counts
+    (b/(2ñ₊ñ₋); K ≥ 3, (1/K)·√Σ_k (b/(2ñ_k(n − ñ_k)))²), as the other metrics' do; the
+    count noise is not in it (the interval accounts for both)."""
 
     value: float
     interval: Interval
@@ -209,6 +212,7 @@ class AucRelease:
     delta: float
     noise: NoiseKind
     noise_scale: float
+    twice_u_noise_scale: float
     count_noise_scale: float
 
 
@@ -365,10 +369,12 @@ def _auc(
     # Post-processing of the two releases only: AUC_k = Ũ_k/(ñ_k(n − ñ_k)), counts
     # clamped to [1, n − 1] (n = 1: no pair, ½ by convention), the mean clipped to [0, 1]
     # (a noisy count near 1 can blow the ratio up).
-    values = [
-        0.5 if n < 2 else u / (2.0 * min(max(c, 1), n - 1) * (n - min(max(c, 1), n - 1)))
-        for u, c in zip(noisy_u, noisy_counts, strict=True)
+    pairs = [
+        2.0 * min(max(c, 1), n - 1) * (n - min(max(c, 1), n - 1)) if n >= 2 else 0.0
+        for c in noisy_counts
     ]
+    values = [u / d if d > 0 else 0.5 for u, d in zip(noisy_u, pairs, strict=True)]
+    per_class = [e.scale / d if d > 0 else 0.0 for d in pairs]
     interval = auc_interval(plan=plan, noisy_twice_u=noisy_u, noisy_counts=noisy_counts)
     return AucRelease(
         min(max(sum(values) / len(values), 0.0), 1.0),
@@ -378,6 +384,7 @@ def _auc(
         e.epsilon,
         e.delta,
         e.noise,
+        math.sqrt(sum(v * v for v in per_class)) / len(per_class),
         e.scale,
         e.count_scale,
     )
