@@ -36,6 +36,7 @@ from enclave.errors import database_setup_error, fail
 from enclave.jobs_cli import jobs_app
 from enclave.privacy_text import privacy_number
 from service import admin as ops
+from service.audit_gate import MAX_GATE_DAYS, gate_days, set_audit_gate
 from service.auth import expiry, hash_api_key, new_api_key
 from service.config import get_settings
 from service.datasets.kinds import DATA_KINDS, DatasetSchema, load_schema_yaml
@@ -480,6 +481,36 @@ def datasets_nominal(
     with _refusals(), transaction(_engine()) as s:
         ds = ops.set_nominal(s, name, allow_nominal=allow)
         console.print(f"{ds.name}: nominal methods {'allowed' if ds.allow_nominal else 'refused'}")
+
+
+@datasets_app.command("audit-gate")
+def datasets_audit_gate(
+    name: str,
+    days: Annotated[
+        float | None,
+        typer.Option(
+            "--days",
+            min=0.001,
+            max=MAX_GATE_DAYS,
+            help="On: training jobs need an audit of their configuration that passed "
+            "within this many days (service/audit_gate.py).",
+        ),
+    ] = None,
+    off: Annotated[bool, typer.Option("--off", help="Turn the gate off.")] = False,
+) -> None:
+    """Set a dataset's release gate (as PUT /v1/admin/datasets/{name}/audit-gate); with
+    neither --days nor --off, show it. Passing an audit is not a proof."""
+    if days is not None and off:
+        fail("give --days or --off, not both")
+    with _refusals(), transaction(_engine()) as s:
+        ds = ops.dataset_named(s, name)
+        if days is not None or off:
+            set_audit_gate(s, dataset=ds, max_age_days=None if off else days)
+        now = gate_days(s, ds.id)
+        console.print(
+            f"{ds.name}: audit gate "
+            + ("off" if now is None else f"on: audits that passed within {now:g} days")
+        )
 
 
 # Filters, --cursor and --all (issue 26): enclave/admin_jobs.py.

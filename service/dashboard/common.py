@@ -106,6 +106,7 @@ def bad_page(request: Request, admin: AdminSession, back: str) -> Response:
 DONE = {
     "budget": "Budget saved.",
     "nominal": "Nominal policy saved.",
+    "audit-gate": "Release gate saved.",
     "cap": "Cap saved.",
     "revoked": "Key revoked: it authenticates nobody from now on.",
     "refund": "Refund recorded in the ledger.",

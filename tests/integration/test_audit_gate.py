@@ -15,13 +15,16 @@ from typing import Any
 
 import pytest
 from sqlalchemy import inspect, select
+from typer.testing import CliRunner
 
+from enclave.cli import app
 from service.audit_gate import GateCheck, recheck_under_lock, set_audit_gate
 from service.audits import Audit
 from service.db import engine_for, transaction
 from service.ledger.tables import Analyst, Dataset, EntryKind, Job, LedgerEntry, Role
 from service.migrate import downgrade, upgrade
 from tests.conftest import auth
+from tests.integration.test_dashboard_forms import ledger_rows, post, signed_in
 from tests.integration.test_selections import ARCH
 from worker.runner import Outcome, execute_job
 
@@ -257,3 +260,41 @@ def test_the_migration_adds_and_removes_the_tables(settings: Any) -> None:
     upgrade(url)
     engine_for.cache_clear()
     assert {"audit_gates", "job_audits"} <= set(inspect(engine_for(url)).get_table_names())
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_the_admin_cli_sets_and_shows_the_gate(client: Any, keys: Any) -> None:
+    runner = CliRunner()
+    r = runner.invoke(app, ["datasets", "audit-gate", "toy"])
+    assert r.exit_code == 0 and "toy: audit gate off" in r.output, r.output
+    r = runner.invoke(app, ["datasets", "audit-gate", "toy", "--days", "14"])
+    assert r.exit_code == 0 and "on: audits that passed within 14 days" in r.output, r.output
+    assert client.get(GATE, headers=auth(keys.admin)).json()["max_age_days"] == 14
+    both = runner.invoke(app, ["datasets", "audit-gate", "toy", "--days", "1", "--off"])
+    assert both.exit_code == 1
+    assert runner.invoke(app, ["datasets", "audit-gate", "nope", "--off"]).exit_code == 1
+    assert runner.invoke(app, ["datasets", "audit-gate", "toy", "--days", "0"]).exit_code != 0
+    r = runner.invoke(app, ["datasets", "audit-gate", "toy", "--off"])
+    assert r.exit_code == 0 and "toy: audit gate off" in r.output, r.output
+    assert client.get(GATE, headers=auth(keys.admin)).json()["max_age_days"] is None
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_the_dashboard_sets_the_gate(client: Any, keys: Any, settings: Any) -> None:
+    csrf = signed_in(client, keys)
+    page = client.get("/dashboard/datasets/toy")
+    assert page.status_code == 200 and "Release gate" in page.text and "not a proof" in page.text
+    form = "/dashboard/datasets/toy/audit-gate"
+    before = [e.hash for e in ledger_rows(settings)]
+    assert post(client, form, {"max_age_days": "30"}).status_code == 403  # no CSRF token
+    for bad in ("abc", "0", "nan", "4000"):
+        r = post(client, form, {"csrf": csrf, "max_age_days": bad})
+        assert r.status_code == 422 and "Nothing was changed" in r.text, bad
+    assert [e.hash for e in ledger_rows(settings)] == before
+    assert post(client, form, {"csrf": csrf, "max_age_days": "30"}).status_code == 303
+    assert client.get(GATE, headers=auth(keys.admin)).json()["max_age_days"] == 30
+    assert 'value="30"' in client.get("/dashboard/datasets/toy").text
+    _refused(client, keys, settings, "no done audit matches it")
+    assert post(client, form, {"csrf": csrf, "max_age_days": ""}).status_code == 303
+    assert client.get(GATE, headers=auth(keys.admin)).json()["max_age_days"] is None
+    assert client.post("/v1/jobs", json=JOB, headers=auth(keys.alice)).status_code == 202

@@ -11,6 +11,7 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
 from service import admin as ops
 from service.app_state import EngineDep
+from service.audit_gate import gate_days, set_audit_gate
 from service.dashboard.chart import build_chart
 from service.dashboard.common import (
     FORM_ERRORS,
@@ -26,6 +27,7 @@ from service.dashboard.views import safe_back
 from service.db import transaction
 from service.ledger.accounting import accounting_summary, spending_over_time
 from service.schemas import BudgetUpdate, CapUpdate, NominalUpdate
+from service.schemas.admin import AuditGateUpdate
 
 router = page_router()
 
@@ -61,6 +63,7 @@ def dataset_page(
         caps = [(row.name, sp) for row in overview for sp in row.spending if sp.dataset == name]
         n_rows, allow_nominal = ds.n_rows, ds.allow_nominal
         holdout_rows = ds.holdout_rows
+        audit_gate_days = gate_days(s, ds.id)
     return render(
         request,
         "dataset.html",
@@ -69,6 +72,7 @@ def dataset_page(
         n_rows=n_rows,
         holdout_rows=holdout_rows,
         allow_nominal=allow_nominal,
+        audit_gate_days=audit_gate_days,
         chart=build_chart(
             points, epsilon_total=summary.epsilon_total, zoom_to_spent=scale == "spent"
         ),
@@ -119,6 +123,27 @@ def nominal_form(
     except FORM_ERRORS as exc:
         return refused(request, admin, exc, safe_back(back, page))
     return RedirectResponse(f"{page}?done=nominal", status_code=303)
+
+
+@router.post("/datasets/{name}/audit-gate")
+def audit_gate_form(
+    request: Request,
+    name: str,
+    engine: EngineDep,
+    admin: AdminForm,
+    max_age_days: Annotated[str, Form()] = "",
+    back: BackField = None,
+) -> Response:
+    """The release gate (service/audit_gate.py): a maximum audit age in days, empty: off."""
+    page = f"/dashboard/datasets/{quote(name)}"
+    try:
+        body = AuditGateUpdate.model_validate({"max_age_days": max_age_days.strip() or None})
+        with transaction(engine) as s:
+            ds = ops.dataset_named(s, name)
+            set_audit_gate(s, dataset=ds, max_age_days=body.max_age_days)
+    except FORM_ERRORS as exc:
+        return refused(request, admin, exc, safe_back(back, page))
+    return RedirectResponse(f"{page}?done=audit-gate", status_code=303)
 
 
 @router.post("/datasets/{name}/caps")
