@@ -298,9 +298,9 @@ def test_a_refusals_back_link_returns_to_the_forms_page(
     r = post(client, f"/dashboard/jobs/{job}/refund",
              {"csrf": csrf, "reason": "lost", "back": "https://evil.example/"})  # fmt: skip
     assert back_link(r.text) == "/dashboard/jobs"
-    # The dataset page's forms carry it too (a zoomed chart stays zoomed).
+    # The dataset page's forms carry it too (zoomed stays zoomed; budget, nominal, gate, caps).
     page = client.get("/dashboard/datasets/toy?scale=spent").text
-    assert page.count('name="back" value="/dashboard/datasets/toy?scale=spent"') == 3
+    assert page.count('name="back" value="/dashboard/datasets/toy?scale=spent"') == 4
     r = post(client, "/dashboard/datasets/toy/budget",
              {"csrf": csrf, "epsilon_total": "abc", "delta_total": "0",
               "back": "/dashboard/datasets/toy?scale=spent"})  # fmt: skip
