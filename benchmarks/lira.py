@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import subprocess
 import sys
@@ -56,7 +57,7 @@ SLOW = ("expm_nf", "expm_mcmc")
 def row(r: LiraResult) -> dict[str, Any]:
     return {
         "configuration": r.configuration,
-        "epsilon": r.epsilon,
+        "epsilon": None if math.isnan(r.epsilon) else r.epsilon,  # None: the anchor
         "delta": r.delta,
         "models": r.models,
         "pool": r.pool,
