@@ -18,9 +18,13 @@ unless an audit (service/audits.py) of the same configuration passed within that
   never more than its ceiling); a pass means this test found none.
 * within the age: the audit finished at most ``max_age_days`` days before the quote.
 
-The gate is read at planning (service/api/routes/jobs.py), and again under the
-dataset's lock in the admission transaction, so a gate turned on or shortened between
-the two refuses the job. The admitted job names its audit (table ``job_audits``), and
+The gate is read at planning (service/api/routes/jobs.py). Where it was on, admission
+reads it again under the dataset's lock (one more statement), so a gate shortened or
+turned off and on between the two refuses a job whose audit no longer passes. Where it
+was off, admission does not read it (no cost on the common path; on PostgreSQL a
+statement under the lock is a round trip, ~1 ms at load ~4, measured with Core): a job
+planned before the gate was turned on is admitted as if it had come first (the window is
+its planning time). The admitted job names its audit (table ``job_audits``), and
 the worker's card names it (id, bound, ceiling, finished_at). Changing the gate takes the
 dataset's lock and writes a zero-cost ``budget`` entry (action ``set_audit_gate``) to the
 ledger, as budget changes do. Tables: migration 0011. Selections are refused while the
@@ -31,9 +35,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import Connection, Float, ForeignKey, String, insert, select
+from sqlalchemy import (
+    Connection,
+    Float,
+    ForeignKey,
+    String,
+    Table,
+    bindparam,
+    insert,
+    select,
+)
 from sqlalchemy.orm import Mapped, Session, mapped_column
 
 from service.audits import Audit
@@ -85,6 +98,12 @@ class JobAudit(Base):
     audit_id: Mapped[str] = mapped_column(String(36), ForeignKey("audits.id"))
 
 
+_GATES = cast(Table, AuditGate.__table__)
+_GATE_DAYS = select(_GATES.c.max_age_days).where(_GATES.c.dataset_id == bindparam("dataset_id"))
+"""Built once, Core: admission runs it on its connection (service/ledger/admission.py's
+reasons for Core on the hot path apply)."""
+
+
 @dataclass(frozen=True)
 class GateCheck:
     """What planning found: the gate as read (None: off) and the audit that passes it."""
@@ -97,8 +116,7 @@ class GateCheck:
 def gate_days(db: Session | Connection, dataset_id: int) -> float | None:
     """The dataset's maximum audit age in days, or None (gate off). Core: admission calls
     it on its connection, under the dataset's lock."""
-    stmt = select(AuditGate.max_age_days).where(AuditGate.dataset_id == dataset_id)
-    value = db.execute(stmt).scalar_one_or_none()
+    value = db.execute(_GATE_DAYS, {"dataset_id": dataset_id}).scalar_one_or_none()
     return None if value is None else float(value)
 
 
@@ -212,7 +230,8 @@ def _reason(wanted: dict[str, Any], sigma: float | None, days: float, seen: dict
 def recheck_under_lock(db: Session | Connection, dataset_id: int, seen: GateCheck) -> str | None:
     """In the admission transaction, after the dataset's lock is taken: the refusal when
     the gate changed since planning in a way the planned check does not satisfy (turned
-    on, or its age shortened past the audit found)."""
+    on, or its age shortened past the audit found). The API calls it where planning saw
+    the gate on."""
     now_days = gate_days(db, dataset_id)
     if now_days is None:
         return None

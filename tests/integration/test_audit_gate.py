@@ -18,6 +18,7 @@ from sqlalchemy import inspect, select
 from typer.testing import CliRunner
 
 from enclave.cli import app
+from service.api.routes import jobs as routes
 from service.audit_gate import GateCheck, recheck_under_lock, set_audit_gate
 from service.audits import Audit
 from service.db import engine_for, transaction
@@ -232,7 +233,9 @@ def test_a_recent_passing_audit_admits_and_the_card_names_it(
 
 @pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
 def test_the_gate_is_read_again_under_the_lock(client: Any, keys: Any, settings: Any) -> None:
-    """A gate turned on, or shortened, between planning and admission refuses the job."""
+    """A gate shortened (or turned off and on) between planning and admission refuses the
+    job whose audit no longer passes; the function also refuses a check made with the gate
+    off (the API does not call it then: service/audit_gate.py says why)."""
     engine = engine_for(settings.resolved_database_url)
     with transaction(engine) as s:
         ds = s.scalars(select(Dataset).where(Dataset.name == "toy")).one()
@@ -297,4 +300,30 @@ def test_the_dashboard_sets_the_gate(client: Any, keys: Any, settings: Any) -> N
     _refused(client, keys, settings, "no done audit matches it")
     assert post(client, form, {"csrf": csrf, "max_age_days": ""}).status_code == 303
     assert client.get(GATE, headers=auth(keys.admin)).json()["max_age_days"] is None
+    assert client.post("/v1/jobs", json=JOB, headers=auth(keys.alice)).status_code == 202
+
+
+@pytest.mark.parametrize("db_url", ["sqlite", "postgres"], indirect=True)
+def test_a_gate_shortened_after_planning_refuses_at_admission(
+    client: Any, keys: Any, settings: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The admin shortens the gate while a job is between planning and admission: the
+    admission's re-check under the lock refuses it and its charge is rolled back."""
+    _audit(settings, sigma=_sigma(client, keys), age_days=2.0)
+    _gate(client, keys, 30)
+    planned = routes._gate
+
+    def admin_acts_meanwhile(*args: Any) -> GateCheck:
+        seen = planned(*args)
+        _gate(client, keys, 1)  # a separate request, committed before admission
+        return seen
+
+    monkeypatch.setattr(routes, "_gate", admin_acts_meanwhile)
+    before, jobs = _spent(client, keys), _jobs(settings)
+    r = client.post("/v1/jobs", json=JOB, headers=auth(keys.alice))
+    assert r.status_code == 422 and r.headers["content-type"] == PROBLEM_JSON, r.text
+    assert "changed while the job was planned" in r.json()["detail"]
+    assert _spent(client, keys) == before and _jobs(settings) == jobs
+    monkeypatch.setattr(routes, "_gate", planned)
+    _gate(client, keys, 30)
     assert client.post("/v1/jobs", json=JOB, headers=auth(keys.alice)).status_code == 202

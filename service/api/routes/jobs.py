@@ -295,10 +295,11 @@ def admit_and_enqueue(
                 idempotency_key=idempotency_key,
                 resolved_request=planned.resolved,
             )
-            if planned.gate is not None and admitted.created:  # the gate, under the lock
-                if refused := recheck_under_lock(conn, planned.dataset_id, planned.gate):
+            gate = planned.gate
+            if gate is not None and gate.max_age_days is not None and admitted.created:
+                if refused := recheck_under_lock(conn, planned.dataset_id, gate):
                     raise ProblemError(422, "audit-gate", refused)  # rolls the charge back
-                record_job_audit(conn, admitted.job.id, planned.gate)
+                record_job_audit(conn, admitted.job.id, gate)
             view = job_public(admitted.job, admitted.dataset_name)
     except BudgetExceeded as exc:
         raise _budget_problem(exc.evaluation) from exc
