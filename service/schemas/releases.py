@@ -25,6 +25,22 @@ class CardPreprocessing(BaseModel):
     public_schema: dict[str, Any]
 
 
+class CardAudit(BaseModel):
+    """The audit that let the job through its dataset's release gate (service/audit_gate.py):
+    a one-run audit of the job's configuration whose lower bound was at most its claimed ε.
+    Passing is not a proof."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    id: str
+    epsilon_lower_bound: float = Field(description="The audit's ε lower bound (nats).")
+    ceiling: float = Field(description="The most ε the same test could show.")
+    claimed_epsilon: float = Field(description="The ε the audited configuration claimed.")
+    noise_multiplier: float | None = Field(description="σ of the audited run (≤ the job's).")
+    finished_at: str | None = Field(description="When the audit finished (ISO 8601, UTC).")
+    reading: str = Field(description="What the figure means and does not.")
+
+
 class CardPrivacy(BaseModel):
     model_config = ConfigDict(extra="allow")
 
@@ -142,4 +158,9 @@ class ModelCard(BaseModel):
         default=None,
         exclude_if=lambda value: value is None,
         description="Set when the job's request had method 'auto': the plan's record of it.",
+    )
+    audit: CardAudit | None = Field(
+        default=None,
+        exclude_if=lambda value: value is None,
+        description="Set when the dataset's release gate admitted the job: the audit it used.",
     )
