@@ -237,8 +237,9 @@ def resolve_defaults(
     Admission stores it beside the request as sent (``Job.resolved_request``) and the worker
     re-plans from it, so a default rule changed between admission and run (an upgrade)
     leaves a queued job's plan reproducible. A request no entry of :data:`METHODS` plans
-    (selection, evaluation) is returned as it is: its endpoint stores it with its budget
-    resolved, but a selection's training defaults are not pinned."""
+    (selection, evaluation) is returned as it is: the selection endpoint stores it with its
+    budget resolved and its trainings' defaults written out
+    (:func:`service.selection.api_bodies.resolve_training_defaults`)."""
     _, facts, n_classes = _dataset_facts(public_schema, n_rows=n_rows)
     if request.method in CHOOSERS:
         request, _ = choose_method(request, facts, n_classes=n_classes)

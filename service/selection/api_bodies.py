@@ -23,6 +23,7 @@ from typing import Annotated, Any, Literal
 from pydantic import ConfigDict, Field, RootModel, ValidationError, model_validator
 
 from service.datasets.kinds import DEFAULT_KIND
+from service.methods.dpsgd import resolve_dpsgd_options
 from service.modelspec import LogisticSpec, MlpSpec, ModelSpec
 from service.params import (
     BatchSize,
@@ -56,6 +57,7 @@ from service.selection.plans import (
     n_classes_of,
     plan_selection,
     plan_summary,
+    split_counts,
     with_total_epsilon,
 )
 from service.selection.search_space import ArchitectureSearch, ArchitectureSpace
@@ -70,6 +72,7 @@ __all__ = [
     "n_features_of",
     "plan_selection_job",
     "privacy_plan",
+    "resolve_training_defaults",
     "resolved_selection",
 ]
 
@@ -298,6 +301,39 @@ def job_request(body: Body, *, n_rows: int, public_schema: dict[str, Any]) -> Jo
         delta=body.delta,
         selection={"kind": body.kind, "request": request.model_dump(mode="json")},
     )
+
+
+def resolve_training_defaults(request: JobRequest, *, n_rows: int) -> JobRequest:
+    """``request`` (a stored selection job's) with the DP-SGD defaults its plan fills in
+    written out: the batch size and epochs :func:`service.methods.dpsgd.resolve_dpsgd_options`
+    gives an architecture search's or PAFS's trainings (on the public training split) or a
+    DP-CFS final model (on every row), as their plans compute them. It plans identically;
+    admission stores it as the job's admitted request (``Job.resolved_request``), so a
+    default rule changed between admission and run leaves the plan reproducible (the
+    training jobs' counterpart is :func:`service.plans.resolve_defaults`)."""
+    if request.selection is None or request.selection.get("kind") not in REQUEST_MODELS:
+        return request
+    kind_request = REQUEST_MODELS[request.selection["kind"]].model_validate(
+        request.selection.get("request")
+    )
+    resolved: ArchitectureRequest | HyperparameterRequest | FeatureRequest = kind_request
+    searched = isinstance(kind_request, ArchitectureRequest) and kind_request.method == "dpsgd"
+    pafs = isinstance(kind_request, FeatureRequest) and kind_request.budget is not None
+    if (searched or pafs) and isinstance(kind_request, ArchitectureRequest | FeatureRequest):
+        assert kind_request.budget is not None
+        n_train, _ = split_counts(n_rows, kind_request.budget.validation_fraction)
+        training = resolve_dpsgd_options(kind_request.training, n_rows=n_train)
+        resolved = kind_request.model_copy(update={"training": training})
+    elif isinstance(kind_request, FeatureRequest) and kind_request.final is not None:
+        final = kind_request.final
+        training = resolve_dpsgd_options(final.training, n_rows=n_rows)
+        resolved = kind_request.model_copy(
+            update={"final": final.model_copy(update={"training": training})}
+        )
+    if resolved is kind_request:
+        return request
+    selection = {**request.selection, "request": resolved.model_dump(mode="json")}
+    return request.model_copy(update={"selection": selection})
 
 
 def resolved_selection(

@@ -13,7 +13,7 @@ from sqlalchemy import update
 
 from service.db import engine_for, transaction
 from service.ledger.tables import Dataset, FailureCategory, Job
-from service.plans import plan_for_dataset
+from service.plans import PlanError, plan_for_dataset
 from service.schemas import JobRequest, PrivacyPlan
 from tests.conftest import auth
 from worker.runner import PLAN_FAILURE, Outcome, execute_job
@@ -117,3 +117,55 @@ def test_a_tampered_admitted_request_fails_the_check(
     for key, value in tamper.items():
         resolved[key] = {**resolved[key], **value} if isinstance(value, dict) else value
     _fails_the_plan_check(settings, job_id, resolved_request=resolved)
+
+
+SELECTIONS = {  # selections whose trainings leave DP-SGD's batch size and epochs to the rule
+    "architecture": {
+        "dataset": "toy",
+        "kind": "architecture",
+        "epsilon": 3.0,
+        "delta": 1e-6,
+        "space": {"depths": [1], "widths": [2, 4]},
+        "search": {"algorithm": "rs", "trainings": 2},
+    },
+    "cfs-final": {
+        "dataset": "toy",
+        "kind": "features",
+        "epsilon": 3.0,
+        "delta": 1e-6,
+        "method": "cfs_greedy",
+        "numeric_bins": 4,
+        "max_selected": 2,
+        "final": {"model": {"kind": "logistic"}, "epsilon": 1.0, "delta": 1e-6},
+    },
+}
+
+
+@pytest.mark.parametrize("name", list(SELECTIONS))
+def test_a_queued_selection_runs_its_admitted_plan_after_a_default_changes(
+    client: Any, keys: Any, settings: Any, monkeypatch: pytest.MonkeyPatch, name: str
+) -> None:
+    import service.methods.dpsgd as dpsgd
+
+    r = client.post("/v1/selections", json=SELECTIONS[name], headers=auth(keys.alice))
+    assert r.status_code == 202, r.text
+    job = r.json()
+    row = _row(settings, job["id"])
+    assert row.resolved_request is not None  # the trainings' defaults were written out
+    monkeypatch.setattr(dpsgd, "OTHER_MODEL_DEFAULTS", (2, 7))  # an upgrade's new rule
+    monkeypatch.setattr(dpsgd, "LOGISTIC_DEFAULTS", (2, 7))
+    from service.selection.api_bodies import plan_selection_job
+
+    with transaction(engine_for(settings.resolved_database_url)) as s:
+        ds = s.get_one(Dataset, row.dataset_id)
+        n_rows, public_schema = ds.n_rows, ds.public_schema
+    sent = JobRequest.model_validate(row.request)
+    try:  # the rule did change: the request as stored plans otherwise, or not at all (its
+        # per-training ε, calibrated under the old rule, may now exceed the workflow's ε)
+        _, replanned = plan_selection_job(sent, n_rows=n_rows, public_schema=public_schema)
+        assert replanned != PrivacyPlan.model_validate(row.plan)
+    except PlanError as exc:
+        assert "more than" in str(exc), exc
+    assert execute_job(job["id"], settings) == Outcome.released
+    view = client.get(f"/v1/jobs/{job['id']}", headers=auth(keys.alice)).json()
+    assert view["plan"] == job["plan"] and view["request"] == job["request"]

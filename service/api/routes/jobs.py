@@ -123,7 +123,7 @@ class Planned:
     dataset_id: int  # datasets are never deleted: admission may lock it by id
     estimate: ResourceEstimate  # the worker time and memory the limits were checked on
     # The request with its plan's defaults written out (service.plans.resolve_defaults),
-    # stored for the worker's plan check; None: the request as sent (selections, evaluations).
+    # stored for the worker's plan check; None: the request as sent (evaluations).
     resolved: JobRequest | None = None
     # The release gate as planning read it (training jobs: service/audit_gate.py).
     gate: GateCheck | None = None

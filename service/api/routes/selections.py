@@ -25,7 +25,12 @@ from service.db import transaction
 from service.plans import PlanError
 from service.privacy.deadline import PlanningTimeout, planning_deadline
 from service.schemas import JobPublic, JobRequest, QuoteResponse
-from service.selection.api_bodies import SelectionRequest, job_request, plan_selection_job
+from service.selection.api_bodies import (
+    SelectionRequest,
+    job_request,
+    plan_selection_job,
+    resolve_training_defaults,
+)
 
 router = APIRouter(prefix="/v1", tags=["analyst"], responses=AUTHENTICATED)
 
@@ -48,7 +53,9 @@ def _planned(
             _, plan = plan_selection_job(request, n_rows=n_rows, public_schema=public_schema)
     except (PlanError, PlanningTimeout) as exc:
         raise ProblemError(422, "invalid-plan", str(exc)) from exc
-    return request, Planned(plan, dataset_id, refuse_over_limits(plan, public_schema, settings))
+    estimate = refuse_over_limits(plan, public_schema, settings)
+    resolved = resolve_training_defaults(request, n_rows=n_rows)  # the worker re-plans it
+    return request, Planned(plan, dataset_id, estimate, resolved)
 
 
 @router.post(
