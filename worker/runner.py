@@ -378,6 +378,11 @@ def execute_job(job_id: str, settings: Settings | None = None) -> Outcome:
         read = True
 
     try:
+        # The release gate's audit (service/audit_gate), fixed at admission: read now, while
+        # nothing is trained, so that a ledger outage at release time meets only the
+        # release's own retries (tests/e2e/test_faults.py), never a read that defers the job.
+        with transaction(engine) as s:
+            gate_audit = audit_of_job(s, job_id)
         _reach(engine, job_id, token, JobStage.planned)
         with Heartbeat(engine, job_id, token, interval, total=progress_total(plan)) as hb:
             apply_threads(settings.worker_threads)
@@ -435,8 +440,6 @@ def execute_job(job_id: str, settings: Settings | None = None) -> Outcome:
         finite_release(output.releases)
         payload = weights_bytes(output.releases)
         digest = sha256_bytes(payload)
-        with transaction(engine) as s:
-            gate_audit = audit_of_job(s, job_id)  # the release gate's audit (service/audit_gate)
         card = model_card(
             job_id=job_id,
             run_token=token,
