@@ -8,6 +8,7 @@ float network."""
 
 from __future__ import annotations
 
+import hashlib
 import math
 from typing import Any
 
@@ -205,3 +206,100 @@ def test_the_exact_check_refuses_a_contribution_over_its_bound() -> None:
     single[0, 7] = top  # norm exactly 2^k: allowed
     clip._check(single)
     assert math.isclose(float(just_inside.norm()), top, rel_tol=1e-9)
+
+
+GOLDEN_LAYERS: dict[str, tuple[list[dict[str, Any]], tuple[int, int, int]]] = {
+    # the benchmark's digits CNN (two pooled layers)
+    "digits": (
+        [
+            {"channels": 16, "kernel": 3, "padding": 1, "pool": "avg2"},
+            {"channels": 32, "kernel": 3, "padding": 1, "pool": "avg2"},
+        ],
+        (1, 8, 8),
+    ),
+    # two input channels, an odd map pooled (a row and a column dropped), stride 2
+    "pooled": (LAYERS["pooled"], (2, 7, 7)),
+    # no padding, an even kernel, no pooling; stride 2 after an odd pooled map
+    "strided": (
+        [
+            {"channels": 3, "kernel": 2, "pool": "avg2"},
+            {"channels": 6, "kernel": 2, "stride": 2},
+        ],
+        (3, 9, 9),
+    ),
+}
+
+
+def _awkward(n: int, d: int, k: int, *, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows that hit every branch: a blank image (on the ReLU boundary of a zero-bias
+    channel), a white one, values outside [0, 1] (clamped), ±inf and NaN features, labels
+    that are fractional, negative, out of range or NaN (invalid rows), ties."""
+    x, y = _data(n, d, k, seed=seed)
+    x[0] = 0.0
+    if n > 1:
+        x[1] = 1.0
+    if n > 9:
+        x[2, :3] = torch.tensor([-0.5, 1.5, 2.0**-30])
+        x[3, 4] = float("nan")
+        x[4, 1] = float("inf")
+        x[5, 2] = -float("inf")
+        y[6], y[7], y[8], y[9] = 0.5, -1.0, float(k), float("nan")
+        x[10:, ::5] = x[10:, 1:2]  # ties between pixels
+    return x, y
+
+
+def _golden_models(spec: CnnSpec) -> list[Cnn]:
+    """Weight scales 0.2, 1 and 25 (a per-row shift of the first layer's patches), the
+    head × 100 with the first layer × 4 (shifts of the output gradients), 1000 (every row
+    invalid by the activation bound); each with a zero-bias channel."""
+    models = [_model(spec, seed=61, scale=scale) for scale in (0.2, 1.0, 25.0, 1.0, 1000.0)]
+    with torch.no_grad():
+        models[3].head.weight.mul_(100.0)
+        models[3].convs[0].weight.mul_(4.0)
+        for module in models:
+            module.convs[0].bias[0] = 0.0
+    return models
+
+
+def _golden_conv_digest() -> str:
+    """sha256 over the exact CNN engine's per-row contributions z (rows, P), its int64 sums
+    (whole and in chunks of 7 rows) and row_gradients, for the layer shapes above, binary
+    and K-class heads, the models of _golden_models, C ∈ {1, 0.05}, grid bits 20 and 12,
+    batches of 1, 13 and 150 rows."""
+    digest = hashlib.sha256()
+    for layers, shape in GOLDEN_LAYERS.values():
+        d = shape[0] * shape[1] * shape[2]
+        for classes in (None, 10):
+            spec = _spec(layers, classes=classes, shape=shape)
+            x, y = _awkward(150, d, classes or 2, seed=60)
+            p = parameter_count(spec, d)
+            for module in _golden_models(spec):
+                digest.update(row_gradients(module, x[:13], y[:13]).numpy().tobytes())
+                for clip_norm, grid_bits in ((1.0, GRID_BITS), (0.05, GRID_BITS), (1.0, 12)):
+                    clip = ExactConvClipper(
+                        module, grid_bits=grid_bits, max_grad_norm=clip_norm, parameters=p
+                    )
+                    for n in (1, 13, 150):
+                        digest.update(clip.contributions(x[:n], y[:n]).numpy().tobytes())
+                        digest.update(clip(x[:n], y[:n]).numpy().tobytes())
+                clip._chunk = 7
+                digest.update(clip(x, y).numpy().tobytes())
+    return digest.hexdigest()
+
+
+GOLDEN_CONV = "efefc5093fdbca35887cb6f5d9fbfb3854949b146508e0f92e697ad8f0e516de"
+
+
+def test_the_contributions_are_the_golden_bits() -> None:
+    """The exact CNN engine's outputs, bit for bit, as recorded before the speed work of
+    issue 20 (commit 76fe2a6's code): a faster implementation must give the same per-row
+    contributions, sums and gradients. The inputs come from torch's seeded generator
+    (torch 2.13 CPU); the outputs are exact integer arithmetic and IEEE basic operations,
+    so independent of the thread count (one thread here: the same digest as two, faster on
+    a loaded machine)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        assert _golden_conv_digest() == GOLDEN_CONV
+    finally:
+        torch.set_num_threads(threads)
