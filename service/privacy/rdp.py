@@ -50,6 +50,9 @@ __all__ = [
 
 def validate_orders(orders: Sequence[float]) -> tuple[float, ...]:
     """Return ``orders`` as a tuple of floats; raise ValueError unless all are finite and > 1."""
+    floats = type(orders) is tuple and all(type(a) is float for a in orders)
+    if floats and orders in _VALID_ORDERS:
+        return orders  # type: ignore[return-value]  # a tuple of floats, as below
     out: list[float] = []
     for a in orders:
         if isinstance(a, bool) or not isinstance(a, int | float | np.integer | np.floating):
@@ -60,7 +63,17 @@ def validate_orders(orders: Sequence[float]) -> tuple[float, ...]:
         out.append(af)
     if not out:
         raise ValueError("at least one Rényi order is required")
-    return tuple(out)
+    valid = tuple(out)
+    if floats and len(_VALID_ORDERS) < 1024:
+        _VALID_ORDERS.add(valid)
+    return valid
+
+
+_VALID_ORDERS: set[tuple[float, ...]] = set()
+"""Tuples of floats :func:`validate_orders` accepted (it returns such a tuple as it is),
+so that a second call does not check them again (speed only: planning validates the same
+few grids thousands of times per selection quote). Only tuples of exact ``float`` are
+looked up (equal floats are the same numbers; NaN, never equal, is never found). Bounded."""
 
 
 def _check_epsilon(epsilon: float) -> float:
@@ -198,14 +211,21 @@ def _log_a_int(q: float, sigma: float, alpha: int) -> float:
 
     A_α = Σ_{k=0}^{α} C(α, k) (1−q)^{α−k} q^k exp((k² − k) / (2σ²)).
     """
-    k = np.arange(alpha + 1, dtype=np.float64)
-    log_terms = (
-        _log_abs_binom(float(alpha), k)
-        + k * math.log(q)
-        + (alpha - k) * math.log1p(-q)
-        + (k * k - k) / (2.0 * sigma * sigma)
-    )
+    k, log_binom, rest, kk = _integer_terms(alpha)
+    log_terms = log_binom + k * math.log(q) + rest * math.log1p(-q) + kk / (2.0 * sigma * sigma)
     return _logsumexp(log_terms)
+
+
+@lru_cache(maxsize=512)
+def _integer_terms(alpha: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The parts of :func:`_log_a_int`'s terms that depend on α only: k = 0 … α,
+    log C(α, k), α − k and k² − k, each by the expression the sum used inline (the same
+    floats), cached (the gamma functions were a third of an integer order's time)."""
+    k = np.arange(alpha + 1, dtype=np.float64)
+    parts = (k, _log_abs_binom(float(alpha), k), alpha - k, k * k - k)
+    for a in parts:
+        a.setflags(write=False)
+    return parts
 
 
 def _logsumexp(a: np.ndarray) -> float:

@@ -4,6 +4,8 @@ each is compared bit for bit with a reference that is the replaced code, kept he
 from __future__ import annotations
 
 import math
+from decimal import Decimal
+from fractions import Fraction
 
 import numpy as np
 from hypothesis import given, settings
@@ -56,6 +58,17 @@ def test_gdp_start_is_the_step_by_step_bisection(
     assert cal_noise._gdp_sigma(**kw) == _gdp_sigma_step_by_step(**kw)  # type: ignore[arg-type]
 
 
+def _integer_terms_before(q: float, sigma: float, alpha: int) -> np.ndarray:
+    """The terms of rdp._log_a_int's series as it computed them inline (before issue 26)."""
+    k = np.arange(alpha + 1, dtype=np.float64)
+    return (
+        rdp._log_abs_binom(float(alpha), k)
+        + k * math.log(q)
+        + (alpha - k) * math.log1p(-q)
+        + (k * k - k) / (2.0 * sigma * sigma)
+    )
+
+
 @settings(max_examples=300, deadline=None)
 @given(
     log_q=st.floats(-12.0, -0.001),
@@ -64,14 +77,7 @@ def test_gdp_start_is_the_step_by_step_bisection(
 )
 def test_logsumexp_is_scipys_bit_for_bit(log_q: float, log_sigma: float, alpha: int) -> None:
     """The integer-order series (rdp._log_a_int's terms) summed as scipy sums them."""
-    q, sigma = math.exp(log_q), math.exp(log_sigma)
-    k = np.arange(alpha + 1, dtype=np.float64)
-    terms = (
-        rdp._log_abs_binom(float(alpha), k)
-        + k * math.log(q)
-        + (alpha - k) * math.log1p(-q)
-        + (k * k - k) / (2.0 * sigma * sigma)
-    )
+    terms = _integer_terms_before(math.exp(log_q), math.exp(log_sigma), alpha)
     assert rdp._logsumexp(terms) == float(special.logsumexp(terms))
 
 
@@ -169,3 +175,61 @@ def test_integer_orders_on_a_prebuilt_table_are_the_checked_function(
         sampling_rate=q, noise_multiplier=sigma, orders=list(orders)
     )
     assert on_table.tolist() == checked.tolist()
+
+
+def _log_a_int_before(q: float, sigma: float, alpha: int) -> float:
+    """rdp._log_a_int as it was before its α-only parts were cached."""
+    return rdp._logsumexp(_integer_terms_before(q, sigma, alpha))
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    log_q=st.floats(-12.0, -0.001),
+    log_sigma=st.floats(-4.6, 5.0),
+    alpha=st.one_of(st.sampled_from([2, 3, 4, 5, 8, 16, 32, 64, 128, 256]), st.integers(2, 700)),
+)
+def test_integer_series_with_cached_terms_is_unchanged(
+    log_q: float, log_sigma: float, alpha: int
+) -> None:
+    q, sigma = math.exp(log_q), math.exp(log_sigma)
+    assert rdp._log_a_int(q, sigma, alpha) == _log_a_int_before(q, sigma, alpha)
+    assert rdp._log_a_int(q, sigma, alpha) == _log_a_int_before(q, sigma, alpha)  # cached
+
+
+def test_validated_orders_are_remembered_only_as_what_validation_returns() -> None:
+    """validate_orders' memo: equal tuples give the same floats, bad orders still fail."""
+    grids = [(2, 3.5, 64), (2.0, 3.5, 64.0), (np.float64(2.0), np.int64(3), 1.5), (2.5,)]
+    for grid in grids:
+        first = rdp.validate_orders(grid)
+        assert first == rdp.validate_orders(grid) == rdp.validate_orders(list(grid))
+        assert all(type(a) is float for a in rdp.validate_orders(grid))
+    # equal to an accepted grid but not real numbers of the accepted types: still refused
+    not_real = [(Fraction(5, 2),), (Decimal("2.5"),), (np.array(2.5),)]
+    for bad in [(1.0,), (2.0, math.nan), (2.0, math.inf), (True, 2.0), (), ("2",), *not_real]:
+        for _ in range(2):  # also after a first refusal
+            try:
+                rdp.validate_orders(bad)  # type: ignore[arg-type]
+            except ValueError:
+                continue
+            raise AssertionError(f"{bad!r} was accepted")
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    log_q=st.floats(-9.0, -0.5),
+    sigma=st.floats(0.5, 30.0),
+    steps=st.integers(1, 5000),
+    log_delta=st.floats(-20.0, -5.0),
+)
+def test_remembered_rdp_epsilon_is_the_computed_one(
+    log_q: float, sigma: float, steps: int, log_delta: float
+) -> None:
+    """The calibration's memo of ε(σ) returns what rdp_epsilon_of computes."""
+    from service.privacy.calibrate.rdp_epsilon import rdp_epsilon_of
+    from service.privacy.events import PoissonSubsampledGaussianEvent
+
+    q, delta = math.exp(log_q), math.exp(log_delta)
+    event = PoissonSubsampledGaussianEvent(sampling_rate=q, noise_multiplier=sigma, steps=steps)
+    computed = rdp_epsilon_of(event, delta)
+    assert cal_noise._rdp_epsilon(q, steps, sigma, delta) == computed
+    assert cal_noise._rdp_epsilon(q, steps, sigma, delta) == computed  # from the memo
