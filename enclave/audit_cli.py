@@ -39,12 +39,19 @@ def _positive(name: str, value: float) -> float:
 
 
 def admin_audit(
-    method: Annotated[str, typer.Option(help="The method to audit (auditable: dpsgd).")],
+    method: Annotated[
+        str,
+        typer.Option(help="The method to audit: dpsgd, expm or expm_nf on adult; dpsgd on icu."),
+    ],
     epsilon: Annotated[float, typer.Option(help="The claimed ε of the audited plan.")],
     delta: Annotated[float, typer.Option(help="The claimed δ of the audited plan.")],
     canaries: Annotated[int, typer.Option(help="m: canaries, each included w.p. 1/2.")],
     dataset: Annotated[
-        str, typer.Option(help="A public dataset bundled with the product.")
+        str,
+        typer.Option(
+            help="A public dataset bundled with the product: adult (logistic regression) "
+            "or icu (the synthetic ICU sample, GRU-D)."
+        ),
     ] = "adult",
     guesses: Annotated[
         int | None, typer.Option(help="r: guesses made (top r/2 and bottom r/2). Default m/5.")
@@ -72,7 +79,8 @@ def admin_audit(
     """Run a one-run privacy audit (one training run) and print ε's lower bound and the
     test's ceiling. Public data only; nothing is charged or released."""
     _positive("epsilon", epsilon)
-    _positive("delta", delta)
+    if not math.isfinite(delta) or delta < 0:  # δ = 0: expm_nf's pure claim
+        fail(f"--delta must be a number ≥ 0, got {delta!r}")
     if not 0 < confidence < 1:
         fail(f"--confidence must be in (0, 1), got {confidence!r}")
     if via_api:
@@ -82,6 +90,7 @@ def admin_audit(
             "delta": delta,
             "canaries": canaries,
             "dataset": dataset,
+            "model": {"kind": "grud" if dataset == "icu" else "logistic"},
             "guesses": guesses,
             "confidence": confidence,
         }
@@ -111,6 +120,7 @@ def admin_audit(
     _report(
         audit.bound,
         method=audit.method,
+        model=audit.model,
         dataset=audit.dataset,
         rows=audit.rows,
         epsilon=epsilon,
@@ -126,23 +136,32 @@ def _report(
     b: OneRunBound,
     *,
     method: str,
+    model: str,
     dataset: str,
     rows: int,
     epsilon: float,
     delta: float,
-    noise_multiplier: float,
-    steps: int,
-    sampling_rate: float,
+    noise_multiplier: float | None,
+    steps: int | None,
+    sampling_rate: float | None,
     seconds: float,
 ) -> None:
     typer.echo(audit_sentence(b))
+    run = [
+        f"σ = {noise_multiplier:.4g}" if noise_multiplier is not None else "",
+        f"{steps} steps" if steps is not None else "",
+        f"q = {sampling_rate:.4g}" if sampling_rate is not None else "",
+    ]
+    figures = ", ".join(part for part in run if part)
     typer.echo(
         f"{b.correct} of {b.guesses} guesses right on {b.canaries:,} canaries; "
-        f"{method} logistic regression on {dataset} ({rows:,} rows), "
-        f"claimed ε = {epsilon:g}, δ = {delta:g}; σ = {noise_multiplier:.4g}, "
-        f"{steps} steps at q = {sampling_rate:.4g}; {seconds:.1f} s; "
+        f"{method} {MODEL_WORDS.get(model, model)} on {dataset} ({rows:,} rows), "
+        f"claimed ε = {epsilon:g}, δ = {delta:g}; {figures}; {seconds:.1f} s; "
         "nothing charged"
     )
+
+
+MODEL_WORDS = {"logistic": "logistic regression", "grud": "GRU-D"}
 
 
 def _audit_via_api(api: Api, body: dict[str, Any], timeout: float) -> None:
@@ -170,6 +189,7 @@ def _audit_via_api(api: Api, body: dict[str, Any], timeout: float) -> None:
     _report(
         bound,
         method=config["method"],
+        model=config["model"]["kind"],
         dataset=config["dataset"],
         rows=r["rows"],
         epsilon=config["epsilon"],

@@ -7,6 +7,15 @@ reports the ε lower bound of their Theorem 3.1 (service/privacy/one_run_audit.p
 ceiling the same test could show. No ledger budget is charged and no private row is read;
 the figures are shown to the admin only.
 
+Which (dataset, method, model) can be audited (:data:`AUDITABLE`): on public Adult
+(tabular), logistic regression by DP-SGD (any engine), by ``expm`` (its default, proven
+Langevin sampler) and by ``expm_nf`` (nominal; δ = 0 as for its jobs); on the bundled
+synthetic ICU sample (time series), GRU-D by DP-SGD. The canaries' scores are minus their
+loss under the released model, so a model family the worker cannot score, or a method
+whose release is not one model of that family, is refused. A registered dataset is never
+audited: its rows are private, and the audit's figure (right guesses on its rows, outside
+any ledger charge) would be a statistic of them leaving the worker.
+
 This module holds, without the worker's code: the public facts an audit request is checked
 against (which methods can be audited, the bundled datasets and their row counts, the
 largest share of canaries), the check itself, the ``audits`` table (migration 0009), the
@@ -21,22 +30,26 @@ import math
 import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from functools import cache
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
 from sqlalchemy import Float, ForeignKey, Index, String, and_, func, or_, select, update
 from sqlalchemy.orm import Mapped, Session, mapped_column
 
+from service.datasets.kinds import DATA_KINDS, load_schema_yaml
 from service.jobs import as_utc
 from service.ledger.tables import Analyst, Base, utcnow
-from service.modelspec import LogisticSpec
-from service.plans import build_plan
+from service.modelspec import GrudSpec, LogisticSpec, ModelSpec
+from service.plans import PlanError, build_plan
 from service.privacy.one_run_audit import OneRunBound, ceiling
 from service.schemas import JobRequest, PrivacyPlan
 from service.schemas.audits import AuditRequest, AuditResult, AuditStatus, AuditView
 from service.schemas.dpsgd import DpsgdOptions
 
 __all__ = [
+    "AUDITABLE",
     "AUDITABLE_METHODS",
     "MAX_CANARY_FRACTION",
     "PUBLIC_DATASETS",
@@ -50,9 +63,11 @@ __all__ = [
     "count_audits",
     "create_audit",
     "default_guesses",
+    "default_model",
     "finish_audit",
     "round_down",
     "round_up",
+    "row_norm_sq_bound",
 ]
 
 REPO = Path(__file__).resolve().parents[1]
@@ -60,26 +75,56 @@ REPO = Path(__file__).resolve().parents[1]
 
 @dataclass(frozen=True)
 class PublicDataset:
-    """A public dataset bundled with the product: its folder (schema.yaml and
-    ``<name>.data.gz``), and its public shape, as the worker encodes it (the rows its
-    schema keeps and the encoded width; tests/integration/test_audits_api.py checks both
+    """A public dataset bundled with the product: its folder (schema.yaml and its data
+    files), its kind (service.datasets.kinds) and its public shape, as the worker encodes it
+    (the rows, or stays, its schema keeps and the encoded width: columns for a tabular
+    dataset, variables for a time series; tests/integration/test_audits_api.py checks both
     against worker/audits.py's ``load_public``). The service reads no data file."""
 
     folder: Path
     rows: int
     features: int
+    kind: str = "tabular"
 
 
 PUBLIC_DATASETS: dict[str, PublicDataset] = {
     "adult": PublicDataset(REPO / "examples" / "adult", rows=30_162, features=104),
+    "icu": PublicDataset(REPO / "examples" / "icu", rows=2_000, features=8, kind="timeseries"),
 }
-AUDITABLE_METHODS = ("dpsgd",)
-"""Methods the one-run audit can run here: DP-SGD (its canaries' losses score membership)."""
-AUDITABLE_MODELS = ("logistic",)
-"""Model kinds the audit's scoring covers (minus the logistic loss of each canary)."""
+AUDITABLE: dict[str, dict[str, tuple[str, ...]]] = {
+    "tabular": {"dpsgd": ("logistic",), "expm": ("logistic",), "expm_nf": ("logistic",)},
+    "timeseries": {"dpsgd": ("grud",)},
+}
+"""Dataset kind → method → the model kinds the audit can run and score (module text)."""
+AUDITABLE_METHODS = ("dpsgd", "expm", "expm_nf")
+"""Methods the one-run audit can run on some bundled dataset (:data:`AUDITABLE`)."""
+AUDITABLE_MODELS = ("logistic", "grud")
+"""Model kinds the audit's scoring covers (minus each canary's loss under the release)."""
 MAX_CANARY_FRACTION = 0.1
 """At most this fraction of the rows are canaries, so the audited run trains on essentially
 the dataset its plan describes."""
+
+REGISTERED_REFUSAL = (
+    "registered datasets are not audited: their rows are private and the audit's figure "
+    "would be a statistic of them released uncharged"
+)
+
+
+def default_model(dataset: str) -> ModelSpec:
+    """The model audited when a request names none: GRU-D on a time series, else logistic."""
+    public = PUBLIC_DATASETS.get(dataset)
+    return GrudSpec() if public is not None and public.kind == "timeseries" else LogisticSpec()
+
+
+@cache
+def row_norm_sq_bound(dataset: str) -> int | None:
+    """B ≥ ‖(x, 1)‖² of a bundled dataset's encoded rows, from its public schema.yaml (the
+    ExpM plans need it), or None where its kind has none (time series)."""
+    public = PUBLIC_DATASETS[dataset]
+    bound = DATA_KINDS[public.kind].norm_sq_bound
+    if bound is None:
+        return None
+    return bound(load_schema_yaml((public.folder / "schema.yaml").read_text()))
 
 
 class AuditRefused(ValueError):
@@ -97,23 +142,40 @@ def default_guesses(canaries: int) -> int:
 
 
 def check_request(
-    *, method: str, canaries: int, guesses: int, dataset: str, rows: int | None = None
+    *,
+    method: str,
+    canaries: int,
+    guesses: int,
+    dataset: str,
+    rows: int | None = None,
+    model: str | None = None,
 ) -> None:
     """Refuse what the audit cannot run (raises :class:`AuditRefused`): an unknown public
-    dataset, a method it cannot audit, m outside [1, 10% of the rows], r outside [1, m].
-    ``rows``: the rows counted (the worker's count); default the dataset's public count."""
+    dataset (a registered one included), a method it cannot audit on that dataset's kind, a
+    model kind it cannot run or score with that method (``model``: None skips this check),
+    m outside [1, 10% of the rows], r outside [1, m]. ``rows``: the rows counted (the
+    worker's count); default the dataset's public count."""
     if dataset not in PUBLIC_DATASETS:
         raise AuditRefused(
-            f"unknown public dataset {dataset!r}; bundled: {', '.join(PUBLIC_DATASETS)}",
+            f"unknown public dataset {dataset!r}; bundled: {', '.join(PUBLIC_DATASETS)} "
+            f"({REGISTERED_REFUSAL})",
             "dataset",
         )
-    if method not in AUDITABLE_METHODS:
+    public = PUBLIC_DATASETS[dataset]
+    methods = AUDITABLE[public.kind]
+    if method not in methods:
         raise AuditRefused(
-            f"method {method!r} cannot be audited by the one-run audit here; "
-            f"auditable: {', '.join(AUDITABLE_METHODS)}",
+            f"method {method!r} cannot be audited by the one-run audit on {dataset} "
+            f"({public.kind}); auditable there: {', '.join(methods)}",
             "method",
         )
-    n = PUBLIC_DATASETS[dataset].rows if rows is None else rows
+    if model is not None and model not in methods[method]:
+        raise AuditRefused(
+            f"model {model!r} cannot be audited with {method} on {dataset}; auditable: "
+            f"{', '.join(methods[method])}",
+            "model",
+        )
+    n = public.rows if rows is None else rows
     limit = int(n * MAX_CANARY_FRACTION)
     if not 1 <= canaries <= limit:
         raise AuditRefused(
@@ -134,32 +196,59 @@ def audit_plan(
     rows: int,
     features: int,
     options: DpsgdOptions | None,
+    dataset: str = "adult",
+    model: ModelSpec | None = None,
 ) -> PrivacyPlan:
-    """The plan of the audited run, built as for a
-    job from public values: the expected number of rows trained on (n − m/2: the m canaries
-    are each in with probability 1/2) and the encoded width. Raises PlanError."""
-    request = JobRequest(
-        dataset="audit",
-        model=LogisticSpec(),
-        method=method,
-        epsilon=epsilon,
-        delta=delta,
-        dpsgd=options or DpsgdOptions(),
+    """The plan of the audited run, built as for a job from public values: the expected
+    number of rows trained on (n − m/2: the m canaries are each in with probability 1/2),
+    the encoded width, the dataset's kind and its schema's row-norm bound. DP-SGD's options
+    apply to DP-SGD only (the other methods run with their defaults). Raises PlanError."""
+    try:
+        request = JobRequest(
+            dataset="audit",
+            model=model or default_model(dataset),
+            method=method,
+            epsilon=epsilon,
+            delta=delta,
+            dpsgd=(options or DpsgdOptions()) if method == "dpsgd" else None,
+        )
+    except ValidationError as exc:  # a combination the job door refuses: a plan error
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise PlanError(f"{where}: {first['msg']}") from exc
+    return build_plan(
+        request,
+        n_rows=rows - canaries // 2,
+        n_features=features,
+        dataset_kind=PUBLIC_DATASETS[dataset].kind,
+        norm_sq_bound=row_norm_sq_bound(dataset),
     )
-    return build_plan(request, n_rows=rows - canaries // 2, n_features=features)
+
+
+PLANNED_KEYS = ("noise_multiplier", "steps", "sampling_rate")
+"""The plan's public figures an audit records where its mechanism has them (DP-SGD all
+three; ExpM's Langevin sampler σ; the NF sampler its steps)."""
+
+
+def planned_figures(plan: PrivacyPlan) -> dict[str, Any]:
+    mech = plan.mechanism
+    kinds = {"noise_multiplier": float, "steps": int, "sampling_rate": float}
+    return {k: kinds[k](mech[k]) for k in PLANNED_KEYS if mech.get(k) is not None}
 
 
 def validated(body: AuditRequest) -> tuple[AuditRequest, dict[str, Any]]:
-    """The request with its guesses resolved, and the plan's public figures (σ, steps, q),
-    or :class:`AuditRefused` / PlanError (both 422s)."""
+    """The request with its guesses resolved, and the plan's public figures (σ, steps, q
+    where the mechanism has them), or :class:`AuditRefused` / PlanError (both 422s)."""
     guesses = default_guesses(body.canaries) if body.guesses is None else body.guesses
-    check_request(method=body.method, canaries=body.canaries, guesses=guesses, dataset=body.dataset)
-    if body.model.kind not in AUDITABLE_MODELS:
-        raise AuditRefused(
-            f"model {body.model.kind!r} cannot be audited here; auditable: "
-            f"{', '.join(AUDITABLE_MODELS)}",
-            "model",
-        )
+    check_request(
+        method=body.method,
+        canaries=body.canaries,
+        guesses=guesses,
+        dataset=body.dataset,
+        model=body.model.kind,
+    )
+    if body.dpsgd is not None and body.method != "dpsgd":
+        raise AuditRefused("dpsgd options are for method 'dpsgd' only", "dpsgd")
     public = PUBLIC_DATASETS[body.dataset]
     plan = audit_plan(
         method=body.method,
@@ -169,14 +258,10 @@ def validated(body: AuditRequest) -> tuple[AuditRequest, dict[str, Any]]:
         rows=public.rows,
         features=public.features,
         options=body.dpsgd,
+        dataset=body.dataset,
+        model=body.model,
     )
-    mech = plan.mechanism
-    planned = {
-        "noise_multiplier": float(mech["noise_multiplier"]),
-        "steps": int(mech["steps"]),
-        "sampling_rate": float(mech["sampling_rate"]),
-    }
-    return body.model_copy(update={"guesses": guesses}), planned
+    return body.model_copy(update={"guesses": guesses}), planned_figures(plan)
 
 
 # ------------------------------------------------------------------------------- storage

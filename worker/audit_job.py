@@ -2,8 +2,9 @@
 
 The audit is a row of service/audits.py's table, queued by ``POST /v1/admin/audits``. The
 claim is a compare-and-set from queued to running, so a duplicate message runs nothing.
-worker/audits.py trains once on the PUBLIC dataset the request names (no ledger budget,
-no private row) and the bound, its ceiling and the run's public figures are written back.
+worker/audits.py trains once on the PUBLIC dataset the request names (Adult or the
+synthetic ICU sample; no ledger budget, no private row) and the bound, its ceiling and
+the run's public figures are written back.
 A failure is recorded with a generic sentence; its detail goes to the worker's log only.
 """
 
@@ -48,6 +49,7 @@ def execute_audit(audit_id: str, settings: Settings | None = None) -> AuditOutco
             guesses=request.guesses,
             confidence=request.confidence,
             options=request.dpsgd,
+            model=request.model,
         )
     except Exception as exc:
         log.exception("audit %s failed", audit_id)

@@ -2,15 +2,18 @@
 
 :func:`run_one_run_audit`: the one-run audit of Steinke, Nasr & Jagielski 2023 ("Privacy
 auditing with one (1) training run", arXiv:2305.08846), black-box, input-space canaries,
-on a PUBLIC dataset bundled with the product (only ``adult`` in this slice), so nothing
-is charged to any dataset's budget and no private row is read:
+on a PUBLIC dataset bundled with the product (public Adult, or the synthetic ICU sample of
+examples/icu), so nothing is charged to any dataset's budget and no private row is read:
 
-1. m canaries: m rows of the public training set, drawn without replacement by the
-   enclave's secure RNG (worker.noise.secure_rng), with their label FLIPPED (mislabeled
-   examples, the kind a model memorises); the other n − m rows are always trained on.
+1. m canaries: m rows (stays, for the ICU sample) of the public training set, drawn
+   without replacement by the enclave's secure RNG (worker.noise.secure_rng), with their
+   label FLIPPED (mislabeled examples, the kind a model memorises); the other n − m rows
+   are always trained on.
 2. Each canary is included independently with probability 1/2 (S_i, secure RNG).
-3. ONE DP-SGD training run of logistic regression, under the plan the service would
-   build for that (ε, δ) and the public row count, by the worker's own ``run_dpsgd``.
+3. ONE training run, under the plan the service would build for that request (method,
+   model, (ε, δ)) and the public row count, by the worker's own mechanism
+   (worker.mechanisms.registry.run_mechanism: DP-SGD with its engines, ExpM's Langevin
+   sampler, ExpM+NF); service/audits.py's ``AUDITABLE`` says which pairs.
 4. Each canary is scored by minus its loss under the released model (a member is fitted
    better); ties broken by a secure random order. The auditor guesses "in" for the k₊
    highest scores and "out" for the k₋ lowest, abstaining on the rest (the paper's
@@ -26,6 +29,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -39,14 +43,18 @@ from service.audits import (
     audit_plan,
     check_request,
     default_guesses,
+    default_model,
 )
 from service.datasets.kinds import load_schema_yaml
 from service.datasets.tabular import TabularSchema, encode, validate_frame
-from service.modelspec import LogisticSpec
+from service.datasets.timeseries import TimeSeriesSchema, encode_series
+from service.modelspec import MODEL_SPEC, ModelSpec
 from service.privacy.one_run_audit import OneRunBound, epsilon_lower_bound
 from service.schemas import DpsgdOptions
+from worker.data import prepare_series
 from worker.mechanisms.base import TabularTrainingSet
-from worker.mechanisms.dpsgd import run_dpsgd
+from worker.mechanisms.registry import run_mechanism
+from worker.models import build_module
 from worker.noise import secure_rng
 
 __all__ = [
@@ -69,35 +77,55 @@ class OneRunAudit:
     delta: float
     bound: OneRunBound  # ε_lb, its ceiling, m, r, v, confidence
     rows: int  # public training rows (canaries included)
-    noise_multiplier: float
-    steps: int
-    sampling_rate: float
+    noise_multiplier: float | None  # the plan's σ, steps and q where its mechanism has them
+    steps: int | None
+    sampling_rate: float | None
     seconds: float  # the whole audit: data, one training run, scoring
+    model: str = "logistic"  # the audited model kind
 
 
 def load_public(dataset: str) -> TabularTrainingSet:
-    """A bundled public dataset's training part, encoded as the worker encodes rows."""
+    """A bundled public dataset's training part, encoded as the worker encodes rows (a time
+    series as GRU-D's inputs, with the schema's public means)."""
     if dataset not in PUBLIC_DATASETS:
         raise AuditRefused(
             f"unknown public dataset {dataset!r}; bundled: {', '.join(PUBLIC_DATASETS)}"
         )
     folder = PUBLIC_DATASETS[dataset].folder
     schema = load_schema_yaml((folder / "schema.yaml").read_text())
+    if isinstance(schema, TimeSeriesSchema):
+        prepared = prepare_series(
+            schema, folder / "observations.csv.gz", folder / "outcomes.csv.gz"
+        )
+        series = encode_series(schema, prepared.validated)
+        return TabularTrainingSet(
+            x=torch.from_numpy(series.x),
+            y=torch.from_numpy(series.y),
+            public_means=schema.scaled_means,
+        )
     if not isinstance(schema, TabularSchema):
-        raise AuditRefused(f"public dataset {dataset!r} is not tabular")
+        raise AuditRefused(f"public dataset {dataset!r} is neither tabular nor a time series")
     raw = pd.read_csv(folder / f"{dataset}.data.gz", **schema.read_csv_kwargs())
     table = encode(schema, validate_frame(schema, raw).frame)
     return TabularTrainingSet(x=torch.from_numpy(table.x), y=torch.from_numpy(table.y))
 
 
-def _scores(state: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor) -> np.ndarray:
-    """Minus the logistic loss of each (x, y) under the released weights (float64)."""
-    w = state["linear.weight"].double().reshape(-1)
-    b = state["linear.bias"].double().reshape(())
-    logits = x.double() @ w + b
-    loss = torch.nn.functional.binary_cross_entropy_with_logits(
-        logits, y.double(), reduction="none"
-    )
+def _scores(
+    spec: ModelSpec,
+    state: dict[str, torch.Tensor],
+    data: TabularTrainingSet,
+    x: torch.Tensor,
+    y: torch.Tensor,
+) -> np.ndarray:
+    """Minus the logistic loss of each (x, y) under the released model (float64)."""
+    module = build_module(spec, data.n_features, public_means=data.public_means)
+    module.load_state_dict(state)
+    module = module.double().eval()
+    with torch.no_grad():
+        logits = module(x.double())
+        loss = torch.nn.functional.binary_cross_entropy_with_logits(
+            logits, y.double(), reduction="none"
+        )
     return (-loss).numpy()
 
 
@@ -124,27 +152,18 @@ def run_one_run_audit(
     guesses: int | None = None,
     confidence: float = 0.95,
     options: DpsgdOptions | None = None,
+    model: ModelSpec | None = None,
 ) -> OneRunAudit:
-    """One training run, m canaries, the bound and its ceiling (module text)."""
+    """One training run, m canaries, the bound and its ceiling (module text). ``model``:
+    default the dataset's (logistic regression; GRU-D on a time series)."""
     start = time.perf_counter()
     r = default_guesses(canaries) if guesses is None else guesses
+    spec = model or default_model(dataset)
     # Before loading anything, against the public row count; again against the rows read.
-    check_request(method=method, canaries=canaries, guesses=r, dataset=dataset)
+    check_request(method=method, canaries=canaries, guesses=r, dataset=dataset, model=spec.kind)
     data = load_public(dataset)
     n = data.n
     check_request(method=method, canaries=canaries, guesses=r, dataset=dataset, rows=n)
-
-    rng = secure_rng()
-    canary_rows = rng.choice(n, size=canaries, replace=False)
-    base = np.setdiff1d(np.arange(n), canary_rows)
-    included = rng.random(canaries) < 0.5  # S_i: each canary in with probability 1/2
-    cx = data.x[torch.from_numpy(canary_rows)]
-    cy = 1.0 - data.y[torch.from_numpy(canary_rows)]  # flipped labels
-    inc = torch.from_numpy(np.flatnonzero(included))
-    train = TabularTrainingSet(
-        x=torch.cat([data.x[torch.from_numpy(base)], cx[inc]]),
-        y=torch.cat([data.y[torch.from_numpy(base)], cy[inc]]),
-    )
 
     # The plan the service builds from public values: the expected row count.
     plan = audit_plan(
@@ -155,24 +174,38 @@ def run_one_run_audit(
         rows=n,
         features=data.n_features,
         options=options,
+        dataset=dataset,
+        model=spec,
     )
+    rng = secure_rng()
+    canary_rows = rng.choice(n, size=canaries, replace=False)
+    base = np.setdiff1d(np.arange(n), canary_rows)
+    included = rng.random(canaries) < 0.5  # S_i: each canary in with probability 1/2
+    cx = data.x[torch.from_numpy(canary_rows)]
+    cy = 1.0 - data.y[torch.from_numpy(canary_rows)]  # flipped labels
+    inc = torch.from_numpy(np.flatnonzero(included))
+    train = TabularTrainingSet(
+        x=torch.cat([data.x[torch.from_numpy(base)], cx[inc]]),
+        y=torch.cat([data.y[torch.from_numpy(base)], cy[inc]]),
+        public_means=data.public_means,
+    )
+    planned_spec = MODEL_SPEC.validate_python(plan.model)
     threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny model: one thread (see tests/privacy/harness.py)
+    torch.set_num_threads(1)  # small models: one thread (see tests/privacy/harness.py)
     try:
-        out = run_dpsgd(
-            spec=LogisticSpec.model_validate(plan.model),
-            mechanism=plan.mechanism,
-            samples=1,
+        out = run_mechanism(
+            plan=plan,
+            spec=planned_spec,
             data=train,
             device=torch.device("cpu"),
             progress=lambda step, total: None,
         )
     finally:
         torch.set_num_threads(threads)
-    (state,) = out.releases
+    state = out.releases[0]
 
     correct = correct_guesses(
-        scores=_scores(state, cx, cy),
+        scores=_scores(planned_spec, state, data, cx, cy),
         included=included,
         guesses=r,
         tie_break=rng.permutation(canaries),
@@ -188,8 +221,13 @@ def run_one_run_audit(
         delta=delta,
         bound=bound,
         rows=n,
-        noise_multiplier=float(mech["noise_multiplier"]),
-        steps=int(mech["steps"]),
-        sampling_rate=float(mech["sampling_rate"]),
+        noise_multiplier=_maybe(float, mech.get("noise_multiplier")),
+        steps=_maybe(int, mech.get("steps")),
+        sampling_rate=_maybe(float, mech.get("sampling_rate")),
         seconds=time.perf_counter() - start,
+        model=spec.kind,
     )
+
+
+def _maybe(kind: type, value: object) -> Any:
+    return None if value is None else kind(value)

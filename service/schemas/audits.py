@@ -67,7 +67,9 @@ class AuditRequest(ApiInput):
         default="adult",
         min_length=1,
         max_length=64,
-        description="A public dataset bundled with the product (no budget is charged).",
+        description="A public dataset bundled with the product (no budget is charged): "
+        "adult (logistic regression by dpsgd, expm or expm_nf) or icu, the synthetic ICU "
+        "sample (GRU-D by dpsgd). Registered datasets are not audited.",
     )
     guesses: Canaries | None = Field(
         default=None,
@@ -91,9 +93,11 @@ class AuditResult(BaseModel):
     correct: int = Field(description="v: right guesses of the r made.")
     confidence: float
     rows: int = Field(description="Rows of the public dataset (canaries included).")
-    noise_multiplier: float
-    steps: int
-    sampling_rate: float
+    noise_multiplier: float | None = Field(
+        default=None, description="σ of the run's Gaussian noise (DP-SGD, ExpM's Langevin)."
+    )
+    steps: int | None = Field(default=None, description="Training steps (DP-SGD, ExpM+NF).")
+    sampling_rate: float | None = Field(default=None, description="DP-SGD's sampling rate q.")
 
 
 class AuditView(BaseModel):

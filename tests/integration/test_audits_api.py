@@ -33,6 +33,7 @@ SMALL = {
     "dpsgd": {"epochs": 1},
 }
 PROBLEM_JSON = "application/problem+json"
+GRUD = {"model": {"kind": "grud", "hidden": 4}}
 
 
 def _post(client: Any, key: str, **changes: Any) -> Any:
@@ -58,14 +59,21 @@ def test_audits_are_for_the_admin_only(client: Any, keys: Any) -> None:
 @pytest.mark.parametrize(
     ("changes", "slug", "words"),
     [
-        ({"method": "expm_nf"}, "validation-error", "cannot be audited"),
+        ({"method": "expm_nf", "dpsgd": None}, "invalid-plan", "delta = 0"),
+        ({"method": "expm", "dpsgd": {"epochs": 1}}, "validation-error", "for method 'dpsgd'"),
         ({"method": "nope"}, "validation-error", "Input should be"),
         ({"canaries": 0}, "validation-error", "greater than or equal to 1"),
         ({"canaries": -3}, "validation-error", "greater than or equal to 1"),
         ({"canaries": True}, "validation-error", "boolean"),
         ({"canaries": 5000}, "validation-error", "out of range for adult"),
         ({"guesses": 21}, "validation-error", "guesses must be between 1 and the 20"),
-        ({"dataset": "icu"}, "validation-error", "unknown public dataset"),
+        ({"dataset": "mydata"}, "validation-error", "registered datasets are not audited"),
+        ({"dataset": "icu"}, "validation-error", "model 'logistic' cannot be audited"),
+        ({"dataset": "icu", **GRUD, "method": "expm"}, "validation-error", "cannot be audited"),
+        ({"dataset": "icu", **GRUD, "method": "expm_nf"}, "validation-error", "cannot be"),
+        ({"dataset": "icu", **GRUD, "canaries": 201}, "validation-error", "out of range for icu"),
+        ({**GRUD}, "validation-error", "model 'grud' cannot be audited with dpsgd on adult"),
+        ({"dataset": "icu", **GRUD, "dpsgd": {"engine": "ghost"}}, "invalid-plan", "'exact'"),
         ({"model": {"kind": "mlp", "hidden": [8]}}, "validation-error", "cannot be audited"),
         ({"epsilon": 1000}, "validation-error", "less than or equal to 100"),
         ({"delta": 0}, "invalid-plan", ""),
@@ -118,6 +126,37 @@ def test_a_small_audit_runs_end_to_end(client: Any, keys: Any, settings: Any) ->
 
     listed = client.get("/v1/admin/audits", headers=auth(keys.admin)).json()
     assert [a["id"] for a in listed] == [queued["id"]]
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        pytest.param({"dataset": "icu", **GRUD, "canaries": 40}, id="grud-dpsgd-icu"),
+        pytest.param({"method": "expm", "dpsgd": None, "canaries": 40}, id="expm-langevin-adult"),
+    ],
+)
+def test_audits_of_the_other_auditable_pairs_run_end_to_end(
+    client: Any, keys: Any, settings: Any, changes: dict[str, Any]
+) -> None:
+    """GRU-D by DP-SGD on the bundled ICU sample and ExpM (proven Langevin) on Adult:
+    through the API, the worker's task and back, with the run's public figures."""
+    r = _post(client, keys.admin, **changes)
+    assert r.status_code == 202, r.text
+    queued = r.json()
+    assert execute_audit(queued["id"], settings) == AuditOutcome.done
+    done = client.get(f"/v1/admin/audits/{queued['id']}", headers=auth(keys.admin)).json()
+    assert done["status"] == "done", done
+    result = done["result"]
+    assert result["canaries"] == 40 and result["guesses"] == 8
+    assert 0.0 <= result["epsilon_lower_bound"] <= result["ceiling"]
+    dataset = changes.get("dataset", "adult")
+    assert result["rows"] == PUBLIC_DATASETS[dataset].rows
+    with transaction(engine_for(settings.resolved_database_url)) as s:
+        planned = s.scalars(select(Audit.planned)).one()
+    # σ for both; DP-SGD's steps and q, ExpM's Langevin steps, no q (no Poisson sampling).
+    assert planned == {k: v for k, v in result.items() if k in planned}
+    assert result["noise_multiplier"] == planned["noise_multiplier"] > 0
+    assert (result["sampling_rate"] is None) == (changes.get("method") == "expm")
 
 
 def test_a_running_audit_is_taken_again_only_after_the_time_limit(

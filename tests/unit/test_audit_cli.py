@@ -57,7 +57,11 @@ def test_command_runs_an_audit_on_adult() -> None:
 def test_command_refusals() -> None:
     base = ["admin", "audit", "--epsilon", "1", "--delta", "1e-5"]
     r = runner.invoke(app, [*base, "--method", "expm_nf", "--canaries", "10"])
+    assert r.exit_code == 1 and "delta = 0" in r.output  # pure ε: audited at δ = 0 only
+    r = runner.invoke(app, [*base, "--method", "expm", "--canaries", "10", "--dataset", "icu"])
     assert r.exit_code == 1 and "cannot be audited" in r.output
+    r = runner.invoke(app, [*base, "--method", "dpsgd", "--canaries", "201", "--dataset", "icu"])
+    assert r.exit_code == 1 and "out of range for icu" in r.output
     r = runner.invoke(app, [*base, "--method", "dpsgd", "--canaries", "100000"])
     assert r.exit_code == 1 and "out of range for adult" in r.output
     r = runner.invoke(
@@ -76,5 +80,5 @@ def test_command_refusals() -> None:
         ],
     )
     assert r.exit_code == 1 and "epsilon" in r.output
-    r = runner.invoke(app, [*base, "--method", "dpsgd", "--canaries", "10", "--dataset", "icu"])
+    r = runner.invoke(app, [*base, "--method", "dpsgd", "--canaries", "10", "--dataset", "mine"])
     assert r.exit_code == 1 and "unknown public dataset" in r.output

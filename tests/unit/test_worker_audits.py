@@ -6,7 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from service.modelspec import LogisticSpec
 from service.privacy.one_run_audit import ceiling
+from service.schemas import DpsgdOptions
 from worker.audits import (
     MAX_CANARY_FRACTION,
     AuditRefused,
@@ -41,7 +43,18 @@ def test_ties_are_broken_by_the_permutation_not_by_membership() -> None:
 
 def test_refusals() -> None:
     with pytest.raises(AuditRefused, match="cannot be audited"):
-        run_one_run_audit(method="expm_nf", epsilon=1.0, delta=1e-5, canaries=10)
+        run_one_run_audit(method="expm", epsilon=1.0, delta=1e-5, canaries=10, dataset="icu")
+    with pytest.raises(AuditRefused, match="model 'logistic' cannot be audited"):
+        run_one_run_audit(
+            method="dpsgd",
+            epsilon=1.0,
+            delta=1e-5,
+            canaries=10,
+            dataset="icu",
+            model=LogisticSpec(),
+        )
+    with pytest.raises(AuditRefused, match="out of range for icu"):
+        run_one_run_audit(method="dpsgd", epsilon=1.0, delta=1e-5, canaries=201, dataset="icu")
     with pytest.raises(AuditRefused, match="out of range"):
         run_one_run_audit(method="dpsgd", epsilon=1.0, delta=1e-5, canaries=10**6)
     with pytest.raises(AuditRefused, match="out of range"):
@@ -60,5 +73,30 @@ def test_one_audit_on_adult() -> None:
     assert b.ceiling == pytest.approx(ceiling(canaries=100, confidence=0.95, delta=1e-5))
     assert 0.0 <= b.epsilon <= b.ceiling
     assert a.rows > 30_000 and a.rows * MAX_CANARY_FRACTION >= 100
-    assert a.noise_multiplier > 0 and a.steps > 0 and 0 < a.sampling_rate < 1
+    assert a.noise_multiplier is not None and a.noise_multiplier > 0
+    assert a.steps is not None and a.steps > 0
+    assert a.sampling_rate is not None and 0 < a.sampling_rate < 1
     assert a.seconds > 0
+
+
+def test_one_audit_of_expm_langevin_on_adult() -> None:
+    """The proven ExpM (its default Langevin sampler): one release, scored like DP-SGD's."""
+    a = run_one_run_audit(method="expm", epsilon=1.0, delta=1e-5, canaries=50)
+    assert a.model == "logistic" and a.bound.canaries == 50
+    assert 0.0 <= a.bound.epsilon <= a.bound.ceiling
+    assert a.noise_multiplier is not None and a.sampling_rate is None  # no Poisson sampling
+
+
+def test_one_audit_of_grud_on_the_icu_sample() -> None:
+    """GRU-D by DP-SGD on the bundled synthetic ICU sample (2,000 stays), one epoch."""
+    a = run_one_run_audit(
+        method="dpsgd",
+        epsilon=1.0,
+        delta=1e-5,
+        canaries=40,
+        dataset="icu",
+        options=DpsgdOptions(epochs=1),
+    )
+    assert (a.model, a.dataset, a.rows) == ("grud", "icu", 2_000)
+    assert 0 <= a.bound.correct <= a.bound.guesses == 8
+    assert 0.0 <= a.bound.epsilon <= a.bound.ceiling
