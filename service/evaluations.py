@@ -29,10 +29,19 @@ statistic 2U (or the vector of each class's 2U_k) with sensitivity 2(n − 1) (6
 L1, 2√3(n − 1) in L2 for K ≥ 3), and the class counts (sensitivity 1; K ≥ 3: L1 2, L2
 √2); the AUC is post-processing (service/privacy/evaluation.py ``auc_sensitivity``). It
 replaced a propose-test-release mechanism that had no Rényi-DP curve and was refused.
+
+Train then evaluate: a training request (POST /v1/jobs) may carry an ``evaluate`` block
+(:class:`~service.schemas.evaluations.TrainingEvaluation`). Its plan
+(:func:`with_evaluation`) is the training's plan with the evaluation of the released
+model composed in: one event, the training's and the evaluation's (as above) side by side,
+charged once at admission (:data:`COMPOSITION_RULE`). The worker trains, scores the model
+it is about to release on the holdout and releases both; the card's ``evaluation`` holds
+the noisy results and the card's ``evaluations`` lists them (:func:`evaluations_of`).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict
 from typing import Any, Final
 
@@ -50,6 +59,7 @@ from service.privacy.events import (
     DpEvent,
     PoissonSubsampledGaussianEvent,
     PureDpEvent,
+    event_from_json,
 )
 from service.privacy.orders import ORDERS
 from service.privacy.sampling import noise_slack
@@ -58,12 +68,16 @@ from service.schemas.common import EVALUATION_METHOD, TRAINING_METHODS
 from service.schemas.evaluations import EvaluationRequest
 
 __all__ = [
+    "COMPOSITION_RULE",
     "REFUSED_METRICS",
     "EvaluationRefused",
     "evaluation_job_request",
     "evaluation_plan",
     "evaluations_of",
     "plan_evaluation_job",
+    "trained_evaluation_plan",
+    "training_part",
+    "with_evaluation",
 ]
 
 REFUSED_METRICS: Final[dict[str, str]] = {}
@@ -221,6 +235,26 @@ def _metric_event(entry: MetricPlan, *, classes: int) -> DpEvent:
     return _gaussian_leaf(entry.scale, entry.sensitivity_l2, dims)
 
 
+def _evaluation_event(plan: EvaluationPlan) -> ComposedEvent:
+    """The evaluation's event: its metrics' leaves, composed (module docstring)."""
+    return ComposedEvent(events=tuple(_metric_event(m, classes=plan.classes) for m in plan.metrics))
+
+
+def _public_plan(plan: EvaluationPlan) -> dict[str, Any]:
+    """The evaluation's public plan values, as its plan (or a training plan's
+    ``evaluation``) states them."""
+    return {
+        "holdout_rows": plan.n,
+        "classes": plan.classes,
+        "noise": plan.noise,
+        "confidence": plan.confidence,
+        "p_min": plan.p_min,
+        "bins": plan.bins,
+        "neighbouring_relation": HOLDOUT_RELATION,
+        "metrics": [asdict(m) for m in plan.metrics],
+    }
+
+
 def plan_evaluation_job(
     request: JobRequest, *, holdout_rows: int | None, public_schema: dict[str, Any]
 ) -> PrivacyPlan:
@@ -230,9 +264,7 @@ def plan_evaluation_job(
     plan = evaluation_plan(request, holdout_rows=holdout_rows, public_schema=public_schema)
     spec = request.evaluation
     assert spec is not None
-    event = ComposedEvent(
-        events=tuple(_metric_event(m, classes=plan.classes) for m in plan.metrics)
-    )
+    event = _evaluation_event(plan)
     return PrivacyPlan(
         method=EVALUATION_METHOD,
         dataset=request.dataset,
@@ -249,15 +281,95 @@ def plan_evaluation_job(
         mechanism={
             "evaluated_job": spec["job_id"],
             "sample": spec["sample"],
-            "holdout_rows": plan.n,
-            "classes": plan.classes,
-            "noise": plan.noise,
-            "confidence": plan.confidence,
-            "p_min": plan.p_min,
-            "bins": plan.bins,
-            "neighbouring_relation": HOLDOUT_RELATION,
-            "metrics": [asdict(m) for m in plan.metrics],
+            **_public_plan(plan),
         },
+    )
+
+
+COMPOSITION_RULE: Final[str] = (
+    "the training and the evaluation composed as one event: RDP curves add "
+    "(Mironov 2017, Prop. 1), which the ledger's Rényi filter charges on approximate "
+    "datasets; ε and δ add (basic composition, Dwork & Roth 2014, Thm 3.16), which pure "
+    "datasets charge; exactly the charges of the two as separate jobs"
+)
+
+
+def training_part(request: JobRequest) -> JobRequest:
+    """``request`` without its ``evaluate`` block: what its training's plan is built from
+    (service/plans.py knows nothing of evaluations)."""
+    return request if request.evaluate is None else request.model_copy(update={"evaluate": None})
+
+
+def trained_evaluation_plan(
+    request: JobRequest, *, holdout_rows: int | None, public_schema: dict[str, Any]
+) -> EvaluationPlan:
+    """The statistics' plan of a training request's ``evaluate`` block (train then
+    evaluate): public values only, as :func:`evaluation_plan`. :class:`PlanError` for a
+    request without one, or a dataset without a holdout."""
+    spec = request.evaluate
+    if spec is None:
+        raise PlanError("the request asks for no evaluation")
+    if holdout_rows is None:
+        raise PlanError(
+            f"dataset {request.dataset!r} has no evaluation holdout, so the trained model "
+            "cannot be evaluated (the admin reserves one at registration: enclave datasets "
+            "register --holdout-fraction F)"
+        )
+    for metric in spec.metrics:
+        if metric in REFUSED_METRICS:
+            raise PlanError(REFUSED_METRICS[metric])
+    try:
+        return plan_evaluation(
+            metrics=list(spec.metrics),
+            n=holdout_rows,
+            classes=_classes(public_schema),
+            epsilon=spec.epsilon,
+            delta=spec.delta,
+            noise=spec.noise,
+            confidence=spec.confidence,
+        )
+    except ValueError as exc:
+        raise PlanError(f"evaluate: {exc}") from exc
+
+
+def with_evaluation(
+    training: PrivacyPlan,
+    request: JobRequest,
+    *,
+    holdout_rows: int | None,
+    public_schema: dict[str, Any],
+) -> PrivacyPlan:
+    """The plan of a training request with an ``evaluate`` block: ``training`` (the plan of
+    :func:`training_part`) composed with the evaluation of its released model, one plan
+    charged once (:data:`COMPOSITION_RULE`). ``training`` itself where the request asks
+    for no evaluation. The API (quote, admission) and the worker (re-derivation) call
+    this; :class:`PlanError` on bad input (no holdout, Gaussian noise without δ, …)."""
+    spec = request.evaluate
+    if spec is None:
+        return training
+    plan = trained_evaluation_plan(request, holdout_rows=holdout_rows, public_schema=public_schema)
+    event = ComposedEvent(events=(event_from_json(training.event), _evaluation_event(plan)))
+    delta = training.delta + plan.delta
+    if delta >= 1:
+        raise PlanError(f"the job's δ (training and evaluation) is {delta:g}: it must be below 1")
+    return PrivacyPlan.model_validate(
+        {
+            **training.model_dump(mode="json"),
+            "epsilon": math.fsum((training.epsilon, plan.epsilon)),
+            "delta": delta,
+            "event": event.to_json(),
+            "rdp_curve": [float(v) for v in event.rdp(ORDERS)],
+            "evaluation": {
+                "epsilon": plan.epsilon,
+                "delta": plan.delta,
+                "training_epsilon": training.epsilon,
+                "training_delta": training.delta,
+                "composition": COMPOSITION_RULE,
+                "accountant": "basic composition" if plan.noise == "laplace" else "rdp",
+                "sample": spec.sample,
+                **_public_plan(plan),
+            },
+        }
     )
 
 

@@ -23,7 +23,13 @@ from worker.mechanisms.evaluation import EvaluationRelease, evaluate
 from worker.models import build_module
 from worker.release import load_state_dicts
 
-__all__ = ["EvaluatedModelError", "evaluated_model", "release_json", "score_holdout"]
+__all__ = [
+    "EvaluatedModelError",
+    "evaluated_model",
+    "release_json",
+    "released_module",
+    "score_holdout",
+]
 
 
 class EvaluatedModelError(RuntimeError):
@@ -56,9 +62,20 @@ def evaluated_model(
     samples = int(card["samples"])
     if not (0 <= sample < samples):
         raise EvaluatedModelError(f"job {job_id} has no sample {sample}")
-    state = load_state_dicts(payload, samples)[sample]
     del loaded
-    spec: ModelSpec = TypeAdapter(ModelSpec).validate_python(card["model"])
+    return released_module(
+        payload, samples=samples, sample=sample, model=card["model"], n_features=n_features
+    )
+
+
+def released_module(
+    payload: bytes, *, samples: int, sample: int, model: dict[str, Any], n_features: int
+) -> torch.nn.Module:
+    """Sample ``sample`` of a release's weights file (``payload``: safetensors, the layout
+    of worker/release.py ``weights_bytes``) as the card's ``model`` (a plan's model), on
+    the CPU in eval mode: exactly the model the release holds."""
+    state = load_state_dicts(payload, samples)[sample]
+    spec: ModelSpec = TypeAdapter(ModelSpec).validate_python(model)
     module = build_module(spec, n_features)
     module.load_state_dict(state)
     return module.eval()

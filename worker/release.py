@@ -73,6 +73,9 @@ def model_card(
     weights file), its model is the evaluated one, and its neighbouring relation and
     public values are the holdout's.
 
+    A training plan with an ``evaluation`` (train then evaluate) takes ``evaluation`` as
+    its model's evaluation on the holdout: the card keeps its weights and model.
+
     ``audit``: the audit that let the job through the dataset's release gate
     (service/audit_gate.py ``audit_of_job``: id, bound, ceiling, finished_at), or None."""
     card: dict[str, Any] = {
@@ -127,7 +130,9 @@ def model_card(
         )
     if audit is not None:
         card["audit"] = audit
-    if evaluation is not None:
+    if evaluation is not None and plan.evaluation is not None:
+        _trained_and_evaluated(card, plan, evaluation)
+    elif evaluation is not None:
         card["evaluation"] = evaluation
         card["weights_layout"] = "no weights: an evaluation releases only its noisy metrics"
         card["output"] = "the noisy metrics under `evaluation`, each with its interval"
@@ -149,6 +154,30 @@ def model_card(
             "the metrics' divisor and intervals; the evaluated release's weights (public)"
         )
     return card
+
+
+def _trained_and_evaluated(
+    card: dict[str, Any], plan: PrivacyPlan, evaluation: dict[str, Any]
+) -> None:
+    """Train then evaluate (a training plan with ``evaluation``): the card is the
+    training's, with the evaluation of its released model (``evaluation``, whose job_id is
+    this job's own) and a privacy section for both, charged once."""
+    assert plan.evaluation is not None
+    card["evaluation"] = evaluation
+    privacy = card["privacy"]
+    privacy["statement"] = (
+        f"{STATEMENTS[plan.guarantee]} The (ε, δ) is for the whole job: the training "
+        f"(ε {plan.evaluation['training_epsilon']:g}, δ {plan.evaluation['training_delta']:g}) "
+        f"and the evaluation of sample {evaluation['sample']} on the dataset's private "
+        f"holdout (ε {plan.evaluation['epsilon']:g}, δ {plan.evaluation['delta']:g}, "
+        "its metrics under `evaluation`), composed and charged once; the intervals are "
+        "post-processing."
+    )
+    privacy["public_values"]["holdout_row_count"] = (
+        f"{evaluation['holdout_rows']}: the holdout's public size, floor(F × the DP noisy "
+        "row count) for the admin's fraction F, fixed at registration; the metrics' "
+        "divisor and intervals"
+    )
 
 
 def _engine(plan: PrivacyPlan) -> dict[str, str]:

@@ -26,7 +26,9 @@ import logging
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -36,7 +38,13 @@ from sqlalchemy.exc import DBAPIError, OperationalError
 from service.audit_gate import audit_of_job
 from service.config import Settings, get_settings
 from service.db import engine_for, transaction
-from service.evaluations import evaluation_plan, plan_evaluation_job
+from service.evaluations import (
+    evaluation_plan,
+    plan_evaluation_job,
+    trained_evaluation_plan,
+    training_part,
+    with_evaluation,
+)
 from service.jobs import as_utc
 from service.ledger.locks import lock_job
 from service.ledger.releases import record_release
@@ -54,7 +62,12 @@ from service.schemas import JobRequest, PrivacyPlan
 from service.selection.api_bodies import ResolvedSelection, plan_selection_job
 from worker.data import load_holdout, load_training_set
 from worker.device import apply_threads, resolve_device
-from worker.evaluation_job import evaluated_model, release_json, run_evaluation
+from worker.evaluation_job import (
+    evaluated_model,
+    release_json,
+    released_module,
+    run_evaluation,
+)
 from worker.mechanisms import registry
 from worker.mechanisms.base import MechanismOutput, ProgressFn, TabularTrainingSet
 from worker.mechanisms.guards import GuardFailed, finite_release
@@ -305,6 +318,42 @@ def _run_evaluation(
     return MechanismOutput(releases=[]), card
 
 
+def _evaluate_trained(
+    request: JobRequest,
+    ds: Dataset,
+    plan: PrivacyPlan,
+    output: MechanismOutput,
+    *,
+    job_id: str,
+    data_dir: Path,
+    before_first_read: Callable[[], None],
+) -> dict[str, Any]:
+    """Train then evaluate: the model this job is about to release (sample
+    ``evaluate.sample`` of exactly the weights file it writes) scored on the holdout and
+    its statistics noised (worker/mechanisms/evaluation.py), as the card's ``evaluation``.
+    The release's guards run first: a non-finite model is never scored."""
+    from service.datasets.kinds import parse_dataset_schema
+
+    spec = request.evaluate
+    assert spec is not None
+    finite_release(output.releases)
+    module = released_module(
+        weights_bytes(output.releases),
+        samples=len(output.releases),
+        sample=spec.sample,
+        model=plan.model,
+        n_features=parse_dataset_schema(ds.public_schema).n_features,
+    )
+    evaluation = trained_evaluation_plan(
+        request, holdout_rows=ds.holdout_rows, public_schema=ds.public_schema
+    )
+    holdout = load_holdout(
+        data_dir, ds.public_schema, torch.device("cpu"), before_first_read=before_first_read
+    )
+    released = run_evaluation(plan=evaluation, module=module, data=holdout)
+    return release_json(released, plan=evaluation, evaluated_job=job_id, sample=spec.sample)
+
+
 def _admitted_request(
     job_id: str, request: JobRequest, resolved: dict[str, Any] | None, ds: Dataset
 ) -> JobRequest:
@@ -337,6 +386,7 @@ def execute_job(job_id: str, settings: Settings | None = None) -> Outcome:
         stored = PrivacyPlan.model_validate(job.plan)
         admitted = _admitted_request(job_id, request, job.resolved_request, ds)
         selection: ResolvedSelection | None = None
+        trained_plan: PrivacyPlan | None = None  # a training's own plan (without evaluation)
         if request.method == "selection":
             selection, plan = plan_selection_job(
                 admitted, n_rows=ds.n_rows, public_schema=ds.public_schema
@@ -346,12 +396,16 @@ def execute_job(job_id: str, settings: Settings | None = None) -> Outcome:
                 admitted, holdout_rows=ds.holdout_rows, public_schema=ds.public_schema
             )
         else:
-            plan = replan_admitted(
-                admitted,
-                sent=request,
+            trained_plan = replan_admitted(
+                training_part(admitted),
+                sent=training_part(request),
                 stored=stored,
                 n_rows=ds.n_rows,
                 public_schema=ds.public_schema,
+            )
+            # With `evaluate`: the training and the evaluation composed, as admitted.
+            plan = with_evaluation(
+                trained_plan, admitted, holdout_rows=ds.holdout_rows, public_schema=ds.public_schema
             )
         if plan != stored:
             raise PlanError("stored plan differs from the recomputed plan")
@@ -415,13 +469,24 @@ def execute_job(job_id: str, settings: Settings | None = None) -> Outcome:
                         selection, data=data, device=device, progress=hb.progress
                     )
                 else:
+                    assert trained_plan is not None
                     output = run_mechanism(
-                        plan=plan,
+                        plan=trained_plan,
                         spec=request.model,
                         data=data,
                         device=device,
                         progress=hb.progress,
                     )
+                    if admitted.evaluate is not None:  # train then evaluate (one charge)
+                        evaluated = _evaluate_trained(
+                            admitted,
+                            ds,
+                            plan,
+                            output,
+                            job_id=job_id,
+                            data_dir=settings.resolved_data_dir,
+                            before_first_read=before_first_read,
+                        )
             try:
                 hb.beat()  # the last progress; the release below checks ownership anyway
             except DBAPIError as exc:

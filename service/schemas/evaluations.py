@@ -1,8 +1,10 @@
-"""The request body of a private evaluation (POST /v1/evaluations, issue 21)."""
+"""The request bodies of a private evaluation: POST /v1/evaluations (issue 21) and the
+``evaluate`` block of a training request (train then evaluate, one plan, one charge).
+Both name the same field types below, so a bound cannot differ between the two doors."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import ConfigDict, Field
 
@@ -11,6 +13,34 @@ from service.schemas.common import ApiInput
 
 EvaluationMetric = Literal["accuracy", "auc", "log_loss", "calibration_error", "confusion"]
 """The metrics of service/privacy/evaluation.py."""
+
+EvaluationEpsilon = Annotated[
+    Epsilon, Field(description="ε (nats) of the whole evaluation, split over the metrics.")
+]
+EvaluationDelta = Annotated[
+    Delta, Field(description="δ of the whole evaluation (Gaussian noise needs δ > 0).")
+]
+EvaluationMetrics = Annotated[
+    list[EvaluationMetric],
+    Field(
+        min_length=1,
+        max_length=5,
+        description="Distinct metrics; each gets an equal share of (ε, δ).",
+    ),
+]
+EvaluationNoise = Annotated[
+    Literal["laplace", "gaussian"],
+    Field(
+        description="Discrete Laplace (pure ε-DP) or rounded Gaussian noise, added in the worker."
+    ),
+]
+EvaluationConfidence = Annotated[
+    Probability,
+    Field(description="Level of each metric's interval (sampling and DP noise together)."),
+]
+EvaluationSample = Annotated[
+    int, Field(ge=0, le=99, description="Which released sample of the job to score.")
+]
 
 
 def _default_metrics() -> list[EvaluationMetric]:
@@ -39,26 +69,27 @@ class EvaluationRequest(ApiInput):
     job_id: str = Field(
         min_length=1, max_length=36, description="A released training job of yours."
     )
-    epsilon: Epsilon = Field(
-        description="ε (nats) of the whole evaluation, split over the metrics."
+    epsilon: EvaluationEpsilon
+    delta: EvaluationDelta = 0.0
+    metrics: EvaluationMetrics = Field(default_factory=_default_metrics)
+    noise: EvaluationNoise = "laplace"
+    confidence: EvaluationConfidence = 0.95
+    sample: EvaluationSample = 0
+
+
+class TrainingEvaluation(ApiInput):
+    """Evaluate the model this training job releases on its dataset's private holdout,
+    as part of the same job: planned with the training, admitted with one ledger charge
+    (their composition), released together (the card's ``evaluation``). The fields mean
+    what they mean in an evaluation request (POST /v1/evaluations)."""
+
+    model_config = ConfigDict(
+        json_schema_extra={"examples": [{"epsilon": 0.5, "metrics": ["accuracy", "auc"]}]}
     )
-    delta: Delta = Field(
-        default=0.0, description="δ of the whole evaluation (Gaussian noise needs δ > 0)."
-    )
-    metrics: list[EvaluationMetric] = Field(
-        default_factory=_default_metrics,
-        min_length=1,
-        max_length=5,
-        description="Distinct metrics; each gets an equal share of (ε, δ).",
-    )
-    noise: Literal["laplace", "gaussian"] = Field(
-        default="laplace",
-        description="Discrete Laplace (pure ε-DP) or rounded Gaussian noise, added in the worker.",
-    )
-    confidence: Probability = Field(
-        default=0.95,
-        description="Level of each metric's interval (sampling and DP noise together).",
-    )
-    sample: int = Field(
-        default=0, ge=0, le=99, description="Which released sample of the job to score."
-    )
+
+    epsilon: EvaluationEpsilon
+    delta: EvaluationDelta = 0.0
+    metrics: EvaluationMetrics = Field(default_factory=_default_metrics)
+    noise: EvaluationNoise = "laplace"
+    confidence: EvaluationConfidence = 0.95
+    sample: EvaluationSample = 0

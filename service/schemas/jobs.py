@@ -21,6 +21,7 @@ from service.schemas.budgets import BudgetView
 from service.schemas.common import ApiInput, Guarantee, Method, RequestMethod, TrainingMethod
 from service.schemas.dpsgd import DpsgdMechanism, DpsgdOptions
 from service.schemas.estimates import ResourceQuote
+from service.schemas.evaluations import TrainingEvaluation
 from service.schemas.events import DpEventJson
 from service.schemas.expm import ExpmLangevinMechanism, ExpmMcmcMechanism, ExpmOptions
 from service.schemas.expm_nf import ExpmNfMechanism, ExpmNfOptions
@@ -84,6 +85,16 @@ class JobRequest(ApiInput):
             "metrics, noise and confidence (service/evaluations.py)."
         ),
     )
+    evaluate: TrainingEvaluation | None = Field(
+        default=None,
+        # Left out when None: requests (and their digests) without it stay as before.
+        exclude_if=lambda value: value is None,
+        description=(
+            "Train, then evaluate the released model (sample `sample`) on the dataset's "
+            "private holdout, in one job: one plan whose cost composes both, one charge. "
+            "The dataset must have a holdout. A training method (or 'auto') only."
+        ),
+    )
 
     @model_validator(mode="after")
     def _selection_iff_method(self) -> JobRequest:
@@ -91,6 +102,16 @@ class JobRequest(ApiInput):
             raise ValueError("the selection field goes with method 'selection' and only with it")
         if (self.evaluation is None) != (self.method != "evaluation"):
             raise ValueError("the evaluation field goes with method 'evaluation' and only with it")
+        if self.evaluate is not None:
+            if self.method in ("selection", "evaluation"):
+                raise ValueError("evaluate goes with a training method (or 'auto') only")
+            if self.evaluate.sample >= self.samples:
+                raise ValueError(
+                    f"evaluate.sample {self.evaluate.sample}: the job releases "
+                    f"{self.samples} sample(s)"
+                )
+            if len(set(self.evaluate.metrics)) != len(self.evaluate.metrics):
+                raise ValueError("evaluate.metrics: each metric may be named once")
         return self
 
 
@@ -187,6 +208,18 @@ class PrivacyPlan(BaseModel):
         # Left out when None: the plans of requests that name their method stay as before.
         exclude_if=lambda value: value is None,
         description="Set when the request's method was 'auto': what was chosen and why.",
+    )
+    evaluation: dict[str, Any] | None = Field(
+        default=None,
+        # Left out when None: the plans of requests without `evaluate` stay as before.
+        exclude_if=lambda value: value is None,
+        description=(
+            "Set when the request asked to evaluate the trained model (`evaluate`): the "
+            "evaluation's own (ε, δ), the training's, the composition rule, and the "
+            "evaluation's public plan (holdout size, classes, each metric's share, "
+            "sensitivity and noise scale). The plan's (ε, δ), event and RDP curve are then "
+            "the training's and the evaluation's composed: one charge."
+        ),
     )
 
 

@@ -34,7 +34,12 @@ from service.audit_gate import (
 from service.config import Settings
 from service.datasets.kinds import parse_dataset_schema
 from service.db import transaction
-from service.evaluations import evaluations_of
+from service.evaluations import (
+    evaluations_of,
+    trained_evaluation_plan,
+    training_part,
+    with_evaluation,
+)
 from service.job_pages import DEFAULT_LIMIT, job_page
 from service.jobs import enqueue, job_public
 from service.ledger.accounting import dataset_guarantee
@@ -135,10 +140,16 @@ def _plan_for(engine: EngineDep, settings: Settings, body: JobRequest) -> Planne
     with transaction(engine) as s:
         ds = dataset_or_404(s, body.dataset)
         n_rows, public_schema, dataset_id = ds.n_rows, ds.public_schema, ds.id
+        holdout_rows = ds.holdout_rows
         gated = gate_days(s, dataset_id) is not None
+    training = training_part(body)  # the request without its `evaluate` block, if any
     try:
         with planning_deadline(settings.planning_time_limit_s):
-            twin = work_twin(body)
+            if body.evaluate is not None:  # no holdout, bad metrics: refused before training
+                trained_evaluation_plan(
+                    body, holdout_rows=holdout_rows, public_schema=public_schema
+                )
+            twin = work_twin(training)
             if twin is not None:  # refuse work over the limits before a costly calibration
                 try:
                     cheap = plan_for_dataset(twin, n_rows=n_rows, public_schema=public_schema)
@@ -146,12 +157,17 @@ def _plan_for(engine: EngineDep, settings: Settings, body: JobRequest) -> Planne
                     cheap = None  # the real plan decides (and explains) below
                 if cheap is not None:
                     refuse_over_limits(cheap, public_schema, settings)
-            plan = plan_for_dataset(body, n_rows=n_rows, public_schema=public_schema)
+            trained = plan_for_dataset(training, n_rows=n_rows, public_schema=public_schema)
+            # With `evaluate`: the training and the evaluation composed, one plan, one charge.
+            plan = with_evaluation(
+                trained, body, holdout_rows=holdout_rows, public_schema=public_schema
+            )
     except (PlanError, PlanningTimeout) as exc:
         raise ProblemError(422, "invalid-plan", str(exc)) from exc
     estimate = refuse_over_limits(plan, public_schema, settings)
     resolved = resolve_defaults(body, n_rows=n_rows, public_schema=public_schema)
-    gate = _gate(engine, dataset_id, body, plan) if gated else GateCheck(None)
+    # The release gate audits trainings: it reads the training's own request and plan.
+    gate = _gate(engine, dataset_id, training, trained) if gated else GateCheck(None)
     return Planned(plan, dataset_id, estimate, resolved, gate)
 
 
