@@ -205,28 +205,57 @@ def _row_shift(v: torch.Tensor, half: int) -> tuple[torch.Tensor, torch.Tensor]:
     max |v_row| < 2^e (frexp: exact), v' = round(v·2^-s), so |v'| ≤ 2^half (module
     docstring). Functions of the row alone."""
     rows = v.shape[0]
-    flat = v.reshape(rows, -1)
-    largest = flat.abs().amax(dim=1) if flat.shape[1] else flat.new_zeros(rows)
+    largest = _largest_magnitude(v)
     _, exponent = torch.frexp(largest)
     shift = torch.clamp(exponent.to(torch.int64) - half, min=0)
+    if rows == 0 or int(shift.max()) == 0:
+        return v, shift  # round(v·2^0) = v for grid values, bit for bit (signed zeros too)
     scale = pow2_tensor(-shift).reshape(rows, *([1] * (v.dim() - 1)))
     return torch.round(v * scale), shift
 
 
+def _largest_magnitude(v: torch.Tensor) -> torch.Tensor:
+    """(rows,) max_j |v_ij| over each row of v (rows, …) as max(max v, −min v) (no |v|
+    written; the same value, exact (iii); NaN in a row gives NaN); 0 for an empty row."""
+    flat = v.reshape(v.shape[0], -1)
+    if not flat.shape[1]:
+        return flat.new_zeros(v.shape[0])
+    return torch.maximum(flat.amax(dim=1), -flat.amin(dim=1))
+
+
 def _per_row_gradient(b: torch.Tensor, p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(G', s): Σ_pos B[pos] ⊗ P[pos] per row as an exact integer matrix G' (rows, c_out,
-    fan_in + 1) times 2^-s (rows,), for B (rows, L, c_out) and P (rows, L, fan_in + 1)
-    grid values."""
-    budget = _EXACT - _ceil_log2(b.shape[1])
+    fan_in + 1) times 2^-s (rows,), for B (rows, c_out, L) and P (rows, fan_in + 1, L)
+    grid values (positions last: unfold's and the feature maps' own layout)."""
+    budget = _EXACT - _ceil_log2(b.shape[2])
     b2, s_b = _row_shift(b, budget // 2)
     p2, s_p = _row_shift(p, budget - budget // 2)
-    g = torch.bmm(b2.transpose(1, 2), p2)  # exact: partial sums ≤ L·2^budget-ish ≤ 2^52
+    g = torch.bmm(b2, p2.transpose(1, 2))  # exact: partial sums ≤ L·2^budget-ish ≤ 2^52
     return g, s_b + s_p
+
+
+def _unpool(t: torch.Tensor, relu: torch.Tensor) -> torch.Tensor:
+    """Pooling's backward: each entry of t (rows, c, h, w) copied to its 2 × 2 inputs, +0
+    on an edge the pooling dropped, times [Z > 0] (relu, the layer's pre-activations'
+    sign: ×1 or ×0 elementwise, i)."""
+    rows, c, ph, pw = t.shape
+    height, width = relu.shape[2], relu.shape[3]
+    up = t.reshape(rows, c, ph, 1, pw, 1)
+    if (2 * ph, 2 * pw) == (height, width):  # no edge dropped: broadcast, no copy of t
+        return (up * relu.reshape(rows, c, ph, 2, pw, 2)).reshape(rows, c, height, width)
+    up = up.expand(rows, c, ph, 2, pw, 2).reshape(rows, c, 2 * ph, 2 * pw)
+    return F.pad(up, (0, width - 2 * pw, 0, height - 2 * ph)) * relu
 
 
 def conv_rows(module: Cnn, x: torch.Tensor, y: torch.Tensor, *, grids: list[LayerGrid]) -> ConvRows:
     """The forward, backward and per-row gradients of the module docstring for a batch
-    (x (rows, C·H·W) in [0, 1], y the label: 0/1 or a class index)."""
+    (x (rows, C·H·W) in [0, 1], y the label: 0/1 or a class index).
+
+    Layouts (no value depends on them: every sum is of integers below 2^53, exact in any
+    order, ii): patches stay in unfold's (rows, fan_in + 1, L), the convolution is
+    θ·P (rows, c_out, L), already the feature maps' layout, and the backward's Wᵀ·B is
+    (rows, fan_in, L), fold's input; a mask whose rows are all valid is not applied (a
+    fill of nothing)."""
     rows = x.shape[0]
     classes = module.classes
     with torch.no_grad():
@@ -236,27 +265,26 @@ def conv_rows(module: Cnn, x: torch.Tensor, y: torch.Tensor, *, grids: list[Laye
         valid &= label == torch.floor(label)
         valid &= (label >= 0) & (label < (classes or 2))
         a = a.masked_fill(~valid.unsqueeze(1), 0.0).reshape(rows, *module.shape)
-        patches: list[torch.Tensor] = []
+        patches: list[torch.Tensor] = []  # (rows, fan_in + 1, L)
         numerators: list[torch.Tensor] = []  # conv pre-activations (rows, c_out, h, w)
         for grid in grids[:-1]:
             k, s, p = grid.kernel, grid.stride, grid.padding
-            cols = F.unfold(a, k, padding=p, stride=s).transpose(1, 2)  # (rows, L, fan_in)
-            one = cols.new_full((rows, cols.shape[1], 1), pow2(grid.in_bits))
-            patch = torch.cat((cols, one), dim=2)
+            cols = F.unfold(a, k, padding=p, stride=s)  # (rows, fan_in, L)
+            one = cols.new_full((rows, 1, cols.shape[2]), pow2(grid.in_bits))
+            patch = torch.cat((cols, one), dim=1)
             patches.append(patch)
             h = (a.shape[2] + 2 * p - k) // s + 1
             w = (a.shape[3] + 2 * p - k) // s + 1
-            z = (patch @ grid.theta.T).transpose(1, 2).reshape(rows, -1, h, w)  # exact (ii)
+            z = torch.matmul(grid.theta, patch).reshape(rows, -1, h, w)  # exact (ii)
             numerators.append(z)
             act = torch.round(
                 torch.clamp(z, min=0.0) * pow2(HIDDEN_BITS - grid.in_bits - grid.bits)
             )
             valid &= act.reshape(rows, -1).amax(dim=1) <= pow2(HIDDEN_BITS + RELU_RANGE_BITS)
-            act = act.masked_fill(~valid.reshape(rows, 1, 1, 1), 0.0)
-            if grid.pool:  # the 2 × 2 sums, exact: read on the grid 2^-(16 + 2)
-                c_out, ph, pw = act.shape[1], h // 2, w // 2
-                act = act[:, :, : 2 * ph, : 2 * pw].reshape(rows, c_out, ph, 2, pw, 2)
-                act = act.sum(dim=(3, 5))
+            if not bool(valid.all()):
+                act.masked_fill_(~valid.reshape(rows, 1, 1, 1), 0.0)
+            if grid.pool:  # the 2 × 2 sums (÷ 1), exact (ii): read on the grid 2^-(16 + 2)
+                act = F.avg_pool2d(act, 2, divisor_override=1)  # floor: odd edge dropped
             a = act
         head = grids[-1]
         flat = a.reshape(rows, -1)
@@ -271,40 +299,40 @@ def conv_rows(module: Cnn, x: torch.Tensor, y: torch.Tensor, *, grids: list[Laye
             target = torch.zeros_like(logits).scatter_(1, label_index.unsqueeze(1), 1.0)
             residual = softmax_basic(logits).to(logits.device) - target
         b = torch.round(residual * pow2(GRAD_BITS)).masked_fill(~valid.unsqueeze(1), 0.0)
-        grads = [_per_row_gradient(b.unsqueeze(1), head_in.unsqueeze(1))]
+        grads = [_per_row_gradient(b.unsqueeze(2), head_in.unsqueeze(2))]
         limit = pow2(GRAD_BITS + GRAD_RANGE_BITS)
         t = (b @ head.theta[:, :-1]).reshape(a.shape)  # exact (ii): ∂ℓ/∂a on 2^-(20 + b)
         upper = head
         for index in range(len(grids) - 2, -1, -1):
             grid, z = grids[index], numerators[index]
             shift = upper.bits
-            if grid.pool:  # each pooled gradient to its four inputs, × 1/4 below
-                t = t.repeat_interleave(2, dim=2).repeat_interleave(2, dim=3)
-                t = F.pad(t, (0, z.shape[3] - t.shape[3], 0, z.shape[2] - t.shape[2]))
-                shift += POOL_BITS
-            delta = torch.round(t * pow2(-shift)) * (z > 0)  # on 2^-20
-            magnitude = delta.reshape(rows, -1).abs().amax(dim=1)
-            valid &= magnitude <= limit  # NaN compares false: invalid
-            delta = delta.masked_fill(~valid.reshape(rows, 1, 1, 1), 0.0)
-            positions = delta.reshape(rows, delta.shape[1], -1).transpose(1, 2)  # (rows, L, c)
+            if grid.pool:  # each pooled gradient to its four inputs, × 1/4 in the rounding
+                # (elementwise, i: rounded before the copies, the same values)
+                t = torch.round(t * pow2(-(shift + POOL_BITS)))
+                delta = _unpool(t, z > 0)  # on 2^-20
+            else:
+                delta = torch.round(t * pow2(-shift)) * (z > 0)  # on 2^-20
+            valid &= _largest_magnitude(delta) <= limit  # NaN compares false: invalid
+            if not bool(valid.all()):
+                delta.masked_fill_(~valid.reshape(rows, 1, 1, 1), 0.0)
+            positions = delta.reshape(rows, delta.shape[1], -1)  # (rows, c, L)
             grads.append(_per_row_gradient(positions, patches[index]))
             if index > 0:
-                below = positions @ grid.theta[:, :-1]  # (rows, L, fan_in), exact (ii)
+                below = torch.matmul(grid.theta[:, :-1].T, positions)  # exact (ii)
                 size = (numerators[index - 1].shape[2], numerators[index - 1].shape[3])
                 if grids[index - 1].pool:
                     size = (size[0] // 2, size[1] // 2)
                 t = F.fold(  # col2im: sums of ≤ k² exact integers, exact (ii)
-                    below.transpose(1, 2),
-                    size,
-                    grid.kernel,
-                    padding=grid.padding,
-                    stride=grid.stride,
+                    below, size, grid.kernel, padding=grid.padding, stride=grid.stride
                 )
             upper = grid
         grads.reverse()
-        mask = ~valid.reshape(rows, 1, 1)
+        if not bool(valid.all()):
+            mask = ~valid.reshape(rows, 1, 1)
+            for g, _ in grads:
+                g.masked_fill_(mask, 0.0)  # fresh bmm outputs
         return ConvRows(
-            grads=tuple(g.masked_fill(mask, 0.0) for g, _ in grads),
+            grads=tuple(g for g, _ in grads),
             shifts=tuple(s for _, s in grads),
             in_bits=tuple(g.in_bits for g in grids),
             valid=valid,
@@ -371,30 +399,51 @@ class ExactConvClipper:
             norm = torch.sqrt(n_sq) * _UP  # ≥ ‖g_i‖ (gradient units)
             w = torch.clamp(self._target / norm, max=self._units)  # 0/0 → NaN: zeroed below
             w = torch.where(r.valid & ~torch.isnan(w), w, 0.0)
-            z = _flatten(
-                [
-                    torch.round(g * (w * r.scales(index)).reshape(-1, 1, 1))
-                    for index, g in enumerate(r.grads)
-                ]
+            # round(G'·factor) in parameters() order, written in place (_flatten's layout)
+            z = torch.empty(
+                x.shape[0],
+                sum(g.shape[1] * g.shape[2] for g in r.grads),
+                dtype=torch.float64,
+                device=x.device,
             )
+            offset = 0
+            for index, g in enumerate(r.grads):
+                c_out, width = g.shape[1], g.shape[2] - 1
+                factor = (w * r.scales(index)).reshape(-1, 1, 1)
+                weights = z[:, offset : offset + c_out * width].unflatten(1, (c_out, width))
+                torch.mul(g[:, :, :-1], factor, out=weights)
+                offset += c_out * width
+                torch.mul(g[:, :, -1], factor[:, :, 0], out=z[:, offset : offset + c_out])
+                offset += c_out
+            z.round_()
             self._check(z)
             return z
 
     def _check(self, z: torch.Tensor) -> None:
-        """‖z_i‖ ≤ 2^k for every row, decided exactly: max |z_ij| ≤ 2^k, then Σ_j z_ij² in
-        int64 (terms ≤ 2^40, P ≤ 2^20: no overflow) ≤ 2^2k."""
+        """‖z_i‖ ≤ 2^k for every row, decided exactly: max |z_ij| ≤ 2^k (as max z ≤ 2^k and
+        min z ≥ −2^k: NaN compares false and fails), then Σ_j z_ij² ≤ 2^2k, the sum exact:
+        in column blocks of width 2^(52 − 2k) (≥ 2^12 for k ≤ 20), each block's Σ z² is a
+        float64 dot product of integers whose terms are ≤ 2^2k and partial sums ≤ 2^52,
+        exact in any order (ii, a fused multiply-add included), and the ≤ 2^8 block sums
+        (P ≤ 2^20) are added in int64 (≤ 2^60, iv): the same integer as the int64 sum of
+        squares, without converting z."""
         if z.shape[0] == 0:
             return
         top = pow2(self.grid_bits)
-        if not bool((z.abs().amax(dim=1) <= top).all()):  # NaN compares false: fails
+        if not bool(((z.amax(dim=1) <= top) & (z.amin(dim=1) >= -top)).all()):
             raise GuardFailed(f"{self.label}: a row's contribution exceeds its bound")
-        zi = z.to(torch.int64)
-        if not bool(((zi * zi).sum(dim=1) <= (1 << (2 * self.grid_bits))).all()):
+        width = 1 << (_EXACT - 2 * self.grid_bits)
+        squares = torch.zeros(z.shape[0], dtype=torch.int64, device=z.device)
+        for block in z.split(width, dim=1):
+            squares += torch.linalg.vecdot(block, block).to(torch.int64)
+        if not bool((squares <= (1 << (2 * self.grid_bits))).all()):
             raise GuardFailed(f"{self.label}: a row's contribution exceeds its bound")
 
     def __call__(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """S = Σ_i z_i as int64 (parameters,), exact (iv); rows are taken in chunks (each
-        row's z_i does not depend on its chunk)."""
+        row's z_i does not depend on its chunk). A chunk's column sums are taken in float64:
+        |z_ij| ≤ 2^k ≤ 2^20 (checked) and a chunk has ≤ ROW_LIMIT = 2^24 rows, so every
+        partial sum is an integer ≤ 2^44, exact in any order (ii): the int64 sum's value."""
         if x.shape[0] > ROW_LIMIT:
             raise PlanMismatch("a batch exceeded the exact engine's row limit")
         grids = conv_grids(self.module)
@@ -404,5 +453,5 @@ class ExactConvClipper:
             z = self.contributions(x[start:stop], y[start:stop], grids=grids)
             if z.shape[1] != self.parameters:
                 raise PlanMismatch("the model's parameter count differs from the plan's")
-            total += z.to(torch.int64).sum(dim=0)
+            total += z.sum(dim=0).to(torch.int64)
         return total
