@@ -80,6 +80,14 @@ class Settings(BaseSettings):
     # run past it is killed; its job is re-sent (a new attempt) until max_attempts, then
     # failed. The soft limit, a little earlier, ends the run with a failure in-process.
     job_time_limit_s: float = Field(default=3600.0, gt=0)
+    # The public release time (service/release_hold.py): the worker holds each job it ran
+    # until started_at + D, D = release_hold_quantum_s × 2^k ≥ release_hold_factor × the
+    # plan's time estimate (public values only), or the next doubling of D if the run
+    # overshoots; analysts see that grid time as finished_at and a progress computed from
+    # elapsed time against D. Off: the exact times and progress are shown (tests only).
+    release_hold: bool = True
+    release_hold_factor: float = Field(default=1.0, gt=0)
+    release_hold_quantum_s: float = Field(default=1.0, gt=0)
     # CPU threads torch may use in a worker for one job (torch.set_num_threads); None: torch's
     # default (the machine's cores). benchmarks/results/worker_threads.md measures 1 vs 2.
     worker_threads: int | None = Field(default=None, ge=1, le=1024)

@@ -19,7 +19,9 @@ from sqlalchemy import Engine, or_, select, update
 from service.config import Settings
 from service.db import transaction
 from service.ledger.tables import Job, JobStatus
+from service.plans import progress_total
 from service.queue import Waiting, send_run_job, waiting_in_broker
+from service.release_hold import public_progress
 from service.schemas import AdminJob, JobPublic, PrivacyPlan
 
 log = logging.getLogger("enclave.jobs")
@@ -147,15 +149,29 @@ def sweep(
     return sent
 
 
-def job_public(job: Job, dataset_name: str) -> JobPublic:
+def job_public(job: Job, dataset_name: str, now: datetime | None = None) -> JobPublic:
+    """The analyst's view. A job the worker held (``release_at`` set, the release hold of
+    service/release_hold.py) shows a progress computed from elapsed wall time against its
+    public hold, out of the plan's T, never the run's own step counter (which the admin's
+    view keeps); its finished_at is the grid time the worker recorded."""
     plan = PrivacyPlan.model_validate(job.plan)
+    step, total = job.progress_step, job.progress_total
+    if job.release_at is not None:
+        total = progress_total(plan)
+        step = public_progress(
+            status=JobStatus(job.status).value,
+            started=as_utc(job.started_at),
+            release_at=as_utc(job.release_at),
+            total=total,
+            now=now or datetime.now(UTC),
+        )
     return JobPublic(
         id=job.id,
         dataset=dataset_name,
         status=JobStatus(job.status),
         method=plan.method,
-        progress_step=job.progress_step,
-        progress_total=job.progress_total,
+        progress_step=step,
+        progress_total=total,
         guarantee=plan.guarantee,
         epsilon=plan.epsilon,
         delta=plan.delta,
@@ -172,8 +188,11 @@ def job_public(job: Job, dataset_name: str) -> JobPublic:
 def admin_job(job: Job, dataset_name: str) -> AdminJob:
     """The admin's view of a job: the public view and what the worker recorded of the run
     (never shown to an analyst: it may depend on the private rows)."""
+    public = job_public(job, dataset_name).model_dump()
+    # The run's own step counter (the admin may see how far it got; analysts may not).
+    public.update(progress_step=job.progress_step, progress_total=job.progress_total)
     return AdminJob(
-        **job_public(job, dataset_name).model_dump(),
+        **public,
         stage_reached=job.stage_reached,
         data_read=job.data_read,
         failure_category=job.failure_category,

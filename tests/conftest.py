@@ -73,6 +73,10 @@ def settings(tmp_path: Path, db_url: str, monkeypatch: pytest.MonkeyPatch) -> It
     # Planning is bounded in wall-clock time; tests must not depend on the machine's speed.
     monkeypatch.setenv("ENCLAVE_PLANNING_TIME_LIMIT_S", "600")
     monkeypatch.setenv("ENCLAVE_ADDRESS_RATE_LIMITS", "false")
+    # The release hold (service/release_hold.py) holds each job to a public grid time: off
+    # for speed (children started from here inherit it); tests/integration/test_release_hold.py
+    # turns it on with a tiny quantum.
+    monkeypatch.setenv("ENCLAVE_RELEASE_HOLD", "false")
     get_settings.cache_clear()
     s = get_settings()
     s.home.mkdir(parents=True, exist_ok=True)

@@ -10,8 +10,13 @@
    before that, e.g. a missing data file, leaves the charge refundable), run the
    mechanism. A heartbeat thread reports data-independent progress (step k of T) and
    notices when another worker took over.
-4. Write the release files under the run token, then in one transaction release the job
-   only if it is still ours and still running: a duplicate run is never released.
+4. Hold the finished job until its public release time (service/release_hold.py, with
+   ENCLAVE_RELEASE_HOLD on): a grid time fixed at the claim from the plan's public time
+   estimate, never from the run; the heartbeat goes on, and this worker takes no other job
+   meanwhile. A failure after the first row was read is held the same way.
+5. Write the release files under the run token, then in one transaction release the job
+   only if it is still ours and still running: a duplicate run is never released. The
+   job's finished_at is the release time (its grid point under the hold).
 
 What an analyst can see of a failure is a generic sentence; the detail goes to the
 enclave's log only. The admin also sees what the runner records on the job row as it goes
@@ -23,6 +28,7 @@ from __future__ import annotations
 
 import enum
 import logging
+import os
 import threading
 import time
 import uuid
@@ -58,6 +64,8 @@ from service.plans import (
     resolve_defaults,
 )
 from service.privacy.amounts import from_micro
+from service.release_hold import HoldPolicy, plan_hold_seconds, release_time
+from service.releases import release_paths
 from service.schemas import JobRequest, PrivacyPlan
 from service.selection.api_bodies import ResolvedSelection, plan_selection_job
 from worker.data import load_holdout, load_training_set
@@ -126,7 +134,18 @@ def failure_category(exc: BaseException, *, data_read: bool) -> FailureCategory:
     return FailureCategory.internal_error
 
 
+def hold_policy(settings: Settings) -> HoldPolicy:
+    return HoldPolicy(
+        factor=settings.release_hold_factor,
+        quantum_s=settings.release_hold_quantum_s,
+        time_limit_s=settings.job_time_limit_s,
+    )
+
+
 def _claim(engine: Engine, settings: Settings, job_id: str) -> tuple[str, Job, Dataset] | None:
+    """Take the job (see the module's step 1). With the release hold on, the claim also
+    fixes the public release time ``release_at = started_at + D`` (D from the stored plan
+    and the dataset's public schema only)."""
     now = datetime.now(UTC)
     with transaction(engine) as s:
         job = lock_job(s, job_id)
@@ -151,13 +170,23 @@ def _claim(engine: Engine, settings: Settings, job_id: str) -> tuple[str, Job, D
         job.heartbeat_at = now
         job.progress_step = 0
         ds = s.get_one(Dataset, job.dataset_id)
+        job.release_at = None
+        if settings.release_hold:
+            hold_s = plan_hold_seconds(job.plan, ds.public_schema, hold_policy(settings))
+            job.release_at = now + timedelta(seconds=hold_s)
+        s.flush()  # before the expunge, which would drop the unflushed change
         s.expunge(job)
         s.expunge(ds)
         return token, job, ds
 
 
 def _finish_failed(
-    engine: Engine, job_id: str, token: str, message: str, category: FailureCategory
+    engine: Engine,
+    job_id: str,
+    token: str,
+    message: str,
+    category: FailureCategory,
+    finished_at: datetime | None = None,
 ) -> None:
     with transaction(engine) as s:
         job = lock_job(s, job_id)
@@ -165,7 +194,7 @@ def _finish_failed(
             job.status = JobStatus.failed
             job.error = message
             job.failure_category = category
-            job.finished_at = datetime.now(UTC)
+            job.finished_at = finished_at or datetime.now(UTC)
 
 
 def _reach(engine: Engine, job_id: str, token: str, stage: JobStage) -> None:
@@ -198,6 +227,59 @@ def _mark_data_touched(engine: Engine, job_id: str, token: str) -> None:
         )
         if res.rowcount == 0:  # type: ignore[attr-defined]
             raise Superseded(job_id)
+
+
+def _keep_alive(engine: Engine, job_id: str, token: str) -> None:
+    """The heartbeat of a held job (no progress: the run is over); Superseded if the job
+    is no longer this run's."""
+    with transaction(engine) as s:
+        res = s.execute(
+            update(Job)
+            .where(Job.id == job_id, Job.run_token == token, Job.status == JobStatus.running)
+            .values(heartbeat_at=datetime.now(UTC))
+        )
+        if res.rowcount == 0:  # type: ignore[attr-defined]
+            raise Superseded(job_id)
+
+
+def hold_release(
+    engine: Engine, settings: Settings, job: Job, token: str, interval: float
+) -> datetime | None:
+    """Wait for the job's public release time (service/release_hold.py): the first grid
+    point ``started_at + D·2^j`` not before now, D fixed at the claim (``release_at``).
+    Returns that time, the job's finished_at, or None where nothing is held (the hold off:
+    release now). Meanwhile the heartbeat goes on (a ledger outage is only logged: the
+    release retries after), and the worker takes no other job. Superseded if the job stops
+    being this run's. The run's exact duration goes to the enclave's log only."""
+    started, release_at = as_utc(job.started_at), as_utc(job.release_at)
+    if started is None or release_at is None:
+        return None
+    hold_s = (release_at - started).total_seconds()
+    now = datetime.now(UTC)
+    target = release_time(started, hold_s, hold_policy(settings).cap_s, now)
+    log.info(
+        "job %s: the run took %.3f s; held until its release time, %.0f s after its start",
+        job.id,
+        (now - started).total_seconds(),
+        (target - started).total_seconds(),
+    )
+    while (left := (target - datetime.now(UTC)).total_seconds()) > 0:
+        time.sleep(min(left, interval))
+        try:
+            _keep_alive(engine, job.id, token)
+        except DBAPIError as exc:
+            if not _transient(exc):
+                raise
+            log.warning("job %s: heartbeat while held failed (ledger unreachable)", job.id)
+    return target
+
+
+def _set_release_mtime(release_dir: Path, job_id: str, token: str, at: datetime) -> None:
+    """Date the release files at the release time, not at the end of writing them: the
+    weights are served with Last-Modified and an ETag from their mtime."""
+    paths = release_paths(release_dir, job_id, token)
+    for path in (paths.weights, paths.card):
+        os.utime(path, (at.timestamp(), at.timestamp()))
 
 
 class Heartbeat:
@@ -521,7 +603,10 @@ def execute_job(job_id: str, settings: Settings | None = None) -> Outcome:
         )
         if output.enclave_diagnostics:
             log.info("job %s enclave diagnostics: %s", job_id, output.enclave_diagnostics)
+        finished_at = hold_release(engine, settings, job, token, interval)
         write_release(settings.resolved_release_dir, job_id, token, payload, card)
+        if finished_at is not None:
+            _set_release_mtime(settings.resolved_release_dir, job_id, token, finished_at)
     except Superseded:
         log.warning("job %s: superseded by another run; discarding this one", job_id)
         return Outcome.superseded
@@ -534,19 +619,32 @@ def execute_job(job_id: str, settings: Settings | None = None) -> Outcome:
         kind = "a privacy guard" if isinstance(exc, GuardFailed) else "an error"
         log.exception("job %s failed on %s", job_id, kind)
         category = failure_category(exc, data_read=read)
-        _finish_failed(engine, job_id, token, GENERIC_FAILURE, category)
+        # A failure after the first row was read may depend on the rows (a guard): it is
+        # held to the release time like a release. One before it depends on public facts.
+        try:
+            failed_at = hold_release(engine, settings, job, token, interval) if read else None
+        except Superseded:
+            log.warning("job %s: superseded while its failure was held", job_id)
+            return Outcome.superseded
+        _finish_failed(engine, job_id, token, GENERIC_FAILURE, category, failed_at)
         return Outcome.failed
-    return _release_with_retries(engine, job_id, token, digest, card)
+    return _release_with_retries(engine, job_id, token, digest, card, finished_at)
 
 
 def _release_with_retries(
-    engine: Engine, job_id: str, token: str, digest: str, card: dict[str, Any]
+    engine: Engine,
+    job_id: str,
+    token: str,
+    digest: str,
+    card: dict[str, Any],
+    finished_at: datetime | None = None,
 ) -> Outcome:
     """The release transaction, retried while the ledger is unreachable (the model is
-    already written under the run token; releasing it is idempotent by compare-and-set)."""
+    already written under the run token; releasing it is idempotent by compare-and-set).
+    ``finished_at``: the release time under the hold (None: now)."""
     for delay in (*RELEASE_RETRY_DELAYS_S, None):
         try:
-            return _release(engine, job_id, token, digest, card)
+            return _release(engine, job_id, token, digest, card, finished_at)
         except DBAPIError as exc:
             if not _transient(exc):
                 raise
@@ -558,7 +656,14 @@ def _release_with_retries(
     raise AssertionError("unreachable")  # pragma: no cover
 
 
-def _release(engine: Engine, job_id: str, token: str, digest: str, card: dict[str, Any]) -> Outcome:
+def _release(
+    engine: Engine,
+    job_id: str,
+    token: str,
+    digest: str,
+    card: dict[str, Any],
+    finished_at: datetime | None = None,
+) -> Outcome:
     with transaction(engine) as s:
         job = lock_job(s, job_id)
         if job is None or job.run_token != token or job.status != JobStatus.running:
@@ -569,5 +674,5 @@ def _release(engine: Engine, job_id: str, token: str, digest: str, card: dict[st
         job.status = JobStatus.released
         job.stage_reached = JobStage.released
         job.progress_step = job.progress_total = int(job.progress_total or job.progress_step)
-        job.finished_at = datetime.now(UTC)
+        job.finished_at = finished_at or datetime.now(UTC)
     return Outcome.released

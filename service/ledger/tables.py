@@ -136,6 +136,9 @@ class Job(Base):
     started_at: Mapped[datetime | None]
     heartbeat_at: Mapped[datetime | None]
     finished_at: Mapped[datetime | None]
+    # The public release time's first grid point, started_at + D (migration 0012,
+    # service/release_hold.py), set at the claim when the release hold is on; NULL: no hold.
+    release_at: Mapped[datetime | None]
     # What the worker recorded of the run, for the admin only (issue 26, migration 0007;
     # worker/runner.py). NULL: a job older than the record. data_read is set in the same
     # update as data_touched, just before the first private byte is read.
