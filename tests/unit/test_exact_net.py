@@ -418,6 +418,19 @@ def _awkward_rows(n: int, d: int, *, seed: int) -> tuple[torch.Tensor, torch.Ten
     return x, y
 
 
+def _nonzero_fast_sums(exact: en.ExactNetClipper, x: torch.Tensor, y: torch.Tensor) -> int:
+    """The clipper's fast path (``exact(x, y)``) against its general path on batches of
+    0, 1, 37, 1025 and 2100 rows: the same int64 sums; how many are not all zero."""
+    nonzero = 0
+    for n in (0, 1, 37, 1025, 2100):
+        fast = exact(x[:n], y[:n])
+        general = exact._general_sum(x[:n], y[:n], None)
+        assert fast.dtype == torch.int64
+        assert torch.equal(fast, general), n
+        nonzero += int(fast.abs().sum() > 0)
+    return nonzero
+
+
 @pytest.mark.parametrize("d", [1, 24, 104])
 def test_logistic_fast_path_is_the_general_paths_bits(d: int) -> None:
     """ExactNetClipper's numpy path for logistic regression (_logistic_sum) against the
@@ -437,13 +450,7 @@ def test_logistic_fast_path_is_the_general_paths_bits(d: int) -> None:
                     module, grid_bits=grid_bits, max_grad_norm=clip, parameters=d + 1
                 )
                 assert exact._logistic
-                for n in (0, 1, 37, 1025, 2100):
-                    rows = (x if dtype == torch.float32 else x64)[:n]
-                    fast = exact(rows, y[:n])
-                    general = exact._general_sum(rows, y[:n], None)
-                    assert fast.dtype == torch.int64
-                    assert torch.equal(fast, general), (std, dtype, clip, grid_bits, n)
-                    checked += int(fast.abs().sum() > 0)
+                checked += _nonzero_fast_sums(exact, x if dtype == torch.float32 else x64, y)
     assert checked > 30  # the sums are not all zero
     module = _model(LogisticSpec(), d, seed=72)
     exact = en.ExactNetClipper(module, grid_bits=GRID_BITS, max_grad_norm=1.0, parameters=d + 1)
@@ -457,3 +464,74 @@ def test_logistic_fast_path_is_the_general_paths_bits(d: int) -> None:
     for call in (exact, lambda a, b: exact._general_sum(a, b, None)):
         with pytest.raises(PlanMismatch, match="not finite"):
             call(x[:0], y[:0])
+
+
+@pytest.mark.parametrize(
+    ("hidden", "activation", "d"),
+    [
+        ([16], "tanh", 24),
+        ([300], "tanh", 104),
+        ([64, 16], "tanh", 24),
+        ([16], "relu", 24),
+        ([64, 16], "relu", 24),
+        ([1], "tanh", 1),
+    ],
+)
+def test_mlp_fast_path_is_the_general_paths_bits(
+    hidden: list[int], activation: str, d: int
+) -> None:
+    """ExactNetClipper's numpy path for MLPs (_mlp_sum, blocked by rows) against the general
+    path through row_signals and contributions (_general_sum): the same int64 sums for
+    small, large and float64 parameters, C ∈ {1, 0.05}, grids 2^20 and 2^12, empty
+    batches and batches of 1 to 3 chunks (and of several row blocks), on awkward rows; the
+    same refusals."""
+    x, y = _awkward_rows(2100, d, seed=80 + d)
+    x64 = (torch.floor(x.double() * 2.0**18) + (1.0 - 2.0**-12)) * 2.0**-18
+    spec = MlpSpec(hidden=hidden, activation=activation)
+    p = parameter_count(spec, d)
+    checked = 0
+    for std in (0.3, 4.0):
+        for dtype in (torch.float32, torch.float64):
+            module = _model(spec, d, seed=81, std=std).to(dtype)
+            for clip, grid_bits in ((1.0, GRID_BITS), (0.05, GRID_BITS), (1.0, 12)):
+                exact = en.ExactNetClipper(
+                    module, grid_bits=grid_bits, max_grad_norm=clip, parameters=p
+                )
+                assert exact._mlp
+                checked += _nonzero_fast_sums(exact, x if dtype == torch.float32 else x64, y)
+    assert checked > 20  # the sums are not all zero (deep ReLU at std 4: every row invalid)
+    module = _model(spec, d, seed=82)
+    with torch.no_grad():  # a zero output layer keeps the hidden gradients valid (0)
+        module.net[-1].weight.zero_()
+    exact = en.ExactNetClipper(module, grid_bits=GRID_BITS, max_grad_norm=1.0, parameters=p)
+    huge = torch.zeros(3)
+    huge[1] = 1e12  # |b| ≈ 2^60: beyond the output column norm's exact range
+    for call in (exact, lambda a, b: exact._general_sum(a, b, None)):
+        with pytest.raises(PlanMismatch, match="exact engine's range"):
+            call(torch.rand(3, d), huge)
+    with torch.no_grad():
+        next(module.parameters()).view(-1)[0] = float("nan")
+    for call in (exact, lambda a, b: exact._general_sum(a, b, None)):
+        with pytest.raises(PlanMismatch, match="not finite"):
+            call(x[:0], y[:0])
+
+
+@pytest.mark.parametrize("scale_bits", [-92, -40, -20, 0, 5, 1000])
+@pytest.mark.parametrize("out_bits", [0, 16, 60])
+def test_tanh_grid_block_is_the_reference_sequence(scale_bits: int, out_bits: int) -> None:
+    """fixed_point.tanh_grid_block's shorter route (fewer passes: its docstring) against
+    tanh_on_grid's original sequence of operations, one numpy pass each (× 2^s, × 2, σ̃ of
+    the unblocked reference, × 2, − 1, × 2^o, round): the same bits, NaN's sign included,
+    for integers up to 2^53, ±0, NaN, ±inf, and scales where z·2^s overflows."""
+    rng = np.random.default_rng(61)
+    z = np.round(rng.standard_normal(5000) * np.exp2(rng.integers(0, 53, size=5000)))
+    z[:8] = [0.0, -0.0, np.nan, np.inf, -np.inf, 2.0**53, -(2.0**53), 1.0]
+    if scale_bits < 0:  # integers either side of where |2z·2^s| reaches 64 (the clamp)
+        edge = 2.0 ** (5 - scale_bits)
+        z[8:14] = [edge - 1, edge, edge + 1, -edge + 1, -edge, -edge - 1]
+    with np.errstate(all="ignore"):
+        s = _sigmoid_unblocked(2.0 * (z * 2.0**scale_bits))
+        want = np.rint((2.0 * s - 1.0) * 2.0**out_bits)
+        got = np.empty_like(z)
+        fp.tanh_grid_block(z, scale_bits=scale_bits, out_bits=out_bits, out=got)
+    assert np.array_equal(got.view(np.int64), want.view(np.int64))

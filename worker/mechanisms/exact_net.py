@@ -67,9 +67,14 @@ Route (a) of the issue, exact fixed-point arithmetic through the network. Notati
   run in place. Logistic regression (one layer, one logit, d + 1 ≤ 2^14) on the CPU takes
   :meth:`ExactNetClipper._logistic_sum`: the same operations per element in numpy, whose
   per-call cost suits a step's few hundred rows better than torch's, with fewer passes
-  where two routes give the same bits (each argued beside it). Each is argued where it is
-  made; tests/unit/test_exact_net.py's golden sha256 pins the sums to those of the code
-  before (cb078aa), and a test compares the logistic path with the general one.
+  where two routes give the same bits (each argued beside it). MLPs on the CPU take
+  :meth:`ExactNetClipper._mlp_sum`: the same operations per element in numpy, a chunk
+  worked through in blocks of rows (every value before the chunk's sum is a function of
+  its row alone, so blocking changes no bit) with each block's forward, backward, norms
+  and weights in cache, tanh̃ by fixed_point.tanh_grid_block (fewer passes, the same
+  bits: argued there). Each is argued where it is made; tests/unit/test_exact_net.py's
+  golden sha256 pins the sums to those of the code before (cb078aa), and tests compare
+  the logistic and MLP paths with the general one.
 
 **Sensitivity.** With z_i the exact contribution of row i (batch-independent, ‖z_i‖ ≤ c_row)
 and S = round(Σ_i z_i) coordinatewise, adding one row x* changes each coordinate of the
@@ -95,12 +100,14 @@ import torch
 
 from worker.mechanisms.base import PlanMismatch
 from worker.mechanisms.fixed_point import (
+    _BLOCK,
     MAX_GRID_BITS,
     _sigmoid_block,
     parameters_on_grid,
     pow2,
     pow2_tensor,
     sigmoid_basic,
+    tanh_grid_block,
     tanh_on_grid,
 )
 from worker.mechanisms.guards import GuardFailed, positive_finite
@@ -134,7 +141,6 @@ _MARGIN: Final[float] = 2.0**-20  # the weights aim at c_row·(1 − 2^-20)
 # Exact powers of two of the logistic path (ExactNetClipper._logistic_sum).
 _P_C: Final[float] = math.ldexp(1.0, FEATURE_BITS)
 _P_INV_C: Final[float] = math.ldexp(1.0, -FEATURE_BITS)
-_P_HALF_C: Final[float] = math.ldexp(1.0, FEATURE_BITS - 1)
 _P_GRAD: Final[float] = math.ldexp(1.0, GRAD_BITS)
 _P_INV_GRAD: Final[float] = math.ldexp(1.0, -GRAD_BITS)
 
@@ -176,15 +182,10 @@ def layer_grids(module: torch.nn.Module) -> tuple[list[LayerGrid], Literal["tanh
     with max|θ_l| < 2^e (frexp's exponent), so rounding keeps |θ_int| ≤ 2^m_l. Public: a
     function of the parameters alone."""
     layers, activation = _linears(module)
-    relu_range = RELU_RANGE_BITS if activation == "relu" else 0
     grids = []
-    for index, layer in enumerate(layers):
-        d_out, d_in = layer.weight.shape
+    for index, (layer, room) in enumerate(zip(layers, _rooms(module), strict=True)):
+        d_out = layer.weight.shape[0]
         in_bits = FEATURE_BITS if index == 0 else HIDDEN_BITS
-        in_range = 0 if index == 0 else relu_range
-        room = _EXACT - (in_bits + in_range + _ceil_log2(d_in + 1))
-        if index > 0:
-            room = min(room, _EXACT - (GRAD_BITS + GRAD_RANGE_BITS + _ceil_log2(d_out)))
         w_int, b_int, bits = parameters_on_grid(layer.weight, layer.bias, range_bits=room)
         if b_int is None:
             b_int = torch.zeros(d_out, dtype=torch.float64, device=w_int.device)
@@ -197,6 +198,22 @@ def layer_grids(module: torch.nn.Module) -> tuple[list[LayerGrid], Literal["tanh
             )
         )
     return grids, activation
+
+
+def _rooms(module: torch.nn.Module) -> list[int]:
+    """:func:`layer_grids`' m_l per layer, a function of the layers' shapes alone."""
+    layers, activation = _linears(module)
+    relu_range = RELU_RANGE_BITS if activation == "relu" else 0
+    rooms = []
+    for index, layer in enumerate(layers):
+        d_out, d_in = layer.weight.shape
+        in_bits = FEATURE_BITS if index == 0 else HIDDEN_BITS
+        in_range = 0 if index == 0 else relu_range
+        room = _EXACT - (in_bits + in_range + _ceil_log2(d_in + 1))
+        if index > 0:
+            room = min(room, _EXACT - (GRAD_BITS + GRAD_RANGE_BITS + _ceil_log2(d_out)))
+        rooms.append(room)
+    return rooms
 
 
 @dataclass(frozen=True)
@@ -427,6 +444,7 @@ class ExactNetClipper:
         d_in = module.linear.weight.shape[1] if isinstance(module, Logistic) else 1 << 20
         self._logistic = _half_bits(d_in + 1) >= FEATURE_BITS + 1
         self._room = _EXACT - (FEATURE_BITS + _ceil_log2(d_in + 1))  # layer_grids' m_0
+        self._mlp = _mlp_numpy_supports(module)
 
     def contributions(
         self,
@@ -487,6 +505,8 @@ class ExactNetClipper:
             raise PlanMismatch("a batch exceeded the exact engine's row limit")
         if self._logistic and directions is None and x.device.type == "cpu":
             return self._logistic_sum(x, y)
+        if self._mlp and directions is None and x.device.type == "cpu":
+            return self._mlp_sum(x, y)
         return self._general_sum(x, y, directions)
 
     def _general_sum(
@@ -533,7 +553,7 @@ class ExactNetClipper:
         GuardFailed) is raised by the same chunk."""
         if not isinstance(self.module, Logistic):
             raise PlanMismatch("the logistic path needs logistic regression")
-        wb, bits = _logistic_grid(self.module.linear, room=self._room)
+        wb, bits = _layer_grid_np(self.module.linear, room=self._room)
         rows = x.shape[0]
         if rows == 0:
             return torch.zeros(self.parameters, dtype=torch.int64)
@@ -552,13 +572,7 @@ class ExactNetClipper:
             )
             for start in range(0, rows, self._chunk)
         ]
-        if len(chunk_sums) == 1:  # ⌊(t + 2^(c−1))·2^-c⌋, each step exact (__call__)
-            t = chunk_sums[0]
-            t += _P_HALF_C
-            t *= _P_INV_C
-            out = torch.from_numpy(np.floor(t, out=t).astype(np.int64))
-        else:
-            out = _round_chunk_sums([torch.from_numpy(t) for t in chunk_sums], FEATURE_BITS)
+        out = _round_np_chunk_sums(chunk_sums, FEATURE_BITS)
         if out.shape != (self.parameters,):
             raise PlanMismatch("the model's parameter count differs from the plan's")
         return out
@@ -573,18 +587,10 @@ class ExactNetClipper:
         """One chunk's exact Σ_i V_i·[A_i, 2^18] (float64 integers, (d + 1,)) for
         :meth:`_logistic_sum`, ``scale`` = 2^-(18 + b) for the parameters' grid 2^-b."""
         d = features.shape[1]
-        # A = trunc(clamp(x, 0, 1)·2^18), computed in the features' own type (float32, the
-        # data's, or float64) then widened: clamp (min(max(x, 0), 1), NaN kept, as
-        # torch.clamp), the product by 2^18 (no overflow after the clamp) and the
-        # truncation are exact in float32 as in float64, and the widening is exact, so
-        # the values are row_signals'. The column 2^18 of [A, 2^18] is kept apart
-        # (contiguous arrays: numpy's fast loops); the sums below that include it are
-        # exact integer sums, the same in any order or grouping (ii).
-        low = np.maximum(features, 0.0)
-        np.minimum(low, 1.0, out=low)
-        np.multiply(low, _P_C, out=low)
-        np.trunc(low, out=low)
-        a = low.astype(np.float64, copy=False)
+        # The column 2^18 of [A, 2^18] is kept apart (contiguous arrays: numpy's fast
+        # loops); the sums below that include it are exact integer sums, the same in any
+        # order or grouping (ii).
+        a = _features_on_grid(features)
         # ‖[A, 2^18]‖² = Σ_j A_j² + 2^36, an exact integer sum (≤ 2^14·2^36 < 2^52: (ii)),
         # as _norm_sq_bounded. clamp maps ±inf into [0, 1], so a row's only non-finite
         # value is NaN, and its squared norm is NaN exactly when one of its entries is (the
@@ -642,14 +648,316 @@ class ExactNetClipper:
         total_ones = np.add.reduce(v) * _P_C if ones is None else v @ ones
         return np.concatenate((v @ a, [total_ones]))
 
+    def _mlp_sum(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """:meth:`_general_sum` for MLPs (tanh or ReLU, any depth, one logit) on the CPU, in
+        numpy, as :meth:`_logistic_sum` is for logistic regression: every element goes
+        through the same IEEE operations in the same order as :func:`row_signals` and
+        :meth:`contributions` (tanh̃ through fixed_point.tanh_grid_block, whose shorter
+        route is argued there), so the int64 S is the same bits
+        (tests/unit/test_exact_net.py compares the two paths on awkward rows and pins the
+        golden sums). Why it is faster: up to the chunk's sum every quantity of a row is
+        a function of that row alone (the module docstring), so a chunk is worked through
+        in blocks of rows of about fixed_point._BLOCK values (:meth:`_mlp_rows`), each
+        block's forward, backward, norms and weights in cache, with numpy's lower
+        per-call cost; blocking changes no bit, since no value of one row enters another
+        row's. Chunks, their sums and the rounding are :meth:`_general_sum`'s, and the
+        refusals (PlanMismatch, GuardFailed) come from the same chunk."""
+        linears, activation = _linears(self.module)
+        layers = [
+            _NpLayer.of(layer, room=room, in_bits=FEATURE_BITS if index == 0 else HIDDEN_BITS)
+            for index, (layer, room) in enumerate(zip(linears, _rooms(self.module), strict=True))
+        ]
+        rows = x.shape[0]
+        if rows == 0:
+            return torch.zeros(self.parameters, dtype=torch.int64)
+        if x.dtype not in (torch.float32, torch.float64):
+            x = x.double()
+        features = x.detach().numpy()
+        labels = y.detach().double().numpy()
+        relu = activation == "relu"
+        chunk_sums = [
+            self._mlp_chunk(
+                features[start : start + self._chunk],
+                labels[start : start + self._chunk],
+                layers,
+                relu=relu,
+            )
+            for start in range(0, rows, self._chunk)
+        ]
+        out = torch.cat(
+            [
+                _round_np_chunk_sums([sums[index] for sums in chunk_sums], layer.in_bits)
+                for index, layer in enumerate(layers)
+            ]
+        )
+        if out.shape != (self.parameters,):
+            raise PlanMismatch("the model's parameter count differs from the plan's")
+        return out
 
-def _logistic_grid(layer: torch.nn.Linear, *, room: int) -> tuple[npt.NDArray[np.float64], int]:
-    """[W_int, b_int] as one float64 vector (d + 1,) and the grid's b for logistic
-    regression: :func:`layer_grids`' one layer (``room`` = 52 − 18 − ⌈log₂(d + 1)⌉, no
-    activation range) and :func:`~worker.mechanisms.fixed_point.parameters_on_grid`'s
-    operations (widening, |·|, max, frexp, ×2^b, round half to even), in numpy."""
+    def _mlp_chunk(
+        self,
+        features: npt.NDArray[np.floating],
+        labels: npt.NDArray[np.float64],
+        layers: list[_NpLayer],
+        *,
+        relu: bool,
+    ) -> list[npt.NDArray[np.float64]]:
+        """One chunk's exact Σ_i V_l,i ⊗ [A_l, 2^c_l]_i per layer, flattened as
+        :meth:`_general_sum` flattens it (the weights row by row, then the bias column):
+        float64 integers."""
+        a = _features_on_grid(features)
+        rows = a.shape[0]
+        # ‖[A, 2^18]‖² = Σ_j A_j² + 2^36, an exact integer sum (_norm_sq_bounded; d + 1 ≤
+        # 2^14 by _mlp_numpy_supports); finite exactly where row_signals' isfinite(A).all(1)
+        # is (clamp leaves NaN as the only non-finite value: _logistic_chunk)
+        a2 = np.vecdot(a, a)
+        a2 += _P_C * _P_C
+        valid = np.isfinite(a2)
+        valid &= np.isfinite(labels)
+        hidden = [np.empty((rows, layer.weight.shape[0])) for layer in layers[:-1]]
+        scaled = [np.empty((rows, layer.weight.shape[0])) for layer in layers]
+        total = np.empty(rows)
+        step = max(1, _BLOCK // max(layer.weight.shape[0] for layer in layers))
+        for start in range(0, rows, step):
+            block = slice(start, start + step)
+            with np.errstate(all="ignore"):  # NaN/inf only on rows found invalid
+                self._mlp_rows(
+                    a[block],
+                    a2[block],
+                    valid[block],
+                    labels[block],
+                    layers,
+                    relu=relu,
+                    hidden=[h[block] for h in hidden],
+                    scaled=[v[block] for v in scaled],
+                    total=total[block],
+                )
+        # contributions()' check, after every norm of the chunk as there
+        if np.logical_or.reduce(total * _UP > self._limit):
+            raise GuardFailed(f"{self.label}: a row's contribution exceeds its bound")
+        if not np.logical_and.reduce(valid):  # masked_fill(invalid, 0) of the features
+            a[~valid] = 0.0  # (the hidden values are zeroed already)
+        sums = []
+        for v, inputs, layer in zip(scaled, [a, *hidden], layers, strict=True):
+            # Σ_i V_i ⊗ [A_i, 2^c]: exact integer products and sums (ii); the last column
+            # as 2^c·Σ_i V_i (V_i = 0 on invalid rows) is the same exact integer: its
+            # partial sums are those of the products V_i·2^c divided by 2^c.
+            weights = _matmul(v.T, inputs)
+            bias = np.add.reduce(v, axis=0)
+            bias *= pow2(layer.in_bits)
+            sums.append(np.concatenate((weights.reshape(-1), bias)))
+        return sums
+
+    def _mlp_rows(
+        self,
+        a: npt.NDArray[np.float64],
+        a2: npt.NDArray[np.float64],
+        valid: npt.NDArray[np.bool_],
+        labels: npt.NDArray[np.float64],
+        layers: list[_NpLayer],
+        *,
+        relu: bool,
+        hidden: list[npt.NDArray[np.float64]],
+        scaled: list[npt.NDArray[np.float64]],
+        total: npt.NDArray[np.float64],
+    ) -> None:
+        """One block of rows of :meth:`_mlp_chunk`: row_signals then contributions, in
+        numpy, writing the hidden activations (zeroed on invalid rows), the V_l and the
+        rows' U_i/(1 + 2^-40) into the chunk's arrays and updating ``valid`` and ``a2`` (views
+        of the chunk's). Each step names the general path's operation it repeats."""
+        last = len(layers) - 1
+        inputs = a
+        numerators = []
+        for index, layer in enumerate(layers):
+            # [A, 2^c]·[W_int, b_int]ᵀ as A·W_intᵀ + 2^c·b_int: the same exact integer (ii)
+            z = _matmul(inputs, layer.weight.T)
+            z += layer.bias
+            if index == last:
+                break
+            numerators.append(z)
+            shift = -(layer.in_bits + layer.bits)
+            h = hidden[index]
+            if relu:  # round(clamp(Z, min=0)·2^(shift + 16)); max ≤ 2^24 (NaN: invalid)
+                np.maximum(z, 0.0, out=h)
+                h *= pow2(shift + HIDDEN_BITS)
+                np.rint(h, out=h)
+                valid &= np.maximum.reduce(h, axis=1) <= pow2(HIDDEN_BITS + RELU_RANGE_BITS)
+            else:
+                tanh_grid_block(z, scale_bits=shift, out_bits=HIDDEN_BITS, out=h)
+            inputs = h
+        out_layer = layers[last]
+        logit = z[:, 0] * pow2(-(out_layer.in_bits + out_layer.bits))
+        b = _sigmoid_block(logit, logit)  # σ̃ (one block, the same operations), in place
+        b -= labels  # round((σ̃ − y)·2^20), half to even
+        b *= _P_GRAD
+        np.rint(b, out=b)
+        grads: list[npt.NDArray[np.float64]] = [b[:, None]]
+        largest: list[npt.NDArray[np.float64]] = []
+        grad_limit = pow2(GRAD_BITS + GRAD_RANGE_BITS)
+        for index in range(last, 0, -1):
+            layer = layers[index]
+            upper = grads[0]
+            # T = B·W_int: for one output a single product per element (one rounding, as
+            # the matrix product's; exact on a valid row), else a product of integers (ii)
+            t = upper * layer.weight if upper.shape[1] == 1 else _matmul(upper, layer.weight)
+            if relu:  # round(T·2^-b)·[Z > 0]
+                t *= pow2(-layer.bits)
+                np.rint(t, out=t)
+                t *= numerators[index - 1] > 0
+            else:  # round(T·(2^32 − H²)·2^-(b + 32)); 2^32 − H² exact (|H| ≤ 2^16)
+                factor = np.multiply(hidden[index - 1], hidden[index - 1])
+                np.subtract(pow2(2 * HIDDEN_BITS), factor, out=factor)
+                t *= factor
+                t *= pow2(-(layer.bits + 2 * HIDDEN_BITS))
+                np.rint(t, out=t)
+            # max|B| ≤ L ⇔ max B ≤ L and min B ≥ −L (NaN compares false both ways); the
+            # row maxima serve norm_sq_upper below
+            top = np.maximum.reduce(np.abs(t), axis=1)
+            valid &= top <= grad_limit
+            grads.insert(0, t)
+            largest.insert(0, top)
+        invalid = None if np.logical_and.reduce(valid) else ~valid
+        if invalid is not None:  # masked_fill(invalid, 0)
+            a2[invalid] = 0.0
+            for v in (*hidden, *grads, *largest):
+                v[invalid] = 0.0
+        # contributions(): the inputs' norms (_input_norm_sq), the grads' (norm_sq_upper)
+        in_sq = [a2]
+        for h in hidden:
+            if relu:
+                column = (
+                    pow2(HIDDEN_BITS)
+                    if invalid is None
+                    else np.where(valid, pow2(HIDDEN_BITS), 0.0)
+                )
+                in_sq.append(
+                    _norm_sq_upper_np(np.column_stack((h, np.broadcast_to(column, valid.shape))))
+                )
+            else:  # ‖[H, 2^16]‖² = Σ H² + 2^32, exact (_norm_sq_bounded)
+                h2 = np.vecdot(h, h)
+                h2 += (
+                    pow2(2 * HIDDEN_BITS)
+                    if invalid is None
+                    else np.where(valid, pow2(2 * HIDDEN_BITS), 0.0)
+                )
+                in_sq.append(h2)
+        grad_sq = [_norm_sq_upper_np(g, top) for g, top in zip(grads[:-1], largest, strict=True)]
+        grad_sq.append(_column_norm_sq(b))
+        n_sq = np.zeros_like(a2)
+        r_sq = np.zeros_like(a2)
+        for a_sq, b_sq, g, layer in zip(in_sq, grad_sq, grads, layers, strict=True):
+            c = layer.in_bits
+            n_sq = n_sq + b_sq * a_sq * pow2(-2 * (GRAD_BITS + c))
+            r_sq = r_sq + a_sq * (0.25 * g.shape[1]) * pow2(-2 * c)
+        norm = np.sqrt(n_sq) * _UP
+        slack = np.sqrt(r_sq) * _UP
+        with np.errstate(divide="ignore", invalid="ignore"):
+            w = (self._target - slack) / norm
+        np.maximum(w, 0.0, out=w)  # clamp(·, 0, units), NaN kept
+        np.minimum(w, self._units, out=w)
+        if invalid is not None:
+            w[invalid] = 0.0
+        column = w[:, None]
+        sums = np.zeros_like(a2)
+        for index, (g, a_sq, layer) in enumerate(zip(grads, in_sq, layers, strict=True)):
+            v = np.multiply(g, column, out=scaled[index])  # round(B·w·2^-20)
+            v *= _P_INV_GRAD
+            np.rint(v, out=v)
+            v_sq = _column_norm_sq(v[:, 0]) if index == last else _norm_sq_upper_np(v)
+            sums = sums + v_sq * a_sq * pow2(-2 * layer.in_bits)
+        total[:] = sums
+
+
+@dataclass(frozen=True)
+class _NpLayer:
+    """A :class:`LayerGrid` for :meth:`ExactNetClipper._mlp_sum`: W_int (d_out, d_in) and
+    2^c·b_int (exact: a power-of-two scaling of an integer ≤ 2^m) as numpy arrays."""
+
+    weight: npt.NDArray[np.float64]
+    bias: npt.NDArray[np.float64]
+    bits: int
+    in_bits: int
+
+    @classmethod
+    def of(cls, layer: torch.nn.Linear, *, room: int, in_bits: int) -> _NpLayer:
+        """:func:`layer_grids`' grid of one layer (``room``: its m_l), in numpy."""
+        d_out, d_in = layer.weight.shape
+        theta, bits = _layer_grid_np(layer, room=room)
+        bias = theta[d_out * d_in :] * pow2(in_bits)
+        return cls(theta[: d_out * d_in].reshape(d_out, d_in), bias, bits, in_bits)
+
+
+def _matmul(a: npt.NDArray[np.float64], b: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
+    """a @ b through torch (no copies): torch's BLAS keeps torch's thread setting, where
+    numpy's OpenBLAS spins its own threads (≈ 100× slower on small products on a busy
+    machine). The operands are integer-valued with partial sums ≤ 2^52, so the product is
+    the same exact integers whatever kernel computes it (ii)."""
+    return (torch.from_numpy(a) @ torch.from_numpy(b)).numpy()
+
+
+def _mlp_numpy_supports(module: torch.nn.Module) -> bool:
+    """Whether :meth:`ExactNetClipper._mlp_sum` computes ``module``: an MLP with one logit
+    whose feature norms take _norm_sq_bounded (d + 1 ≤ 2^14) and, for tanh, whose hidden
+    layers' too (width + 1 ≤ 2^18); the general path takes the others."""
+    if not isinstance(module, Mlp):
+        return False
+    layers, activation = _linears(module)
+    if layers[-1].weight.shape[0] != 1 or len(layers) < 2:
+        return False
+    if _half_bits(layers[0].weight.shape[1] + 1) < FEATURE_BITS + 1:
+        return False
+    return activation == "relu" or all(
+        _half_bits(layer.weight.shape[0] + 1) >= HIDDEN_BITS + 1 for layer in layers[:-1]
+    )
+
+
+def _norm_sq_upper_np(
+    v: npt.NDArray[np.float64], largest: npt.NDArray[np.float64] | None = None
+) -> npt.NDArray[np.float64]:
+    """:func:`norm_sq_upper` of integer-valued v (rows, width) in numpy, the same operations
+    (``largest``: the row maxima of |v| when the caller has them). When every row's
+    maximum is below 2^h, every shift s is 0, q = |v| and U = Σ q²·1 = Σ v², the same exact
+    integer sum, without the scaling (a NaN maximum takes the general branch)."""
+    rows, width = v.shape
+    half = _half_bits(width)
+    magnitude = None
+    if largest is None:
+        magnitude = np.abs(v)
+        largest = np.maximum.reduce(magnitude, axis=1) if width else np.zeros(rows)
+    if not rows or np.maximum.reduce(largest) < pow2(half):
+        return np.vecdot(v, v)
+    _, exponent = np.frexp(largest)
+    shift = np.maximum(exponent.astype(np.int64) - half, 0)
+    if int(shift.max()) > 31:  # 4^s must stay an exact int64 shift
+        raise PlanMismatch("a value exceeded the exact engine's range")
+    magnitude = np.abs(v) if magnitude is None else magnitude
+    q = np.ceil(np.ldexp(magnitude, -shift[:, None]))  # exact scaling, ceiling
+    return np.ldexp(np.vecdot(q, q), 2 * shift)
+
+
+def _features_on_grid(features: npt.NDArray[np.floating]) -> npt.NDArray[np.float64]:
+    """A = trunc(clamp(x, 0, 1)·2^18) as float64, computed in the features' own type
+    (float32, the data's, or float64) then widened: clamp (min(max(x, 0), 1), NaN kept, as
+    torch.clamp), the product by 2^18 (no overflow after the clamp) and the truncation are
+    exact in float32 as in float64, and the widening is exact, so the values are
+    row_signals'. A fresh array."""
+    low = np.maximum(features, 0.0)
+    np.minimum(low, 1.0, out=low)
+    np.multiply(low, _P_C, out=low)
+    np.trunc(low, out=low)
+    return low.astype(np.float64, copy=False)
+
+
+def _layer_grid_np(layer: torch.nn.Linear, *, room: int) -> tuple[npt.NDArray[np.float64], int]:
+    """[W_int, b_int] as one float64 vector (d_out·d_in + d_out,: W row by row, then b)
+    and the grid's b: :func:`layer_grids`' layer for ``room`` (its m_l; logistic
+    regression's 52 − 18 − ⌈log₂(d + 1)⌉) and
+    :func:`~worker.mechanisms.fixed_point.parameters_on_grid`'s operations (widening, |·|,
+    max, frexp, ×2^b, round half to even), in numpy."""
     weight = layer.weight.detach().numpy().reshape(-1)
-    bias = layer.bias.detach().numpy() if layer.bias is not None else np.zeros(1)
+    bias = (
+        layer.bias.detach().numpy() if layer.bias is not None else np.zeros(layer.weight.shape[0])
+    )
     theta = np.concatenate((weight, bias), dtype=np.float64)  # widening: exact
     largest = float(np.maximum.reduce(np.abs(theta)))
     if not math.isfinite(largest):
@@ -675,6 +983,18 @@ def _column_norm_sq(v: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
         raise PlanMismatch("a value exceeded the exact engine's range")
     q = np.ceil(np.ldexp(magnitude, -shift))
     return np.ldexp(q * q, 2 * shift)
+
+
+def _round_np_chunk_sums(chunks: list[npt.NDArray[np.float64]], c: int) -> torch.Tensor:
+    """:meth:`ExactNetClipper._general_sum`'s rounding of the numpy paths' chunk sums (exact
+    integers, float64): one chunk as ⌊(t + 2^(c−1))·2^-c⌋ in float64, in place, each step
+    exact (__call__), several through :func:`_round_chunk_sums`."""
+    if len(chunks) == 1:
+        t = chunks[0]
+        t += pow2(c - 1)
+        t *= pow2(-c)
+        return torch.from_numpy(np.floor(t, out=t).astype(np.int64))
+    return _round_chunk_sums([torch.from_numpy(t) for t in chunks], c)
 
 
 def _round_chunk_sums(chunks: list[torch.Tensor], c: int) -> torch.Tensor:

@@ -210,6 +210,49 @@ def _sigmoid_basic_numpy(z: np.ndarray) -> np.ndarray:
     return out.reshape(z.shape)
 
 
+def tanh_grid_block(
+    z: np.ndarray, *, scale_bits: int, out_bits: int, out: np.ndarray
+) -> np.ndarray:
+    """out = round(tanh̃(z·2^s)·2^o) for one block of integer-valued (or non-finite) float64
+    z, |z| < 2^53, s ≥ −1000 and o ≤ 60 (``out`` may be a strided view, not ``z``): the
+    values of :func:`tanh_on_grid`'s sequence (× 2^s, × 2, |·|, min(·, 64), × 2^-6, −v,
+    Horner p·(−v) + 1/j! from p = 1/18!, six squarings, max(p, 0), 1 + e, (z ≥ 0 ? 1 : e)
+    ÷ (1 + e), × 2, − 1, × 2^o, round half to even) in 54 passes instead of 58, by
+    identities that hold for every float64 and change no bit (NaN's sign included: the
+    same negation flips it):
+
+    * min(|z·2^s·2|, 64)·2^-6 = min(|z|·2^(s−5), 1): scalings by powers of two are exact
+      while no result is subnormal or infinite; a nonzero |z| ≥ 1 (an integer) times
+      2^(s−5) ≥ 2^-1005 is normal, and where z·2^(s+1) or |z|·2^(s−5) overflows, both sides
+      are 1 (the overflow is ≥ 64 resp. ≥ 1, the clamp gives 64·2^-6 resp. 1). NaN stays NaN.
+    * Horner's first step (1/18!)·(−v) + 1/17! as (−v)·(1/18!) + 1/17!: the product
+      commutes, and the constant 1/18! need not be written out first.
+    * max(p, 0) after a squaring is p: a product x·x is never negative (NaN stays NaN).
+    * z ≥ 0 ⇔ z·2^(s+1) ≥ 0 (exact scaling keeps the sign; −0 ≥ 0 both ways; NaN false).
+    * fl(n/(1 + e))·2 then − 1 then × 2^o equals fl(n·2^(o+1)/(1 + e)) − 2^o then rounded:
+      n·2^(o+1) is exact (e ≥ 0.36^64 > 2^-100 is normal), scaling a quotient or a
+      difference by a power of two commutes with rounding away from subnormals and overflow
+      (the quotient is in [2^-100, 1], the difference 2σ̃ − 1 is 0 or ≥ 2^-54 in magnitude),
+      and 2σ̃ is exact."""
+    magnitude = np.abs(z)
+    np.multiply(magnitude, pow2(scale_bits - 5), out=magnitude)
+    np.minimum(magnitude, 1.0, out=magnitude)
+    neg = np.negative(magnitude, out=magnitude)
+    p = np.multiply(neg, _INV_FACTORIALS[_EXP_TERMS])
+    np.add(p, _INV_FACTORIALS[_EXP_TERMS - 1], out=p)
+    for j in range(_EXP_TERMS - 2, -1, -1):
+        np.multiply(p, neg, out=p)
+        np.add(p, _INV_FACTORIALS[j], out=p)
+    for _ in range(_EXP_SQUARINGS):
+        np.multiply(p, p, out=p)
+    one_plus = np.add(p, 1.0, out=neg)  # 1 + e (−v is not needed any more)
+    np.multiply(p, pow2(out_bits + 1), out=p)
+    np.copyto(p, pow2(out_bits + 1), where=z >= 0)  # numerator (z ≥ 0 ? 1 : e)·2^(o+1)
+    np.divide(p, one_plus, out=p)
+    np.subtract(p, pow2(out_bits), out=p)
+    return np.rint(p, out=out)
+
+
 def tanh_basic(z: torch.Tensor) -> torch.Tensor:
     """tanh̃(z) = 2σ̃(2z) − 1 ∈ [−1, 1], elementwise from basic operations (2z and 2σ̃ are
     exact; the subtraction is one correctly rounded operation)."""
@@ -241,17 +284,15 @@ def tanh_on_grid(
     out = np.empty((rows, width + (append is not None)), dtype=np.float64)
     if append is not None:
         out[:, width] = append
-    scale, up = pow2(scale_bits), pow2(out_bits)
     step = max(1, _BLOCK // max(width, 1))
     for start in range(0, rows, step):
         stop = min(start + step, rows)
-        block = np.multiply(matrix[start:stop], scale)
-        np.multiply(block, 2.0, out=block)
-        _sigmoid_block(block, block)
-        np.multiply(block, 2.0, out=block)
-        np.subtract(block, 1.0, out=block)
-        np.multiply(block, up, out=block)
-        np.rint(block, out=out[start:stop, :width])
+        tanh_grid_block(
+            matrix[start:stop],
+            scale_bits=scale_bits,
+            out_bits=out_bits,
+            out=out[start:stop, :width],
+        )
     if append is not None:
         return torch.from_numpy(out)
     return torch.from_numpy(out.reshape(shape))
