@@ -5,14 +5,17 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import Any, Literal
 
 from pydantic import ValidationError
 
 from service.datasets.tabular import TabularSchema, parse_schema
 from service.plans import PlanError, data_kind, with_classes
+from service.privacy.calibrate.search import grid_up
 from service.schemas import JobRequest
 from service.selection.architecture import ArchitectureRequest, architecture_plan
 from service.selection.feature_plan import feature_plan
@@ -42,19 +45,17 @@ def with_total_epsilon(
     n_features: int,
     schema: TabularSchema | dict[str, Any] | None = None,
 ) -> SelectionRequest:
-    """The request with the largest per-training ε (bisection in log ε, 40 steps) whose
-    whole workflow is within (``epsilon``, ``delta``); the score's ε is kept as given.
-    Any kind with per-candidate trainings (``schema``: as for :func:`plan_selection`).
-    Raises PlanError if no calibratable per-training ε fits.
+    """The request with (up to :data:`T_TOL`, relative) the largest per-training ε whose
+    whole workflow is within (``epsilon``, ``delta``), found by :func:`largest_within`;
+    the score's ε is kept as given. Any kind with per-candidate trainings (``schema``: as
+    for :func:`plan_selection`). Raises PlanError if no calibratable per-training ε fits.
 
-    Cost: ~44 whole plans (each calibrates σ per privacy setting), most of a selection
+    Cost: the doubling start (~4 plans) and ~10–17 whole plans (each calibrates σ per
+    privacy setting; a 40-step bisection planned 40 until issue 26), most of a selection
     quote's time (benchmarks/results/quote_latency.md), less the steps an earlier request
     with the same planning inputs already planned (:data:`_COSTS`: all of them for a
-    repeat; the first ~10–15 for one that differs by ~0.5 % in its workflow ε). A faster
-    search (a secant needs 7–13) would resolve a different per-training ε, hence other
-    plans: the workflow ε is not monotone at the 0.1 % scale of σ's calibration
-    tolerance, so the steps cannot be predicted either; tests/unit/test_plan_digests.py
-    holds the resolved plans fixed."""
+    repeat). The whole-workflow ε charged is the one planning computed at the returned ε,
+    at most the requested one; tests/unit/test_plan_digests.py holds the plans fixed."""
     if request.budget is None:
         raise PlanError("this request has no per-training budget to calibrate")
     kind = next(k for k, model in REQUEST_MODELS.items() if isinstance(request, model))
@@ -95,19 +96,114 @@ def with_total_epsilon(
     # calibratable t on a doubling grid up to the largest ε a training may ask for (100);
     # the cost grows with t from there.
     lo, low_cost = 1e-3, None
-    while lo <= 100.0 and (low_cost := cost(lo)) is None:
+    while lo <= T_MAX and (low_cost := cost(lo)) is None:
         lo *= 2.0
     if low_cost is None:
         # Never plannable: say why (e.g. a model that does not fit the dataset).
         raise PlanError(f"no per-training ε can be planned: {refusals[-1]}")
     if low_cost > epsilon:
         raise PlanError(f"no per-training ε fits a whole-workflow ε of {epsilon:g}")
-    hi = 100.0
-    for _ in range(40):
-        mid = (lo * hi) ** 0.5
-        c = cost(mid)
-        lo, hi = (mid, hi) if c is not None and c <= epsilon else (lo, mid)
-    return request.model_copy(update={"budget": start.model_copy(update={"training_epsilon": lo})})
+    t = largest_within(cost, lo=lo, low_cost=low_cost, target=epsilon)
+    return request.model_copy(update={"budget": start.model_copy(update={"training_epsilon": t})})
+
+
+T_MAX = 100.0
+"""The largest per-training ε :func:`with_total_epsilon` considers."""
+
+T_TOL = 2.0**-17
+"""The search's final relative bracket (7.6e-6): the per-training ε is within that of a
+larger one the whole-workflow ε does not admit (σ's own calibration tolerance is 1e-3,
+130 times coarser; below ~1e-5 the cost is a step function of t, as σ moves on its
+grid, so a finer bracket only locates one of its steps)."""
+
+T_BITS = 32
+"""Every t evaluated lies on the public grid of :func:`grid_up` with this many bits
+(2^-32 relative, 4,096 points per T_TOL), so the search's path, computed from whole-
+workflow ε whose last bits may differ between machines, is the same on every machine
+with high probability (as σ's grid, search.py)."""
+
+
+def largest_within(
+    cost: Callable[[float], float | None], *, lo: float, low_cost: float, target: float
+) -> float:
+    """A t in [``lo``, T_MAX] with cost(t) ≤ ``target`` evaluated, within T_TOL (relative)
+    of a t' with cost(t') > target evaluated (or t = T_MAX): the per-training ε of
+    :func:`with_total_epsilon`. ``cost(lo) = low_cost ≤ target``; cost(t) is None where t
+    cannot be planned (counts as too large).
+
+    A bracketing search in x = log t on g = log(cost/target), which grows with t (more
+    privacy loss per training, more in the whole) and is smooth down to ~1e-5 relative
+    (then a step function: σ moves on its grid). Phase 1 steps up from lo by the secant
+    of the last two points below the target (slope guess 1 at first; at most ×8, a little
+    past the estimated root) until a point above it; phase 2 is regula falsi (Illinois) on
+    [lo, hi], bisecting whenever the bracket did not halve in three steps, each point at
+    least T_TOL/4 inside the bracket. The returned t is always a point evaluated at or
+    below the target: the charged whole-workflow ε is what planning computed at t, never
+    an estimate. About 10–17 plans on the cases of tests/plan_cases.py, where a 40-step
+    bisection planned 40."""
+    tol = math.log1p(T_TOL)
+    x_max = math.log(T_MAX)
+
+    def g_of(c: float | None) -> float:
+        if c is None or math.isnan(c):
+            return math.inf
+        return -math.inf if c <= 0.0 else math.log(c / target)
+
+    def at(x: float) -> tuple[float, float, float, bool]:
+        """(t, log t, g, cost(t) ≤ target) at the grid point just above e^x (at most
+        T_MAX); the decision compares the costs themselves, not g (rounded)."""
+        t = min(grid_up(math.exp(x), T_BITS), T_MAX)
+        c = cost(t)
+        return t, math.log(t), g_of(c), c is not None and c <= target
+
+    low = (lo, math.log(lo), g_of(low_cost), True)
+    slope = 1.0
+    while True:  # phase 1: find a t above the target
+        if low[0] >= T_MAX:
+            return low[0]
+        step = -low[2] / slope if math.isfinite(low[2]) else math.log(8.0)
+        x = min(low[1] + min(max(1.05 * step + tol, tol), math.log(8.0)), x_max)
+        point = at(x)
+        if not point[3]:
+            high = point
+            break
+        if math.isfinite(point[2]) and math.isfinite(low[2]) and point[1] > low[1]:
+            secant = (point[2] - low[2]) / (point[1] - low[1])
+            if secant > 0.05:
+                slope = secant
+        if point[0] <= low[0]:  # no progress possible (the grid's top): done
+            return low[0]
+        low = point
+    # phase 2: regula falsi (Illinois) on [low, high] down to T_TOL
+    g_lo, g_hi = low[2], high[2]
+    kept = 0  # -1: the last point replaced low (high kept), +1: it replaced high
+    flat = False  # the last point below the target had low's cost: a step of the cost
+    widths = [high[1] - low[1]]
+    while high[1] - low[1] > tol:
+        width = high[1] - low[1]
+        if flat or (len(widths) >= 4 and widths[-1] > 0.5 * widths[-4]):
+            x = low[1] + 0.5 * width
+        elif math.isfinite(g_lo) and math.isfinite(g_hi) and g_hi > g_lo:
+            x = low[1] - g_lo * width / (g_hi - g_lo)
+        else:
+            x = low[1] + 0.5 * width
+        x = min(max(x, low[1] + 0.25 * tol), high[1] - 0.25 * tol)
+        point = at(x)
+        if not low[0] < point[0] < high[0]:  # the grid leaves nothing in between
+            break
+        flat = point[3] and point[2] == low[2]
+        if point[3]:
+            low, g_lo = point, point[2]
+            if kept == -1:
+                g_hi *= 0.5  # Illinois: high kept twice, pull its weight down
+            kept = -1
+        else:
+            high, g_hi = point, point[2]
+            if kept == 1:
+                g_lo *= 0.5
+            kept = 1
+        widths.append(high[1] - low[1])
+    return low[0]
 
 
 def _planning_inputs(
@@ -168,10 +264,10 @@ class _Memo:
 
 
 _COSTS = _Memo(16_384)
-"""Whole-workflow ε (or the refusal) per (planning inputs, per-training ε): a quote that
-differs from an earlier one only in its workflow ε walks the same bisection until the two
-targets part (and a repeated quote walks it all), so those steps are read, not planned.
-About 44 entries per distinct request; at most a few MB."""
+"""Whole-workflow ε (or the refusal) per (planning inputs, per-training ε): a repeated
+quote walks the same search, and one that differs only in its workflow ε the same
+doubling start, so those steps are read, not planned. About 15–21 entries per distinct
+request; at most a few MB."""
 
 
 # ------------------------------------------------------------------ kind adapter

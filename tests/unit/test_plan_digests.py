@@ -18,30 +18,30 @@ GOLDEN = {
     "expm langevin": "8a059f25523a57e88c7caf3f0e8e601768d8188f58ecec6dbadb6fd81728cc17",
     "expm mcmc": "ef6f8166a9cd11dc6adae30a8ecca475c6a7b18c018a5b54a3aa33d35b3af148",
     "expm_nf": "f3ae24311ece986392b437db8cc60b893aeb24ec9919a2e59822e3c08e8f9112",
-    "architecture paas": "7797e6ce2d53db591674de307ac529841978288a84892427f0d8a004706a051d",
-    "architecture rs": "cd90252a837ecb42f3d7dfc69a25eaf27afc8cc80b2072e205c1ff77d45932b2",
+    "architecture paas": "8e7834c353cd34cb4312bd602174290720bff8788d5739d76328b80058dd16b1",
+    "architecture rs": "d8b2077835c8da0801af917cea6c61da91d3a8a8919d6364aa29b7ce3aad88a4",
     "architecture mgrs batches": (
-        "4bfc3111a2953a0acbde404ebada372483ddb16cb80c4a1f601f0cab7a8fe393"
+        "104bd27f1352ed5617f342dcf263548a4a30cc69b50921f9830c3397453216ed"
     ),
-    "architecture rs runs": "7a9f3bfabab24efd6d131232b6b64853b4dc4ea31ac95b28edcb0ba9f1dcf821",
+    "architecture rs runs": "d95b08dace8532dd8680e5f29205e6209e1bc436fc0979f4d8a878513142459e",
     "architecture rs report_noisy_max": (
-        "3d2d50dcc6db5dc9f9922e3f723de122415f546bfb4fb58d8a306d57c91332be"
+        "5bada178c3f88cc7c4e3b0f80fd7381b85ce9d711545602b32e4642cc16b1d35"
     ),
-    "architecture expm_nf": "71c7e9ab432148ad9faf1311f9a029672563c77ddec4899e33655797bffc24a8",
+    "architecture expm_nf": "0bd2bb12a2ede47bb1b6ec69acc9ca37f5567fd1f92975afc1e9d0be5c1e4075",
     "architecture given training_epsilon": (
         "64d086c56740504c651ba98c99e8d3b22baa634a63e87c8c54cb42a9eb429847"
     ),
-    "hyperparameters tnb": "1672bae7a782e524b534e8b46697abe084520cd53da5ba018de9705c3357e25c",
-    "hyperparameters grid": "0ef29fbc796f5886e640914da6c3889cbd6ae5fa49500470c7f7dbf774e1b9f4",
+    "hyperparameters tnb": "cd1069f5857d5c763c595f2bb57610933aaf0fc476e61f54b7f185b02f73923b",
+    "hyperparameters grid": "a67ff7bc6a78e88b1f0d7335d969a464a691f2dd082bbd2dcba169d73e4a922e",
     "hyperparameters poisson capped": (
-        "112b5e3509cedeaaa5b53d2c10be400045b992f5cfd07eda358f3053e4e8cbe0"
+        "dfd8747fe4ec2d1f94a1538e41a9bc9ecb3521c925ae0a0f2f754e139a8fcf43"
     ),
     "hyperparameters poisson capped, too small": (
         "222b7cc2f18b5da3f70df98ee4644aaf6a72b3c4d092414b97fc3744ccb5bd09"
     ),
     "features cfs_greedy": "665bde030b48e6f846d1ab29b46306d4fbcde4fe6335357854b6b28bdef78543",
     "features cfs_ga final": "ba89487b661a8a2c2763d38336d92fb637e38f5d2e8cfcf5608ad704468e8e82",
-    "features pafs": "66d0f83504a5910758fc8f278417dc62732e5d3fc270031644165dd2113511c8",
+    "features pafs": "fda6d9be8352f776c58c265cc8406a513872556390f1850afaed8d9749678f9d",
 }
 
 
