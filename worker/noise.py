@@ -198,11 +198,16 @@ need no accuracy guarantee:
 
 What this does NOT defend against
 ---------------------------------
-* Timing side channels. The number of rejection rounds (and so the running time) depends on
-  the noise values, not on the data; an observer of fine-grained timing learns about the
-  noise, which can weaken the guarantee (Jin et al. 2022 attack exactly this in discrete
-  samplers). Only coarse job durations should be visible outside the enclave; the residual
-  correlation between a whole job's duration and its noise is not analysed here.
+* Timing side channels inside the enclave. The number of rejection rounds (and so the
+  running time) depends on the noise values, not on the data; an observer of fine-grained
+  timing learns about the noise, which can weaken the guarantee (Jin et al. 2022 attack
+  exactly this in discrete samplers). Outside the enclave the job's duration is not shown:
+  with ENCLAVE_RELEASE_HOLD on (the default) the worker releases at a public grid time,
+  started_at + D·2^j with D from the plan's time estimate (service/release_hold.py), and
+  the analyst's progress is wall time against D. What still shows is which grid point the
+  release took (whether the run overshot D, and by how many doublings): a coarse function
+  of the run time, dominated by the machine's load, not analysed here. An observer on the
+  worker's host (CPU, power, cache timing) is out of scope.
 * Generator quality. `secure_rng` uses ChaCha20 (randomgen) keyed with 256 bits from the OS
   CSPRNG: the stream is computationally indistinguishable from random under the usual
   assumption on ChaCha20, which is a far larger gap than the e^{-800} cap or the 1e-12 bound.

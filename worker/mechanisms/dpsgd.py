@@ -12,7 +12,7 @@ that mechanism, post-processed:
    by integer comparisons and certified bounds, never by an unchecked float (the class's
    docstring has the argument), so a step costs O(q·n), not O(n). Empty batches take their
    noise step. Nothing here looks at the rows; the work depends only on n and on the
-   sampled batch sizes (timing is out of scope, below).
+   sampled batch sizes (timing: below).
 2. **Clip and sum** (the plan's engine, worker/mechanisms/grad_engines.py): adding or
    removing one example moves the int64 vector S by ≤ κ·2^k in ℓ2. For logistic
    regression and MLPs (every engine),
@@ -36,7 +36,13 @@ that mechanism, post-processed:
    ε ≥ 3.56 at claimed ε = 1 from that alone). θ is one flat buffer that the module's
    parameters view, so the step is one in-place update.
 
-Timing side channels (a step's duration grows with the sampled batch) are out of scope.
+Timing side channels: a step's duration grows with the sampled batch, so a run's duration
+grows with the private row count (q·n rows a step on average). It is not shown outside the
+enclave: with ENCLAVE_RELEASE_HOLD on (the default), the worker holds the finished job to a
+public release time fixed from the plan's time estimate (service/release_hold.py) and
+analysts see wall-time progress, never this module's step counter; what still shows is
+which grid point the release took (overshoot of the estimate by whole doublings). Timing
+observed on the worker's host itself is out of scope.
 
 Why one module (over 500 lines): the four stages above are the one mechanism the ledger
 charged, and most of the length is the Poisson sampler's exactness argument next to its
