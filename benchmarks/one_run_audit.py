@@ -1,14 +1,22 @@
-"""The one-run privacy audit (Steinke, Nasr & Jagielski 2023, arXiv:2305.08846) of DP-SGD
-logistic regression on public Adult, as `enclave admin audit` runs it (worker/audits.py):
-the ε lower bound at each claimed ε, the ceiling the test can show with m canaries, and
-the time per audit (one training run + scoring, CPU, one torch thread).
+"""The one-run privacy audit (Steinke, Nasr & Jagielski 2023, arXiv:2305.08846) of every
+auditable configuration, as `enclave admin audit` and POST /v1/admin/audits run it
+(worker/audits.py): on public Adult, logistic regression by DP-SGD (engines exact, ghost,
+jl), by ExpM (proven Langevin sampler) and by ExpM+NF (nominal, δ = 0); on the bundled
+synthetic ICU sample, GRU-D by DP-SGD. For each, the ε lower bound at each claimed ε, the
+ceiling the test can show with its m canaries, and the time per audit (data, one training
+run, scoring; CPU, one torch thread).
 
-    .venv/bin/python benchmarks/one_run_audit.py                      # ε ∈ {0.5, 1, 4}, m = 1000
-    .venv/bin/python benchmarks/one_run_audit.py --epsilons 100 --repeats 2 --tag sanity
+    .venv/bin/python benchmarks/one_run_audit.py --tag methods     # every config, ε ∈ {0.5, 1, 4}
+    .venv/bin/python benchmarks/one_run_audit.py --configs dpsgd --repeats 3   # the first slice
+    .venv/bin/python benchmarks/one_run_audit.py --configs dpsgd --epsilons 100 --repeats 2 \
+        --tag sanity_eps100
 
-Each repeat is an independent audit (fresh canaries, coins and training noise); r, the
-number of guesses, is fixed before any run (default m/5), so no correction is needed.
-Writes benchmarks/results/one_run_audit{_TAG}.md and .json with the command.
+m: --canaries on Adult (default 1,000, the issue's speed line), --icu-canaries on the ICU
+sample (default 200: the audit's limit, 10% of its 2,000 stays); fewer canaries cut the
+scoring and the ceiling, not the training time. Each repeat is an independent audit (fresh
+canaries, coins and training noise); r, the number of guesses, is fixed before any run
+(default m/5), so no correction is needed. Writes benchmarks/results/one_run_audit{_TAG}.md
+and .json with the command.
 """
 
 from __future__ import annotations
@@ -20,63 +28,123 @@ import platform
 import shlex
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from enclave.audit_cli import audit_sentence  # noqa: E402
+from service.modelspec import GrudSpec, LogisticSpec, ModelSpec  # noqa: E402
+from service.privacy.one_run_audit import epsilon_lower_bound  # noqa: E402
+from service.schemas import DpsgdOptions  # noqa: E402
 from worker.audits import run_one_run_audit  # noqa: E402
 
 RESULTS = REPO / "benchmarks" / "results"
+PURE_METHODS = ("expm_nf",)
+"""Pure ε-DP claims: audited at δ = 0, as their jobs must ask."""
+JL_PROJECTIONS = 8
+
+
+@dataclass(frozen=True)
+class Config:
+    dataset: str
+    method: str
+    model: ModelSpec
+    options: DpsgdOptions | None = None
+
+    @property
+    def engine(self) -> str:
+        if self.method != "dpsgd":
+            return ""
+        return "exact" if self.options is None else self.options.engine
+
+
+CONFIGS: dict[str, Config] = {
+    "dpsgd": Config("adult", "dpsgd", LogisticSpec()),
+    "dpsgd_ghost": Config("adult", "dpsgd", LogisticSpec(), DpsgdOptions(engine="ghost")),
+    "dpsgd_jl": Config(
+        "adult",
+        "dpsgd",
+        LogisticSpec(),
+        DpsgdOptions(engine="jl", jl_projections=JL_PROJECTIONS),
+    ),
+    "expm": Config("adult", "expm", LogisticSpec()),  # its default sampler: Langevin (proven)
+    "expm_nf": Config("adult", "expm_nf", LogisticSpec()),
+    "grud_icu": Config("icu", "dpsgd", GrudSpec()),
+}
+"""Every (dataset, method, model, engine) the audit door accepts (service/audits.py's
+AUDITABLE), each at the service's defaults."""
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--epsilons", type=float, nargs="+", default=[0.5, 1.0, 4.0])
-    ap.add_argument("--delta", type=float, default=1e-5)
-    ap.add_argument("--canaries", type=int, default=1000)
+    ap.add_argument("--configs", nargs="+", choices=list(CONFIGS), default=list(CONFIGS))
+    ap.add_argument("--delta", type=float, default=1e-5, help="δ (0 for expm_nf whatever this is)")
+    ap.add_argument("--canaries", type=int, default=1000, help="m on Adult")
+    ap.add_argument("--icu-canaries", type=int, default=200, help="m on the ICU sample")
     ap.add_argument("--guesses", type=int, default=None, help="r; default m/5")
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--confidence", type=float, default=0.95)
     ap.add_argument("--tag", default="", help="results file suffix")
     args = ap.parse_args()
     command = " ".join(["python benchmarks/one_run_audit.py", shlex.join(sys.argv[1:])]).strip()
 
     rows = []
-    for eps in args.epsilons:
-        for i in range(args.repeats):
-            a = run_one_run_audit(
-                method="dpsgd",
-                epsilon=eps,
-                delta=args.delta,
-                canaries=args.canaries,
-                guesses=args.guesses,
-                confidence=args.confidence,
-            )
-            b = a.bound
-            row = {
-                "epsilon": eps,
-                "delta": args.delta,
-                "repeat": i,
-                "canaries": b.canaries,
-                "guesses": b.guesses,
-                "correct": b.correct,
-                "epsilon_lower_bound": b.epsilon,
-                "ceiling": b.ceiling,
-                "confidence": b.confidence,
-                "noise_multiplier": a.noise_multiplier,
-                "steps": a.steps,
-                "sampling_rate": a.sampling_rate,
-                "rows": a.rows,
-                "seconds": a.seconds,
-                "sentence": audit_sentence(b),
-            }
-            rows.append(row)
-            print(
-                f"ε = {eps:g} #{i}: {row['sentence']}; {b.correct}/{b.guesses}; {a.seconds:.2f} s",
-                flush=True,
-            )
+    for name in args.configs:
+        config = CONFIGS[name]
+        canaries = args.icu_canaries if config.dataset == "icu" else args.canaries
+        delta = 0.0 if config.method in PURE_METHODS else args.delta
+        for eps in args.epsilons:
+            for i in range(args.repeats):
+                a = run_one_run_audit(
+                    method=config.method,
+                    epsilon=eps,
+                    delta=delta,
+                    canaries=canaries,
+                    dataset=config.dataset,
+                    guesses=args.guesses,
+                    confidence=args.confidence,
+                    options=config.options,
+                    model=config.model,
+                )
+                b = a.bound
+                row = {
+                    "config": name,
+                    "dataset": config.dataset,
+                    "method": config.method,
+                    "model": config.model.kind,
+                    "engine": config.engine,
+                    "epsilon": eps,
+                    "delta": delta,
+                    "repeat": i,
+                    "canaries": b.canaries,
+                    "guesses": b.guesses,
+                    "correct": b.correct,
+                    "epsilon_lower_bound": b.epsilon,
+                    "ceiling": b.ceiling,
+                    "r_ceiling": epsilon_lower_bound(
+                        canaries=b.canaries,
+                        guesses=b.guesses,
+                        correct=b.guesses,
+                        confidence=b.confidence,
+                        delta=delta,
+                    ).epsilon,
+                    "confidence": b.confidence,
+                    "noise_multiplier": a.noise_multiplier,
+                    "steps": a.steps,
+                    "sampling_rate": a.sampling_rate,
+                    "rows": a.rows,
+                    "seconds": a.seconds,
+                    "sentence": audit_sentence(b),
+                }
+                rows.append(row)
+                print(
+                    f"{name} ε = {eps:g} #{i}: {row['sentence']}; {b.correct}/{b.guesses}; "
+                    f"{a.seconds:.2f} s",
+                    flush=True,
+                )
 
     meta = {
         "command": command,
@@ -89,28 +157,39 @@ def main() -> None:
     (RESULTS / f"one_run_audit{suffix}.json").write_text(
         json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n"
     )
+    total = sum(r["seconds"] for r in rows)
     lines = [
-        "# One-run privacy audit of DP-SGD logistic regression on Adult",
+        "# One-run privacy audit of every auditable configuration",
         "",
         "Steinke, Nasr & Jagielski 2023 (arXiv:2305.08846), Theorem 3.1, black-box: m "
-        "mislabeled Adult rows as canaries, each included w.p. 1/2, ONE training run under "
-        "the plan the service builds, scores = minus each canary's loss, top r/2 guessed "
-        "in and bottom r/2 out (r fixed before the runs). worker/audits.py; "
-        "service/privacy/one_run_audit.py.",
+        "mislabeled rows (stays, on the ICU sample) as canaries, each included w.p. 1/2, ONE "
+        "training run under the plan the service builds (its defaults), scores = minus each "
+        "canary's loss under the release, top r/2 guessed in and bottom r/2 out (r fixed "
+        "before the runs). worker/audits.py; service/privacy/one_run_audit.py. Ceiling: the "
+        "bound with all m canaries guessed and every guess right, the most this test can "
+        "ever show with m canaries (what the API reports); r-ceiling: the most it can show "
+        "with the r guesses fixed here (all r right).",
         "",
         f"Command: `{command}`  ",
-        f"Run: {meta['when_utc']}; {meta['machine']}; Python {meta['python']}.",
+        f"Run: {meta['when_utc']}; {meta['machine']}; Python {meta['python']}; "
+        f"{len(rows)} audits, {total / 60:.1f} min of audit time in all.",
         "",
-        "| claimed ε | δ | repeat | m | r | v (right) | ε lower bound | ceiling (m of m right) "
-        "| σ | steps | q | seconds |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| config | data | method | model | engine | claimed ε | δ | # | m | r | v (right) "
+        "| ε lower bound | ceiling | r-ceiling | σ | steps | q | seconds |",
+        "|---|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
+
+    def fmt(value: float | None, spec: str) -> str:
+        return "—" if value is None else format(value, spec)
+
     for r in rows:
         lines.append(
-            f"| {r['epsilon']:g} | {r['delta']:g} | {r['repeat']} | {r['canaries']} "
-            f"| {r['guesses']} | {r['correct']} | {r['epsilon_lower_bound']:.3f} "
-            f"| {r['ceiling']:.3f} | {r['noise_multiplier']:.4f} | {r['steps']} "
-            f"| {r['sampling_rate']:.5f} | {r['seconds']:.2f} |"
+            f"| {r['config']} | {r['dataset']} | {r['method']} | {r['model']} "
+            f"| {r['engine'] or '—'} | {r['epsilon']:g} | {r['delta']:g} | {r['repeat']} "
+            f"| {r['canaries']} | {r['guesses']} | {r['correct']} "
+            f"| {r['epsilon_lower_bound']:.3f} | {r['ceiling']:.3f} | {r['r_ceiling']:.3f} "
+            f"| {fmt(r['noise_multiplier'], '.4f')} | {fmt(r['steps'], 'd')} "
+            f"| {fmt(r['sampling_rate'], '.5f')} | {r['seconds']:.2f} |"
         )
     (RESULTS / f"one_run_audit{suffix}.md").write_text("\n".join(lines) + "\n")
     print(f"wrote benchmarks/results/one_run_audit{suffix}.md")
