@@ -235,7 +235,14 @@ def _logsumexp(a: np.ndarray) -> float:
     ``_logsumexp``: the maximal terms are taken out of the sum (their count m), the rest
     summed as e^{a − max} by numpy's sum of the whole array (the taken-out entries as
     e^{−∞} = 0), then log1p(s/m) + log m + max. A non-finite result is left to scipy
-    (its special cases). ``tests/unit/privacy/test_calibrate_exact.py`` compares the two."""
+    (its special cases). ``tests/unit/privacy/test_calibrate_exact.py`` compares the two.
+
+    One deliberate difference: the last step's log1p and log are the C library's scalar
+    ``math.log1p``/``math.log``, not numpy's ufuncs, which on CPUs with AVX-512 run Intel's
+    SVML kernels whose last bits differ from the C library's (measured: three of the pinned
+    selection plans changed between an AMD EPYC without AVX-512 and an AVX-512 Xeon). A plan
+    must not depend on the CPU that planned it; scipy's value is then within an ulp or two,
+    and equal on CPUs without AVX-512 (``tests/unit/test_plan_cpu_independence.py``)."""
     a_max = np.max(a, axis=(0,), keepdims=True)
     mask = a == a_max
     m = np.sum(mask.astype(a.dtype), axis=(0,), keepdims=True, dtype=a.dtype)
@@ -243,8 +250,7 @@ def _logsumexp(a: np.ndarray) -> float:
     with np.errstate(divide="ignore", invalid="ignore"):
         s = np.sum(np.exp(shifted - a_max), axis=(0,), keepdims=True, dtype=a.dtype)
         s = np.where(s == 0, s, s / m)
-        out = np.log1p(s) + np.log(m) + a_max
-    value = float(out[0])
+    value = math.log1p(float(s[0])) + math.log(float(m[0])) + float(a_max[0])
     if not math.isfinite(value):
         return float(special.logsumexp(a))
     return value

@@ -23,9 +23,9 @@ GOLDEN = {
     "architecture mgrs batches": (
         "104bd27f1352ed5617f342dcf263548a4a30cc69b50921f9830c3397453216ed"
     ),
-    "architecture rs runs": "d95b08dace8532dd8680e5f29205e6209e1bc436fc0979f4d8a878513142459e",
+    "architecture rs runs": "2b59a86a5964bede45baefe63da51175b0b3f9e212a0bef4278d724cb1d95631",
     "architecture rs report_noisy_max": (
-        "5bada178c3f88cc7c4e3b0f80fd7381b85ce9d711545602b32e4642cc16b1d35"
+        "a271b94a40f8f31b03dbdbe38c83992aefcf5322c4bf43c559e007606c7847e2"
     ),
     "architecture expm_nf": "0bd2bb12a2ede47bb1b6ec69acc9ca37f5567fd1f92975afc1e9d0be5c1e4075",
     "architecture given training_epsilon": (

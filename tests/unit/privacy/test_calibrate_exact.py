@@ -78,7 +78,7 @@ def _integer_terms_before(q: float, sigma: float, alpha: int) -> np.ndarray:
 def test_logsumexp_is_scipys_bit_for_bit(log_q: float, log_sigma: float, alpha: int) -> None:
     """The integer-order series (rdp._log_a_int's terms) summed as scipy sums them."""
     terms = _integer_terms_before(math.exp(log_q), math.exp(log_sigma), alpha)
-    assert rdp._logsumexp(terms) == float(special.logsumexp(terms))
+    _assert_scipys(terms)
 
 
 @settings(max_examples=300, deadline=None)
@@ -91,7 +91,26 @@ def test_logsumexp_is_scipys_bit_for_bit(log_q: float, log_sigma: float, alpha: 
 )
 def test_logsumexp_with_ties_and_any_values(values: list[float]) -> None:
     a = np.array(values, dtype=np.float64)
-    assert rdp._logsumexp(a) == float(special.logsumexp(a))
+    _assert_scipys(a)
+
+
+def _assert_scipys(a: np.ndarray) -> None:
+    """rdp._logsumexp(a) is scipy's logsumexp up to its last step, log1p(s) + log m + max:
+    ours takes log1p from the C library, scipy from numpy, whose AVX-512 kernels differ in
+    the last bits; the sum's rounding then moves the result by an ulp of its largest term."""
+    ours, scipys = rdp._logsumexp(a), float(special.logsumexp(a))
+    if _NUMPY_LOG1P_IS_LIBM:
+        assert ours == scipys
+    else:
+        assert abs(ours - scipys) <= 2.0 * math.ulp(max(abs(float(np.max(a))), 1.0))
+
+
+def _log1p_agrees() -> bool:
+    x = np.random.default_rng(0).uniform(0.0, 64.0, 20_000)
+    return bool(np.array_equal(np.log1p(x), np.array([math.log1p(v) for v in x.tolist()])))
+
+
+_NUMPY_LOG1P_IS_LIBM = _log1p_agrees()
 
 
 def _log_a_frac_before(q: float, sigma: float, alpha: float) -> float:
