@@ -423,10 +423,9 @@ class ExactConvClipper:
         """‖z_i‖ ≤ 2^k for every row, decided exactly: max |z_ij| ≤ 2^k (as max z ≤ 2^k and
         min z ≥ −2^k: NaN compares false and fails), then Σ_j z_ij² ≤ 2^2k, the sum exact:
         in column blocks of width 2^(52 − 2k) (≥ 2^12 for k ≤ 20), each block's Σ z² is a
-        float64 dot product of integers whose terms are ≤ 2^2k and partial sums ≤ 2^52,
-        exact in any order (ii, a fused multiply-add included), and the ≤ 2^8 block sums
-        (P ≤ 2^20) are added in int64 (≤ 2^60, iv): the same integer as the int64 sum of
-        squares, without converting z."""
+        float64 row sum of exact squares (integers ≤ 2^2k) with partial sums ≤ 2^52, exact
+        in any order (ii), and the ≤ 2^8 block sums (P ≤ 2^20) are added in int64 (≤ 2^60,
+        iv): the same integer as the int64 sum of squares, without converting z."""
         if z.shape[0] == 0:
             return
         top = pow2(self.grid_bits)
@@ -434,8 +433,11 @@ class ExactConvClipper:
             raise GuardFailed(f"{self.label}: a row's contribution exceeds its bound")
         width = 1 << (_EXACT - 2 * self.grid_bits)
         squares = torch.zeros(z.shape[0], dtype=torch.int64, device=z.device)
-        for block in z.split(width, dim=1):
-            squares += torch.linalg.vecdot(block, block).to(torch.int64)
+        scratch = torch.empty_like(z)
+        for start in range(0, z.shape[1], width):
+            block = z[:, start : start + width]
+            square = torch.mul(block, block, out=scratch[:, start : start + width])
+            squares += square.sum(dim=1).to(torch.int64)
         if not bool((squares <= (1 << (2 * self.grid_bits))).all()):
             raise GuardFailed(f"{self.label}: a row's contribution exceeds its bound")
 
