@@ -182,6 +182,7 @@ def job_public(job: Job, dataset_name: str, now: datetime | None = None) -> JobP
         request=job.request,
         plan=plan,
         release_url=f"/v1/jobs/{job.id}/release" if job.status == JobStatus.released else None,
+        release_at=as_utc(job.release_at),
     )
 
 

@@ -266,10 +266,26 @@ class JobPublic(BaseModel):
     error: str | None
     created_at: datetime
     started_at: datetime | None
-    finished_at: datetime | None
+    finished_at: datetime | None = Field(
+        description=(
+            "When the job was released, failed or cancelled. Under the release hold (the "
+            "default), a run's public release time: release_at, or its next doubling from "
+            "started_at if the run overshot; never the moment the run ended."
+        )
+    )
     request: dict[str, Any]
     plan: PrivacyPlan
     release_url: str | None = None
+    release_at: datetime | None = Field(
+        default=None,
+        description=(
+            "The public release time fixed when the worker started the job: started_at + D, "
+            "D from the plan's time estimate only (service/release_hold.py). The job is "
+            "released (or fails, if it read rows) then, or at started_at + 2D, 4D, … if its "
+            "run overshoots; progress_step is the elapsed share of D meanwhile. Null: not "
+            "started, or the release hold is off."
+        ),
+    )
 
 
 class AdminJob(JobPublic):

@@ -117,6 +117,7 @@ def test_rows_and_run_speed_do_not_show(client: Any, keys: Any, settings: Settin
         views[job_id] = seen
         r = client.get(f"/v1/jobs/{job_id}", headers=auth(keys.alice)).json()
         assert datetime.fromisoformat(r["finished_at"]) == as_utc(job.finished_at)
+        assert datetime.fromisoformat(r["release_at"]) == as_utc(job.release_at)
         weights = client.get(f"/v1/jobs/{job_id}/release/weights", headers=auth(keys.alice))
         modified = parsedate_to_datetime(weights.headers["last-modified"])
         assert modified == as_utc(job.finished_at).replace(microsecond=0)  # type: ignore[union-attr]
