@@ -13,10 +13,10 @@ the workflow's ε by the quote):
   /readyz only), one process per family and repeat;
 - never-seen: distinct requests (each its own ε, and batch size for DP-SGD) in one
   running process, so every quote plans and calibrates anew; a selection's requests
-  differ in their workflow ε only, so its per-training ε's bisection reads the steps
-  the earlier ones share from service.selection.kinds' memo;
+  differ in their workflow ε only, so its per-training ε's search reads the steps
+  the earlier ones share (the doubling start) from service.selection.kinds' memo;
 - new inputs: never-seen requests that also differ in a planning input (a selection's
-  fitness ε), so no step of the bisection was planned before: a request of a kind and
+  fitness ε), so no step of the search was planned before: a request of a kind and
   shape nobody asked before;
 - repeat: one request repeated, answered from the calibration caches.
 
@@ -356,9 +356,9 @@ def main() -> None:
         f"Fresh: the first quote of a newly started API process ({args.fresh} processes per "
         f"family, each value one process). Never-seen: {args.cold} distinct requests per "
         "family in one running process (a selection's differ in their workflow ε only, so "
-        "its per-training ε's bisection reads the steps they share from the memo of "
+        "its per-training ε's search reads the steps they share from the memo of "
         "service.selection.kinds). New inputs: as many requests that also differ in a "
-        "planning input (a selection's fitness ε), so nothing of their bisection was "
+        "planning input (a selection's fitness ε), so nothing of their search was "
         f"planned before. Repeat: one request asked {args.warm} times, from the caches.",
     ]
     RESULTS.mkdir(exist_ok=True)
