@@ -487,6 +487,11 @@ def test_mlp_fast_path_is_the_general_paths_bits(
     same refusals."""
     x, y = _awkward_rows(2100, d, seed=80 + d)
     x64 = (torch.floor(x.double() * 2.0**18) + (1.0 - 2.0**-12)) * 2.0**-18
+    sparse = x.clone()  # one-hot-like: columns 0 (or −0, or < 0) on every row, one NaN
+    sparse[:, 1::3] = 0.0
+    sparse[::2, 2::3] = -0.0
+    sparse[1::2, 2::3] = -3.0
+    sparse[5, 2 % max(d, 1)] = float("nan")
     spec = MlpSpec(hidden=hidden, activation=activation)
     p = parameter_count(spec, d)
     checked = 0
@@ -499,6 +504,8 @@ def test_mlp_fast_path_is_the_general_paths_bits(
                 )
                 assert exact._mlp
                 checked += _nonzero_fast_sums(exact, x if dtype == torch.float32 else x64, y)
+                if std == 0.3 and dtype == torch.float32:  # columns left out of the products
+                    checked += _nonzero_fast_sums(exact, sparse, y)
     assert checked > 20  # the sums are not all zero (deep ReLU at std 4: every row invalid)
     module = _model(spec, d, seed=82)
     with torch.no_grad():  # a zero output layer keeps the hidden gradients valid (0)

@@ -714,6 +714,16 @@ class ExactNetClipper:
         a2 += _P_C * _P_C
         valid = np.isfinite(a2)
         valid &= np.isfinite(labels)
+        # The columns of A that are 0 on every row of the chunk (most one-hot features of a
+        # few hundred rows) are left out of both products with A: each of their terms is
+        # 0·W = ±0 in an exact integer sum, so every sum is the same integer; a zero sum may
+        # flip the sign of its 0, which nothing after sees (|·|, squares and the tests
+        # ≥ 0, > 0 agree on ±0; a ±0 term in a later exact sum is the same case again; the
+        # final ⌊(t + 2^(c−1))·2^-c⌋ is 0 for both). NaN ≠ 0: a NaN column is kept.
+        used = np.flatnonzero(np.logical_or.reduce(a != 0, axis=0))
+        compact = a[:, used]
+        first = _matmul(compact, layers[0].weight[:, used].T)
+        first += layers[0].bias  # [A, 2^18]·[W_int, b_int]ᵀ: the same exact integers (ii)
         hidden = [np.empty((rows, layer.weight.shape[0])) for layer in layers[:-1]]
         scaled = [np.empty((rows, layer.weight.shape[0])) for layer in layers]
         total = np.empty(rows)
@@ -722,7 +732,7 @@ class ExactNetClipper:
             block = slice(start, start + step)
             with np.errstate(all="ignore"):  # NaN/inf only on rows found invalid
                 self._mlp_rows(
-                    a[block],
+                    first[block],
                     a2[block],
                     valid[block],
                     labels[block],
@@ -736,13 +746,17 @@ class ExactNetClipper:
         if np.logical_or.reduce(total * _UP > self._limit):
             raise GuardFailed(f"{self.label}: a row's contribution exceeds its bound")
         if not np.logical_and.reduce(valid):  # masked_fill(invalid, 0) of the features
-            a[~valid] = 0.0  # (the hidden values are zeroed already)
+            compact[~valid] = 0.0  # (the hidden values are zeroed already)
         sums = []
-        for v, inputs, layer in zip(scaled, [a, *hidden], layers, strict=True):
+        for index, (v, layer) in enumerate(zip(scaled, layers, strict=True)):
             # Σ_i V_i ⊗ [A_i, 2^c]: exact integer products and sums (ii); the last column
             # as 2^c·Σ_i V_i (V_i = 0 on invalid rows) is the same exact integer: its
             # partial sums are those of the products V_i·2^c divided by 2^c.
-            weights = _matmul(v.T, inputs)
+            if index == 0:  # the columns left out above sum to 0
+                weights = np.zeros(layer.weight.shape)
+                weights[:, used] = _matmul(v.T, compact)
+            else:
+                weights = _matmul(v.T, hidden[index - 1])
             bias = np.add.reduce(v, axis=0)
             bias *= pow2(layer.in_bits)
             sums.append(np.concatenate((weights.reshape(-1), bias)))
@@ -750,7 +764,7 @@ class ExactNetClipper:
 
     def _mlp_rows(
         self,
-        a: npt.NDArray[np.float64],
+        first: npt.NDArray[np.float64],
         a2: npt.NDArray[np.float64],
         valid: npt.NDArray[np.bool_],
         labels: npt.NDArray[np.float64],
@@ -764,14 +778,16 @@ class ExactNetClipper:
         """One block of rows of :meth:`_mlp_chunk`: row_signals then contributions, in
         numpy, writing the hidden activations (zeroed on invalid rows), the V_l and the
         rows' U_i/(1 + 2^-40) into the chunk's arrays and updating ``valid`` and ``a2`` (views
-        of the chunk's). Each step names the general path's operation it repeats."""
+        of the chunk's); ``first`` holds the block's layer-0 numerators Z (the chunk's one
+        product). Each step names the general path's operation it repeats."""
         last = len(layers) - 1
-        inputs = a
+        z = inputs = first
         numerators = []
         for index, layer in enumerate(layers):
-            # [A, 2^c]·[W_int, b_int]ᵀ as A·W_intᵀ + 2^c·b_int: the same exact integer (ii)
-            z = _matmul(inputs, layer.weight.T)
-            z += layer.bias
+            if index > 0:
+                # [A, 2^c]·[W_int, b_int]ᵀ as A·W_intᵀ + 2^c·b_int: the same exact integer (ii)
+                z = _matmul(inputs, layer.weight.T)
+                z += layer.bias
             if index == last:
                 break
             numerators.append(z)
