@@ -50,7 +50,7 @@ def with_total_epsilon(
     the score's ε is kept as given. Any kind with per-candidate trainings (``schema``: as
     for :func:`plan_selection`). Raises PlanError if no calibratable per-training ε fits.
 
-    Cost: the doubling start (~4 plans) and ~10–17 whole plans (each calibrates σ per
+    Cost: the doubling start (~4 plans) and ~8–15 whole plans (each calibrates σ per
     privacy setting; a 40-step bisection planned 40 until issue 26), most of a selection
     quote's time (benchmarks/results/quote_latency.md), less the steps an earlier request
     with the same planning inputs already planned (:data:`_COSTS`: all of them for a
@@ -131,76 +131,85 @@ def largest_within(
     :func:`with_total_epsilon`. ``cost(lo) = low_cost ≤ target``; cost(t) is None where t
     cannot be planned (counts as too large).
 
-    A bracketing search in x = log t on g = log(cost/target), which grows with t (more
-    privacy loss per training, more in the whole) and is smooth down to ~1e-5 relative
-    (then a step function: σ moves on its grid). Phase 1 steps up from lo by the secant
-    of the last two points below the target (slope guess 1 at first; at most ×8, a little
-    past the estimated root) until a point above it; phase 2 is regula falsi (Illinois) on
-    [lo, hi], bisecting whenever the bracket did not halve in three steps, each point at
-    least T_TOL/4 inside the bracket. The returned t is always a point evaluated at or
-    below the target: the charged whole-workflow ε is what planning computed at t, never
-    an estimate. About 10–17 plans on the cases of tests/plan_cases.py, where a 40-step
-    bisection planned 40."""
+    A bracketing search on the cost, which grows with t (more privacy loss per training,
+    more in the whole) and is smooth down to ~1e-5 relative (then a step function: σ
+    moves on its grid); points are placed in x = log t, roots estimated on the cost
+    itself (linear in t: near the smallest t the score's ε dominates the cost, and a
+    straight line through two points below the target lands near or past the root where
+    log cost against log t is flat). Phase 1 steps up from lo (cost ∝ t at first, then
+    the secant of the last two points below the target; at most ×8, 5 % past the
+    estimate) until a point above the target; phase 2 is regula falsi (Illinois) on
+    [lo, hi], bisecting in log t whenever the bracket did not halve in three steps or
+    the last point below the target sat on low's step of the cost, each point at least
+    T_TOL/4 inside the bracket. The returned t is always a point evaluated at or below
+    the target: the charged whole-workflow ε is what planning computed at t, never an
+    estimate. 8–15 plans on the cases of tests/plan_cases.py, where a 40-step bisection
+    planned 40."""
     tol = math.log1p(T_TOL)
     x_max = math.log(T_MAX)
 
-    def g_of(c: float | None) -> float:
-        if c is None or math.isnan(c):
-            return math.inf
-        return -math.inf if c <= 0.0 else math.log(c / target)
-
     def at(x: float) -> tuple[float, float, float, bool]:
-        """(t, log t, g, cost(t) ≤ target) at the grid point just above e^x (at most
-        T_MAX); the decision compares the costs themselves, not g (rounded)."""
+        """(t, log t, cost(t) − target or +inf, cost(t) ≤ target) at the grid point just
+        above e^x (at most T_MAX); the decision compares the costs themselves."""
         t = min(grid_up(math.exp(x), T_BITS), T_MAX)
         c = cost(t)
-        return t, math.log(t), g_of(c), c is not None and c <= target
+        f = math.inf if c is None or math.isnan(c) else c - target
+        return t, math.log(t), f, c is not None and c <= target
 
-    low = (lo, math.log(lo), g_of(low_cost), True)
-    slope = 1.0
+    def secant_x(
+        a: tuple[float, float, float, bool],
+        b: tuple[float, float, float, bool],
+        fa: float,
+        fb: float,
+    ) -> float | None:
+        """log of the root of the line through (t_a, fa), (t_b, fb) (None: no root)."""
+        if not (math.isfinite(fa) and math.isfinite(fb)) or fa == fb:
+            return None
+        root = b[0] - fb * (b[0] - a[0]) / (fb - fa)
+        return math.log(root) if root > 0.0 and math.isfinite(root) else None
+
+    low = (lo, math.log(lo), low_cost - target, True)
+    prev: tuple[float, float, float, bool] | None = None
     while True:  # phase 1: find a t above the target
         if low[0] >= T_MAX:
             return low[0]
-        step = -low[2] / slope if math.isfinite(low[2]) else math.log(8.0)
-        x = min(low[1] + min(max(1.05 * step + tol, tol), math.log(8.0)), x_max)
+        guess = None if prev is None else secant_x(prev, low, prev[2], low[2])
+        if guess is None or guess <= low[1]:  # cost ∝ t: the first guess
+            guess = low[1] + (math.log(target / (low[2] + target)) if low[2] + target > 0 else 3)
+        x = min(low[1] + min(max(1.05 * (guess - low[1]) + tol, tol), math.log(8.0)), x_max)
         point = at(x)
         if not point[3]:
             high = point
             break
-        if math.isfinite(point[2]) and math.isfinite(low[2]) and point[1] > low[1]:
-            secant = (point[2] - low[2]) / (point[1] - low[1])
-            if secant > 0.05:
-                slope = secant
         if point[0] <= low[0]:  # no progress possible (the grid's top): done
             return low[0]
-        low = point
-    # phase 2: regula falsi (Illinois) on [low, high] down to T_TOL
-    g_lo, g_hi = low[2], high[2]
+        prev, low = low, point
+    # phase 2: regula falsi (Illinois) on the cost over t in [low, high], down to T_TOL
+    f_lo, f_hi = low[2], high[2]
     kept = 0  # -1: the last point replaced low (high kept), +1: it replaced high
     flat = False  # the last point below the target had low's cost: a step of the cost
     widths = [high[1] - low[1]]
     while high[1] - low[1] > tol:
         width = high[1] - low[1]
-        if flat or (len(widths) >= 4 and widths[-1] > 0.5 * widths[-4]):
+        root = secant_x(low, high, f_lo, f_hi)
+        if root is None or flat or (len(widths) >= 4 and widths[-1] > 0.5 * widths[-4]):
             x = low[1] + 0.5 * width
-        elif math.isfinite(g_lo) and math.isfinite(g_hi) and g_hi > g_lo:
-            x = low[1] - g_lo * width / (g_hi - g_lo)
         else:
-            x = low[1] + 0.5 * width
+            x = root
         x = min(max(x, low[1] + 0.25 * tol), high[1] - 0.25 * tol)
         point = at(x)
         if not low[0] < point[0] < high[0]:  # the grid leaves nothing in between
             break
         flat = point[3] and point[2] == low[2]
         if point[3]:
-            low, g_lo = point, point[2]
+            low, f_lo = point, point[2]
             if kept == -1:
-                g_hi *= 0.5  # Illinois: high kept twice, pull its weight down
+                f_hi *= 0.5  # Illinois: high kept twice, pull its weight down
             kept = -1
         else:
-            high, g_hi = point, point[2]
+            high, f_hi = point, point[2]
             if kept == 1:
-                g_lo *= 0.5
+                f_lo *= 0.5
             kept = 1
         widths.append(high[1] - low[1])
     return low[0]
@@ -266,7 +275,7 @@ class _Memo:
 _COSTS = _Memo(16_384)
 """Whole-workflow ε (or the refusal) per (planning inputs, per-training ε): a repeated
 quote walks the same search, and one that differs only in its workflow ε the same
-doubling start, so those steps are read, not planned. About 15–21 entries per distinct
+doubling start, so those steps are read, not planned. About 12–18 entries per distinct
 request; at most a few MB."""
 
 

@@ -18,30 +18,30 @@ GOLDEN = {
     "expm langevin": "8a059f25523a57e88c7caf3f0e8e601768d8188f58ecec6dbadb6fd81728cc17",
     "expm mcmc": "ef6f8166a9cd11dc6adae30a8ecca475c6a7b18c018a5b54a3aa33d35b3af148",
     "expm_nf": "f3ae24311ece986392b437db8cc60b893aeb24ec9919a2e59822e3c08e8f9112",
-    "architecture paas": "8e7834c353cd34cb4312bd602174290720bff8788d5739d76328b80058dd16b1",
-    "architecture rs": "d8b2077835c8da0801af917cea6c61da91d3a8a8919d6364aa29b7ce3aad88a4",
+    "architecture paas": "66636dbe0118cd8582d8cbf4fe01ab7ce1286b8f4f904825d1bb907158fc8e72",
+    "architecture rs": "ce9c544bc426d8970ed7310ca8e8c0d6cabddb465279aea4e58e186189dd86b4",
     "architecture mgrs batches": (
-        "104bd27f1352ed5617f342dcf263548a4a30cc69b50921f9830c3397453216ed"
+        "c7e7cebffab8cc8865e2e5199a468d1229410604dcaf98dd1d18b1eb5acbde0f"
     ),
-    "architecture rs runs": "2b59a86a5964bede45baefe63da51175b0b3f9e212a0bef4278d724cb1d95631",
+    "architecture rs runs": "dfa4b82dfbefb526683dc2abd20bdd42df2cb7dcfaa0146d15e2b2edfef372ad",
     "architecture rs report_noisy_max": (
-        "a271b94a40f8f31b03dbdbe38c83992aefcf5322c4bf43c559e007606c7847e2"
+        "2903e56834a1dd9014a1835cbfe91593b03caa3462dd8578c7108f77d4fbbaf6"
     ),
-    "architecture expm_nf": "0bd2bb12a2ede47bb1b6ec69acc9ca37f5567fd1f92975afc1e9d0be5c1e4075",
+    "architecture expm_nf": "e2c343cb5229676115da6f2d16e9bc0ced58512c250a4a0eb7412d08bb16228f",
     "architecture given training_epsilon": (
         "64d086c56740504c651ba98c99e8d3b22baa634a63e87c8c54cb42a9eb429847"
     ),
-    "hyperparameters tnb": "cd1069f5857d5c763c595f2bb57610933aaf0fc476e61f54b7f185b02f73923b",
-    "hyperparameters grid": "a67ff7bc6a78e88b1f0d7335d969a464a691f2dd082bbd2dcba169d73e4a922e",
+    "hyperparameters tnb": "2ecae2af1f9af4ba77b4ede2a68d30eecde6ad0768113dd704b083f979489da0",
+    "hyperparameters grid": "1d7ba656f08b58c6d6b1900671e41ec23b710603f91668644958e80dd486725c",
     "hyperparameters poisson capped": (
-        "dfd8747fe4ec2d1f94a1538e41a9bc9ecb3521c925ae0a0f2f754e139a8fcf43"
+        "693cf2bab2dea813004348fd7f5408fb90ca92c8e8fdc2677608b1c9acb04a35"
     ),
     "hyperparameters poisson capped, too small": (
         "222b7cc2f18b5da3f70df98ee4644aaf6a72b3c4d092414b97fc3744ccb5bd09"
     ),
     "features cfs_greedy": "665bde030b48e6f846d1ab29b46306d4fbcde4fe6335357854b6b28bdef78543",
     "features cfs_ga final": "ba89487b661a8a2c2763d38336d92fb637e38f5d2e8cfcf5608ad704468e8e82",
-    "features pafs": "fda6d9be8352f776c58c265cc8406a513872556390f1850afaed8d9749678f9d",
+    "features pafs": "2c4be0b52fdf082bb261f09b7759770dac82bc2aabfc707983905dbda391220b",
 }
 
 
