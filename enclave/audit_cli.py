@@ -41,7 +41,9 @@ def _positive(name: str, value: float) -> float:
 def admin_audit(
     method: Annotated[
         str,
-        typer.Option(help="The method to audit: dpsgd, expm or expm_nf on adult; dpsgd on icu."),
+        typer.Option(
+            help="The method to audit: dpsgd, expm or expm_nf on adult; dpsgd or expm_nf on icu."
+        ),
     ],
     epsilon: Annotated[float, typer.Option(help="The claimed ε of the audited plan.")],
     delta: Annotated[float, typer.Option(help="The claimed δ of the audited plan.")],

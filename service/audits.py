@@ -10,9 +10,10 @@ the figures are shown to the admin only.
 Which (dataset, method, model) can be audited (:data:`AUDITABLE`): on public Adult
 (tabular), logistic regression by DP-SGD (any engine), by ``expm`` (its default, proven
 Langevin sampler) and by ``expm_nf`` (nominal; δ = 0 as for its jobs); on the bundled
-synthetic ICU sample (time series), GRU-D by DP-SGD. The canaries' scores are minus their
-loss under the released model, so a model family the worker cannot score, or a method
-whose release is not one model of that family, is refused. A registered dataset is never
+synthetic ICU sample (time series), GRU-D by DP-SGD (exact engine) and by ``expm_nf``.
+The canaries' scores are minus their loss under the released model, so a model family the
+worker cannot score, or a method whose release is not one model of that family, is
+refused. A registered dataset is never
 audited: its rows are private, and the audit's figure (right guesses on its rows, outside
 any ledger charge) would be a statistic of them leaving the worker.
 
@@ -93,7 +94,7 @@ PUBLIC_DATASETS: dict[str, PublicDataset] = {
 }
 AUDITABLE: dict[str, dict[str, tuple[str, ...]]] = {
     "tabular": {"dpsgd": ("logistic",), "expm": ("logistic",), "expm_nf": ("logistic",)},
-    "timeseries": {"dpsgd": ("grud",)},
+    "timeseries": {"dpsgd": ("grud",), "expm_nf": ("grud",)},
 }
 """Dataset kind → method → the model kinds the audit can run and score (module text)."""
 AUDITABLE_METHODS = ("dpsgd", "expm", "expm_nf")

@@ -69,7 +69,7 @@ class AuditRequest(ApiInput):
         max_length=64,
         description="A public dataset bundled with the product (no budget is charged): "
         "adult (logistic regression by dpsgd, expm or expm_nf) or icu, the synthetic ICU "
-        "sample (GRU-D by dpsgd). Registered datasets are not audited.",
+        "sample (GRU-D by dpsgd or expm_nf). Registered datasets are not audited.",
     )
     guesses: Canaries | None = Field(
         default=None,
