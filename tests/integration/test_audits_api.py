@@ -245,3 +245,50 @@ def test_the_migration_adds_and_removes_the_table(settings: Any) -> None:
     assert "audits" in inspect(engine).get_table_names()
     with transaction(engine) as s:
         assert s.scalars(select(Audit)).all() == []
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_an_icu_audit_opens_the_release_gate_of_a_registered_time_series(
+    client: Any, keys: Any, settings: Any, tmp_path: Any
+) -> None:
+    """A registered time-series dataset is never audited itself; its release gate is
+    opened by a passing audit of the same configuration (GRU-D by DP-SGD, exact engine) on
+    the bundled ICU sample at a noise multiplier no larger than the job's."""
+    from tests.integration.test_timeseries import _register_tiny
+
+    _register_tiny(settings, tmp_path)
+    job = {
+        "dataset": "tiny-icu",
+        "method": "dpsgd",
+        "model": {"kind": "grud", "hidden": 3},
+        "epsilon": 2.0,
+        "delta": 1e-5,
+        "dpsgd": {"epochs": 1, "batch_size": 10},
+    }
+    # The registered dataset itself cannot be audited.
+    own = _post(client, keys.admin, dataset="tiny-icu", **GRUD)
+    assert own.status_code == 422 and "registered datasets are not audited" in own.text
+    gate = client.put(
+        "/v1/admin/datasets/tiny-icu/audit-gate",
+        json={"max_age_days": 30},
+        headers=auth(keys.admin),
+    )
+    assert gate.status_code == 200, gate.text
+    refused = client.post("/v1/quote", json=job, headers=auth(keys.alice))
+    assert refused.status_code == 422 and refused.json()["type"].endswith("audit-gate")
+    assert "model grud" in refused.json()["detail"]
+
+    audit = _post(client, keys.admin, dataset="icu", epsilon=4.0, canaries=40, **GRUD).json()
+    assert execute_audit(audit["id"], settings) == AuditOutcome.done
+    done = client.get(f"/v1/admin/audits/{audit['id']}", headers=auth(keys.admin)).json()
+    sigma_job = float(
+        client.post("/v1/quote", json=job, headers=auth(keys.alice)).json()["plan"]["mechanism"][
+            "noise_multiplier"
+        ]
+    )
+    # The audit covers the job: its σ is no larger, and its bound (≤ its 2.5 r-ceiling)
+    # is below the claimed ε = 4.
+    assert done["result"]["noise_multiplier"] <= sigma_job
+    assert done["result"]["epsilon_lower_bound"] <= 4.0
+    quote = client.post("/v1/quote", json=job, headers=auth(keys.alice))
+    assert quote.status_code == 200 and quote.json()["admitted"], quote.text
