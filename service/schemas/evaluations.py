@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from service.params import Delta, Epsilon, Probability
 from service.schemas.common import ApiInput
@@ -93,3 +93,66 @@ class TrainingEvaluation(ApiInput):
     noise: EvaluationNoise = "laplace"
     confidence: EvaluationConfidence = 0.95
     sample: EvaluationSample = 0
+
+
+class EvaluationMetricPlan(BaseModel):
+    """One metric's public plan (service/privacy/evaluation.py ``MetricPlan``, every field
+    written, null where it does not apply): its share of (ε, δ), its noise and the
+    sensitivities that calibrate it. More keys may be added (never removed or changed in
+    meaning)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    metric: EvaluationMetric
+    epsilon: float = Field(description="The metric's share of the evaluation's ε (nats).")
+    delta: float = Field(description="The metric's share of the evaluation's δ.")
+    noise: Literal["laplace", "gaussian"]
+    sensitivity_l1: float = Field(description="L1 sensitivity of its integer statistic.")
+    sensitivity_l2: float = Field(description="L2 sensitivity of its integer statistic.")
+    scale: float = Field(
+        description="The discrete Laplace b or the rounded Gaussian σ, per coordinate."
+    )
+    count_scale: float | None = Field(
+        default=None, description="AUC only: the noise scale of its class counts."
+    )
+    count_epsilon: float | None = Field(
+        default=None, description="AUC only: the class counts' part of the metric's ε."
+    )
+    count_delta: float | None = Field(
+        default=None, description="AUC only: the class counts' part of the metric's δ."
+    )
+    count_sensitivity_l1: float | None = Field(
+        default=None, description="AUC only: the class counts' L1 sensitivity."
+    )
+    count_sensitivity_l2: float | None = Field(
+        default=None, description="AUC only: the class counts' L2 sensitivity."
+    )
+
+
+class PlanEvaluation(BaseModel):
+    """A train-then-evaluate plan's ``evaluation`` (service/evaluations.py
+    ``with_evaluation``): the evaluation's own (ε, δ), the training's, how they compose
+    into the plan's, and the evaluation's public plan. More keys may be added (never
+    removed or changed in meaning)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    epsilon: float = Field(description="ε (nats) of the evaluation alone.")
+    delta: float = Field(description="δ of the evaluation alone.")
+    training_epsilon: float = Field(description="ε (nats) of the training alone.")
+    training_delta: float = Field(description="δ of the training alone.")
+    composition: str = Field(description="How the two compose into the plan's charge, in words.")
+    accountant: Literal["basic composition", "rdp"] = Field(
+        description="The evaluation's accountant: basic composition (Laplace) or RDP (Gaussian)."
+    )
+    sample: EvaluationSample
+    holdout_rows: int = Field(description="The holdout's public size.")
+    classes: int = Field(description="Classes of the target (public).")
+    noise: Literal["laplace", "gaussian"]
+    confidence: float = Field(description="Level of each metric's interval.")
+    p_min: float = Field(
+        description="The log loss clips predicted probabilities to [p_min, 1 − p_min]."
+    )
+    bins: int = Field(description="Bins of the calibration error.")
+    neighbouring_relation: str
+    metrics: list[EvaluationMetricPlan]

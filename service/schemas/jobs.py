@@ -21,7 +21,7 @@ from service.schemas.budgets import BudgetView
 from service.schemas.common import ApiInput, Guarantee, Method, RequestMethod, TrainingMethod
 from service.schemas.dpsgd import DpsgdMechanism, DpsgdOptions
 from service.schemas.estimates import ResourceQuote
-from service.schemas.evaluations import TrainingEvaluation
+from service.schemas.evaluations import PlanEvaluation, TrainingEvaluation
 from service.schemas.events import DpEventJson
 from service.schemas.expm import ExpmLangevinMechanism, ExpmMcmcMechanism, ExpmOptions
 from service.schemas.expm_nf import ExpmNfMechanism, ExpmNfOptions
@@ -78,7 +78,7 @@ class JobRequest(ApiInput):
         ),
     )
 
-    evaluation: dict[str, Any] | None = Field(
+    evaluation: Annotated[dict[str, Any], Typed(PlanEvaluation)] | None = Field(
         default=None,
         description=(
             "Set by POST /v1/evaluations only (method 'evaluation'): the evaluated job, "
@@ -209,7 +209,7 @@ class PrivacyPlan(BaseModel):
         exclude_if=lambda value: value is None,
         description="Set when the request's method was 'auto': what was chosen and why.",
     )
-    evaluation: dict[str, Any] | None = Field(
+    evaluation: Annotated[dict[str, Any], Typed(PlanEvaluation)] | None = Field(
         default=None,
         # Left out when None: the plans of requests without `evaluate` stay as before.
         exclude_if=lambda value: value is None,

@@ -22,12 +22,14 @@ import pytest
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from service.datasets.kinds import load_schema_yaml
+from service.evaluations import training_part, with_evaluation
 from service.methods import METHODS
 from service.modelspec import ModelSpec
 from service.plans import plan_for_dataset
 from service.privacy.events import EVENT_TYPES
 from service.schemas import TRAINING_METHODS, JobRequest, ModelCard, PrivacyPlan, method_names
 from service.schemas import common as schemas_common
+from service.schemas.evaluations import EvaluationMetricPlan, PlanEvaluation
 from service.schemas.events import DpEventJson
 from service.schemas.jobs import PLAN_MECHANISMS
 from service.schemas.releases import CARD_MECHANISMS, NoModel
@@ -88,6 +90,28 @@ QUOTES: dict[str, dict[str, Any]] = {
     },
 }
 
+EVALUATE: dict[str, dict[str, Any]] = {
+    "dpsgd, evaluated (laplace, every metric)": {
+        "method": "dpsgd",
+        "epsilon": 1.0,
+        "delta": 1e-5,
+        "dpsgd": {"epochs": 1},
+        "evaluate": {
+            "epsilon": 0.5,
+            "metrics": ["accuracy", "auc", "log_loss", "calibration_error", "confusion"],
+        },
+    },
+    "expm_nf, evaluated (gaussian)": {
+        "method": "expm_nf",
+        "epsilon": 0.5,
+        "delta": 0.0,
+        "evaluate": {"epsilon": 0.5, "delta": 1e-6, "noise": "gaussian", "metrics": ["auc"]},
+    },
+}
+"""Train then evaluate (service/evaluations.py ``with_evaluation``): the plan's
+``evaluation``, on a holdout of :data:`HOLDOUT_ROWS`."""
+HOLDOUT_ROWS = 3_000
+
 SELECTIONS: dict[str, dict[str, Any]] = {
     "architecture rs": {
         "kind": "architecture",
@@ -147,6 +171,12 @@ def planned(name: str) -> tuple[JobRequest, PrivacyPlan, dict[str, Any]]:
         schema = schema_of(str(body["dataset"]))
         request = JobRequest.model_validate(body)
         return request, plan_for_dataset(request, n_rows=N_ROWS, public_schema=schema), schema
+    if name in EVALUATE:
+        schema = schema_of("adult")
+        request = JobRequest.model_validate({"dataset": "adult", **EVALUATE[name]})
+        training = plan_for_dataset(training_part(request), n_rows=N_ROWS, public_schema=schema)
+        plan = with_evaluation(training, request, holdout_rows=HOLDOUT_ROWS, public_schema=schema)
+        return request, plan, schema
     schema = schema_of("adult")
     selection = SelectionRequest.model_validate({"dataset": "adult", **SELECTIONS[name]}).root
     request = job_request(selection, n_rows=N_ROWS, public_schema=schema)
@@ -154,7 +184,7 @@ def planned(name: str) -> tuple[JobRequest, PrivacyPlan, dict[str, Any]]:
     return request, plan, schema
 
 
-ALL = [*QUOTES, *SELECTIONS]
+ALL = [*QUOTES, *EVALUATE, *SELECTIONS]
 
 
 def sorted_json(value: Any) -> str:
@@ -191,6 +221,36 @@ def test_each_typed_part_of_a_plan_round_trips_through_its_model(name: str) -> N
     assert typed_round_trip(events, stored["event"]) == sorted_json(stored["event"])
     models = TypeAdapter(ModelSpec)
     assert typed_round_trip(models, stored["model"]) == sorted_json(stored["model"])
+
+
+@pytest.mark.parametrize("name", EVALUATE)
+def test_a_plans_evaluation_round_trips_through_its_model(name: str) -> None:
+    """The typed ``evaluation`` has exactly the keys with_evaluation writes (the metrics'
+    too: every MetricPlan field, null where it does not apply) and round-trips through
+    PlanEvaluation; a plan without ``evaluate`` has none."""
+    stored = json.loads(planned(name)[1].model_dump_json())["evaluation"]
+    assert set(PlanEvaluation.model_fields) == set(stored)
+    for metric in stored["metrics"]:
+        assert set(EvaluationMetricPlan.model_fields) == set(metric)
+    adapter = TypeAdapter(PlanEvaluation)
+    assert typed_round_trip(adapter, stored) == sorted_json(stored)
+    assert "evaluation" not in json.loads(planned("dpsgd constant")[1].model_dump_json())
+
+
+def test_a_malformed_plan_evaluation_is_refused() -> None:
+    stored = json.loads(planned("dpsgd, evaluated (laplace, every metric)")[1].model_dump_json())
+    evaluation = stored["evaluation"]
+    metric = evaluation["metrics"][0]
+    for bad in (
+        {k: v for k, v in evaluation.items() if k != "training_epsilon"},
+        {**evaluation, "noise": "cauchy"},
+        {**evaluation, "holdout_rows": "many"},
+        {**evaluation, "metrics": [{**metric, "metric": "f1"}]},
+        {**evaluation, "metrics": [{k: v for k, v in metric.items() if k != "scale"}]},
+        [evaluation],
+    ):
+        with pytest.raises(ValidationError):
+            PrivacyPlan.model_validate({**stored, "evaluation": bad})
 
 
 def test_the_plans_cover_every_mechanism_model() -> None:
@@ -405,3 +465,7 @@ def test_the_openapi_document_types_the_plan_and_the_card(tmp_path: Path) -> Non
         refs = {m["$ref"].rsplit("/", 1)[1] for m in members}
         assert f"Dpsgd{prefix}Mechanism" in refs and f"Selection{prefix}Mechanism" in refs
         assert "additionalProperties" not in field
+    evaluation = plan["evaluation"]["anyOf"]
+    assert evaluation == [{"$ref": "#/components/schemas/PlanEvaluation"}, {"type": "null"}]
+    metrics = schemas["PlanEvaluation"]["properties"]["metrics"]["items"]
+    assert metrics == {"$ref": "#/components/schemas/EvaluationMetricPlan"}
