@@ -78,7 +78,7 @@ class JobRequest(ApiInput):
         ),
     )
 
-    evaluation: Annotated[dict[str, Any], Typed(PlanEvaluation)] | None = Field(
+    evaluation: dict[str, Any] | None = Field(
         default=None,
         description=(
             "Set by POST /v1/evaluations only (method 'evaluation'): the evaluated job, "
