@@ -82,7 +82,10 @@ def start_worker(
     return subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT)
 
 
-def wait_ready(base_url: str, timeout: float = 60.0) -> None:
+def wait_ready(base_url: str, timeout: float = 300.0) -> None:
+    """Until the API answers /readyz (it returns as soon as it does). Start-up sends warm-up
+    quotes (service/app.py) and can take over a minute on a busy machine: a generous limit,
+    so `enclave up` and the tests do not depend on how fast the machine is."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:

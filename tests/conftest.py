@@ -20,6 +20,13 @@ from service.config import Settings, get_settings
 from service.db import engine_for
 from service.migrate import upgrade
 
+# pytest-xdist's workers start with COLUMNS=80/LINES=24 in their environment; the CLIs' rich
+# consoles (created at import) would then fix their width at 80 and fold the tables that
+# the CLI tests read (tests set COLUMNS per command, as a terminal would).
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.pop("COLUMNS", None)
+    os.environ.pop("LINES", None)
+
 PG_URL = os.environ.get("ENCLAVE_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 REDIS_URL = os.environ.get("ENCLAVE_TEST_REDIS_URL", "redis://127.0.0.1:6379")
 # The Redis database number tests may use; each test works under its own key prefix or
