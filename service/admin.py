@@ -244,8 +244,8 @@ def jobs_page(
     }
     rows = []
     for j, ds, a in page.rows:
-        job = admin_job(j, ds)
-        estimate = _estimate(job, schemas.get(ds))
+        job = admin_job(j, ds)  # flagged (``unreadable``) where its stored JSON fails its type
+        estimate = ResourceEstimate() if job.unreadable else _estimate(job, schemas.get(ds))
         rows.append(JobRow(job, a, j.id in refunds, refunds.get(j.id, False), estimate))
     return JobRows(rows, page.next_cursor)
 

@@ -10,19 +10,23 @@ the broker, and backs off where it cannot tell, so a backlog does not grow the q
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterable
 from datetime import UTC, datetime, timedelta
 from functools import partial
+from typing import Any
 
+from pydantic import ValidationError
 from sqlalchemy import Engine, or_, select, update
 
 from service.config import Settings
 from service.db import transaction
 from service.ledger.tables import Job, JobStatus
 from service.plans import progress_total
+from service.problems import ProblemError
 from service.queue import Waiting, send_run_job, waiting_in_broker
 from service.release_hold import public_progress
 from service.schemas import AdminJob, JobPublic, PrivacyPlan
+from service.schemas.stored import unreadable
 
 log = logging.getLogger("enclave.jobs")
 
@@ -149,11 +153,52 @@ def sweep(
     return sent
 
 
+class UnreadableRecord(ProblemError):
+    """A stored record whose JSON fails its documented type (issue 26: tampering, or a
+    newer writer's key this model lacks). Logged (a warning: which record, where and why,
+    never the values) when raised; an analyst's single-item request gets it as a 409
+    problem (not a 5xx: the service works, that record cannot be served), a listing
+    leaves the row out (the analyst's) or shows it flagged (the admin's)."""
+
+    def __init__(self, what: str, why: str) -> None:
+        log.warning("stored %s fails its type: %s", what, why)
+        super().__init__(
+            409,
+            "unreadable-record",
+            f"the stored {what} does not match its documented type and cannot be served; "
+            "the service's admin sees it flagged",
+        )
+        self.why = why
+
+
 def job_public(job: Job, dataset_name: str, now: datetime | None = None) -> JobPublic:
     """The analyst's view. A job the worker held (``release_at`` set, the release hold of
     service/release_hold.py) shows a progress computed from elapsed wall time against its
     public hold, out of the plan's T, never the run's own step counter (which the admin's
-    view keeps); its finished_at is the grid time the worker recorded."""
+    view keeps); its finished_at is the grid time the worker recorded.
+    :class:`UnreadableRecord` where the stored plan or request fails its type."""
+    try:
+        return _job_public(job, dataset_name, now)
+    except ValidationError as exc:
+        # The plan's own errors, or the view's (whose locations start at its field).
+        why = unreadable("plan" if exc.title == PrivacyPlan.__name__ else "", exc)
+        raise UnreadableRecord(f"job {job.id}", why) from exc
+
+
+def readable_jobs(rows: Iterable[tuple[Job, str]]) -> list[JobPublic]:
+    """The analyst's views of ``rows`` (job, dataset name), leaving out (logged, by
+    :class:`UnreadableRecord`) a job whose stored JSON fails its type: one such row does
+    not fail the whole listing."""
+    out: list[JobPublic] = []
+    for job, name in rows:
+        try:
+            out.append(job_public(job, name))
+        except UnreadableRecord:
+            continue
+    return out
+
+
+def _job_public(job: Job, dataset_name: str, now: datetime | None) -> JobPublic:
     plan = PrivacyPlan.model_validate(job.plan)
     step, total = job.progress_step, job.progress_total
     if job.release_at is not None:
@@ -188,8 +233,12 @@ def job_public(job: Job, dataset_name: str, now: datetime | None = None) -> JobP
 
 def admin_job(job: Job, dataset_name: str) -> AdminJob:
     """The admin's view of a job: the public view and what the worker recorded of the run
-    (never shown to an analyst: it may depend on the private rows)."""
-    public = job_public(job, dataset_name).model_dump()
+    (never shown to an analyst: it may depend on the private rows). A job whose stored
+    JSON fails its type is shown flagged, its values as stored (:func:`flagged_admin_job`)."""
+    try:
+        public = job_public(job, dataset_name).model_dump()
+    except UnreadableRecord as bad:
+        return flagged_admin_job(job, dataset_name, bad.why)
     # The run's own step counter (the admin may see how far it got; analysts may not).
     public.update(progress_step=job.progress_step, progress_total=job.progress_total)
     return AdminJob(
@@ -198,3 +247,48 @@ def admin_job(job: Job, dataset_name: str) -> AdminJob:
         data_read=job.data_read,
         failure_category=job.failure_category,
     )
+
+
+def flagged_admin_job(job: Job, dataset_name: str, why: str) -> AdminJob:
+    """The admin's row of a job whose stored plan or request fails its type: the stored
+    JSON as it is (the evidence of tampering, or of a newer writer, is not rewritten), the
+    fields read from the plan (method, guarantee, ε, δ) as the plan stores them (null
+    where it has none of that JSON type), the run's own counters, and ``unreadable``
+    saying what failed."""
+    plan = job.plan if isinstance(job.plan, dict) else {}
+    return AdminJob.flagged(
+        why,
+        {
+            "id": job.id,
+            "dataset": dataset_name,
+            "status": JobStatus(job.status),
+            "method": _stored(plan, "method", str),
+            "progress_step": job.progress_step,
+            "progress_total": job.progress_total,
+            "guarantee": _stored(plan, "guarantee", str),
+            "epsilon": _stored(plan, "epsilon", float),
+            "delta": _stored(plan, "delta", float),
+            "error": job.error,
+            "created_at": as_utc(job.created_at),
+            "started_at": as_utc(job.started_at),
+            "finished_at": as_utc(job.finished_at),
+            "request": job.request,
+            "plan": job.plan,
+            "release_url": (
+                f"/v1/jobs/{job.id}/release" if job.status == JobStatus.released else None
+            ),
+            "release_at": as_utc(job.release_at),
+            "stage_reached": job.stage_reached,
+            "data_read": job.data_read,
+            "failure_category": job.failure_category,
+        },
+    )
+
+
+def _stored(plan: dict[str, Any], key: str, kind: type) -> Any:
+    """``plan[key]`` where it is of JSON type ``kind`` (an integer counts as a float),
+    else None."""
+    value = plan.get(key)
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        return value
+    return value if isinstance(value, kind) else None

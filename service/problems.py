@@ -82,6 +82,13 @@ PROBLEMS: dict[str, ProblemType] = {
     "release-not-ready": ProblemType(
         409, "Release not ready", "The job has not released a model (yet)."
     ),
+    "unreadable-record": ProblemType(
+        409,
+        "Stored record unreadable",
+        "The service's stored record of this resource does not match its documented type "
+        "(tampered with, or written by a newer service), so it cannot be served. It is "
+        "logged, and the admin sees it flagged.",
+    ),
 }
 
 

@@ -10,12 +10,13 @@ only.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, replace
 from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, ValidationError
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
@@ -26,6 +27,9 @@ from service.privacy.amounts import from_micro
 from service.privacy.calibrate import PldUnavailable, pld_epsilon
 from service.privacy.events import DpEvent, event_from_json
 from service.schemas import GUARANTEE_ORDER, Guarantee, LedgerEntryPublic, weakest_guarantee
+from service.schemas.stored import unreadable
+
+log = logging.getLogger("enclave.ledger")
 
 
 class AccountingSummary(BaseModel):
@@ -183,21 +187,33 @@ def entry_label(kind: EntryKind, event: dict[str, Any] | None) -> str:
 
 
 def ledger_entry_public(entry: LedgerEntry, dataset_name: str) -> LedgerEntryPublic:
-    return LedgerEntryPublic(
-        id=entry.id,
-        dataset=dataset_name,
-        analyst_id=entry.analyst_id,
-        job_id=entry.job_id,
-        kind=EntryKind(entry.kind),
-        label=entry_label(EntryKind(entry.kind), entry.event),
-        event=entry.event,
-        epsilon=from_micro(entry.epsilon_micro),
-        delta=float(entry.delta),
-        reason=entry.reason,
-        created_at=entry.created_at,
-        prev_hash=entry.prev_hash,
-        hash=entry.hash,
-    )
+    """An entry as the admin's views show it. An entry whose stored event fails its type
+    (tampering, or a newer writer) is shown flagged, its event as stored (the hash chain
+    covers it: ``GET /v1/admin/ledger/verify`` tells which), and logged; one such entry
+    does not fail a listing."""
+    kind = EntryKind(entry.kind)
+    values: dict[str, Any] = {
+        "id": entry.id,
+        "dataset": dataset_name,
+        "analyst_id": entry.analyst_id,
+        "job_id": entry.job_id,
+        "kind": kind,
+        "event": entry.event,
+        "epsilon": from_micro(entry.epsilon_micro),
+        "delta": float(entry.delta),
+        "reason": entry.reason,
+        "created_at": entry.created_at,
+        "prev_hash": entry.prev_hash,
+        "hash": entry.hash,
+    }
+    try:
+        return LedgerEntryPublic(label=entry_label(kind, entry.event), **values)
+    except (ValidationError, AttributeError) as exc:  # AttributeError: an event not an object
+        why = (
+            unreadable("event", exc) if isinstance(exc, ValidationError) else "event: not an object"
+        )
+        log.warning("stored ledger entry %s fails its type: %s", entry.id, why)
+        return LedgerEntryPublic.flagged(why, {**values, "label": kind.value})
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,11 @@ def check_totals(session: Session) -> list[Mismatch]:
         for e in entries:
             if e.kind == EntryKind.charge:
                 # The event is the source of truth: re-derive the charge from it.
-                again = curve_to_micro_up(event_from_json(e.event or {}).rdp(ORDERS))
+                try:
+                    again = curve_to_micro_up(event_from_json(e.event or {}).rdp(ORDERS))
+                except (KeyError, TypeError, ValueError) as exc:  # no event this code reads
+                    out.append(Mismatch(f"entry {e.id}", "event", e.event, f"unreadable: {exc}"))
+                    continue
                 if again != e.rdp_micro:
                     out.append(Mismatch(f"entry {e.id}", "rdp_micro", e.rdp_micro, again))
         if eps != ds.spent_epsilon_micro:

@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from service.params import BudgetEpsilon, Delta
 from service.schemas.common import ApiInput, ApiOutput
 from service.schemas.ledger_events import LedgerEventDoc, ledger_event_type
-from service.schemas.stored import Typed, one_of
+from service.schemas.stored import Flaggable, Typed, one_of
 from service.vocabulary import EntryKind, Role
 
 
@@ -126,7 +126,7 @@ class RefundRequest(ApiInput):
     )
 
 
-class LedgerEntryPublic(ApiOutput):
+class LedgerEntryPublic(ApiOutput, Flaggable):
     id: int
     dataset: str
     analyst_id: int | None

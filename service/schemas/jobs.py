@@ -26,7 +26,7 @@ from service.schemas.events import DpEventJson
 from service.schemas.expm import ExpmLangevinMechanism, ExpmMcmcMechanism, ExpmOptions
 from service.schemas.expm_nf import ExpmNfMechanism, ExpmNfOptions
 from service.schemas.selection import SelectionMechanism
-from service.schemas.stored import Typed, mechanism_union
+from service.schemas.stored import Flaggable, Typed, mechanism_union
 from service.vocabulary import FailureCategory, JobStage, JobStatus
 
 
@@ -288,7 +288,7 @@ class JobPublic(BaseModel):
     )
 
 
-class AdminJob(JobPublic):
+class AdminJob(JobPublic, Flaggable):
     """A job as the admin sees it (GET /v1/admin/jobs, /v1/admin/jobs/{job_id}): the
     analyst's view and what the worker recorded of the run. Never in the analyst's view:
     how far a job got and why it failed may depend on the private rows (a guard can fail

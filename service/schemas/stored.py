@@ -18,14 +18,24 @@ import operator
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from functools import reduce
-from typing import Any
+from typing import Any, Self
 
-from pydantic import BaseModel, ConfigDict, GetCoreSchemaHandler, TypeAdapter, ValidationInfo
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    GetCoreSchemaHandler,
+    SerializerFunctionWrapHandler,
+    TypeAdapter,
+    ValidationError,
+    ValidationInfo,
+    model_serializer,
+)
 from pydantic_core import core_schema
 
 from service.schemas.common import method_names
 
-__all__ = ["Typed", "UntypedMechanism", "mechanism_union", "one_of"]
+__all__ = ["Flaggable", "Typed", "UntypedMechanism", "mechanism_union", "one_of", "unreadable"]
 
 Pick = Callable[[Any, ValidationInfo], TypeAdapter[Any] | None]
 """Which type a value must satisfy (given the value and the fields validated before it), or
@@ -102,3 +112,50 @@ def mechanism_union(
         schema["description"] = f"{schema.get('description', '')} {note}".strip()
 
     return doc, extra
+
+
+def unreadable(field: str, exc: ValidationError, *, limit: int = 2000) -> str:
+    """Where and why a stored value failed its type (each error's location, under
+    ``field`` where given, and message, never the value itself), for a flagged row and the
+    service's log."""
+    parts = [
+        f"{'.'.join(map(str, (field, *e['loc']) if field else e['loc']))}: {e['msg']}"
+        for e in exc.errors(include_url=False, include_input=False, include_context=False)
+    ]
+    text = "; ".join(parts)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+class Flaggable(BaseModel):
+    """A listed row built from stored JSON that can be served flagged (issue 26): where a
+    stored value fails its documented type (tampering, or a writer ahead of this model),
+    the admin's listing still shows the row, built with :meth:`flagged` from the stored
+    values as they are (unchecked) and ``unreadable`` saying where and why. Such a row is
+    written field by field as stored: its typed fields' serializers never see the value
+    they could not validate. Rows that validate are written as before (``unreadable``
+    left out)."""
+
+    unreadable: str | None = Field(
+        default=None,
+        exclude_if=lambda value: value is None,
+        description=(
+            "Set only on a row whose stored JSON fails its documented type (tampered with, "
+            "or written by a newer service): which values and why. The row's values are "
+            "then served as stored, unchecked: they may not match this schema."
+        ),
+    )
+
+    @classmethod
+    def flagged(cls, why: str, values: dict[str, Any]) -> Self:
+        """A row of ``values`` (every field's, as stored), unvalidated, flagged ``why``."""
+        return cls.model_construct(**values, unreadable=why)
+
+    # Unannotated on purpose: a return annotation would replace the model's own schema in
+    # the serialization-mode document (``-> Any`` documents an arbitrary value).
+    @model_serializer(mode="wrap")
+    def _as_stored(self, handler: SerializerFunctionWrapHandler):  # type: ignore[no-untyped-def]
+        if self.unreadable is None:
+            return handler(self)
+        # The values as stored; pydantic writes them by their JSON types (datetimes as
+        # ISO 8601, enums by value).
+        return {name: getattr(self, name, None) for name in type(self).model_fields}

@@ -8,6 +8,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Request, Response
 from fastapi.responses import FileResponse
+from pydantic import ValidationError
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
@@ -41,7 +42,7 @@ from service.evaluations import (
     with_evaluation,
 )
 from service.job_pages import DEFAULT_LIMIT, job_page
-from service.jobs import enqueue, job_public
+from service.jobs import UnreadableRecord, enqueue, job_public, readable_jobs
 from service.ledger.accounting import dataset_guarantee
 from service.ledger.admission import BudgetExceeded, admit_job
 from service.ledger.charges import charge_for
@@ -69,6 +70,7 @@ from service.schemas import (
 )
 from service.schemas.common import TRAINING_METHODS
 from service.schemas.estimates import ResourceQuote
+from service.schemas.stored import unreadable
 
 log = logging.getLogger("enclave.api")
 
@@ -353,10 +355,12 @@ def list_jobs(
 ) -> list[JobPublic]:
     """Your jobs that the filters match, newest first (by creation time, then id), a page
     at a time: the next page's cursor is in the `X-Next-Cursor` header and the next page's
-    URL in `Link: <…>; rel="next"`; both are absent on the last page."""
+    URL in `Link: <…>; rel="next"`; both are absent on the last page. A job whose stored
+    record does not match its documented type is left out (GET /v1/jobs/{job_id} answers
+    409 unreadable-record for it; the service logs it)."""
     with cursor_problems(), transaction(engine) as s:
         page = job_page(s, filters, analyst_id=caller.id, limit=limit, cursor=cursor)
-        jobs = [job_public(job, name) for job, name, _ in page.rows]
+        jobs = readable_jobs((job, name) for job, name, _ in page.rows)
     link_next(request, response, page.next_cursor)
     return jobs
 
@@ -365,7 +369,7 @@ def list_jobs(
     "/jobs/{job_id}",
     response_model=JobPublic,
     operation_id="getJob",
-    responses=problem_responses(404, 422),
+    responses=problem_responses(404, 409, 422),
 )
 def get_job(job_id: str, caller: CallerDep, engine: EngineDep) -> JobPublic:
     with transaction(engine) as s:
@@ -418,7 +422,10 @@ def get_release_card(job_id: str, caller: CallerDep, engine: EngineDep) -> Model
         job = s.get_one(Job, job_id)
         if job.plan.get("method") in TRAINING_METHODS:
             card["evaluations"] = evaluations_of(s, job)
-        return ModelCard.model_validate(card)
+        try:
+            return ModelCard.model_validate(card)
+        except ValidationError as exc:
+            raise UnreadableRecord(f"card of job {job_id}", unreadable("card", exc)) from exc
 
 
 @router.get(
