@@ -63,8 +63,9 @@ class HoldPolicy:
 
 def hold_seconds(estimate_s: float | None, policy: HoldPolicy) -> float:
     """D: the least ``q·2^k`` (k ≥ 0) at least ``factor × estimate_s``, capped at the
-    policy's cap. A plan without a time estimate (None or 0: ExpM+NF, evaluations) holds
-    for one quantum, and releases at the first doubling it does not overshoot."""
+    policy's cap. A plan without a time estimate (None or 0; every job kind the worker runs
+    has one, service/resources.py) holds for one quantum, and releases at the first
+    doubling it does not overshoot."""
     target = policy.factor * (estimate_s or 0.0)
     d = policy.quantum_s
     while d < target and d < policy.cap_s:

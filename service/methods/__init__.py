@@ -19,7 +19,6 @@ from service.methods.common import (
     PlanFacts,
     ResourceEstimate,
     ResourceFacts,
-    no_estimate,
 )
 from service.methods.dpsgd import (
     dpsgd_guarantee,
@@ -30,6 +29,7 @@ from service.methods.dpsgd import (
 )
 from service.methods.expm import (
     langevin_resources,
+    mcmc_resources,
     plan_langevin,
     plan_mcmc,
     resolve_expm_request,
@@ -86,7 +86,7 @@ METHODS: dict[tuple[str, str | None], MethodEntry] = {
         plan_langevin, _always("proven"), langevin_resources, resolve=resolve_expm_request
     ),
     ("expm", "mcmc"): MethodEntry(
-        plan_mcmc, _always("asymptotic"), no_estimate, resolve=resolve_expm_request
+        plan_mcmc, _always("asymptotic"), mcmc_resources, resolve=resolve_expm_request
     ),
     ("expm_nf", None): MethodEntry(
         # One flow is trained for all the samples: its steps are the job's.

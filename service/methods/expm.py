@@ -375,6 +375,35 @@ def expm_langevin_seconds(plan: PrivacyPlan) -> float:
     return elements / LANGEVIN_ELEMENTS_PER_S
 
 
+# HMC (the ``mcmc`` sampler): every leapfrog step of every chain is a gradient over the
+# n̂ public rows × P parameters; the warm-up also forms the Hessian (n̂ × P² per chain, a
+# few times). Measured by benchmarks/job_estimates.py (benchmarks/results/
+# job_estimates.md): ~1.6e8 elements/s at load 4-12 on 2 cores (the default Adult job,
+# 4e11 elements, ran in 233-435 s at load 3-5: benchmarks/results/expm_proven_speed.md).
+# Set at the heavy-load figure, not below it: lower, the default Adult job (and ExpM+NF's
+# fidelity check, which runs this sampler) would be refused at quote time under the
+# default 1 h limit although it ran in 4-7 min. A hold at factor 1 may then overshoot
+# once (released at 2D) on a machine as loaded.
+MCMC_ELEMENTS_PER_S = 1.5e8
+
+
+def expm_mcmc_seconds(plan: PrivacyPlan) -> float:
+    """Estimated worker time of an ``expm`` (MCMC) plan from public values: chains ×
+    (warm-up + iterations) × leapfrog steps passes over n̂ rows × P parameters, plus the
+    warm-up's Hessians (chains × n̂ × P²)."""
+    m = plan.mechanism
+    p, n = int(m["parameters"]), plan.n_rows
+    passes = int(m["chains"]) * (int(m["warmup"]) + int(m["steps"])) * int(m["leapfrog_steps"])
+    return (passes * n * p + int(m["chains"]) * n * p * p) / MCMC_ELEMENTS_PER_S
+
+
+def mcmc_resources(plan: PrivacyPlan, facts: ResourceFacts) -> ResourceEstimate:
+    """The registry's estimate for ``expm`` with the MCMC sampler: its time only."""
+    return ResourceEstimate(
+        seconds=expm_mcmc_seconds(plan), time_hint="use fewer chains, iterations or leapfrog steps"
+    )
+
+
 def langevin_resources(plan: PrivacyPlan, facts: ResourceFacts) -> ResourceEstimate:
     """The registry's estimate for ``expm`` with the Langevin sampler: its time only (no
     memory estimate)."""

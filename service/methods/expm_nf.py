@@ -1,5 +1,5 @@
 """ExpM+NF's plan (method ``expm_nf``, nominal): the exponential mechanism's ε and the flow
-sampler's sizes, and its resource estimate (the flow training's memory; no time estimate).
+sampler's sizes, and its resource estimate (the flow training's memory and time).
 The worker's side is worker/mechanisms/expm_nf.py."""
 
 from __future__ import annotations
@@ -16,7 +16,15 @@ from service.methods.common import (
     ResourceFacts,
     grud_floats_per_pair_step,
 )
-from service.modelspec import MODEL_SPEC, GrudSpec, MlpSpec, ModelSpec, parameter_count
+from service.methods.expm import MCMC_ELEMENTS_PER_S
+from service.modelspec import (
+    MODEL_SPEC,
+    GrudSpec,
+    LogisticSpec,
+    MlpSpec,
+    ModelSpec,
+    parameter_count,
+)
 from service.privacy.events import DpEvent, ExponentialMechanismEvent
 from service.schemas import ExpmNfOptions, JobRequest, PrivacyPlan
 
@@ -110,11 +118,76 @@ def expm_memory_bytes(
     return FLOAT_BYTES * (flow + evaluation)
 
 
+# Time (issue: the release hold needs a public estimate of every job's run, service/
+# release_hold.py). One flow step evaluates the model for N sampled θ on b rows (N·b
+# pairs) and pushes N draws through the flow; a logistic flow is then checked against
+# MCMC reference chains on all n̂ rows (worker/mechanisms/fidelity.py, enclave-only
+# diagnostic). Rates measured by benchmarks/job_estimates.py
+# (benchmarks/results/job_estimates.md) on this shared 2-core machine under load, and set
+# below them: the estimate is a ceiling for a busy machine, as DP-SGD's.
+# Measured (load 4-12): ~2.5e7 pair elements/s (logistic and MLP [16], planar), ~8e7 for
+# GRU-D; the constants sit 2.5-3x below.
+EXPM_NF_STEP_OVERHEAD_S = 0.01
+EXPM_NF_PAIR_ELEMENTS_PER_S = 1e7  # N·b pairs × the model's parameters
+EXPM_NF_GRUD_PAIR_ELEMENTS_PER_S = 3e7  # N·b pairs × parameters × T (GRU-D)
+EXPM_NF_FLOW_ELEMENTS_PER_S = 2e7  # N draws × the flow's per-draw work
+# The fidelity diagnostic's MCMC reference (worker/mechanisms/fidelity.py's REFERENCE_*):
+# chains × (warm-up + draws) × leapfrog steps, each a gradient over n̂ rows × parameters,
+# by the HMC sampler of ExpM's ``mcmc`` (its rate, service/methods/expm.py).
+_REFERENCE_PASSES = 8 * (300 + 400) * 8
+
+
+def expm_nf_training_seconds(
+    spec: ModelSpec, m: Any, *, n_rows: int, n_features: int, series_steps: int | None = None
+) -> float:
+    """Estimated worker time (s) of one ExpM+NF flow training of ``spec`` with mechanism
+    ``m``, from public values only (``n_rows`` the public row count): steps × (a step's
+    overhead + N·b·P [× T for GRU-D] model elements + N × the flow's per-draw elements),
+    plus, for a binary logistic model on R^P, the fidelity check's MCMC reference over n̂
+    rows. Selections count one per candidate training."""
+    d = parameter_count(spec, n_features)
+    steps, samples = int(m["steps"]), int(m["n_samples_per_step"])
+    batch = min(int(m["batch_size"]), max(1, n_rows))
+    grud = isinstance(spec, GrudSpec)
+    per_pair = d * (series_steps or 1) if grud else d
+    pair_rate = EXPM_NF_GRUD_PAIR_ELEMENTS_PER_S if grud else EXPM_NF_PAIR_ELEMENTS_PER_S
+    layers = int(m["layers"])
+    if m["flow"] == "sylvester":  # triangular products per draw, Q rebuilt per step
+        per_draw = layers * 2 * d * d
+        per_step_flow = layers * _REFLECTIONS * d * d
+    else:
+        per_draw, per_step_flow = layers * 4 * d, 0
+    per_step = (
+        EXPM_NF_STEP_OVERHEAD_S
+        + samples * batch * per_pair / pair_rate
+        + (samples * per_draw + per_step_flow) / EXPM_NF_FLOW_ELEMENTS_PER_S
+    )
+    seconds = steps * per_step
+    linear = isinstance(spec, LogisticSpec) and spec.classes is None
+    if linear and m.get("domain_radius") is None:
+        seconds += _REFERENCE_PASSES * n_rows * d / MCMC_ELEMENTS_PER_S
+    return seconds
+
+
+def expm_nf_seconds(
+    plan: PrivacyPlan, *, n_features: int, series_steps: int | None = None
+) -> float | None:
+    """Estimated worker time of an ``expm_nf`` plan (one flow for all its samples; see
+    :func:`expm_nf_training_seconds`), or None where no estimate exists (GRU-D without T)."""
+    spec: ModelSpec = MODEL_SPEC.validate_python(plan.model)
+    if isinstance(spec, GrudSpec) and series_steps is None:
+        return None
+    return expm_nf_training_seconds(
+        spec, plan.mechanism, n_rows=plan.n_rows, n_features=n_features, series_steps=series_steps
+    )
+
+
 def expm_nf_resources(plan: PrivacyPlan, facts: ResourceFacts) -> ResourceEstimate:
-    """The registry's estimate for ``expm_nf``: the flow's memory; no time estimate exists
-    for the flow (the worker's hard time limit is the backstop)."""
+    """The registry's estimate for ``expm_nf``: the flow's memory and time."""
     memory = expm_memory_bytes(plan, n_features=facts.n_features, series_steps=facts.series_steps)
     return ResourceEstimate(
+        seconds=expm_nf_seconds(plan, n_features=facts.n_features, series_steps=facts.series_steps),
         memory_bytes=memory,
+        time_hint="use fewer steps, fewer samples per step, a smaller batch or model",
         memory_hint="use the planar flow, fewer layers, a smaller model or fewer samples per step",
     )

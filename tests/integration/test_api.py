@@ -131,7 +131,7 @@ def test_quote_shows_the_plans_expected_time_and_memory(client: Any, keys: Any) 
     mcmc = {"dataset": "toy", "method": "expm", "epsilon": 1.0, "delta": 1e-5,
             "expm": {"sampler": "mcmc"}}  # fmt: skip
     q = client.post("/v1/quote", json=mcmc, headers=auth(keys.alice)).json()
-    assert q["estimate"]["seconds"] is None  # no estimate for this sampler: null, not 0
+    assert q["estimate"]["seconds"] > 0  # every method has a time estimate (release hold)
 
 
 @pytest.mark.parametrize(
