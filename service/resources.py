@@ -141,7 +141,7 @@ def selection_resources(plan: PrivacyPlan, facts: ResourceFacts) -> ResourceEsti
 # Measured by benchmarks/job_estimates.py (benchmarks/results/job_estimates.md) on the
 # busy 2-core machine and set below its rates, as DP-SGD's constants.
 EVALUATION_OVERHEAD_S = 1.0
-EVALUATION_LOAD_VALUES_PER_S = 1e6
+EVALUATION_LOAD_VALUES_PER_S = 5e5
 EVALUATION_FORWARD_ELEMENTS_PER_S = 5e8
 
 
