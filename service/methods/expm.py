@@ -1,7 +1,7 @@
 """The regularised exponential mechanism's plans (method ``expm``): the proven Langevin
 sampler and the asymptotic HMC sampler, from the schema's public row-norm bound. The
 worker's sides are worker/mechanisms/langevin.py and worker/mechanisms/mcmc.py. The
-Langevin sampler's time estimate is here too (no estimate exists for the HMC sampler).
+Both samplers' time estimates are here too.
 
 Default settings of the Langevin sampler (issue 21, point 2), functions of public values
 only: the public row count n̂, the schema's row-norm bound B (from its columns) and ε.
