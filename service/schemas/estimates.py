@@ -6,9 +6,10 @@ from pydantic import BaseModel, Field
 
 ESTIMATE_NOTE = (
     "A ceiling computed from the plan and the dataset's public schema alone (never from "
-    "its rows), set for a busy 2-core CPU worker: on a quiet machine DP-SGD jobs measured "
-    "7-65x below it (benchmarks/results/dpsgd_work.md). Plans over the worker's limits "
-    "are refused with the same estimate."
+    "its rows), set for a busy 2-core CPU worker: measured runs took from 2x longer to 81x "
+    "less than it, by method and machine load (README, the quote's estimate; "
+    "benchmarks/results/job_estimates.md). Plans over the worker's limits are refused "
+    "with the same estimate."
 )
 
 
