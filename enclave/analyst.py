@@ -169,7 +169,7 @@ class ScoredImages:
 def score_images(
     release: LoadedRelease | str | Path, path: str | Path, *, sample: int = 0
 ) -> ScoredImages:
-    """Score public images with a logistic release trained on an image dataset: read and
+    """Score public images with a logistic or CNN release trained on an image dataset: read and
     validate them by the release's public schema (worker/images.py, as ``enclave datasets
     check`` does), encode the pixels as the enclave does
     (:func:`service.datasets.images.encode_pixels`), predict."""

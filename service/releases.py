@@ -173,10 +173,13 @@ def predict_class_proba(release: LoadedRelease, x: np.ndarray, sample: int = 0) 
     if n_classes(release) < 3:
         raise ValueError("a binary release: use predict_proba (P(y = 1 | x))")
     kind = release.card["model"]["kind"]
-    if kind != "logistic":  # a K-class CNN (issue 20): scored in the enclave's tests only
-        raise ValueError(f"predict_class_proba supports logistic releases, not {kind!r}")
     w = release.sample_weights(sample)
-    z = x.astype(np.float64) @ w["linear.weight"].T.astype(np.float64) + w["linear.bias"]
+    if kind == "cnn":
+        z = cnn_logits(release.card["model"], w, x)
+    elif kind == "logistic":
+        z = x.astype(np.float64) @ w["linear.weight"].T.astype(np.float64) + w["linear.bias"]
+    else:
+        raise ValueError(f"predict_class_proba supports logistic and cnn releases, not {kind!r}")
     z = z - z.max(axis=1, keepdims=True)
     e = np.exp(z)
     return np.asarray(e / e.sum(axis=1, keepdims=True))
@@ -208,7 +211,55 @@ def predict_proba(release: LoadedRelease, x: np.ndarray, sample: int = 0) -> np.
             if i < len(layers) - 1:
                 h = np.tanh(h)
         return _sigmoid(h[:, 0])
-    raise ValueError(f"predict_proba supports logistic and mlp releases, not {kind!r}")
+    if kind == "cnn":
+        return _sigmoid(cnn_logits(release.card["model"], w, x)[:, 0])
+    raise ValueError(f"predict_proba supports logistic, mlp and cnn releases, not {kind!r}")
+
+
+# Rows per block of the CNN forward below (its windows are a view; the products allocate
+# rows × channels × output pixels × window floats per layer).
+_CNN_ROWS = 256
+
+
+def cnn_logits(model: dict[str, Any], w: dict[str, np.ndarray], x: np.ndarray) -> np.ndarray:
+    """A CNN release's logits (rows, 1 or K) for encoded pixels x (rows, C·H·W, channel-major
+    as the image kind encodes them), in float64 numpy: worker/models/cnn.py's forward
+    (each convolution with its stride and zero padding, ReLU, 2 × 2 average pooling that
+    drops a trailing odd row or column, then the Linear head on the flattened maps), with
+    the card's ``model`` (its layers and public image shape) and the sample's weights
+    (``convs.<i>.weight``/``bias``, ``head.weight``/``bias``).
+    ``tests/unit/test_release_scoring_cnn.py`` compares it with the torch module."""
+    image = model["image"]
+    shape = (int(image["channels"]), int(image["height"]), int(image["width"]))
+    if x.ndim != 2 or x.shape[1] != shape[0] * shape[1] * shape[2]:
+        raise ValueError(f"x must be (rows, {shape[0] * shape[1] * shape[2]}) encoded pixels")
+    blocks = [
+        _cnn_block(model["conv"], w, x[start : start + _CNN_ROWS], shape)
+        for start in range(0, len(x), _CNN_ROWS)
+    ]
+    head = len(w["head.bias"])
+    return np.concatenate(blocks) if blocks else np.zeros((0, head))
+
+
+def _cnn_block(
+    layers: list[dict[str, Any]], w: dict[str, np.ndarray], x: np.ndarray, shape: tuple[int, ...]
+) -> np.ndarray:
+    a = x.astype(np.float64).reshape(len(x), *shape)
+    for i, layer in enumerate(layers):
+        weight = w[f"convs.{i}.weight"].astype(np.float64)  # (c_out, c_in, k, k)
+        pad, stride, k = int(layer.get("padding", 0)), int(layer.get("stride", 1)), weight.shape[-1]
+        if pad:
+            a = np.pad(a, ((0, 0), (0, 0), (pad, pad), (pad, pad)))
+        windows = np.lib.stride_tricks.sliding_window_view(a, (k, k), axis=(2, 3))
+        windows = windows[:, :, ::stride, ::stride]  # (rows, c_in, out_h, out_w, k, k)
+        a = np.einsum("ncxyij,ocij->noxy", windows, weight, optimize=True)
+        a = np.maximum(a + w[f"convs.{i}.bias"].astype(np.float64)[None, :, None, None], 0.0)
+        if layer.get("pool", "none") == "avg2":
+            n, c, h, wd = a.shape
+            a = a[:, :, : h - h % 2, : wd - wd % 2].reshape(n, c, h // 2, 2, wd // 2, 2)
+            a = a.mean(axis=(3, 5))
+    flat = a.reshape(len(a), -1)
+    return np.asarray(flat @ w["head.weight"].astype(np.float64).T + w["head.bias"])
 
 
 @dataclass(frozen=True)

@@ -145,8 +145,9 @@ def test_a_cnn_on_the_digits_is_quoted_and_released_with_a_proven_card(
     assert card["privacy"]["guarantee"] == "proven"
     assert card["model"]["kind"] == "cnn" and card["model"]["classes"] == 10
     weights = client.get(f"/v1/jobs/{job}/release/weights", headers=headers).content
-    with pytest.raises(ValueError, match="not 'cnn'"):  # the analyst's scoring: not built yet
-        score_images(load_release(weights, card), DIGITS / "digits.npz")
     accuracy = _accuracy(card, weights)
+    scored = score_images(load_release(weights, card), DIGITS / "digits.npz")  # the analyst's
+    assert len(scored.y) == 1797 and scored.probabilities.shape == (1797, 10)
+    assert scored.accuracy == pytest.approx(accuracy, abs=2 / 1797)  # float64 vs the module
     print(f"digits, CNN (8 channels), DP-SGD ε = 8, 48 steps: training accuracy {accuracy:.3f}")
     assert accuracy > 0.3  # chance is 0.1
