@@ -7,7 +7,9 @@ unless an audit (service/audits.py) of the same configuration passed within that
 
 * same configuration: the plan's method, the model family (``model.kind``), the DP-SGD
   engine and noise schedule, and the sampler (``mechanism.sampler``; DP-SGD has one, its
-  Poisson sampler), with the job's noise multiplier σ at least the audited one. Why σ ≥:
+  Poisson sampler; ExpM is audited with its default Langevin sampler), with the job's
+  noise multiplier σ at least the audited one (ExpM+NF, which has none: the job's ε at
+  most the audited claim). Why σ ≥:
   a Gaussian step with noise σ' ≥ σ at the same clip norm is the step with noise σ
   followed by independent N(0, σ'² − σ²) noise, i.e. post-processing of it, so per step
   the job's mechanism is no less private than the one audited. The sampling rate and the
@@ -56,6 +58,7 @@ from service.ledger.locks import lock_dataset
 from service.ledger.tables import Base, Dataset, EntryKind, utcnow
 from service.schemas import JobRequest, PrivacyPlan
 from service.schemas.audits import READING
+from service.schemas.expm import ExpmOptions
 
 __all__ = [
     "MAX_GATE_DAYS",
@@ -170,13 +173,34 @@ def _audit_configuration(audit: Any) -> dict[str, Any]:
         "model": request["model"]["kind"],
         "engine": options.get("engine", "exact"),
         "noise_schedule": options.get("noise_schedule", "constant"),
-        "sampler": None,  # the audited method's sampler: DP-SGD's Poisson sampler
+        # The sampler the audit ran, named as a job's plan names it: an audit request has
+        # no ExpM options, so ExpM is audited with its default sampler (Langevin); DP-SGD's
+        # Poisson sampler and ExpM+NF's flow are not named in plans (None on both sides).
+        "sampler": _EXPM_DEFAULT_SAMPLER if request["method"] == "expm" else None,
     }
+
+
+_EXPM_DEFAULT_SAMPLER = ExpmOptions.model_fields["sampler"].default
 
 
 def _sigma(values: dict[str, Any] | None) -> float | None:
     value = (values or {}).get("noise_multiplier")
     return None if value is None else float(value)
+
+
+def _covered(plan: PrivacyPlan, audit: Any) -> bool:
+    """Whether the job runs the audited code path at a privacy level no weaker than the
+    audit's: a noise multiplier at least the audited one where the mechanism has one
+    (DP-SGD, ExpM's Langevin sampler; module docstring), else (ExpM+NF, whose flow has no
+    σ) a claimed ε at most the audited claim: the same sampler aimed at a target of no
+    lower temperature. Neither transfers the audit's figure to the job."""
+    job_sigma = _sigma(plan.mechanism)
+    if job_sigma is not None:
+        audited = _sigma(audit.result) or _sigma(audit.planned)
+        return audited is not None and job_sigma >= audited
+    if plan.method == "expm_nf":
+        return float(plan.epsilon) <= float(audit.request["epsilon"])
+    return False
 
 
 def check_gate(
@@ -195,8 +219,7 @@ def check_gate(
     for audit in done:
         if _audit_configuration(audit) != wanted:
             continue
-        audited_sigma = _sigma(audit.result) or _sigma(audit.planned)
-        if job_sigma is None or audited_sigma is None or job_sigma < audited_sigma:
+        if not _covered(plan, audit):
             continue
         seen["matching"] += 1
         result = audit.result or {}

@@ -56,6 +56,7 @@ def _audit(
     status: str = "done",
     model: str = "logistic",
     engine: str = "exact",
+    method: str = "dpsgd",
 ) -> str:
     """A finished audit row of the configuration given, as finish_audit writes one."""
     finished = datetime.now(UTC) - timedelta(days=age_days)
@@ -67,7 +68,7 @@ def _audit(
             status=status,
             requested_by=admin.id,
             request={
-                "method": "dpsgd",
+                "method": method,
                 "model": {"kind": model} if model == "logistic" else {"kind": model, "hidden": [8]},
                 "epsilon": claimed,
                 "delta": 1e-5,
@@ -75,7 +76,7 @@ def _audit(
                 "dataset": "adult",
                 "guesses": 200,
                 "confidence": 0.95,
-                "dpsgd": {"epochs": 1, "engine": engine},
+                **({"dpsgd": {"epochs": 1, "engine": engine}} if method == "dpsgd" else {}),
             },
             planned={"noise_multiplier": sigma, "steps": 4, "sampling_rate": 0.25},
             ceiling=5.8,
@@ -327,3 +328,39 @@ def test_a_gate_shortened_after_planning_refuses_at_admission(
     monkeypatch.setattr(routes, "_gate", planned)
     _gate(client, keys, 30)
     assert client.post("/v1/jobs", json=JOB, headers=auth(keys.alice)).status_code == 202
+
+
+EXPM_JOB = {"dataset": "toy", "method": "expm", "epsilon": 1.0, "delta": 1e-5}
+NF_JOB = {"dataset": "toy", "method": "expm_nf", "epsilon": 1.0, "delta": 0.0}
+
+
+def _quote(client: Any, keys: Any, body: dict[str, Any]) -> Any:
+    return client.post("/v1/quote", json=body, headers=auth(keys.alice))
+
+
+@pytest.mark.parametrize("db_url", ["sqlite", "postgres"], indirect=True)
+def test_expm_and_expm_nf_audits_open_the_gate_for_their_jobs(
+    client: Any, keys: Any, settings: Any
+) -> None:
+    """An ExpM audit (its default Langevin sampler) covers ExpM Langevin jobs at a σ no
+    lower; an ExpM+NF audit covers ExpM+NF jobs at an ε no higher; neither covers DP-SGD,
+    the MCMC sampler, or a job at less noise / a higher ε."""
+    r = _quote(client, keys, EXPM_JOB)
+    assert r.status_code == 200, r.text
+    sigma = float(r.json()["plan"]["mechanism"]["noise_multiplier"])
+    _gate(client, keys, 30)
+    for body in (EXPM_JOB, NF_JOB):
+        assert _quote(client, keys, body).status_code == 422  # no audit yet
+    _audit(settings, sigma=sigma * 1.01, method="expm")  # more noise than the job's
+    _audit(settings, sigma=0.0, claimed=0.5, method="expm_nf")  # a lower ε than the job's
+    for body in (EXPM_JOB, NF_JOB, JOB):
+        r = _quote(client, keys, body)
+        assert r.status_code == 422 and r.json()["type"].endswith("audit-gate"), r.text
+    _audit(settings, sigma=sigma, method="expm")
+    _audit(settings, sigma=0.0, claimed=1.0, method="expm_nf")
+    for body in (EXPM_JOB, NF_JOB):
+        r = _quote(client, keys, body)
+        assert r.status_code == 200 and r.json()["admitted"], r.text
+    mcmc = {**EXPM_JOB, "expm": {"sampler": "mcmc"}}
+    assert _quote(client, keys, mcmc).status_code == 422
+    assert _quote(client, keys, JOB).status_code == 422  # DP-SGD: still no audit of its own
