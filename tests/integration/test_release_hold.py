@@ -42,12 +42,14 @@ BODY = {
 }
 
 
-def _held(settings: Settings) -> Settings:
+def _held(settings: Settings, *, quantum_s: float = QUANTUM_S, factor: float = 1e-9) -> Settings:
+    """``settings`` with the hold on (the tests' fixture turns it off); by default D is one
+    quantum whatever the estimate (factor 1e-9)."""
     return settings.model_copy(
         update={
             "release_hold": True,
-            "release_hold_quantum_s": QUANTUM_S,
-            "release_hold_factor": 1e-9,
+            "release_hold_quantum_s": quantum_s,
+            "release_hold_factor": factor,
         }
     )
 

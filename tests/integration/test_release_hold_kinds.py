@@ -22,6 +22,7 @@ from service.jobs import as_utc
 from service.ledger.tables import Dataset, Job
 from service.release_hold import HoldPolicy, hold_seconds, plan_hold_seconds
 from tests.conftest import SMALL_SCHEMA, auth, write_toy_csv
+from tests.integration.test_release_hold import _held, _job
 from worker.data import HOLDOUT_FILE
 from worker.registration import register_dataset
 from worker.runner import Outcome, execute_job, hold_policy
@@ -38,16 +39,6 @@ EXPM_NF = {
     "expm_nf": {"steps": 20, "n_samples_per_step": 8, "batch_size": 64, "domain_radius": 5.0},
 }
 EVALUATE = {"epsilon": 1.0, "metrics": ["accuracy", "log_loss"]}
-
-
-def _held(settings: Settings) -> Settings:
-    return settings.model_copy(
-        update={
-            "release_hold": True,
-            "release_hold_quantum_s": QUANTUM_S,
-            "release_hold_factor": FACTOR,
-        }
-    )
 
 
 def _register(settings: Settings, name: str, n: int) -> None:
@@ -67,13 +58,6 @@ def _submit(client: Any, key: str, path: str, body: dict[str, Any]) -> str:
     r = client.post(path, json=body, headers=auth(key))
     assert r.status_code == 202, r.text
     return str(r.json()["id"])
-
-
-def _job(settings: Settings, job_id: str) -> Job:
-    with transaction(engine_for(settings.resolved_database_url)) as s:
-        job = s.get_one(Job, job_id)
-        s.expunge(job)
-        return job
 
 
 def _hold_of(job: Job) -> float:
@@ -120,7 +104,7 @@ def test_same_public_facts_same_hold_for_every_kind(
         return {**{k: v for k, v in plan.items() if k not in strip}, "mechanism": mechanism}
 
     assert public(plans[0]) == public(plans[1])  # but for the names
-    held = _held(settings)
+    held = _held(settings, quantum_s=QUANTUM_S, factor=FACTOR)
     policy: HoldPolicy = hold_policy(held)
     expected = plan_hold_seconds(plans[0], dict(SMALL_SCHEMA, name="few"), policy)
     assert expected > QUANTUM_S  # the estimate's D, not the one quantum of no estimate
