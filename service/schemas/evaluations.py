@@ -129,22 +129,15 @@ class EvaluationMetricPlan(BaseModel):
     )
 
 
-class PlanEvaluation(BaseModel):
-    """A train-then-evaluate plan's ``evaluation`` (service/evaluations.py
-    ``with_evaluation``): the evaluation's own (ε, δ), the training's, how they compose
-    into the plan's, and the evaluation's public plan. More keys may be added (never
-    removed or changed in meaning)."""
+class EvaluationPublicPlan(BaseModel):
+    """An evaluation's public plan (service/evaluations.py ``_public_plan``): the released
+    sample it scores, the holdout's public size, the classes and each metric's share,
+    sensitivity and noise scale. An evaluation job's mechanism and a train-then-evaluate
+    plan's ``evaluation`` both state it. More keys may be added (never removed or changed
+    in meaning)."""
 
     model_config = ConfigDict(extra="allow")
 
-    epsilon: float = Field(description="ε (nats) of the evaluation alone.")
-    delta: float = Field(description="δ of the evaluation alone.")
-    training_epsilon: float = Field(description="ε (nats) of the training alone.")
-    training_delta: float = Field(description="δ of the training alone.")
-    composition: str = Field(description="How the two compose into the plan's charge, in words.")
-    accountant: Literal["basic composition", "rdp"] = Field(
-        description="The evaluation's accountant: basic composition (Laplace) or RDP (Gaussian)."
-    )
     sample: EvaluationSample
     holdout_rows: int = Field(description="The holdout's public size.")
     classes: int = Field(description="Classes of the target (public).")
@@ -156,3 +149,28 @@ class PlanEvaluation(BaseModel):
     bins: int = Field(description="Bins of the calibration error.")
     neighbouring_relation: str
     metrics: list[EvaluationMetricPlan]
+
+
+class PlanEvaluation(EvaluationPublicPlan):
+    """A train-then-evaluate plan's ``evaluation`` (service/evaluations.py
+    ``with_evaluation``): the evaluation's own (ε, δ), the training's, how they compose
+    into the plan's, and the evaluation's public plan. More keys may be added (never
+    removed or changed in meaning)."""
+
+    epsilon: float = Field(description="ε (nats) of the evaluation alone.")
+    delta: float = Field(description="δ of the evaluation alone.")
+    training_epsilon: float = Field(description="ε (nats) of the training alone.")
+    training_delta: float = Field(description="δ of the training alone.")
+    composition: str = Field(description="How the two compose into the plan's charge, in words.")
+    accountant: Literal["basic composition", "rdp"] = Field(
+        description="The evaluation's accountant: basic composition (Laplace) or RDP (Gaussian)."
+    )
+
+
+class EvaluationMechanism(EvaluationPublicPlan):
+    """An evaluation job's mechanism (method ``evaluation``, POST /v1/evaluations;
+    service/evaluations.py ``plan_evaluation_job``): the evaluated job and the evaluation's
+    public plan. Its (ε, δ) and accountant are the plan's own. More keys may be added
+    (never removed or changed in meaning)."""
+
+    evaluated_job: str = Field(description="The id of the training job whose release is scored.")

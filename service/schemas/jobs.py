@@ -21,7 +21,7 @@ from service.schemas.budgets import BudgetView
 from service.schemas.common import ApiInput, Guarantee, Method, RequestMethod, TrainingMethod
 from service.schemas.dpsgd import DpsgdMechanism, DpsgdOptions
 from service.schemas.estimates import ResourceQuote
-from service.schemas.evaluations import PlanEvaluation, TrainingEvaluation
+from service.schemas.evaluations import EvaluationMechanism, PlanEvaluation, TrainingEvaluation
 from service.schemas.events import DpEventJson
 from service.schemas.expm import ExpmLangevinMechanism, ExpmMcmcMechanism, ExpmOptions
 from service.schemas.expm_nf import ExpmNfMechanism, ExpmNfOptions
@@ -129,6 +129,7 @@ PLAN_MECHANISMS: dict[str, TypeAdapter[Any]] = {
     "expm": TypeAdapter(ExpmMechanism),
     "expm_nf": TypeAdapter(ExpmNfMechanism),
     "selection": TypeAdapter(SelectionMechanism),
+    "evaluation": TypeAdapter(EvaluationMechanism),
 }
 """The type of a plan's mechanism, by the plan's method (for ``expm``, then by the
 mechanism's ``sampler``). A method without an entry (one added to the tables but not here;
@@ -148,6 +149,7 @@ _PLAN_MECHANISM_DOC, _PLAN_MECHANISM_EXTRA = mechanism_union(
         ExpmMcmcMechanism,
         ExpmNfMechanism,
         SelectionMechanism,
+        EvaluationMechanism,
     ),
     typed=PLAN_MECHANISMS,
 )
@@ -157,8 +159,8 @@ PlanMechanism = Annotated[
     Field(
         description=(
             "Resolved mechanism parameters. Which member of the union: the plan's method "
-            "(DpsgdMechanism, ExpmNfMechanism, SelectionMechanism), for expm then its "
-            "sampler (ExpmLangevinMechanism, ExpmMcmcMechanism)."
+            "(DpsgdMechanism, ExpmNfMechanism, SelectionMechanism, EvaluationMechanism), "
+            "for expm then its sampler (ExpmLangevinMechanism, ExpmMcmcMechanism)."
         ),
         json_schema_extra=_PLAN_MECHANISM_EXTRA,
     ),

@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationInfo
 from service.modelspec import ModelSpec
 from service.schemas.common import Guarantee
 from service.schemas.dpsgd import DpsgdMechanism
+from service.schemas.evaluations import EvaluationMechanism
 from service.schemas.events import DpEventJson
 from service.schemas.expm import ExpmLangevinMechanism, ExpmMcmcMechanism
 from service.schemas.expm_nf import ExpmNfMechanism
@@ -92,6 +93,12 @@ class SelectionCardMechanism(SelectionMechanism):
     method: Literal["selection"]
 
 
+class EvaluationCardMechanism(EvaluationMechanism):
+    """An evaluation job's mechanism: the evaluated job and the evaluation's public plan."""
+
+    method: Literal["evaluation"]
+
+
 CARD_MECHANISMS: dict[str, TypeAdapter[Any]] = {
     "dpsgd": TypeAdapter(DpsgdCardMechanism),
     "expm": TypeAdapter(
@@ -99,6 +106,7 @@ CARD_MECHANISMS: dict[str, TypeAdapter[Any]] = {
     ),
     "expm_nf": TypeAdapter(ExpmNfCardMechanism),
     "selection": TypeAdapter(SelectionCardMechanism),
+    "evaluation": TypeAdapter(EvaluationCardMechanism),
 }
 """The type of a card's mechanism, by its ``method`` (for ``expm``, then its ``sampler``);
 a method without an entry has an untyped mechanism."""
@@ -116,6 +124,7 @@ _CARD_MECHANISM_DOC, _CARD_MECHANISM_EXTRA = mechanism_union(
         ExpmMcmcCardMechanism,
         ExpmNfCardMechanism,
         SelectionCardMechanism,
+        EvaluationCardMechanism,
     ),
     typed=CARD_MECHANISMS,
 )

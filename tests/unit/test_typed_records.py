@@ -4,11 +4,11 @@ A plan's ``model``, ``event`` and ``mechanism`` and a card's ``model``, ``mechan
 ``privacy.event`` are documented as typed unions (service/schemas/events.py, each method's
 mechanism model) and validated against them, while the stored JSON is kept as it is. For
 every kind of plan the service builds (DP-SGD's schedules and engines, both ExpM samplers,
-ExpM+NF, every selection kind): the plan validates and serialises back to the same bytes,
-and each typed part, parsed into its model and written back, gives the same JSON (keys,
-values and int/float types), so the models describe what is really stored. The card the
-worker writes for each method validates the same way. Old plans (before keys were added)
-still validate; malformed ones are refused.
+ExpM+NF, every selection kind, train then evaluate, evaluation jobs): the plan validates
+and serialises back to the same bytes, and each typed part, parsed into its model and
+written back, gives the same JSON (keys, values and int/float types), so the models
+describe what is really stored. The card the worker writes for each method validates the
+same way. Old plans (before keys were added) still validate; malformed ones are refused.
 """
 
 from __future__ import annotations
@@ -22,14 +22,14 @@ import pytest
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from service.datasets.kinds import load_schema_yaml
-from service.evaluations import training_part, with_evaluation
+from service.evaluations import plan_evaluation_job, training_part, with_evaluation
 from service.methods import METHODS
 from service.modelspec import ModelSpec
 from service.plans import plan_for_dataset
 from service.privacy.events import EVENT_TYPES
 from service.schemas import TRAINING_METHODS, JobRequest, ModelCard, PrivacyPlan, method_names
 from service.schemas import common as schemas_common
-from service.schemas.evaluations import EvaluationMetricPlan, PlanEvaluation
+from service.schemas.evaluations import EvaluationMechanism, EvaluationMetricPlan, PlanEvaluation
 from service.schemas.events import DpEventJson
 from service.schemas.jobs import PLAN_MECHANISMS
 from service.schemas.releases import CARD_MECHANISMS, NoModel
@@ -112,6 +112,34 @@ EVALUATE: dict[str, dict[str, Any]] = {
 ``evaluation``, on a holdout of :data:`HOLDOUT_ROWS`."""
 HOLDOUT_ROWS = 3_000
 
+EVALUATIONS: dict[str, dict[str, Any]] = {
+    "evaluation job (laplace, every metric)": {
+        "epsilon": 1.0,
+        "delta": 0.0,
+        "evaluation": {
+            "job_id": "8a1f",
+            "sample": 0,
+            "metrics": ["accuracy", "auc", "log_loss", "calibration_error", "confusion"],
+            "noise": "laplace",
+            "confidence": 0.95,
+        },
+    },
+    "evaluation job (gaussian, sample 1)": {
+        "epsilon": 0.5,
+        "delta": 1e-6,
+        "evaluation": {
+            "job_id": "8a1f",
+            "sample": 1,
+            "metrics": ["auc", "confusion"],
+            "noise": "gaussian",
+            "confidence": 0.9,
+        },
+    },
+}
+"""Evaluation jobs (POST /v1/evaluations; service/evaluations.py ``plan_evaluation_job``):
+the stored request's ``evaluation`` as ``evaluation_job_request`` writes it, on a holdout
+of :data:`HOLDOUT_ROWS`."""
+
 SELECTIONS: dict[str, dict[str, Any]] = {
     "architecture rs": {
         "kind": "architecture",
@@ -177,6 +205,12 @@ def planned(name: str) -> tuple[JobRequest, PrivacyPlan, dict[str, Any]]:
         training = plan_for_dataset(training_part(request), n_rows=N_ROWS, public_schema=schema)
         plan = with_evaluation(training, request, holdout_rows=HOLDOUT_ROWS, public_schema=schema)
         return request, plan, schema
+    if name in EVALUATIONS:
+        schema = schema_of("adult")
+        body = {"dataset": "adult", "method": "evaluation", **EVALUATIONS[name]}
+        request = JobRequest.model_validate(body)
+        plan = plan_evaluation_job(request, holdout_rows=HOLDOUT_ROWS, public_schema=schema)
+        return request, plan, schema
     schema = schema_of("adult")
     selection = SelectionRequest.model_validate({"dataset": "adult", **SELECTIONS[name]}).root
     request = job_request(selection, n_rows=N_ROWS, public_schema=schema)
@@ -184,7 +218,7 @@ def planned(name: str) -> tuple[JobRequest, PrivacyPlan, dict[str, Any]]:
     return request, plan, schema
 
 
-ALL = [*QUOTES, *EVALUATE, *SELECTIONS]
+ALL = [*QUOTES, *EVALUATE, *EVALUATIONS, *SELECTIONS]
 
 
 def sorted_json(value: Any) -> str:
@@ -261,6 +295,7 @@ def test_the_plans_cover_every_mechanism_model() -> None:
         "ExpmMcmcMechanism",
         "ExpmNfMechanism",
         "SelectionMechanism",
+        "EvaluationMechanism",
     }
     kinds = {planned(name)[1].mechanism["kind"] for name in SELECTIONS}
     assert kinds == {"architecture", "hyperparameters", "features"}
@@ -277,8 +312,61 @@ def test_the_plans_cover_every_mechanism_model() -> None:
 
 
 def test_every_registered_method_has_a_typed_mechanism() -> None:
-    methods = {method for method, _ in METHODS} | {"selection"}
-    assert methods == set(PLAN_MECHANISMS) == set(CARD_MECHANISMS)
+    methods = {method for method, _ in METHODS} | {"selection", "evaluation"}
+    assert methods == set(method_names()) == set(PLAN_MECHANISMS) == set(CARD_MECHANISMS)
+
+
+@pytest.mark.parametrize("name", EVALUATIONS)
+def test_an_evaluation_jobs_mechanism_round_trips_through_its_model(name: str) -> None:
+    """The typed mechanism of an evaluation job has exactly the keys plan_evaluation_job
+    writes (the metrics' too) with their int/float types, and shares the public plan's
+    model with a train-then-evaluate plan's ``evaluation``: the same keys, less the
+    training's and the composition's, plus the evaluated job."""
+    stored = json.loads(planned(name)[1].model_dump_json())["mechanism"]
+    assert set(EvaluationMechanism.model_fields) == set(stored)
+    for metric in stored["metrics"]:
+        assert set(EvaluationMetricPlan.model_fields) == set(metric)
+    assert typed_round_trip(TypeAdapter(EvaluationMechanism), stored) == sorted_json(stored)
+    assert stored["evaluated_job"] == EVALUATIONS[name]["evaluation"]["job_id"]
+    assert stored["sample"] == EVALUATIONS[name]["evaluation"]["sample"]
+    trained = json.loads(planned(next(iter(EVALUATE)))[1].model_dump_json())["evaluation"]
+    own = {"epsilon", "delta", "training_epsilon", "training_delta", "composition", "accountant"}
+    assert set(trained) - own == set(stored) - {"evaluated_job"}
+
+
+def test_a_malformed_evaluation_mechanism_is_refused() -> None:
+    stored = json.loads(planned("evaluation job (laplace, every metric)")[1].model_dump_json())
+    mechanism = stored["mechanism"]
+    metric = mechanism["metrics"][0]
+    for bad in (
+        {k: v for k, v in mechanism.items() if k != "evaluated_job"},
+        {k: v for k, v in mechanism.items() if k != "metrics"},
+        {**mechanism, "sample": -1},
+        {**mechanism, "holdout_rows": "many"},
+        {**mechanism, "noise": "cauchy"},
+        {**mechanism, "metrics": [{**metric, "metric": "f1"}]},
+        {**mechanism, "metrics": [{k: v for k, v in metric.items() if k != "scale"}]},
+        json.loads(planned("dpsgd constant")[1].model_dump_json())["mechanism"],
+    ):
+        with pytest.raises(ValidationError):
+            PrivacyPlan.model_validate({**stored, "mechanism": bad})
+
+
+def test_evaluation_plans_stored_before_later_keys_existed_still_validate() -> None:
+    """The first evaluation jobs' plans (7f639b6): metrics without AUC's
+    ``count_sensitivity_*`` and with propose-test-release's ``delta_bad`` (since
+    removed) still validate and serialise to the same bytes."""
+    stored = json.loads(planned("evaluation job (laplace, every metric)")[1].model_dump_json())
+    later = {"count_sensitivity_l1", "count_sensitivity_l2"}
+    metrics = [
+        {**{k: v for k, v in m.items() if k not in later}, "delta_bad": None}
+        for m in stored["mechanism"]["metrics"]
+        if m["metric"] != "auc"
+    ]
+    old = {**stored, "mechanism": {**stored["mechanism"], "metrics": metrics}}
+    assert PrivacyPlan.model_validate(old).model_dump_json() == json.dumps(
+        old, ensure_ascii=False, separators=(",", ":")
+    )
 
 
 @pytest.mark.parametrize("model", [PrivacyPlan, ModelCard])
@@ -292,7 +380,7 @@ def test_the_document_names_the_mechanism_models_and_any_untyped_method(
     members = field["anyOf" if untyped else "oneOf"]
     names = {m["$ref"].rsplit("/", 1)[1].replace("Card", "") for m in members}
     typed = {"DpsgdMechanism", "ExpmLangevinMechanism", "ExpmMcmcMechanism"}
-    typed |= {"ExpmNfMechanism", "SelectionMechanism"}
+    typed |= {"ExpmNfMechanism", "SelectionMechanism", "EvaluationMechanism"}
     assert names == (typed | {"UntypedMechanism"} if untyped else typed)
     assert all(m in field["description"] for m in untyped)
 
@@ -392,7 +480,11 @@ def test_plans_stored_before_later_keys_existed_still_validate() -> None:
         assert again == old and list(again["mechanism"]) == list(old["mechanism"])
 
 
-def card_of(name: str, selection: dict[str, Any] | None = None) -> dict[str, Any]:
+def card_of(
+    name: str,
+    selection: dict[str, Any] | None = None,
+    evaluation: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     """The card the worker writes for this plan (worker/release.py), as stored (JSON)."""
     from worker.release import model_card
 
@@ -406,6 +498,7 @@ def card_of(name: str, selection: dict[str, Any] | None = None) -> dict[str, Any
         weights_sha256="0" * 64,
         samples=plan.samples,
         selection=selection,
+        evaluation=evaluation,
     )
     return json.loads(json.dumps(card, sort_keys=True))
 
@@ -425,6 +518,10 @@ def test_a_card_written_by_the_worker_for_each_method_validates() -> None:
     mlp = {"kind": "mlp", "hidden": [8], "activation": "tanh"}
     cards["selection"] = card_of("architecture rs", selection_summary(mlp))
     cards["selection, no model"] = card_of("hyperparameters decaying", selection_summary(None))
+    # What the card's `evaluation` holds is not this test's concern (worker/evaluation_job.py
+    # release_json); its mechanism is.
+    for name in EVALUATIONS:
+        cards[name] = card_of(name, evaluation={"job_id": "8a1f", "sample": 0, "metrics": {}})
     assert {c["mechanism"]["method"] for c in cards.values()} == set(CARD_MECHANISMS)
     for name, card in cards.items():
         parsed = ModelCard.model_validate(card)
