@@ -101,6 +101,33 @@ class Api:
         return self.call(method, path, **kwargs).json()
 
 
+def metric_list(text: str) -> list[str]:
+    """Comma-separated metric names as a list (blanks dropped); the API checks the names."""
+    return [m.strip() for m in text.split(",") if m.strip()]
+
+
+def _evaluate_block(
+    metrics: str | None,
+    epsilon: float | None,
+    delta: float | None,
+    noise: str | None,
+    confidence: float | None,
+    sample: int | None,
+) -> dict[str, Any]:
+    """The ``evaluate`` fields the --evaluate* flags give (service/schemas/evaluations.py
+    TrainingEvaluation: metrics, epsilon, delta, noise, confidence, sample); those not
+    given are left to the --body file or the API's defaults."""
+    block = {
+        "metrics": None if metrics is None else metric_list(metrics),
+        "epsilon": epsilon,
+        "delta": delta,
+        "noise": noise,
+        "confidence": confidence,
+        "sample": sample,
+    }
+    return {k: v for k, v in block.items() if v is not None}
+
+
 def _request_body(
     body: Path | None,
     dataset: str | None,
@@ -109,9 +136,11 @@ def _request_body(
     delta: float | None,
     model: str | None,
     samples: int | None,
+    evaluate: dict[str, Any],
 ) -> dict[str, Any]:
     """The body of POST /v1/quote and /v1/jobs: the --body file's JSON object, with the
-    flags given on top. The API validates it (a 422 problem names the field)."""
+    flags given on top (``evaluate``: the --evaluate* flags' fields, on top of the file's
+    ``evaluate`` block). The API validates it (a 422 problem names the field)."""
     out: dict[str, Any] = {}
     if body is not None:
         try:
@@ -127,6 +156,11 @@ def _request_body(
     missing = [k for k in ("dataset", "method", "epsilon") if k not in out]
     if missing:
         fail(f"the request needs {', '.join(missing)}: pass --{missing[0]} or --body FILE")
+    if evaluate:
+        given = out.get("evaluate")
+        out["evaluate"] = {**(given if isinstance(given, dict) else {}), **evaluate}
+        if "epsilon" not in out["evaluate"]:
+            fail("train then evaluate needs the evaluation's ε: pass --evaluate-epsilon")
     return out
 
 
@@ -146,6 +180,52 @@ EpsilonOpt = Annotated[float | None, typer.Option(help="ε of one release, in na
 DeltaOpt = Annotated[float | None, typer.Option(help="δ of one release (0 for pure methods).")]
 ModelOpt = Annotated[str | None, typer.Option(help="Model kind: logistic, mlp, grud.")]
 SamplesOpt = Annotated[int | None, typer.Option(help="Released models (each charged).")]
+# Train then evaluate: the request's `evaluate` block (service/schemas/evaluations.py
+# TrainingEvaluation), one flag per field; the API checks every value (a 422 problem).
+EVALUATE_PANEL = "Train then evaluate (the request's evaluate block)"
+
+
+def _evaluate_option(flag: str, text: str) -> Any:
+    return typer.Option(flag, help=text, rich_help_panel=EVALUATE_PANEL, show_default=False)
+
+
+EvaluateOpt = Annotated[
+    str | None,
+    _evaluate_option(
+        "--evaluate",
+        "Also score the released model on the dataset's private holdout, in the same job "
+        "and charge: comma-separated metrics (accuracy, auc, log_loss, calibration_error, "
+        "confusion). Needs --evaluate-epsilon.",
+    ),
+]
+EvaluateEpsilonOpt = Annotated[
+    float | None,
+    _evaluate_option(
+        "--evaluate-epsilon",
+        "ε (nats) of the evaluation, added to the training's (metrics default: accuracy,log_loss).",
+    ),
+]
+EvaluateDeltaOpt = Annotated[
+    float | None,
+    _evaluate_option(
+        "--evaluate-delta", "δ of the evaluation (API default 0; Gaussian noise needs δ > 0)."
+    ),
+]
+EvaluateNoiseOpt = Annotated[
+    str | None, _evaluate_option("--evaluate-noise", "laplace (API default) or gaussian.")
+]
+EvaluateConfidenceOpt = Annotated[
+    float | None,
+    _evaluate_option(
+        "--evaluate-confidence", "Level of each metric's interval (API default 0.95)."
+    ),
+]
+EvaluateSampleOpt = Annotated[
+    int | None,
+    _evaluate_option(
+        "--evaluate-sample", "Which released model to score, with --samples > 1 (API default 0)."
+    ),
+]
 
 
 def _budget(view: dict[str, Any] | None) -> str:
@@ -178,6 +258,30 @@ def _estimate_rows(estimate: dict[str, Any] | None) -> list[tuple[str, str]]:
     ]
 
 
+def _evaluation_rows(evaluation: dict[str, Any] | None) -> list[tuple[str, str]]:
+    """Train then evaluate: the plan's split of its (ε, δ) between the training and the
+    evaluation (the stated ε above is their composition, charged once)."""
+    if not evaluation:
+        return []
+    metrics = ", ".join(str(m["metric"]) for m in evaluation["metrics"])
+    return [
+        (
+            "training ε, δ",
+            f"{privacy_number(evaluation['training_epsilon'])}, "
+            f"{privacy_number(evaluation['training_delta'])}",
+        ),
+        (
+            "evaluation ε, δ",
+            f"{privacy_number(evaluation['epsilon'])}, {privacy_number(evaluation['delta'])}",
+        ),
+        (
+            "evaluation",
+            f"{metrics} of sample {evaluation['sample']} on {evaluation['holdout_rows']} "
+            f"holdout rows, {evaluation['noise']} noise",
+        ),
+    ]
+
+
 def quote_table(quote: dict[str, Any]) -> Table:
     """The plan and its charge: the stated (ε, δ) and what the ledger charges."""
     plan = quote["plan"]
@@ -203,6 +307,7 @@ def quote_table(quote: dict[str, Any]) -> Table:
     for name in ("noise_multiplier", "sampling_rate", "expected_batch_size", "epochs"):
         if name in mech:
             rows.append((name, f"{mech[name]:g}"))
+    rows += _evaluation_rows(plan.get("evaluation"))
     rows += _estimate_rows(quote.get("estimate"))
     rows += [
         ("dataset ε remaining", _change(quote["dataset_before"], quote["dataset_after"])),
@@ -225,10 +330,18 @@ def quote(
     delta: DeltaOpt = None,
     model: ModelOpt = None,
     samples: SamplesOpt = None,
+    ev_metrics: EvaluateOpt = None,
+    ev_epsilon: EvaluateEpsilonOpt = None,
+    ev_delta: EvaluateDeltaOpt = None,
+    ev_noise: EvaluateNoiseOpt = None,
+    ev_confidence: EvaluateConfidenceOpt = None,
+    ev_sample: EvaluateSampleOpt = None,
 ) -> None:
-    """Show the plan and its charge for a request without charging anything. Exits 1
-    when the ledger would refuse it (the reason is on stderr)."""
-    request = _request_body(body, dataset, method, epsilon, delta, model, samples)
+    """Show the plan and its charge for a request without charging anything (with
+    --evaluate: the training and the evaluation of its model, composed). Exits 1 when the
+    ledger would refuse it (the reason is on stderr)."""
+    ev = _evaluate_block(ev_metrics, ev_epsilon, ev_delta, ev_noise, ev_confidence, ev_sample)
+    request = _request_body(body, dataset, method, epsilon, delta, model, samples, ev)
     answer = Api(url, key).json("POST", "/v1/quote", json=request)
     console.print(quote_table(answer))
     for note in remaining_notes(answer):  # what "remaining" means, and why a refusal
@@ -248,13 +361,22 @@ def submit(
     delta: DeltaOpt = None,
     model: ModelOpt = None,
     samples: SamplesOpt = None,
+    ev_metrics: EvaluateOpt = None,
+    ev_epsilon: EvaluateEpsilonOpt = None,
+    ev_delta: EvaluateDeltaOpt = None,
+    ev_noise: EvaluateNoiseOpt = None,
+    ev_confidence: EvaluateConfidenceOpt = None,
+    ev_sample: EvaluateSampleOpt = None,
     idempotency_key: Annotated[
         str | None,
         typer.Option(help="Send again safely: the same key and body return the first job."),
     ] = None,
 ) -> None:
-    """Submit a job (charged now, before any private row is read); prints its id last."""
-    request = _request_body(body, dataset, method, epsilon, delta, model, samples)
+    """Submit a job (charged now, before any private row is read); prints its id last.
+    With --evaluate the job also scores its released model on the holdout (one charge);
+    `download` then prints the results."""
+    ev = _evaluate_block(ev_metrics, ev_epsilon, ev_delta, ev_noise, ev_confidence, ev_sample)
+    request = _request_body(body, dataset, method, epsilon, delta, model, samples, ev)
     headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
     response = Api(url, key).call("POST", "/v1/jobs", json=request, headers=headers)
     job = response.json()
@@ -262,6 +384,7 @@ def submit(
     console.print(
         f"job {job['status']}{again}: step {job['progress_step']} of {job['progress_total']}, "
         f"ε = {privacy_number(job['epsilon'])}, δ = {privacy_number(job['delta'])} charged"
+        + (" (training and evaluation)" if job["plan"].get("evaluation") else "")
     )
     typer.echo(job["id"])
 
@@ -428,6 +551,8 @@ def download(
         f"ε = {privacy_number(privacy.get('epsilon'))}, δ = {privacy_number(privacy.get('delta'))}",
         soft_wrap=True,
     )
+    if isinstance(release.card.get("evaluation"), dict):  # train then evaluate
+        console.print(evaluation_table(release.card))
 
 
 @jobs_app.command("score")
@@ -619,7 +744,7 @@ def evaluate(
         "job_id": job_id,
         "epsilon": epsilon,
         "delta": delta,
-        "metrics": [m.strip() for m in metrics.split(",") if m.strip()],
+        "metrics": metric_list(metrics),
         "noise": noise,
         "confidence": confidence,
         "sample": sample,
