@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from service.modelspec import CnnSpec, LogisticSpec, ModelSpec
+from service.modelspec import CnnSpec, LogisticSpec, MlpSpec, ModelSpec
 from service.plans import PlanError
 from service.schemas import PrivacyPlan
 from worker.mechanisms.base import MechanismOutput, ProgressFn, TabularTrainingSet
@@ -40,14 +40,20 @@ MECHANISMS: dict[tuple[str, str | None], Mechanism] = {
     ("dpsgd", None): Mechanism("worker.mechanisms.dpsgd", "run_dpsgd"),
     ("expm_nf", None): Mechanism("worker.mechanisms.expm_job", "run_expm_nf_plan", True),
     ("expm", "langevin"): Mechanism("worker.mechanisms.langevin", "run_expm_langevin"),
+    ("expm", "langevin-hidden"): Mechanism(
+        "worker.mechanisms.langevin_hidden", "run_expm_hidden_langevin"
+    ),
     ("expm", "mcmc"): Mechanism("worker.mechanisms.mcmc", "run_expm_mcmc"),
 }
 
 
 def mechanism_key(plan: PrivacyPlan) -> tuple[str, str | None]:
     """The registry key of a plan: its method, and its sampler where the method has several
-    (``expm``: langevin or mcmc)."""
+    (``expm``: langevin or mcmc; a Langevin plan charged by the hidden-iterate bound,
+    ``accounting: "hidden"``, runs the lattice chain: "langevin-hidden")."""
     sampler = plan.mechanism.get("sampler") if plan.method == "expm" else None
+    if sampler == "langevin" and plan.mechanism.get("accounting") == "hidden":
+        return plan.method, "langevin-hidden"
     return plan.method, None if sampler is None else str(sampler)
 
 
@@ -65,9 +71,10 @@ def run_mechanism(
         raise PlanError(f"no mechanism for method {plan.method!r} ({mechanism_key(plan)})")
     run = entry.resolve()
     # The plan's model is the request's fitted to the dataset's public classes: a logistic
-    # model of a K-class target carries classes: K (service.plans.with_classes).
+    # or MLP model of a K-class target carries classes: K (service.plans.with_classes).
     classes = plan.model.get("classes")
-    if classes is not None and isinstance(spec, LogisticSpec) and spec.classes != classes:
+    k_logits = (LogisticSpec, MlpSpec)
+    if classes is not None and isinstance(spec, k_logits) and spec.classes != classes:
         spec = spec.model_copy(update={"classes": int(classes)})
     if isinstance(spec, CnnSpec):  # and a CNN the dataset's image shape (service.plans)
         spec = CnnSpec.model_validate(plan.model)
