@@ -40,12 +40,18 @@ class LogisticSpec(_Spec):
 
 
 class MlpSpec(_Spec):
-    """A small MLP with tanh or ReLU hidden layers and a sigmoid output in [0, 1]."""
+    """A small MLP with tanh or ReLU hidden layers and a sigmoid output in [0, 1]; for a
+    target of K ≥ 3 classes, a head of K logits and softmax. ``classes`` is filled in by
+    the service from the dataset's schema, as for :class:`LogisticSpec`."""
 
     kind: Literal["mlp"] = "mlp"
     hidden: list[Width] = Field(default=[16], min_length=1, max_length=3)
-    # Does not change the parameter count or any sensitivity (the head is a sigmoid).
+    # Does not change the parameter count or any sensitivity (the clipping bounds them).
     activation: Literal["tanh", "relu"] = "tanh"
+    # Left out of every dump when absent: binary MLP plans and cards unchanged, byte for byte.
+    classes: int | None = Field(
+        default=None, ge=3, le=MAX_CLASSES, exclude_if=lambda value: value is None
+    )
 
 
 class GrudSpec(_Spec):
@@ -224,7 +230,8 @@ def parameter_count(spec: ModelSpec, n_features: int) -> int:
     """Number of trainable parameters of the target model (public: spec and schema only).
 
     Logistic: n_features + 1, or K·(n_features + 1) with K ≥ 3 classes. MLP:
-    Σ (fan_in + 1)·fan_out over its layers, sigmoid head of width 1. GRU-D with
+    Σ (fan_in + 1)·fan_out over its layers, a head of width 1 (sigmoid) or K (softmax,
+    K ≥ 3 classes). GRU-D with
     V = n_features variables and H hidden units (worker/models/grud.py): input decay 2V
     (diagonal weight, bias), hidden decay V·H + H, input gates on [x̂, m] 2V·3H + 3H,
     recurrent gates 2H·H + H·H (no bias), head H + 1. CNN: :func:`cnn_parameter_count`
@@ -235,7 +242,7 @@ def parameter_count(spec: ModelSpec, n_features: int) -> int:
     if isinstance(spec, LogisticSpec):
         return (spec.classes or 1) * (n_features + 1)
     if isinstance(spec, MlpSpec):
-        widths = [n_features, *spec.hidden, 1]
+        widths = [n_features, *spec.hidden, spec.classes or 1]
         return sum((a + 1) * b for a, b in pairwise(widths))
     if isinstance(spec, CnnSpec):
         count = cnn_parameter_count(spec)

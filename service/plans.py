@@ -60,19 +60,31 @@ def _model_json(model: ModelSpec) -> dict[str, Any]:
 
 
 MULTICLASS_SUPPORT = (
-    "DP-SGD (method 'dpsgd', engine 'exact') on models 'logistic' and 'cnn', and the proven "
-    "ExpM (method 'expm', sampler 'langevin') on model 'logistic'"
+    "DP-SGD (method 'dpsgd', engine 'exact') on models 'logistic', 'mlp' and 'cnn', DP-SGD "
+    "with engine 'ghost' on model 'mlp', and the proven ExpM (method 'expm', sampler "
+    "'langevin') on model 'logistic'"
 )
-"""What trains a target of K ≥ 3 classes today (worker/mechanisms/exact_softmax.py,
-worker/mechanisms/langevin.py)."""
+"""What trains a target of K ≥ 3 classes today, in words (:data:`MULTICLASS_MODELS`)."""
+
+MULTICLASS_MODELS: dict[tuple[str, str], tuple[str, ...]] = {
+    ("dpsgd", "exact"): ("logistic", "mlp", "cnn"),
+    ("dpsgd", "ghost"): ("mlp",),
+    ("expm", "langevin"): ("logistic",),
+}
+"""(method, engine or sampler) → the model kinds it trains on a target of K ≥ 3 classes,
+each with a proven guarantee: multinomial logistic regression
+(worker/mechanisms/exact_softmax.py, worker/mechanisms/langevin.py), K-logit MLPs
+(worker/mechanisms/exact_net.py, whose exact and ghost engines are one sum) and CNNs
+(worker/mechanisms/exact_conv.py)."""
 
 
 def with_classes(request: JobRequest, n_classes: int) -> JobRequest:
     """``request`` with its model fitted to a target of ``n_classes`` classes (public: the
-    schema's): unchanged for a binary target; for K ≥ 3 classes, a logistic model gets
-    ``classes: K`` (multinomial logistic regression: the exact DP-SGD engine or the Langevin
-    ExpM sampler), and every other method, engine, sampler or model is a :class:`PlanError`
-    naming what is supported. A ``classes`` given in the request must equal the dataset's."""
+    schema's): unchanged for a binary target; for K ≥ 3 classes, the model gets
+    ``classes: K`` where :data:`MULTICLASS_MODELS` lists its method, engine (or sampler)
+    and model kind, and anything else is a :class:`PlanError` naming what is supported
+    (:data:`MULTICLASS_SUPPORT`). A ``classes`` given in the request must equal the
+    dataset's."""
     given = getattr(request.model, "classes", None)
     if n_classes < 3:
         if given is not None:
@@ -80,10 +92,8 @@ def with_classes(request: JobRequest, n_classes: int) -> JobRequest:
         return request
     engine = request.dpsgd.engine if request.dpsgd is not None else "exact"
     sampler = request.expm.sampler if request.expm is not None else "langevin"
-    supported = (request.method == "dpsgd" and engine == "exact") or (
-        request.method == "expm" and sampler == "langevin"
-    )
-    if not supported or request.model.kind not in ("logistic", "cnn"):
+    variant = engine if request.method == "dpsgd" else sampler
+    if request.model.kind not in MULTICLASS_MODELS.get((request.method, variant), ()):
         what = f"method {request.method!r}, model {request.model.kind!r}"
         if request.method == "dpsgd":
             what += f", engine {engine!r}"
@@ -125,7 +135,6 @@ def build_plan(
     dataset_kind: str = "tabular",
     norm_sq_bound: int | None = None,
     n_classes: int = 2,
-    max_rows: int | None = None,
 ) -> PrivacyPlan:
     """Turn a validated request into its privacy plan (raises :class:`PlanError`).
 
@@ -138,9 +147,7 @@ def build_plan(
     of classes (:func:`with_classes`). A request whose method is ``auto`` is planned as the
     method service/methods/auto.py chooses, and the plan records the choice.
     """
-    facts = PlanFacts(
-        n_rows=n_rows, n_features=n_features, norm_sq_bound=norm_sq_bound, max_rows=max_rows
-    )
+    facts = PlanFacts(n_rows=n_rows, n_features=n_features, norm_sq_bound=norm_sq_bound)
     request, choice = choose_method(request, facts, n_classes=n_classes)
     request = with_classes(request, n_classes)
     if n_rows < 1:
@@ -211,7 +218,6 @@ def plan_for_dataset(
         dataset_kind=kind,
         norm_sq_bound=facts.norm_sq_bound,
         n_classes=n_classes,
-        max_rows=facts.max_rows,
     )
 
 
@@ -226,7 +232,6 @@ def _dataset_facts(public_schema: dict[str, Any], *, n_rows: int) -> tuple[str, 
         n_rows=n_rows,
         n_features=schema.n_features,
         norm_sq_bound=None if bound is None else bound(schema),
-        max_rows=getattr(schema, "max_rows", None),
     )
     # A kind whose schema declares no classes (one added by its table entry alone) is binary.
     return kind, facts, int(getattr(schema, "n_classes", 2))

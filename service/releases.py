@@ -163,13 +163,14 @@ def input_columns(release: LoadedRelease) -> list[int] | None:
 
 def n_classes(release: LoadedRelease) -> int:
     """The release's number of classes K: 2 for a binary model, else its model's
-    ``classes`` (multinomial logistic regression)."""
+    ``classes`` (multinomial logistic regression, a K-logit MLP or CNN)."""
     return int(release.card["model"].get("classes") or 2)
 
 
 def predict_class_proba(release: LoadedRelease, x: np.ndarray, sample: int = 0) -> np.ndarray:
     """(rows, K) softmax probabilities over the declared classes (in the schema's order) for
-    encoded features x, from a multinomial logistic release (``model.classes`` = K ≥ 3)."""
+    encoded features x, from a K-class release (``model.classes`` = K ≥ 3: multinomial
+    logistic regression, an MLP or a CNN)."""
     if n_classes(release) < 3:
         raise ValueError("a binary release: use predict_proba (P(y = 1 | x))")
     kind = release.card["model"]["kind"]
@@ -178,8 +179,12 @@ def predict_class_proba(release: LoadedRelease, x: np.ndarray, sample: int = 0) 
         z = cnn_logits(release.card["model"], w, x)
     elif kind == "logistic":
         z = x.astype(np.float64) @ w["linear.weight"].T.astype(np.float64) + w["linear.bias"]
+    elif kind == "mlp":
+        z = mlp_logits(release.card["model"], w, x)
     else:
-        raise ValueError(f"predict_class_proba supports logistic and cnn releases, not {kind!r}")
+        raise ValueError(
+            f"predict_class_proba supports logistic, mlp and cnn releases, not {kind!r}"
+        )
     z = z - z.max(axis=1, keepdims=True)
     e = np.exp(z)
     return np.asarray(e / e.sum(axis=1, keepdims=True))
@@ -205,15 +210,24 @@ def predict_proba(release: LoadedRelease, x: np.ndarray, sample: int = 0) -> np.
     if kind == "logistic":
         return _sigmoid(h @ w["linear.weight"].T[:, 0] + w["linear.bias"][0])
     if kind == "mlp":
-        layers = sorted({k.split(".")[1] for k in w if k.startswith("net.")}, key=int)
-        for i, idx in enumerate(layers):
-            h = h @ w[f"net.{idx}.weight"].T + w[f"net.{idx}.bias"]
-            if i < len(layers) - 1:
-                h = np.tanh(h)
-        return _sigmoid(h[:, 0])
+        return _sigmoid(mlp_logits(release.card["model"], w, h)[:, 0])
     if kind == "cnn":
         return _sigmoid(cnn_logits(release.card["model"], w, x)[:, 0])
     raise ValueError(f"predict_proba supports logistic, mlp and cnn releases, not {kind!r}")
+
+
+def mlp_logits(model: dict[str, Any], w: dict[str, np.ndarray], x: np.ndarray) -> np.ndarray:
+    """An MLP release's logits (rows, 1 or K) for encoded features x, in float64 numpy:
+    worker/models/mlp.py's forward (each Linear layer ``net.<i>.weight``/``bias`` in order,
+    the card's ``activation``, tanh unless it says relu, between them)."""
+    relu = model.get("activation", "tanh") == "relu"
+    layers = sorted({k.split(".")[1] for k in w if k.startswith("net.")}, key=int)
+    h = x.astype(np.float64)
+    for i, idx in enumerate(layers):
+        h = h @ w[f"net.{idx}.weight"].T.astype(np.float64) + w[f"net.{idx}.bias"]
+        if i < len(layers) - 1:
+            h = np.maximum(h, 0.0) if relu else np.tanh(h)
+    return np.asarray(h)
 
 
 # Rows per block of the CNN forward below (its windows are a view; the products allocate

@@ -185,7 +185,8 @@ def _check_engine(request: JobRequest, options: DpsgdOptions) -> None:
 # GRU-D in the exact engine, the only one it has (worker/mechanisms/exact_grud.py). A model
 # kind added later is labelled nominal until its exact path exists.
 # Multinomial logistic regression (a logistic model with K ≥ 3 classes) is proven in the
-# exact engine (worker/mechanisms/exact_softmax.py), the only one that takes it
+# exact engine (worker/mechanisms/exact_softmax.py), the only one that takes it; a K-class
+# MLP in the exact and ghost engines (worker/mechanisms/exact_net.py, one sum for both)
 # (service.plans.with_classes refuses the others before a plan is built).
 # CNNs are proven in the exact engine (worker/mechanisms/exact_conv.py), the only one that
 # takes them (_check_engine refuses ghost and jl).
@@ -193,11 +194,12 @@ PROVEN_MODELS = ("logistic", "mlp", "grud", "cnn")
 
 
 def dpsgd_guarantee(request: JobRequest) -> Guarantee:
-    """ "proven" for the models of PROVEN_MODELS (a K-class logistic model with the exact
-    engine only); "nominal" for any other."""
+    """ "proven" for the models of PROVEN_MODELS (a K-class model with the exact engine, or
+    a K-class MLP with the ghost engine, only); "nominal" for any other."""
     if getattr(request.model, "classes", None) is not None:
         engine = request.dpsgd.engine if request.dpsgd is not None else "exact"
-        return "proven" if engine == "exact" else "nominal"
+        ghost_mlp = engine == "ghost" and request.model.kind == "mlp"
+        return "proven" if engine == "exact" or ghost_mlp else "nominal"
     return "proven" if request.model.kind in PROVEN_MODELS else "nominal"
 
 
@@ -510,7 +512,8 @@ def dpsgd_training_memory_bytes(
     else:
         data = FLOAT_BYTES * n * n_features
         hidden = sum(spec.hidden) if isinstance(spec, MlpSpec) else 0
-        outputs = (spec.classes or 1) if isinstance(spec, LogisticSpec) else 1  # K logits
+        k_logits = isinstance(spec, (LogisticSpec, MlpSpec))
+        outputs = (spec.classes or 1) if k_logits else 1  # K logits
         widths = n_features + hidden + outputs
         activations = FLOAT_BYTES * rows * 3 * widths
     return data + grads + activations + FLOAT_BYTES * WITH_GRAD_AND_ADAM * p

@@ -311,20 +311,21 @@ def fit_to_classes(
 ) -> SelectionRequest:
     """``request`` with its candidates' model fitted to a target of ``n_classes`` public
     classes (a kind without classes is binary: unchanged). For K ≥ 3 classes only the
-    ``hyperparameters`` kind plans, on a model that K-class DP-SGD trains (multinomial
-    logistic regression, :func:`service.plans.with_classes`, whose refusal names what is
-    supported); every candidate is then scored by its noisy validation accuracy (argmax of
-    the K scores), as a binary one is. The ``architecture`` kind searches MLPs, which take
-    binary targets only, and the ``features`` kind's DP-CFS histograms are binary-target
-    statistics: both are refused."""
+    ``hyperparameters`` kind plans, on a model that K-class DP-SGD trains with the exact
+    engine (multinomial logistic regression or a K-logit MLP,
+    :func:`service.plans.with_classes`, whose refusal names what is supported); every
+    candidate is then scored by its noisy validation accuracy (argmax of the K scores), as
+    a binary one is. The ``architecture`` kind's search is not built for K classes, and the
+    ``features`` kind's DP-CFS histograms are binary-target statistics: both are
+    refused."""
     if n_classes < 3:
         return request
     if kind != "hyperparameters" or not isinstance(request, HyperparameterRequest):
         raise PlanError(
             f"the dataset's target has {n_classes} classes; of the selection kinds only "
-            "'hyperparameters' takes multi-class targets, on model 'logistic' (the "
-            "'architecture' kind searches MLPs, which are binary only for now, and "
-            "'features' scores binary-target histograms)"
+            "'hyperparameters' takes multi-class targets, on models 'logistic' and 'mlp' "
+            "(the 'architecture' kind's search is binary only for now, and 'features' "
+            "scores binary-target histograms)"
         )
     probe = JobRequest(dataset="-", method="dpsgd", epsilon=1.0, model=request.model)
     return request.model_copy(update={"model": with_classes(probe, n_classes).model})

@@ -70,11 +70,21 @@ def test_each_rows_contribution_is_the_same_bits_in_any_batch_and_position(spec:
     d = 20
     module = _model(spec, d, seed=25, std=2.0)
     x, y = _data(2049, d, seed=26)
-    clip = _clipper(module, d, clip=0.5)
-    alone = [clip.contributions(x[i : i + 1], y[i : i + 1])[0] for i in range(0, 2049, 97)]
-    picks = list(range(0, 2049, 97))
+    assert_rows_batch_independent(_clipper(module, d, clip=0.5), x, y)
+
+
+def assert_rows_batch_independent(
+    clip: en.ExactNetClipper, x: torch.Tensor, y: torch.Tensor
+) -> None:
+    """Every row's contribution (V per layer) is the same bits alone (every 97th row), in
+    the batches of the first n rows (n from 1 to all of x's, 2,049 for every size below),
+    after one row is appended to them, and in the whole batch reversed."""
+    rows = x.shape[0]
+    picks = list(range(0, rows, 97))
+    alone = [clip.contributions(x[i : i + 1], y[i : i + 1])[0] for i in picks]
     full, _ = clip.contributions(x, y)
-    for n in (1, 2, 3, 4, 5, 7, 8, 15, 16, 17, 63, 64, 65, 255, 256, 257, 1023, 1024, 2049):
+    sizes = (1, 2, 3, 4, 5, 7, 8, 15, 16, 17, 63, 64, 65, 255, 256, 257, 1023, 1024, rows)
+    for n in (n for n in sizes if n <= rows):
         part, _ = clip.contributions(x[:n], y[:n])
         for layer_full, layer_part in zip(full, part, strict=True):
             assert torch.equal(layer_full[:n], layer_part), n
@@ -466,6 +476,34 @@ def test_logistic_fast_path_is_the_general_paths_bits(d: int) -> None:
             call(x[:0], y[:0])
 
 
+def mlp_fast_sums(spec: MlpSpec, x: torch.Tensor, y: torch.Tensor, *, seed: int) -> int:
+    """:func:`_nonzero_fast_sums` of an MLP of ``spec`` (parameters of std 0.3 and 4,
+    float32 and float64, C ∈ {1, 0.05}, grids 2^20 and 2^12) on x, on float64 features
+    just inside the grid 2^-18, and on a one-hot-like copy of x: how many sums are not all
+    zero."""
+    d = x.shape[1]
+    x64 = (torch.floor(x.double() * 2.0**18) + (1.0 - 2.0**-12)) * 2.0**-18
+    sparse = x.clone()  # one-hot-like: columns 0 (or −0, or < 0) on every row, one NaN
+    sparse[:, 1::3] = 0.0
+    sparse[::2, 2::3] = -0.0
+    sparse[1::2, 2::3] = -3.0
+    sparse[5, 2 % max(d, 1)] = float("nan")
+    p = parameter_count(spec, d)
+    checked = 0
+    for std in (0.3, 4.0):
+        for dtype in (torch.float32, torch.float64):
+            module = _model(spec, d, seed=seed, std=std).to(dtype)
+            for clip, grid_bits in ((1.0, GRID_BITS), (0.05, GRID_BITS), (1.0, 12)):
+                exact = en.ExactNetClipper(
+                    module, grid_bits=grid_bits, max_grad_norm=clip, parameters=p
+                )
+                assert exact._mlp
+                checked += _nonzero_fast_sums(exact, x if dtype == torch.float32 else x64, y)
+                if std == 0.3 and dtype == torch.float32:  # columns left out of the products
+                    checked += _nonzero_fast_sums(exact, sparse, y)
+    return checked
+
+
 @pytest.mark.parametrize(
     ("hidden", "activation", "d"),
     [
@@ -486,26 +524,9 @@ def test_mlp_fast_path_is_the_general_paths_bits(
     batches and batches of 1 to 3 chunks (and of several row blocks), on awkward rows; the
     same refusals."""
     x, y = _awkward_rows(2100, d, seed=80 + d)
-    x64 = (torch.floor(x.double() * 2.0**18) + (1.0 - 2.0**-12)) * 2.0**-18
-    sparse = x.clone()  # one-hot-like: columns 0 (or −0, or < 0) on every row, one NaN
-    sparse[:, 1::3] = 0.0
-    sparse[::2, 2::3] = -0.0
-    sparse[1::2, 2::3] = -3.0
-    sparse[5, 2 % max(d, 1)] = float("nan")
     spec = MlpSpec(hidden=hidden, activation=activation)
     p = parameter_count(spec, d)
-    checked = 0
-    for std in (0.3, 4.0):
-        for dtype in (torch.float32, torch.float64):
-            module = _model(spec, d, seed=81, std=std).to(dtype)
-            for clip, grid_bits in ((1.0, GRID_BITS), (0.05, GRID_BITS), (1.0, 12)):
-                exact = en.ExactNetClipper(
-                    module, grid_bits=grid_bits, max_grad_norm=clip, parameters=p
-                )
-                assert exact._mlp
-                checked += _nonzero_fast_sums(exact, x if dtype == torch.float32 else x64, y)
-                if std == 0.3 and dtype == torch.float32:  # columns left out of the products
-                    checked += _nonzero_fast_sums(exact, sparse, y)
+    checked = mlp_fast_sums(spec, x, y, seed=81)
     assert checked > 20  # the sums are not all zero (deep ReLU at std 4: every row invalid)
     module = _model(spec, d, seed=82)
     with torch.no_grad():  # a zero output layer keeps the hidden gradients valid (0)

@@ -1,7 +1,8 @@
 """Issue 20, multi-class targets: the public schema declares K ≥ 3 classes, DP-SGD plans
 multinomial logistic regression (proven, K·(d + 1) parameters, ``classes: K`` in the plan's
-model), so does the proven ExpM (Langevin sampler), and every other method, engine, model
-and selection refuses it at quote time; a binary schema and its plans are unchanged."""
+model) and K-logit MLPs (engines exact and ghost), so does the proven ExpM (Langevin
+sampler) for logistic regression, and every other method, engine, model and selection
+refuses it at quote time; a binary schema and its plans are unchanged."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import pytest
 from pydantic import ValidationError
 
 from service.datasets.tabular import encode_target, parse_schema
-from service.modelspec import MAX_CLASSES, LogisticSpec, MlpSpec
+from service.modelspec import MAX_CLASSES, LogisticSpec, MlpSpec, parameter_count
 from service.plans import PlanError, plan_for_dataset, with_classes
 from service.schemas import DpsgdOptions, ExpmOptions, JobRequest
 from service.selection.budget import SelectionBudget
@@ -98,17 +99,35 @@ def test_a_binary_plan_has_no_classes_and_refuses_a_stated_count() -> None:
         plan_for_dataset(stated, n_rows=30162, public_schema=adult_schema())
 
 
+@pytest.mark.parametrize("engine", ["exact", "ghost"])
+@pytest.mark.parametrize("activation", ["tanh", "relu"])
+def test_dpsgd_plans_k_logit_mlps_proven_and_binary_mlps_as_before(
+    engine: str, activation: str
+) -> None:
+    spec = MlpSpec(hidden=[8, 4], activation=activation)  # type: ignore[arg-type]
+    request = _dpsgd(engine=engine).model_copy(update={"model": spec})
+    plan = plan_for_dataset(request, n_rows=600, public_schema=_public(classes=CLASSES))
+    model = {"kind": "mlp", "hidden": [8, 4], "classes": 3}
+    assert plan.model == (model if activation == "tanh" else {**model, "activation": "relu"})
+    assert plan.mechanism["parameters"] == (2 + 1) * 8 + (8 + 1) * 4 + (4 + 1) * 3
+    assert plan.mechanism.get("engine", "exact") == engine and plan.guarantee == "proven"
+    binary = plan_for_dataset(request, n_rows=30162, public_schema=adult_schema())
+    assert "classes" not in binary.model and binary.guarantee == "proven"
+    width = parse_schema(adult_schema()).n_features
+    assert binary.mechanism["parameters"] == parameter_count(spec, width)  # one logit
+
+
 @pytest.mark.parametrize(
     "request_",
     [
         _dpsgd(engine="ghost"),
         _dpsgd(engine="jl", jl_projections=4),
-        _dpsgd().model_copy(update={"model": MlpSpec(hidden=[8])}),
+        _dpsgd(engine="jl", jl_projections=4).model_copy(update={"model": MlpSpec(hidden=[8])}),
         JobRequest(dataset="iris", method="expm", epsilon=1.0, expm=ExpmOptions(sampler="mcmc")),
         JobRequest(dataset="iris", method="expm_nf", epsilon=1.0),
         JobRequest(dataset="iris", method="expm", epsilon=1.0, delta=1e-5, model=MlpSpec()),
     ],
-    ids=["ghost", "jl", "mlp", "expm_mcmc", "expm_nf", "expm_langevin_mlp"],
+    ids=["ghost", "jl", "jl_mlp", "expm_mcmc", "expm_nf", "expm_langevin_mlp"],
 )
 def test_every_other_method_engine_and_model_refuses_k_classes(request_: JobRequest) -> None:
     with pytest.raises(PlanError, match=r"3 classes.*'dpsgd', engine 'exact'.*'logistic'"):
@@ -128,7 +147,7 @@ def test_selections_but_tuning_refuse_k_classes(kind: str) -> None:
         )
 
 
-def test_tuning_plans_k_class_logistic_candidates_and_refuses_mlps() -> None:
+def test_tuning_plans_k_class_logistic_and_mlp_candidates() -> None:
     budget = SelectionBudget(training_epsilon=1.0, training_delta=1e-6, fitness_epsilon=0.1)
     request = HyperparameterRequest(model=LogisticSpec(), batch_sizes=[64], budget=budget)
     schema = _public(classes=CLASSES)
@@ -149,10 +168,13 @@ def test_tuning_plans_k_class_logistic_candidates_and_refuses_mlps() -> None:
     )
     assert next(iter(binary.mechanisms.values()))["parameters"] == 2 + 1
     mlp = request.model_copy(update={"model": MlpSpec(hidden=[4])})
-    with pytest.raises(PlanError, match=r"3 classes.*'mlp'"):
-        plan_selection(
-            "hyperparameters", mlp, dataset="iris", n_rows=600, n_features=2, schema=schema
-        )
+    assert fit_to_classes("hyperparameters", mlp, 3).model == MlpSpec(hidden=[4], classes=3)
+    plan = plan_selection(
+        "hyperparameters", mlp, dataset="iris", n_rows=600, n_features=2, schema=schema
+    )
+    (mechanism,) = plan.mechanisms.values()
+    assert mechanism["parameters"] == (2 + 1) * 4 + (4 + 1) * 3
+    assert plan.training_guarantee == "proven"
 
 
 def test_more_classes_than_the_engine_takes_is_a_plan_error() -> None:

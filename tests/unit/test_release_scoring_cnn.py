@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from service.modelspec import CnnSpec
+from service.modelspec import CnnSpec, ModelSpec
 from service.releases import LoadedRelease, predict_class_proba, predict_proba
 from worker.models import build_module
 
@@ -46,15 +46,22 @@ def test_numpy_forward_is_the_torch_modules(case: dict[str, Any], image: tuple[i
             "image": {"channels": c, "height": h, "width": w},
         }
     )
+    x = np.random.default_rng(1).uniform(0.0, 1.0, (300, c * h * w))  # two row blocks
+    assert_scores_are_the_modules(spec, x)
+
+
+def assert_scores_are_the_modules(spec: ModelSpec, x: np.ndarray) -> None:
+    """The release's probabilities (predict_class_proba for a spec with classes, else
+    predict_proba) are the float64 torch module's softmax or sigmoid on x, to rtol 1e-10,
+    for random weights (seed 0) in a release built from the module's state dict."""
     torch.manual_seed(0)
-    module = build_module(spec, c * h * w).double()
+    module = build_module(spec, x.shape[1]).double()
     tensors = {f"sample_0.{k}": v.detach().numpy() for k, v in module.state_dict().items()}
     card = {"model": spec.model_dump(mode="json"), "preprocessing": {}}
     release = LoadedRelease(card=card, tensors=tensors)
-    x = np.random.default_rng(1).uniform(0.0, 1.0, (300, c * h * w))  # two row blocks
     with torch.no_grad():
         logits = module(torch.from_numpy(x)).numpy()
-    if case["classes"]:
+    if getattr(spec, "classes", None):
         e = np.exp(logits - logits.max(axis=1, keepdims=True))
         expected = e / e.sum(axis=1, keepdims=True)
         got = predict_class_proba(release, x)

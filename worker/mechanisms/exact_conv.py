@@ -33,7 +33,7 @@ integer-valued float64 n standing for n·2^-g on a public grid 2^-g.
   layer's c = 18 (16 without pooling) and its inputs are ≤ 2^(c + 8) either way.
 * **Output.** Logits z = Z_head·2^-(c + b) (exact scaling). Binary: σ̃(z) by
   fixed_point.sigmoid_basic (elementwise, basic operations only); K ≥ 3 classes: p̃ by
-  exact_softmax.softmax_basic (row maximum (iii), exp from basic operations, a sum in the
+  fixed_point.softmax_basic (row maximum (iii), exp from basic operations, a sum in the
   fixed class order, one quotient per entry: a per-row sequence whose order never depends
   on the batch). Residual B_head = round((p̃ − e_y)·2^20) (GRAD_BITS), |B_head| ≤ 2^20.
 * **Backward.** Through a layer with output gradients B (grid 2^-20, |B| ≤ 2^26 on a valid
@@ -96,8 +96,13 @@ from torch.nn import functional as F
 from service.modelspec import MAX_CNN_PARAMETERS
 from worker.mechanisms.base import PlanMismatch
 from worker.mechanisms.exact_net import FEATURE_BITS, GRAD_BITS, norm_sq_upper
-from worker.mechanisms.exact_softmax import softmax_basic
-from worker.mechanisms.fixed_point import parameters_on_grid, pow2, pow2_tensor, sigmoid_basic
+from worker.mechanisms.fixed_point import (
+    parameters_on_grid,
+    pow2,
+    pow2_tensor,
+    sigmoid_basic,
+    softmax_basic,
+)
 from worker.mechanisms.guards import GuardFailed, positive_finite
 from worker.models.cnn import Cnn
 

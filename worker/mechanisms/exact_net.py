@@ -38,6 +38,21 @@ Route (a) of the issue, exact fixed-point arithmetic through the network. Notati
   with |B| ≤ 2^26: exact), then elementwise (i): tanh δ = round(fl(T·(2^32 − H²))·
   2^-(b_l + 32)) (H² ≤ 2^32 exact), ReLU δ = round(T·2^-b_l)·[Z > 0]. A row with
   |δ| > 2^26 (|∂ℓ/∂a| > 2^6, GRAD_RANGE_BITS) is invalid.
+* **K classes** (an MLP whose head has K ≥ 3 logits, softmax and cross-entropy; issue 20):
+  the head's numerators Z (rows, K) are K exact dot products as above, the logits
+  z = Z·2^-(c + b) (an exact scaling), p̃ = fixed_point.softmax_basic(z) (the row maximum
+  (iii), exp from basic operations, a sum in the fixed class order, one quotient per
+  entry: exact_softmax.py's docstring), and the output gradient is
+  B_L = round((p̃ − e_y)·2^20) (:func:`softmax_residuals`), the cross-entropy gradient
+  (p − e_y) with respect to the logits on the grid. p̃_k ∈ [0, 1], so |B_L,k| ≤ 2^20 ≤ 2^26
+  and the backward's room m_L already counts ⌈log₂ K⌉ (T = B_L·W_int,L sums K terms);
+  ‖B_L‖² ≤ K·2^40 ≤ 2^52, so norm_sq_upper(B_L) sums it exactly. The bound
+  ‖p − e_y‖² ≤ 2 of exact probabilities (langevin.py proves it for the grid residuals,
+  where it is the sensitivity) is not needed here, as in exact_softmax.py: the weight w_i
+  is aimed from the row's own norm bound and the a-posteriori integer check enforces
+  ‖z_i‖ ≤ c_row whatever B_L is. A label that is not an integer in [0, K) makes its row
+  invalid (:func:`class_labels_valid`: exact comparisons). A binary MLP (one logit) is
+  computed exactly as before, operation for operation.
 * **Invalid rows** (a bound above exceeded, a non-finite feature or label) are decided
   from that row's exact values by exact comparisons, so the decision is itself
   batch-independent, and contribute exactly 0. (A row's float results never mix with
@@ -107,6 +122,7 @@ from worker.mechanisms.fixed_point import (
     pow2,
     pow2_tensor,
     sigmoid_basic,
+    softmax_basic,
     tanh_grid_block,
     tanh_on_grid,
 )
@@ -117,10 +133,12 @@ __all__ = [
     "FEATURE_BITS",
     "ExactNetClipper",
     "RowSignals",
+    "class_labels_valid",
     "exact_net_supports",
     "layer_grids",
     "norm_sq_upper",
     "row_signals",
+    "softmax_residuals",
 ]
 
 FEATURE_BITS: Final[int] = 18
@@ -162,6 +180,28 @@ def _linears(module: torch.nn.Module) -> tuple[list[torch.nn.Linear], Literal["t
         relu = any(isinstance(m, torch.nn.ReLU) for m in module.net)
         return layers, "relu" if relu else "tanh"
     raise PlanMismatch("the exact fixed-point engine computes logistic regression and MLPs")
+
+
+def class_labels_valid(label: torch.Tensor, classes: int) -> torch.Tensor:
+    """Which rows' labels (float64) are class indices: integers in [0, K), decided by exact
+    comparisons on the row's own label (NaN and ±inf compare false or fall outside)."""
+    return (label == torch.floor(label)) & (label >= 0) & (label < classes)
+
+
+def softmax_residuals(
+    logits: torch.Tensor, label: torch.Tensor, valid: torch.Tensor
+) -> torch.Tensor:
+    """B = round((p̃ − e_y)·2^20) (rows, K), the cross-entropy gradient with respect to the
+    K logits on the grid 2^-20 (GRAD_BITS), p̃ = fixed_point.softmax_basic of the (exact)
+    logits; ``label`` the class indices (float64), read only on ``valid`` rows (class 0
+    elsewhere, whose residual the caller zeroes). p̃_k ∈ [0, 1], so |p̃_k − [k = y]| ≤ 1
+    (one correctly rounded subtraction, exact for k ≠ y) and |B_k| ≤ 2^20; every step is
+    elementwise or softmax_basic's per-row fixed-order sequence, so a row's B is the same
+    bits in any batch."""
+    p = softmax_basic(logits).to(logits.device)
+    index = torch.where(valid, label, 0.0).to(torch.int64)
+    target = torch.zeros_like(p).scatter_(1, index.unsqueeze(1), 1.0)
+    return torch.round((p - target) * pow2(GRAD_BITS))
 
 
 @dataclass(frozen=True)
@@ -270,9 +310,16 @@ def row_signals(
                 layer_input = torch.cat((a, one.to(a.device)), dim=1)
             hidden.append(a)
         last = grids_[-1]
-        logit = numerators[-1][:, 0] * pow2(-(last.in_bits + last.bits))
-        residual = sigmoid_basic(logit).to(logit.device) - y.double()
-        b = torch.round(residual * pow2(GRAD_BITS)).unsqueeze(1)
+        classes = last.weight.shape[0]  # 1 logit (binary), or K ≥ 3 (softmax)
+        if classes == 1:
+            logit = numerators[-1][:, 0] * pow2(-(last.in_bits + last.bits))
+            residual = sigmoid_basic(logit).to(logit.device) - y.double()
+            b = torch.round(residual * pow2(GRAD_BITS)).unsqueeze(1)
+        else:  # K classes: the labels are class indices; the logits' scaling is exact
+            label = y.double()
+            valid &= class_labels_valid(label, classes)
+            logits = numerators[-1] * pow2(-(last.in_bits + last.bits))
+            b = softmax_residuals(logits, label, valid)
         grads = [b]
         grad_limit = pow2(GRAD_BITS + GRAD_RANGE_BITS)
         for index in range(len(grids_) - 1, 0, -1):
@@ -402,9 +449,10 @@ def jl_estimates(grids: list[LayerGrid], s: RowSignals, directions: torch.Tensor
 
 
 class ExactNetClipper:
-    """The DP-SGD sum for one run of logistic regression or an MLP, engines ``exact`` and
-    ``ghost`` alike: (x, y) → S as int64 (parameters,), ‖S(D + x*) − S(D)‖ ≤ 2^k by the
-    module docstring's proof (no assumption beyond IEEE-754)."""
+    """The DP-SGD sum for one run of logistic regression or an MLP (one logit, or K ≥ 3
+    with softmax), engines ``exact`` and ``ghost`` alike: (x, y) → S as int64
+    (parameters,), ‖S(D + x*) − S(D)‖ ≤ 2^k by the module docstring's proof (no
+    assumption beyond IEEE-754)."""
 
     def __init__(
         self,
@@ -649,7 +697,7 @@ class ExactNetClipper:
         return np.concatenate((v @ a, [total_ones]))
 
     def _mlp_sum(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """:meth:`_general_sum` for MLPs (tanh or ReLU, any depth, one logit) on the CPU, in
+        """:meth:`_general_sum` for MLPs (tanh or ReLU, any depth, 1 or K logits) on the CPU, in
         numpy, as :meth:`_logistic_sum` is for logistic regression: every element goes
         through the same IEEE operations in the same order as :func:`row_signals` and
         :meth:`contributions` (tanh̃ through fixed_point.tanh_grid_block, whose shorter
@@ -714,6 +762,11 @@ class ExactNetClipper:
         a2 += _P_C * _P_C
         valid = np.isfinite(a2)
         valid &= np.isfinite(labels)
+        classes = layers[-1].weight.shape[0]
+        if classes > 1:  # row_signals' class_labels_valid: the same exact comparisons
+            valid &= labels == np.floor(labels)
+            valid &= labels >= 0
+            valid &= labels < classes
         # The columns of A that are 0 on every row of the chunk (most one-hot features of a
         # few hundred rows) are left out of both products with A: each of their terms is
         # 0·W = ±0 in an exact integer sum, so every sum is the same integer; a zero sum may
@@ -802,12 +855,20 @@ class ExactNetClipper:
                 tanh_grid_block(z, scale_bits=shift, out_bits=HIDDEN_BITS, out=h)
             inputs = h
         out_layer = layers[last]
-        logit = z[:, 0] * pow2(-(out_layer.in_bits + out_layer.bits))
-        b = _sigmoid_block(logit, logit)  # σ̃ (one block, the same operations), in place
-        b -= labels  # round((σ̃ − y)·2^20), half to even
-        b *= _P_GRAD
-        np.rint(b, out=b)
-        grads: list[npt.NDArray[np.float64]] = [b[:, None]]
+        scale = pow2(-(out_layer.in_bits + out_layer.bits))
+        grads: list[npt.NDArray[np.float64]]
+        if z.shape[1] == 1:
+            logit = z[:, 0] * scale
+            b = _sigmoid_block(logit, logit)  # σ̃ (one block, the same operations), in place
+            b -= labels  # round((σ̃ − y)·2^20), half to even
+            b *= _P_GRAD
+            np.rint(b, out=b)
+            grads = [b[:, None]]
+        else:  # K classes: row_signals' softmax_residuals itself, on these rows (no copy)
+            b = softmax_residuals(
+                torch.from_numpy(z * scale), torch.from_numpy(labels), torch.from_numpy(valid)
+            ).numpy()
+            grads = [b]
         largest: list[npt.NDArray[np.float64]] = []
         grad_limit = pow2(GRAD_BITS + GRAD_RANGE_BITS)
         for index in range(last, 0, -1):
@@ -858,7 +919,7 @@ class ExactNetClipper:
                 )
                 in_sq.append(h2)
         grad_sq = [_norm_sq_upper_np(g, top) for g, top in zip(grads[:-1], largest, strict=True)]
-        grad_sq.append(_column_norm_sq(b))
+        grad_sq.append(_column_norm_sq(b) if b.ndim == 1 else _norm_sq_upper_np(b))
         n_sq = np.zeros_like(a2)
         r_sq = np.zeros_like(a2)
         for a_sq, b_sq, g, layer in zip(in_sq, grad_sq, grads, layers, strict=True):
@@ -879,7 +940,8 @@ class ExactNetClipper:
             v = np.multiply(g, column, out=scaled[index])  # round(B·w·2^-20)
             v *= _P_INV_GRAD
             np.rint(v, out=v)
-            v_sq = _column_norm_sq(v[:, 0]) if index == last else _norm_sq_upper_np(v)
+            one_logit = index == last and v.shape[1] == 1
+            v_sq = _column_norm_sq(v[:, 0]) if one_logit else _norm_sq_upper_np(v)
             sums = sums + v_sq * a_sq * pow2(-2 * layer.in_bits)
         total[:] = sums
 
@@ -912,13 +974,13 @@ def _matmul(a: npt.NDArray[np.float64], b: npt.NDArray[np.float64]) -> npt.NDArr
 
 
 def _mlp_numpy_supports(module: torch.nn.Module) -> bool:
-    """Whether :meth:`ExactNetClipper._mlp_sum` computes ``module``: an MLP with one logit
+    """Whether :meth:`ExactNetClipper._mlp_sum` computes ``module``: an MLP (one logit or K)
     whose feature norms take _norm_sq_bounded (d + 1 ≤ 2^14) and, for tanh, whose hidden
     layers' too (width + 1 ≤ 2^18); the general path takes the others."""
     if not isinstance(module, Mlp):
         return False
     layers, activation = _linears(module)
-    if layers[-1].weight.shape[0] != 1 or len(layers) < 2:
+    if len(layers) < 2:
         return False
     if _half_bits(layers[0].weight.shape[1] + 1) < FEATURE_BITS + 1:
         return False

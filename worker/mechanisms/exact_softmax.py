@@ -16,16 +16,18 @@ Notation: a "grid value" is an integer-valued float64 n standing for n·2^-g.
   grid 2^-β with |W_int|, |b_int| ≤ 2^m, m = 52 − 18 − ⌈log₂(d + 1)⌉ (fixed_point.
   parameters_on_grid), so the logit numerators Z = Ã·[W_int, b_int]ᵀ (rows, K) have
   partial sums ≤ (d + 1)·2^(18 + m) ≤ 2^52: exact (ii). Logits z = Z·2^-(18 + β) (exact).
-* **Softmax from basic operations.** μ = max_k z_k (exact, iii); u_k = μ − z_k ≥ 0 (one
-  correctly rounded subtraction); e_k = fixed_point.exp_neg_basic(u_k) (basic operations
-  only, elementwise; e_k = 1 exactly where u_k = 0); s = ((e_0 + e_1) + e_2) + … in the
-  fixed class order (each addition correctly rounded: a per-row sequence of operations
-  whose order never depends on the batch); p̃_k = e_k / s ∈ [0, 1] (0 ≤ e_k ≤ s, as adding
-  non-negative floats never decreases a sum). Every step is elementwise (i) or a per-row
-  fixed-order sequence, so p̃ is the same bits for a row in any batch.
-* **Residual.** r_k = round((p̃_k − [k = y])·2^20) (GRAD_BITS), an integer K-vector with
-  |r_k| ≤ 2^20, so ‖r‖² ≤ K·2^40. The cross-entropy gradient of row i is exactly
-  (p − e_y) ⊗ (x, 1); here it is g_i = r ⊗ Ã·2^-(20 + 18) (grid values, exact).
+* **Softmax from basic operations** (fixed_point.softmax_basic). μ = max_k z_k (exact,
+  iii); u_k = μ − z_k ≥ 0 (one correctly rounded subtraction); e_k =
+  fixed_point.exp_neg_basic(u_k) (basic operations only, elementwise; e_k = 1 exactly where
+  u_k = 0); s = ((e_0 + e_1) + e_2) + … in the fixed class order (each addition correctly
+  rounded: a per-row sequence of operations whose order never depends on the batch);
+  p̃_k = e_k / s ∈ [0, 1] (0 ≤ e_k ≤ s, as adding non-negative floats never decreases a
+  sum). Every step is elementwise (i) or a per-row fixed-order sequence, so p̃ is the same
+  bits for a row in any batch.
+* **Residual** (exact_net.softmax_residuals). r_k = round((p̃_k − [k = y])·2^20)
+  (GRAD_BITS), an integer K-vector with |r_k| ≤ 2^20, so ‖r‖² ≤ K·2^40. The cross-entropy
+  gradient of row i is exactly (p − e_y) ⊗ (x, 1); here it is g_i = r ⊗ Ã·2^-(20 + 18)
+  (grid values, exact).
 * **Invalid rows** (a non-finite feature, a label that is not an integer in [0, K)) are
   decided by exact comparisons on the row's own values and contribute exactly 0.
 * **Clipping, row by row, in exact arithmetic.** N̂_i = √(U(r)·U(Ã)·2^-76)·(1 + 2^-40)
@@ -70,12 +72,23 @@ from typing import Final
 import torch
 
 from worker.mechanisms.base import PlanMismatch
-from worker.mechanisms.exact_net import FEATURE_BITS, GRAD_BITS, norm_sq_upper
-from worker.mechanisms.fixed_point import exp_neg_basic, parameters_on_grid, pow2
+from worker.mechanisms.exact_net import (
+    FEATURE_BITS,
+    GRAD_BITS,
+    class_labels_valid,
+    norm_sq_upper,
+    softmax_residuals,
+)
+from worker.mechanisms.fixed_point import parameters_on_grid, pow2, softmax_basic
 from worker.mechanisms.guards import GuardFailed, positive_finite
 from worker.models.softmax import Softmax
 
-__all__ = ["ExactSoftmaxClipper", "SoftmaxRows", "softmax_rows"]
+__all__ = [
+    "ExactSoftmaxClipper",
+    "SoftmaxRows",
+    "softmax_basic",  # fixed_point's, where it lived before
+    "softmax_rows",
+]
 
 ROW_LIMIT: Final[int] = 1 << 24
 CHUNK: Final[int] = 1024
@@ -110,18 +123,6 @@ class SoftmaxRows:
     valid: torch.Tensor
 
 
-def softmax_basic(logits: torch.Tensor) -> torch.Tensor:
-    """p̃ (rows, K) ∈ [0, 1] from basic operations (the module docstring): the row maximum,
-    one subtraction, exp_neg_basic, a sum in the fixed class order and one quotient per
-    entry. The same bits for a row whatever batch it sits in."""
-    top = logits.amax(dim=1, keepdim=True)
-    e = exp_neg_basic(top - logits).to(logits.device)
-    total = e[:, 0].clone()
-    for k in range(1, e.shape[1]):  # the fixed order: ((e_0 + e_1) + e_2) + …
-        total = total + e[:, k]
-    return e / total.unsqueeze(1)
-
-
 def softmax_rows(
     module: Softmax, x: torch.Tensor, y: torch.Tensor, *, grid: tuple[torch.Tensor, int]
 ) -> SoftmaxRows:
@@ -132,15 +133,12 @@ def softmax_rows(
     with torch.no_grad():
         a = torch.trunc(x.double().clamp(0.0, 1.0) * pow2(FEATURE_BITS))
         label = y.double()
-        valid = torch.isfinite(a).all(dim=1) & torch.isfinite(label)
-        valid &= (label == torch.floor(label)) & (label >= 0) & (label < classes)
+        valid = torch.isfinite(a).all(dim=1) & class_labels_valid(label, classes)
         one = torch.full((a.shape[0], 1), pow2(FEATURE_BITS), dtype=torch.float64)
         inputs = torch.cat((a, one.to(a.device)), dim=1)
         numerators = inputs @ theta.T  # exact: partial sums ≤ 2^52 (ii)
-        p = softmax_basic(numerators * pow2(-(FEATURE_BITS + bits)))
-        index = torch.where(valid, label, 0.0).to(torch.int64)
-        target = torch.zeros_like(p).scatter_(1, index.unsqueeze(1), 1.0)
-        residuals = torch.round((p - target) * pow2(GRAD_BITS))
+        logits = numerators * pow2(-(FEATURE_BITS + bits))
+        residuals = softmax_residuals(logits, label, valid)
         invalid = ~valid.unsqueeze(1)
         return SoftmaxRows(
             inputs=inputs.masked_fill_(invalid, 0.0),

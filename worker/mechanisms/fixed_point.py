@@ -13,7 +13,8 @@ and the public state alone, bit for bit:
 * :func:`theta_bits` / :func:`quantised_theta`: parameters on the grid 2^-b, clamped to
   ±2^m with P·2^(c+m) ≤ 2^52, so a dot product with features on the grid 2^-c is an
   exact integer sum in float64 whatever its order;
-* :func:`sigmoid_basic`: a logistic function from basic operations only.
+* :func:`sigmoid_basic`: a logistic function from basic operations only;
+* :func:`softmax_basic`: a softmax over K classes from basic operations only.
 
 Used by the proven Langevin sampler (worker/mechanisms/langevin.py) and the exact DP-SGD
 engine for logistic regression (worker/mechanisms/grad_engines.py).
@@ -37,6 +38,7 @@ __all__ = [
     "pow2_tensor",
     "quantised_theta",
     "sigmoid_basic",
+    "softmax_basic",
     "tanh_basic",
     "tanh_on_grid",
     "theta_bits",
@@ -186,6 +188,23 @@ def sigmoid_basic(z: torch.Tensor) -> torch.Tensor:
     e = exp_neg_basic(torch.abs(z))
     one_plus = 1.0 + e
     return torch.where(z >= 0, 1.0 / one_plus, e / one_plus)
+
+
+def softmax_basic(logits: torch.Tensor) -> torch.Tensor:
+    """p̃ (rows, K) ∈ [0, 1] from basic operations: μ = the row maximum (exact in any
+    order), u_k = μ − z_k ≥ 0 (one correctly rounded subtraction), e_k =
+    exp_neg_basic(u_k) (e_k = 1 exactly where u_k = 0), s = ((e_0 + e_1) + e_2) + …
+    in the fixed class order, and one quotient p̃_k = e_k / s per entry, in [0, 1] since
+    0 ≤ e_k ≤ s (adding non-negative floats never decreases a sum). Every step is
+    elementwise or a per-row sequence of fixed order, so a row's p̃ is the same bits in any
+    batch (worker/mechanisms/exact_softmax.py's docstring, "Softmax from basic
+    operations")."""
+    top = logits.amax(dim=1, keepdim=True)
+    e = exp_neg_basic(top - logits).to(logits.device)
+    total = e[:, 0].clone()
+    for k in range(1, e.shape[1]):  # the fixed order: ((e_0 + e_1) + e_2) + …
+        total = total + e[:, k]
+    return e / total.unsqueeze(1)
 
 
 def _sigmoid_block(z: np.ndarray, out: np.ndarray) -> np.ndarray:

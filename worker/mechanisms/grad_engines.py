@@ -22,6 +22,8 @@ Efficient Differentially Private-SGD via JL Projections") adds a weight min(…,
 r Gaussian directions drawn from the server-side generator each step, M̂_i computed in the
 same exact arithmetic (:func:`~worker.mechanisms.exact_net.jl_estimates`), with the hard
 cap at κ·C by the exact norm: sensitivity κ·2^k (accounting: service/privacy/jl.py).
+An MLP with K ≥ 3 logits (softmax, cross-entropy) takes ``exact`` and ``ghost``, the same
+sum (exact_net.py's docstring, "K classes"); ``jl`` refuses it, as the plan does.
 
 **GRU-D** (``exact`` only; ghost and jl refuse it) is proven the same way by
 :class:`~worker.mechanisms.exact_grud.GrudExactClipper` (fixed-point forward and backward
@@ -322,6 +324,8 @@ def jl_integer_sum(
         return torch.zeros(parameters, dtype=torch.int64, device=device)
     if not exact_net_supports(module):  # the plan refuses jl for any other model
         raise PlanMismatch("jl needs logistic regression or an MLP")
+    if getattr(module, "classes", None) is not None:  # so does it for K classes
+        raise PlanMismatch("jl takes a binary target only (one logit)")
     exact = ExactNetClipper(
         module,
         grid_bits=grid_bits,

@@ -1,6 +1,7 @@
 """Target models. Every binary module's forward returns logits of shape (batch,);
 sigmoid(logits) is the bounded output in [0, 1] that sensitivity analyses rely on. A
-logistic spec with K ≥ 3 classes builds :class:`Softmax`, whose logits are (batch, K).
+logistic spec with K ≥ 3 classes builds :class:`Softmax`, an MLP or CNN spec with K ≥ 3
+classes its K-logit head: their logits are (batch, K).
 
 ``build_module`` makes the nn.Module (what a release's state dict loads into);
 ``build_batched`` wraps it with its batched functional form (N parameter vectors at once).
@@ -52,7 +53,7 @@ def build_module(
     if isinstance(spec, LogisticSpec):
         return Logistic(n_features) if spec.classes is None else Softmax(n_features, spec.classes)
     if isinstance(spec, MlpSpec):
-        return Mlp(n_features, spec.hidden, spec.activation)
+        return Mlp(n_features, spec.hidden, spec.activation, spec.classes)
     if isinstance(spec, GrudSpec):
         means = None if public_means is None else torch.tensor(list(public_means))
         return Grud(n_features, spec.hidden, means)
