@@ -37,8 +37,15 @@ from service.methods.common import (
 )
 from service.privacy.calibrate import Accountant, calibrate_noise_multiplier
 from service.privacy.events import ComposedEvent, DpEvent, PoissonSubsampledGaussianEvent
+from service.privacy.lattice_langevin import LatticeLangevin
 from service.privacy.sampling import noise_slack
-from service.schemas import MCMC_ONLY_FIELDS, ExpmOptions, JobRequest, PrivacyPlan
+from service.schemas import (
+    LANGEVIN_ONLY_FIELDS,
+    MCMC_ONLY_FIELDS,
+    ExpmOptions,
+    JobRequest,
+    PrivacyPlan,
+)
 
 # Fixed-point grid of the Langevin sampler's exact gradient sum (worker/mechanisms/langevin.py):
 # residuals p − y ∈ [−1, 1] and features x ∈ [0, 1] are truncated onto 2^-a and 2^-c with
@@ -106,12 +113,79 @@ DEFAULT_MCMC_L2 = 30.0
 DEFAULT_LANGEVIN_L2 = 1.0
 
 
+# Defaults of the hidden-iterate accounting (ExpmOptions.accounting 'hidden'): l2 as the MCMC
+# sampler's (the regulariser is what makes the loss strongly convex, so what bounds the
+# mixing time), the largest step that contracts for max_rows rows, and the steps after
+# which the contraction has shrunk any start's influence by 100 (c^T ≤ 0.01), capped at
+# ExpmOptions' 20,000.
+DEFAULT_HIDDEN_L2 = DEFAULT_MCMC_L2
+HIDDEN_MIXING_FACTOR = math.log(100.0)
+HIDDEN_MAX_STEPS = 20_000
+
+
+def hidden_langevin_defaults(
+    *,
+    n_rows: int,
+    max_rows: int,
+    norm_sq_bound: int,
+    l2: float,
+    learning_rate: float | None,
+    classes: int = 1,
+) -> tuple[int, float]:
+    """(steps T, learning rate) of the hidden-iterate accounting from public values:
+    lr = 4n̂/(max_rows·B) (2n̂/(max_rows·B) for K classes, whose curvature bound is B/2) to 3
+    significant digits, rounded down (then h ≤ 1, so the contraction factor is
+    ρ = 1 − lr·l2/n̂), and T = ⌈ln 100/(1 − c)⌉ ≤ 20,000."""
+    lr = learning_rate
+    if lr is None:
+        raw = (4.0 if classes == 1 else 2.0) * n_rows / (max_rows * norm_sq_bound)
+        digits = 10.0 ** (math.floor(math.log10(raw)) - 2)
+        lr = math.floor(raw / digits * (1 - 1e-12)) * digits
+        lr = float(f"{lr:.3g}")
+    try:
+        chain = LatticeLangevin(
+            public_n_rows=n_rows,
+            max_rows=max_rows,
+            row_norm_sq_bound=norm_sq_bound,
+            parameters=classes,
+            learning_rate=lr,
+            l2=l2,
+            classes=classes,
+        )
+    except ValueError as exc:
+        raise PlanError(f"the hidden-iterate Langevin accounting does not apply: {exc}") from None
+    steps = min(HIDDEN_MAX_STEPS, math.ceil(HIDDEN_MIXING_FACTOR / chain.contraction_gap))
+    return steps, lr
+
+
 def resolve_expm_options(
-    options: ExpmOptions, *, epsilon: float, n_rows: int, norm_sq_bound: int
+    options: ExpmOptions,
+    *,
+    epsilon: float,
+    n_rows: int,
+    norm_sq_bound: int,
+    max_rows: int | None = None,
+    classes: int = 1,
 ) -> ExpmOptions:
     """Fill the values the request left out, from public values: its ε and sampler, the
-    public row count n̂ and the schema's row-norm bound B (Langevin only)."""
+    public row count n̂, the schema's row-norm bound B and row cap (Langevin only)."""
     update: dict[str, Any] = {}
+    if options.sampler == "langevin" and options.accounting == "hidden":
+        if max_rows is None:
+            return options  # the plan refuses: no public row cap
+        l2 = DEFAULT_HIDDEN_L2 if options.l2 is None else options.l2
+        steps, learning_rate = hidden_langevin_defaults(
+            n_rows=n_rows,
+            max_rows=max_rows,
+            norm_sq_bound=norm_sq_bound,
+            l2=l2,
+            learning_rate=options.learning_rate,
+            classes=classes,
+        )
+        update = {"l2": l2, "learning_rate": learning_rate}
+        if options.steps is None:
+            update["steps"] = steps
+        return options.model_copy(update=update)
     if options.sampler == "langevin":
         steps, learning_rate = langevin_defaults(
             n_rows=n_rows, norm_sq_bound=norm_sq_bound, epsilon=epsilon
@@ -147,12 +221,19 @@ def resolve_expm_request(request: JobRequest, facts: PlanFacts) -> JobRequest:
         epsilon=request.epsilon,
         n_rows=facts.n_rows,
         norm_sq_bound=facts.norm_sq_bound,
+        max_rows=facts.max_rows,
+        classes=getattr(request.model, "classes", None) or 1,
     )
     return request.model_copy(update={"expm": options})
 
 
 def _expm_langevin_plan(
-    request: JobRequest, *, n_rows: int, n_features: int, norm_sq_bound: int
+    request: JobRequest,
+    *,
+    n_rows: int,
+    n_features: int,
+    norm_sq_bound: int,
+    max_rows: int | None = None,
 ) -> tuple[DpEvent, dict[str, Any], str]:
     """The regularised ExpM for logistic regression, sampled by unadjusted Langevin steps
     whose privacy is proven by composition (see :class:`ExpmOptions` and
@@ -187,7 +268,14 @@ def _expm_langevin_plan(
         epsilon=request.epsilon,
         n_rows=n_rows,
         norm_sq_bound=norm_sq_bound,
+        max_rows=max_rows,
+        classes=getattr(request.model, "classes", None) or 1,
     )
+    if options.accounting == "hidden" and max_rows is None:
+        raise PlanError(
+            "the hidden-iterate Langevin accounting does not apply: the dataset's schema "
+            "states no max_rows (a public cap on its rows)"
+        )
     steps = options.steps
     assert steps is not None and options.learning_rate is not None
     if request.model.kind != "logistic":
@@ -203,15 +291,38 @@ def _expm_langevin_plan(
     residual_norm_sq = 1 if classes is None else 2  # ‖p − e_y‖² ≤ 2 (K classes)
     parameters = (n_features + 1) * (1 if classes is None else classes)
     slack = noise_slack(draws=parameters * steps)
+    accounting = options.accounting or "auto"
+    hidden = None
+    if accounting != "composition":
+        hidden = _hidden_langevin_plan(
+            request,
+            options,
+            n_rows=n_rows,
+            parameters=parameters,
+            norm_sq_bound=norm_sq_bound,
+            max_rows=max_rows,
+            classes=classes or 1,
+            required=accounting == "hidden",
+        )
+    if accounting == "hidden":
+        assert hidden is not None
+        return hidden
     accountant: Accountant = "pld"  # exact for q = 1 up to its proven discretisation
-    sigma = calibrate_with_slack(
-        request,
-        sampling_rate=1.0,
-        steps=steps,
-        slack=slack,
-        accountant=accountant,
-        what="Langevin",
-    )
+    try:
+        sigma = calibrate_with_slack(
+            request,
+            sampling_rate=1.0,
+            steps=steps,
+            slack=slack,
+            accountant=accountant,
+            what="Langevin",
+        )
+    except PlanError:
+        if hidden is None:
+            raise
+        return hidden
+    if hidden is not None and hidden[1]["noise_multiplier"] < sigma:
+        return hidden
     gaussian = PoissonSubsampledGaussianEvent(
         sampling_rate=1.0, noise_multiplier=sigma, steps=steps
     )
@@ -233,7 +344,7 @@ def _expm_langevin_plan(
         }
     )
     mechanism = {
-        **options.model_dump(exclude=set(MCMC_ONLY_FIELDS)),
+        **options.model_dump(exclude={*MCMC_ONLY_FIELDS, *LANGEVIN_ONLY_FIELDS}),
         "public_n_rows": n_rows,
         "parameters": parameters,
         "row_norm_sq_bound": norm_sq_bound,
@@ -246,6 +357,107 @@ def _expm_langevin_plan(
         "noise": "rounded Gaussian on the fixed-point grid, exact integer sum",
         **multiclass,
     }
+    return ComposedEvent(events=(gaussian, slack)), mechanism, accountant
+
+
+def _hidden_langevin_plan(
+    request: JobRequest,
+    options: ExpmOptions,
+    *,
+    n_rows: int,
+    parameters: int,
+    norm_sq_bound: int,
+    max_rows: int | None,
+    classes: int,
+    required: bool,
+) -> MethodPlan | None:
+    """The Langevin chain charged by the hidden-iterate bound (issue 24), or None where it
+    does not apply and ``required`` is false (a :class:`PlanError` naming why where it is).
+
+    Only the last iterate leaves, so for l2 > 0 (a strongly convex loss) the privacy loss
+    of T steps is that of ONE Gaussian mechanism with noise multiplier σ_eff = σ/Φ(T),
+    Φ(T) ≤ 1.02·√(2/(1 − c)) + (small): it converges in T instead of growing like √T
+    (service/privacy/lattice_langevin.py states the chain, the constants and the proof,
+    which assumes only IEEE-754 correct rounding; the worker runs exactly that chain,
+    worker/mechanisms/langevin_hidden.py). That bound is on Rényi divergences, so the
+    charge is the RDP curve of a Gaussian with σ_eff (accountant 'rdp'), with the integer
+    sampler's slack over the P·T draws beside it. The contraction constant needs a public
+    cap on the rows: the schema's ``max_rows``, checked at registration and by the worker.
+    """
+
+    def refuse(why: str) -> MethodPlan | None:
+        if required:
+            raise PlanError(f"the hidden-iterate Langevin accounting does not apply: {why}")
+        return None
+
+    steps = options.steps
+    assert steps is not None and options.learning_rate is not None and options.l2 is not None
+    if max_rows is None:
+        return refuse("the dataset's schema states no max_rows (a public cap on its rows)")
+    if request.delta <= 0:
+        return refuse("it is (ε, δ)-DP: send delta > 0")
+    try:
+        chain = LatticeLangevin(
+            public_n_rows=n_rows,
+            max_rows=max_rows,
+            row_norm_sq_bound=norm_sq_bound,
+            parameters=parameters,
+            learning_rate=options.learning_rate,
+            l2=options.l2,
+            classes=classes,
+        )
+    except ValueError as exc:
+        return refuse(str(exc))
+    slack = noise_slack(draws=parameters * steps)
+    accountant: Accountant = "rdp"  # the bound is on Rényi divergences (not on the PLD)
+    try:
+        sigma_eff = calibrate_with_slack(
+            request,
+            sampling_rate=1.0,
+            steps=1,
+            slack=slack,
+            accountant=accountant,
+            what="hidden-iterate Langevin",
+        )
+    except PlanError as exc:
+        return refuse(str(exc))
+    inflation = chain.inflation(steps)
+    sigma = sigma_eff * inflation
+    try:
+        chain.noise_scale(sigma)
+    except ValueError as exc:
+        return refuse(str(exc))
+    a, c, b, m = chain.bits
+    mechanism = {
+        **options.model_dump(exclude=set(MCMC_ONLY_FIELDS)),
+        "accounting": "hidden",
+        "public_n_rows": n_rows,
+        "max_rows": max_rows,
+        "parameters": parameters,
+        "row_norm_sq_bound": norm_sq_bound,
+        "residual_bits": a,
+        "feature_bits": c,
+        "theta_bits": b,
+        "range_bits": m,
+        "noise_multiplier": sigma,
+        "effective_noise_multiplier": sigma_eff,
+        "contraction": chain.contraction,
+        "inflation": inflation,
+        "inverse_temperature": 2.0
+        * n_rows
+        / (options.learning_rate * sigma**2 * chain.residual_norm_sq * norm_sq_bound),
+        "target": "π(θ) ∝ exp(−k·(Σ logistic loss + l2·‖θ‖²/2)), k = inverse_temperature",
+        "proof": (
+            "hidden iterates: the last of T contracting noisy steps is one Gaussian "
+            "mechanism with noise multiplier effective_noise_multiplier = σ/inflation "
+            "(service/privacy/lattice_langevin.py)"
+        ),
+        "noise": "rounded Gaussian on θ's lattice 2^-theta_bits, exact integer gradient sum",
+        **({} if classes == 1 else {"classes": classes, "residual_norm_sq_bound": 2}),
+    }
+    gaussian = PoissonSubsampledGaussianEvent(
+        sampling_rate=1.0, noise_multiplier=sigma_eff, steps=1
+    )
     return ComposedEvent(events=(gaussian, slack)), mechanism, accountant
 
 
@@ -314,7 +526,7 @@ def _expm_mcmc_plan(
     gdp_mu = 1.0 / sigma
     inverse_temperature = options.l2 * gdp_mu**2 / norm_sq_bound
     mechanism = {
-        **options.model_dump(exclude={"learning_rate"}),
+        **options.model_dump(exclude={"learning_rate", *LANGEVIN_ONLY_FIELDS}),
         "parameters": n_features + 1,
         "row_norm_sq_bound": norm_sq_bound,
         "gdp_mu": gdp_mu,
@@ -347,7 +559,11 @@ def plan_langevin(request: JobRequest, facts: PlanFacts) -> MethodPlan:
     """The registry's entry for ``expm`` with the Langevin sampler (proven)."""
     bound = _norm_sq_bound(facts)
     return _expm_langevin_plan(
-        request, n_rows=facts.n_rows, n_features=facts.n_features, norm_sq_bound=bound
+        request,
+        n_rows=facts.n_rows,
+        n_features=facts.n_features,
+        norm_sq_bound=bound,
+        max_rows=facts.max_rows,
     )
 
 

@@ -65,6 +65,20 @@ class ExpmOptions(ApiInput):
             "for langevin, 30 for mcmc (must be > 0 there)."
         ),
     )
+    accounting: Literal["auto", "composition", "hidden"] | None = Field(
+        default=None,
+        description=(
+            "Langevin only: how the chain is charged. 'composition': the T steps' Gaussian "
+            "mechanisms composed (the ε grows with T). 'hidden': only the last iterate is "
+            "released, and for l2 > 0 its privacy loss converges in T (privacy "
+            "amplification by iteration on a strongly convex loss; the chain runs on a "
+            "lattice with every rounding accounted: service/privacy/lattice_langevin.py); "
+            "binary or K-class targets, datasets whose schema states max_rows only. Defaults: "
+            "l2 30, the largest contracting step, and T from mixing (ln 100/(1 − c) steps, at "
+            "most 20,000). 'auto' or absent: composition, or the hidden bound where it "
+            "gives less noise for the same request."
+        ),
+    )
     chains: int | None = Field(
         default=None,
         ge=2,
@@ -96,10 +110,13 @@ class ExpmOptions(ApiInput):
             given = [n for n in MCMC_ONLY_FIELDS if getattr(self, n) is not None]
             if given:
                 raise ValueError(f"{', '.join(given)}: options of the 'mcmc' sampler only")
+        elif self.accounting is not None:
+            raise ValueError("accounting: an option of the 'langevin' sampler only")
         return self
 
 
 MCMC_ONLY_FIELDS = ("chains", "warmup", "leapfrog_steps", "step_size")
+LANGEVIN_ONLY_FIELDS = ("accounting",)
 
 
 class _ExpmMechanism(BaseModel):
