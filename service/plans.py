@@ -135,6 +135,7 @@ def build_plan(
     dataset_kind: str = "tabular",
     norm_sq_bound: int | None = None,
     n_classes: int = 2,
+    max_rows: int | None = None,
 ) -> PrivacyPlan:
     """Turn a validated request into its privacy plan (raises :class:`PlanError`).
 
@@ -147,7 +148,9 @@ def build_plan(
     of classes (:func:`with_classes`). A request whose method is ``auto`` is planned as the
     method service/methods/auto.py chooses, and the plan records the choice.
     """
-    facts = PlanFacts(n_rows=n_rows, n_features=n_features, norm_sq_bound=norm_sq_bound)
+    facts = PlanFacts(
+        n_rows=n_rows, n_features=n_features, norm_sq_bound=norm_sq_bound, max_rows=max_rows
+    )
     request, choice = choose_method(request, facts, n_classes=n_classes)
     request = with_classes(request, n_classes)
     if n_rows < 1:
@@ -218,6 +221,7 @@ def plan_for_dataset(
         dataset_kind=kind,
         norm_sq_bound=facts.norm_sq_bound,
         n_classes=n_classes,
+        max_rows=facts.max_rows,
     )
 
 
@@ -232,6 +236,7 @@ def _dataset_facts(public_schema: dict[str, Any], *, n_rows: int) -> tuple[str, 
         n_rows=n_rows,
         n_features=schema.n_features,
         norm_sq_bound=None if bound is None else bound(schema),
+        max_rows=getattr(schema, "max_rows", None),
     )
     # A kind whose schema declares no classes (one added by its table entry alone) is binary.
     return kind, facts, int(getattr(schema, "n_classes", 2))

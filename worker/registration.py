@@ -165,6 +165,14 @@ def register_dataset(
         raise RegistrationError(str(exc)) from None
     if prepared.report.rows_kept == 0:
         raise RegistrationError("no row passed validation", prepared.report)
+    cap = getattr(schema, "max_rows", None)
+    if cap is not None and prepared.report.rows_kept > cap:
+        # The schema's public cap is a statement the proofs rely on (lattice_langevin.py).
+        raise RegistrationError(
+            f"{prepared.report.rows_kept} rows passed validation, above the schema's "
+            f"max_rows {cap}: raise max_rows or register fewer rows",
+            prepared.report,
+        )
     released = noisy_count(prepared.report.rows_kept, epsilon=eps_count)
     holdout_rows: int | None = None
     if holdout_fraction is not None:

@@ -157,6 +157,17 @@ class TabularSchema(_Strict):
     csv: CsvOptions = Field(default_factory=CsvOptions)
     target: Target
     columns: list[Column] = Field(min_length=1)
+    max_rows: int | None = Field(
+        default=None,
+        ge=1,
+        le=1 << 20,
+        description=(
+            "Optional public cap on the dataset's rows, stated by the data owner and checked "
+            "at registration. The proven Langevin sampler's hidden-iterate accounting "
+            "(expm, accounting 'hidden') needs it: its contraction constant grows with the "
+            "rows (service/privacy/lattice_langevin.py)."
+        ),
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> TabularSchema:

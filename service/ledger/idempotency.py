@@ -11,7 +11,7 @@ from sqlalchemy.orm import Session
 
 from service.ledger.errors import IdempotencyConflict
 from service.ledger.tables import Job
-from service.schemas import MCMC_ONLY_FIELDS, JobRequest
+from service.schemas import LANGEVIN_ONLY_FIELDS, MCMC_ONLY_FIELDS, JobRequest
 
 # Request fields added after requests were first hashed, with their defaults: a field at its
 # default is left out of the digest, so an Idempotency-Key retry of a request sent before the
@@ -23,7 +23,7 @@ _LATER_OPTION_DEFAULTS: dict[str, dict[str, Any]] = {
         "engine": "exact",
         "jl_projections": None,
     },
-    "expm": dict.fromkeys(MCMC_ONLY_FIELDS),
+    "expm": dict.fromkeys(MCMC_ONLY_FIELDS + LANGEVIN_ONLY_FIELDS),
     "expm_nf": {"domain_radius": None},
 }
 _LATER_TOP_LEVEL_FIELDS = ("expm",)  # options of methods added later, left out when None

@@ -69,6 +69,8 @@ class PlanFacts:
     n_rows: int
     n_features: int
     norm_sq_bound: int | None = None
+    max_rows: int | None = None
+    """The schema's public cap on the dataset's rows (tabular ``max_rows``), or None."""
 
 
 MethodPlan = tuple[DpEvent, dict[str, Any], str]

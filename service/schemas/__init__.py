@@ -48,6 +48,7 @@ from service.schemas.common import (
 from service.schemas.dpsgd import DpsgdMechanism, DpsgdOptions
 from service.schemas.events import DpEventJson
 from service.schemas.expm import (
+    LANGEVIN_ONLY_FIELDS,
     MCMC_ONLY_FIELDS,
     ExpmLangevinMechanism,
     ExpmMcmcMechanism,
@@ -67,6 +68,7 @@ from service.schemas.selection import SelectionMechanism
 
 __all__ = [
     "GUARANTEE_ORDER",
+    "LANGEVIN_ONLY_FIELDS",
     "MCMC_ONLY_FIELDS",
     "SELECTION_METHOD",
     "TRAINING_METHODS",

@@ -100,7 +100,7 @@ from __future__ import annotations
 import itertools
 import math
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
@@ -451,6 +451,37 @@ def gradient_sum(
     return sums.gradient_sum(theta_int)
 
 
+def checked_rows(
+    data: TabularTrainingSet,
+    *,
+    device: torch.device,
+    feature_bits: int,
+    norm_sq_bound: int,
+    parameters: int,
+    classes: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x_int, y) on ``device``: the features on their grid (:func:`quantised_features`,
+    the norm bound checked exactly) and the labels, after the checks every proof here needs
+    before a step: the parameter count, labels in [0, 1] (binary: |σ − y| ≤ 1) or class
+    indices in [0, K). Raises :class:`PlanMismatch`."""
+    x_int = quantised_features(
+        data.x.to(device), feature_bits=feature_bits, norm_sq_bound=norm_sq_bound
+    )
+    if x_int.shape[1] * classes != parameters:
+        raise PlanMismatch("the model's parameter count differs from the plan's")
+    y = data.y.to(device)
+    if classes == 1:
+        # |σ(·) − y| ≤ 1, the residual bound of the sensitivity, needs labels in [0, 1].
+        if y.shape[0] and not bool(((y >= 0) & (y <= 1)).all()):
+            raise PlanMismatch("labels outside [0, 1]")
+    elif y.shape[0]:
+        yd = y.double()
+        index = (yd == torch.floor(yd)) & (yd >= 0) & (yd < classes)
+        if not bool(index.all()):
+            raise PlanMismatch("labels outside the declared classes")
+    return x_int, y
+
+
 def sample_langevin(
     *,
     params: LangevinParams,
@@ -463,21 +494,14 @@ def sample_langevin(
     """One release: θ_T (d + 1,) float64 on the CPU, weights then bias; for K classes
     (d + 1, K), column k class k's weights then bias."""
     total = params.steps if total is None else total
-    x_int = quantised_features(
-        data.x.to(device), feature_bits=params.feature_bits, norm_sq_bound=params.row_norm_sq_bound
+    x_int, y = checked_rows(
+        data,
+        device=device,
+        feature_bits=params.feature_bits,
+        norm_sq_bound=params.row_norm_sq_bound,
+        parameters=params.parameters,
+        classes=params.classes,
     )
-    if x_int.shape[1] * params.classes != params.parameters:
-        raise PlanMismatch("the model's parameter count differs from the plan's")
-    y = data.y.to(device)
-    if params.classes == 1:
-        # |σ(·) − y| ≤ 1, the residual bound of the sensitivity, needs labels in [0, 1].
-        if y.shape[0] and not bool(((y >= 0) & (y <= 1)).all()):
-            raise PlanMismatch("labels outside [0, 1]")
-    elif y.shape[0]:
-        yd = y.double()
-        index = (yd == torch.floor(yd)) & (yd >= 0) & (yd < params.classes)
-        if not bool(index.all()):
-            raise PlanMismatch("labels outside the declared classes")
     noise = NoiseStream(rng=secure_rng(), size=params.parameters, steps=params.steps)
     scale = params.noise_multiplier * params.sensitivity
     unit = 2.0 ** -(params.residual_bits + params.feature_bits)
@@ -524,24 +548,44 @@ def run_expm_langevin(
     """`samples` independent chains (each charged by the plan), as logistic state dicts
     (binary or K-class: linear.weight (K, d), linear.bias (K,))."""
     params = LangevinParams.from_plan(mechanism)
+
+    def chain(done: int, total: int) -> torch.Tensor:
+        return sample_langevin(
+            params=params, data=data, device=device, progress=progress, done=done, total=total
+        )
+
+    return logistic_releases(
+        spec=spec,
+        data=data,
+        classes=params.classes,
+        samples=samples,
+        steps=params.steps,
+        chain=chain,
+    )
+
+
+def logistic_releases(
+    *,
+    spec: ModelSpec,
+    data: TabularTrainingSet,
+    classes: int,
+    samples: int,
+    steps: int,
+    chain: Callable[[int, int], torch.Tensor],
+) -> MechanismOutput:
+    """`samples` runs of ``chain(done, total)`` (θ as (d + 1,) or (d + 1, K)) as logistic
+    state dicts, after checking that the model is the plan's logistic regression."""
     module = build_module(spec, int(data.x.shape[1]))
     names = [k for k, _ in module.named_parameters()]
     if names != ["linear.weight", "linear.bias"]:
         raise PlanMismatch("the Langevin sampler is for logistic regression only")
     outputs = int(getattr(module, "classes", 1))
-    if outputs != params.classes:
+    if outputs != classes:
         raise PlanMismatch("the model's classes differ from the plan's")
     releases = []
     for i in range(samples):
-        theta = sample_langevin(
-            params=params,
-            data=data,
-            device=device,
-            progress=progress,
-            done=i * params.steps,
-            total=samples * params.steps,
-        )
-        if params.classes == 1:
+        theta = chain(i * steps, samples * steps)
+        if classes == 1:
             weight, bias = theta[:-1].reshape(1, -1), theta[-1:]
         else:
             weight, bias = theta[:-1].T, theta[-1]

@@ -40,14 +40,20 @@ MECHANISMS: dict[tuple[str, str | None], Mechanism] = {
     ("dpsgd", None): Mechanism("worker.mechanisms.dpsgd", "run_dpsgd"),
     ("expm_nf", None): Mechanism("worker.mechanisms.expm_job", "run_expm_nf_plan", True),
     ("expm", "langevin"): Mechanism("worker.mechanisms.langevin", "run_expm_langevin"),
+    ("expm", "langevin-hidden"): Mechanism(
+        "worker.mechanisms.langevin_hidden", "run_expm_hidden_langevin"
+    ),
     ("expm", "mcmc"): Mechanism("worker.mechanisms.mcmc", "run_expm_mcmc"),
 }
 
 
 def mechanism_key(plan: PrivacyPlan) -> tuple[str, str | None]:
     """The registry key of a plan: its method, and its sampler where the method has several
-    (``expm``: langevin or mcmc)."""
+    (``expm``: langevin or mcmc; a Langevin plan charged by the hidden-iterate bound,
+    ``accounting: "hidden"``, runs the lattice chain: "langevin-hidden")."""
     sampler = plan.mechanism.get("sampler") if plan.method == "expm" else None
+    if sampler == "langevin" and plan.mechanism.get("accounting") == "hidden":
+        return plan.method, "langevin-hidden"
     return plan.method, None if sampler is None else str(sampler)
 
 
