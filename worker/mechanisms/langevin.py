@@ -159,6 +159,8 @@ class LangevinParams:
     def from_plan(cls, mechanism: dict[str, Any]) -> LangevinParams:
         if mechanism.get("sampler") != "langevin":
             raise PlanMismatch(f"unknown ExpM sampler {mechanism.get('sampler')!r}")
+        if "accounting" in mechanism:  # charged otherwise: langevin_hidden.py's chain
+            raise PlanMismatch("not a composition-charged Langevin plan")
         params = cls(
             steps=int(mechanism["steps"]),
             learning_rate=float(mechanism["learning_rate"]),

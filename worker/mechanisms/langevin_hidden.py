@@ -43,6 +43,7 @@ from worker.mechanisms.langevin import (
     ExactRowSums,
     checked_rows,
     logistic_releases,
+    run_expm_langevin,
     single_threaded_kernels,
 )
 from worker.noise import secure_rng
@@ -177,4 +178,27 @@ def run_expm_hidden_langevin(
         samples=samples,
         steps=params.steps,
         chain=chain,
+    )
+
+
+def run_langevin_plan(
+    *,
+    spec: ModelSpec,
+    mechanism: dict[str, Any],
+    samples: int,
+    data: TabularTrainingSet,
+    device: torch.device,
+    progress: ProgressFn,
+) -> MechanismOutput:
+    """The registry's entry for ``expm`` with the Langevin sampler: the lattice chain for a
+    plan charged by the hidden-iterate bound (``accounting: "hidden"``), else the
+    composition-charged chain of worker/mechanisms/langevin.py."""
+    run = run_expm_hidden_langevin if mechanism.get("accounting") == "hidden" else run_expm_langevin
+    return run(
+        spec=spec,
+        mechanism=mechanism,
+        samples=samples,
+        data=data,
+        device=device,
+        progress=progress,
     )

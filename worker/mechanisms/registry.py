@@ -39,21 +39,17 @@ class Mechanism:
 MECHANISMS: dict[tuple[str, str | None], Mechanism] = {
     ("dpsgd", None): Mechanism("worker.mechanisms.dpsgd", "run_dpsgd"),
     ("expm_nf", None): Mechanism("worker.mechanisms.expm_job", "run_expm_nf_plan", True),
-    ("expm", "langevin"): Mechanism("worker.mechanisms.langevin", "run_expm_langevin"),
-    ("expm", "langevin-hidden"): Mechanism(
-        "worker.mechanisms.langevin_hidden", "run_expm_hidden_langevin"
-    ),
+    # Both Langevin charges (composition, hidden iterates) enter here: langevin_hidden.py
+    # runs the plan's chain (langevin.py's for composition plans).
+    ("expm", "langevin"): Mechanism("worker.mechanisms.langevin_hidden", "run_langevin_plan"),
     ("expm", "mcmc"): Mechanism("worker.mechanisms.mcmc", "run_expm_mcmc"),
 }
 
 
 def mechanism_key(plan: PrivacyPlan) -> tuple[str, str | None]:
     """The registry key of a plan: its method, and its sampler where the method has several
-    (``expm``: langevin or mcmc; a Langevin plan charged by the hidden-iterate bound,
-    ``accounting: "hidden"``, runs the lattice chain: "langevin-hidden")."""
+    (``expm``: langevin or mcmc)."""
     sampler = plan.mechanism.get("sampler") if plan.method == "expm" else None
-    if sampler == "langevin" and plan.mechanism.get("accounting") == "hidden":
-        return plan.method, "langevin-hidden"
     return plan.method, None if sampler is None else str(sampler)
 
 

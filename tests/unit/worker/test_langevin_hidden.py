@@ -20,6 +20,7 @@ from service.schemas import JobRequest
 from worker.mechanisms.base import PlanMismatch, TabularTrainingSet
 from worker.mechanisms.fixed_point import sigmoid_basic
 from worker.mechanisms.guards import GuardFailed
+from worker.mechanisms.langevin import LangevinParams
 from worker.mechanisms.langevin_hidden import HiddenLangevinParams, sample_hidden_langevin
 from worker.mechanisms.registry import mechanism_key
 
@@ -118,7 +119,7 @@ def test_plans_auto_keeps_composition_where_it_is_cheaper_and_hidden_needs_a_row
     m = hidden.mechanism
     assert m["accounting"] == "hidden" and m["max_rows"] == CAP and m["l2"] == 30.0
     assert m["noise_multiplier"] > m["effective_noise_multiplier"]
-    assert hidden.accountant == "rdp" and mechanism_key(hidden) == ("expm", "langevin-hidden")
+    assert hidden.accountant == "rdp" and mechanism_key(hidden) == ("expm", "langevin")
     # Auto picks the hidden bound where composition would need more noise (many steps).
     long = _plan(_request(steps=m["steps"], learning_rate=m["learning_rate"], l2=30.0))
     assert long.mechanism.get("accounting") == "hidden"
@@ -155,6 +156,8 @@ def test_chain_releases_a_lattice_point_in_its_box_and_refuses_too_many_rows() -
 
 def test_chain_refuses_a_plan_whose_lattice_or_constants_were_changed() -> None:
     m = _plan(_request(accounting="hidden", steps=50)).mechanism
+    with pytest.raises(PlanMismatch):  # the composition chain never runs a hidden plan
+        LangevinParams.from_plan(m)
     for key, value in (
         ("theta_bits", m["theta_bits"] + 1),
         ("max_rows", 10**9),
