@@ -39,13 +39,17 @@ With ``--product-baseline REV`` the product's whole epoch also runs with worker/
 dpsgd.py, exact_net.py and fixed_point.py as of REV (imported as a separate package, its
 ``exact`` engine the baseline ExactNetClipper; the rest of the tree is today's) as a fourth
 interleaved run, ``product@REV``; once per model both run on the same seeded ChaCha stream
-(instead of secure_rng) and their releases are compared bit for bit.
+(instead of secure_rng) and their releases are compared bit for bit. ``--noise-baseline
+REV`` does the same with only worker/noise.py as of REV (this tree's dpsgd.py calling that
+revision's ``rounded_gaussian``): a change to the noise sampler alone, isolated from other
+work in the tree.
 
 ``--widths`` with no value times logistic regression alone; ``--profile-width 0`` profiles
 the logistic epoch.
 
     .venv/bin/python benchmarks/dpsgd_widths.py [--repeats 3] [--widths 64 256 1024]
-        [--clip-baseline REV] [--product-baseline REV] [--profile-width 256]
+        [--clip-baseline REV] [--product-baseline REV | --noise-baseline REV]
+        [--profile-width 256]
 """
 
 from __future__ import annotations
@@ -263,6 +267,31 @@ def load_baseline_dpsgd(rev: str) -> Any:
     return dpsgd
 
 
+class NoiseBaseline:
+    """This tree's run_dpsgd with worker/noise.py as of ``rev`` (its ``rounded_gaussian``, the
+    only noise function dpsgd.py calls, swapped in for the call): the epoch's before/after
+    of a change to the sampler alone. ``secure_rng`` is the one the call uses (same_releases
+    replaces it, as for a baseline package)."""
+
+    def __init__(self, rev: str) -> None:
+        from noise_speed import load_baseline as load_noise  # benchmarks/noise_speed.py
+
+        from worker.mechanisms import dpsgd
+
+        self.rounded_gaussian = load_noise(rev).rounded_gaussian
+        self.secure_rng = dpsgd.secure_rng
+
+    def run_dpsgd(self, **kwargs: Any) -> Any:
+        from worker.mechanisms import dpsgd
+
+        saved = dpsgd.rounded_gaussian, dpsgd.secure_rng
+        dpsgd.rounded_gaussian, dpsgd.secure_rng = self.rounded_gaussian, self.secure_rng
+        try:
+            return dpsgd.run_dpsgd(**kwargs)
+        finally:
+            dpsgd.rounded_gaussian, dpsgd.secure_rng = saved
+
+
 def same_releases(
     spec: Any, mechanism: dict[str, Any], x: torch.Tensor, y: torch.Tensor, baseline: Any
 ) -> bool:
@@ -370,7 +399,15 @@ def main() -> None:
         help="a git revision: also time the product's epoch with that revision's dpsgd.py, "
         "exact_net.py and fixed_point.py, interleaved, and compare releases on a seeded stream",
     )
+    ap.add_argument(
+        "--noise-baseline",
+        default=None,
+        help="a git revision: as --product-baseline, but only worker/noise.py is that "
+        "revision's (this tree's dpsgd.py with its rounded_gaussian)",
+    )
     args = ap.parse_args()
+    if args.product_baseline and args.noise_baseline:
+        ap.error("--product-baseline and --noise-baseline are exclusive")
     # Opacus's secure-RNG notice and torch's full-backward-hook notice, once per run.
     warnings.filterwarnings("ignore", category=UserWarning)
     torch.set_num_threads(args.threads)
@@ -384,7 +421,11 @@ def main() -> None:
     models += [(f"MLP [{w}]", w) for w in args.widths]
     plans = {label: plan_for(spec_for(w), n, d) for label, w in models}
 
-    baseline = load_baseline_dpsgd(args.product_baseline) if args.product_baseline else None
+    baseline: Any = None
+    if args.product_baseline:
+        baseline = load_baseline_dpsgd(args.product_baseline)
+    elif args.noise_baseline:
+        baseline = NoiseBaseline(args.noise_baseline)
     runs_order = RUNS if baseline is None else (RUNS[0], BASELINE_RUN, *RUNS[1:])
     # Warm-up: each run once on logistic regression (imports, allocator).
     warm = make_runs(spec_for(None), plan_for(spec_for(None), n, d), x, y, baseline)
@@ -489,11 +530,16 @@ def main() -> None:
         )
     lines += ["", "Cells: median (min–max) seconds per epoch.", ""]
     if baseline is not None:
-        rev = args.product_baseline
+        rev = args.product_baseline or f"noise@{args.noise_baseline}"
+        swapped = (
+            "dpsgd.py, exact_net.py and fixed_point.py"
+            if args.product_baseline
+            else "worker/noise.py (the rest this tree's)"
+        )
         lines += [
             f"## The product's epoch: this tree vs {rev}",
             "",
-            f"product@{rev}: dpsgd.py, exact_net.py and fixed_point.py as of {rev}, timed in "
+            f"product@{rev}: {swapped} as of {rev.removeprefix('noise@')}, timed in "
             "the same interleaved rounds (medians). Releases: one epoch of each on the same "
             "seeded ChaCha stream, compared bit for bit.",
             "",

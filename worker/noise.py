@@ -102,33 +102,51 @@ fast test brackets) and lo_x, hi_x its floats:
   (a) Γ = G − L with G = k²/(2s²) − |k|/t + F and L = log J ∈ [−α/4, b²/8], b = |k|/s²:
       e^{−α/4} ≤ e^{−αv²} ≤ 1 on [−½, ½], and ∫_{−½}^{½} e^{bv} dv = sinh(b/2)/(b/2) ∈
       [1, cosh(b/2)] ⊂ [1, e^{b²/8}] (termwise: x^{2n}/(2n+1)! ≤ x^{2n}/(2n)! ≤ x^{2n}/(2^n n!)).
-  (b) Ĝ = fl(fl(½·fl(fl(|k|/s)²) − fl(|k|/t)) + F) and Y = fl(fl(U/t) + Ĝ): with
-      |k|/s ≤ 41, |k|/t ≤ 41, |F| ≤ 842 (so |Ĝ|, |Y| ≤ 1683) the roundings are ≤ 2522u +
-      41u + 841u + 1683u + u + 1684u, and |Γ̂ − Γ| ≤ 3271u (the count below), in all
-      < 2^-39 (with the conditioning offset of `_sample_rounded_gaussian`, tests only, the
-      count's g and f terms grow by < 2000u: still < 2^-38). So |Y − ŷ| ≤ D = K²/(8s⁴)
-      + 1/(8s²) + 2^-38 (K ≥ |k|). The screen runs only where D ≤ 2^-15, where it settles
-      nearly everything (for s > 3276.8, D < 1.9e-5 = 2^-15.7; `_screen_constants` returns
-      None otherwise).
-  (c) Tables (`_neg_log_leads`): below[w] ≤ −ln((w+1)/2^16), above[w] ≥ −ln(w/2^16),
-      above[0] = +inf, for the 16-bit leads w. Constants (`_screen_constants`, exact
-      rationals rounded up): with x = m + 2^-27 + u, c_acc ≥ D + x/(1 − x) + 2^-30 and
-      c_rej ≥ D + (1 + m)(1 + 2^-27)(1 + u) − 1 + 2^-30.
-  (d) Accept: if fl(Y + c_acc) ≤ below[lead], then Y + D + x/(1 − x) < −ln((lead+1)/2^16)
-      (the sum rounds by ≤ 1684u < 2^-30), so with ŷ ≤ Y + D and (1 − m)(1 − 2^-27)(1 − u)
-      ≥ 1 − x ≥ e^{−x/(1−x)}: lead + 1 ≤ 2^16e^{−ŷ}(1 − m)(1 − 2^-27)(1 − u) ≤ lo_x, i.e. the
-      fast test accepts (lo_x is its estimate of 2^16e^{−ŷ}, within 2^-27, times (1 − m)
-      and rounded once). If the fast path is clamped (ŷ ≥ 64 − 2^-51, lo_x = 0), then
-      Y ≥ ŷ − D ≥ 63.9 > 11.1 ≥ below[lead]: never taken.
-      Reject: if fl(Y − c_rej) ≥ above[lead] (so lead ≥ 1), then −Y + D + c ≤
+  (b) Y = fl(fl(fl(|k|·|k|)·a) + R) with a = 1/(2s²) correctly rounded (`_half_inverse_square`,
+      Python's int/int division of the exact rational) and R = fl(F − fl(n/t)), n = |k| − U
+      = 2^j·V (an exact integer; `_screen_rest`), so that exactly h − n/t + F = G + U/t.
+      With |k| ≤ K + 1 ≤ 41s + 1, |k|/s² ≤ 41, n/t ≤ 41, |F| ≤ 842: h̃ = fl(fl(k·k)·a) is
+      within (1 + u)³ − 1 ≤ 3.01u relative of h ≤ 841 (2532u), n/t rounds by ≤ 41u, R by
+      ≤ 883u (|R| ≤ 883) and the sum by ≤ 1724u; with |Γ̂ − Γ| ≤ 3271u (the count below),
+      |Y − ŷ| ≤ |L| + 8451u < |L| + 2^-39 (the conditioning offset of
+      `_sample_rounded_gaussian`, tests only, adds < 2000u: still < 2^-38). So |Y − ŷ| ≤ D
+      = K²/(8s⁴) + 1/(8s²) + 2^-38 (K ≥ |k|). The screen runs only where D ≤ 2^-15, where
+      it settles nearly everything (for s > 3276.8, D < 1.9e-5 = 2^-15.7;
+      `_screen_constants` returns None otherwise).
+  (c) Tables: lg[w] ≤ −ln(w/2^16) ≤ lg[w] + 2^-39 for the 16-bit leads w ≥ 1, lg[0] = +inf
+      (`_neg_log_table`: `ieee_math.log`, moved 2^-40 down).
+      Constants (`_screen_constants`, exact rationals rounded up): with x = m + 2^-27 + u,
+      c_acc ≥ D + x/(1 − x) + 2^-30 and c_rej ≥ D + (1 + m)(1 + 2^-27)(1 + u) − 1 + 2^-30;
+      the shifts (`_screen_shifts`, rounded up) a ≥ c_acc + 2^-40 and r ≥ c_rej + 2^-38.
+  (d) Accept: if fl(Y + a) ≤ lg[lead + 1] (≤ 11.1, so the sum rounded by ≤ 12u < 2^-40),
+      then Y + c_acc ≤ −ln((lead+1)/2^16), i.e. Y + D + x/(1 − x) < −ln((lead+1)/2^16); so
+      with ŷ ≤ Y + D and (1 − m)(1 − 2^-27)(1 − u) ≥ 1 − x ≥ e^{−x/(1−x)}: lead + 1 ≤
+      2^16e^{−ŷ}(1 − m)(1 − 2^-27)(1 − u) ≤ lo_x, i.e. the fast test accepts (lo_x is its
+      estimate of 2^16e^{−ŷ}, within 2^-27, times (1 − m) and rounded once). If the fast
+      path is clamped (ŷ ≥ 64 − 2^-51, lo_x = 0), then Y ≥ ŷ − D ≥ 63.9 > 11.1: never taken.
+      Reject: if fl(Y − r) ≥ lg[lead] (so lead ≥ 1; the difference rounded by ≤ 1724u <
+      2^-42), then Y − c_rej ≥ −ln(lead/2^16) (2^-38 ≥ 2^-39 + 2^-42), so −Y + D + c ≤
       ln(lead/2^16) with c = (1 + m)(1 + 2^-27)(1 + u) − 1, and hi_x ≤ 2^16e^{−ŷ}(1 + c)
       ≤ 2^16·exp(−Y + D + c) ≤ lead: the fast test rejects without the exact path. If it
       is clamped, hi_x ≤ 2^16·2.2e^{−64} < 1 ≤ lead as well.
   Only the others (lead within a unit or two of 2^16e^{−Y}, ≈ 3/2^16 of them, and the
-  rare lead = 0) get Γ̂ and the unchanged test. Γ̂ ≥ 0 (which `_exponent_parts` checks)
-  follows from Ĝ ≥ D, since Γ̂ ≥ Ĝ − D; where Ĝ < D (k near the maximiser of −Γ), Γ̂ is
-  evaluated and checked. Like the exact path, the screen makes the
-  time depend on the noise values, never on the data.
+  rare lead = 0) get Γ̂ and the unchanged test. Γ̂ ≥ 0 (which `_exponent_parts` checks):
+  |Γ̂ − G| ≤ |Γ̂ − Γ| + |L| ≤ D, so Γ̂ ≥ 0 wherever G ≥ D; `_low_interval` gives integers
+  containing every |k| with G(k) < D (G is a parabola in k: its exact vertex, and the
+  half-width from a float square root padded by 2), and Γ̂ is evaluated and checked there:
+  on the whole interval once per (s, F) when it spans ≤ 2^16 integers (≤ 47 of them from
+  s = 3300, none from s ≈ 4.7·10^5 on, where F's 1e-9 margin exceeds D), else on each
+  draw in it.
+  Like the exact path, the screen makes the time depend on the noise values, never on the
+  data.
+  Fast path (`_accepted_chunk`; min_abs = 0, 2^j ≤ 2^31, the interval checked once): the
+  same computation on the same words with fewer numpy passes: R looked up by V, |k|·|k|
+  and the tests in place on preallocated arrays, in blocks of 8192 proposals that stay in
+  cache, the sign applied as (|k| ⊕ m) − m. Its random reads are those of
+  `_propose_chunk` in the same order (the chunk's words, V's extra bits for the whole
+  chunk, then the exact path in stream order), so it returns the same values and leaves
+  the generator at the same position (test_noise_golden: digests, and the two chunk
+  functions on words that take every branch).
 
 Support cap. Proposals with |k| > K = ⌈40·s⌉ are rejected, so the output law is p restricted
 to |k| ≤ K and renormalised. The removed mass is P(|Z| > (K+½)/s) ≤ P(|Z| > 40) < e^{-800}
@@ -220,8 +238,9 @@ argument over helpers it shares with the exact integer path (`_exp_neg_bounds`,
 `_below_exp_neg`, `_first_accepted`, which discrete Laplace uses too), and the unit tests
 patch those helpers on this module to force the exact path; splitting off discrete Laplace
 (~180 lines) would still leave the Gaussian part near 700 lines with its proof split across files.
-The screen (~130 lines with its constants) is a step of the same fast-test argument: its
-proof is a statement about `_lead_bounds`' floats and the error count above.
+The screen (~200 lines with its constants) is a step of the same fast-test argument: its
+proof is a statement about `_lead_bounds`' floats and the error count above; the fast path
+(~150 lines) is the same computation as `_propose_chunk`, proven equal to it above.
 
 No function here accepts a seed: an analyst-chosen seed would let the analyst subtract the
 noise (see `worker/rng.py`).
@@ -349,12 +368,11 @@ def _bernoulli_exp_neg_int(rng: np.random.Generator, m: IntArray) -> BoolArray:
     return out
 
 
-def _first_accepted(
-    propose: Callable[[int], tuple[IntArray, BoolArray]], size: int, *, rate: float
-) -> IntArray:
+def _first_accepted(propose: Callable[[int], IntArray], size: int, *, rate: float) -> IntArray:
     """The first ``size`` accepted values of a stream of independent (value, accept)
     proposals, drawn in batches sized from the acceptance rate (``rate`` is a first guess,
-    then the rate seen so far).
+    then the rate seen so far). ``propose(m)`` makes the next m proposals of the stream and
+    returns the accepted values among them, in stream order.
 
     This is the law of the loop that redraws only the rejected entries: the accepted values
     of an i.i.d. proposal stream are i.i.d. with the accepted law, and the output is always
@@ -363,7 +381,7 @@ def _first_accepted(
     floating-point rate only costs time if it is off. Batches cut the rounds of numpy calls
     from ~log(size)/log(1/rejection rate) to one, rarely two.
     """
-    out = np.empty(size, dtype=np.int64)
+    out: IntArray | None = None
     filled = proposed = accepted = 0
     while filled < size:
         need = size - filled
@@ -371,13 +389,17 @@ def _first_accepted(
             rate = max(accepted / proposed, 0.05)
         # Enough for `need` acceptances unless the count falls ~4 sd short.
         batch = math.ceil((need + 4 * math.sqrt(need)) / rate) + 16
-        values, ok = propose(batch)
-        kept = values[ok][:need]
+        values = propose(batch)
+        kept = values[:need]
+        if out is None:
+            if kept.size == size:  # the usual case: one batch, no copy
+                return kept
+            out = np.empty(size, dtype=np.int64)
         out[filled : filled + kept.size] = kept
         filled += kept.size
         proposed += batch
-        accepted += int(np.count_nonzero(ok))
-    return out
+        accepted += values.size
+    return np.empty(0, dtype=np.int64) if out is None else out
 
 
 # ------------------------------------------------------------------------ discrete Laplace
@@ -414,10 +436,10 @@ def _half_laplace(rng: np.random.Generator, plan: _LaplacePlan, size: int, limit
     u = np.zeros(size, dtype=np.int64)
     if plan.block > 1:
 
-        def propose_u(m: int) -> tuple[IntArray, BoolArray]:
+        def propose_u(m: int) -> IntArray:
             cand = rng.integers(0, plan.block, size=m, dtype=np.int64)
             # cand·den < num < 2^53: cand < scale = num/den.
-            return cand, _bernoulli_exp_neg_ratio(rng, cand * plan.den, plan.num)
+            return cand[_bernoulli_exp_neg_ratio(rng, cand * plan.den, plan.num)]
 
         # P(keep) = E exp(−U/scale) = (1 − r^block)/(block·(1 − r)), r = e^{−1/scale}.
         per = plan.den / plan.num
@@ -451,11 +473,11 @@ def _two_sided_laplace(
     """
     limit = plan.cap - min_abs
 
-    def propose(m: int) -> tuple[IntArray, BoolArray]:
+    def propose(m: int) -> IntArray:
         x = _half_laplace(rng, plan, m, limit) + min_abs
         negative = _one_in(rng, 2, m)
         valid = (x <= plan.cap) & ~(negative & (x == 0))
-        return np.where(negative, -x, x), valid
+        return np.where(negative, -x, x)[valid]
 
     # Only "−0" (probability ½·P(X = 0) = ½(1 − e^{−1/scale})) and the e^{-800} tail are
     # rejected.
@@ -645,18 +667,99 @@ def _screen_constants(scale: float, cap: int, margin: float) -> tuple[float, flo
 
 
 @lru_cache(maxsize=1)
-def _neg_log_leads() -> tuple[FloatArray, FloatArray]:
-    """Floats below[w] ≤ −ln((w+1)/2^16) and above[w] ≥ −ln(w/2^16) (above[0] = +inf) for
-    the 16-bit leads w: `ieee_math.log` of the exact (w+1)·2^-16 is within
-    u·11.1 + 1.01u < 2^-49 of ln, and the entries are moved 2^-40 outward (one more
+def _neg_log_table() -> FloatArray:
+    """Floats lg[w] ≤ −ln(w/2^16) ≤ lg[w] + 2^-39 for the leads 1 ≤ w ≤ 2^16, lg[0] = +inf
+    (one 512 KiB table for both tests of the screen): `ieee_math.log` of the exact w·2^-16
+    is within u·11.1 + 1.01u < 2^-49 of ln, and the entries are moved 2^-40 down (one more
     rounding, < 2^-49)."""
-    logs = ieee_math.log(np.arange(1, (1 << _LEAD_BITS) + 1) * 2.0**-_LEAD_BITS)
-    below = -logs - 2.0**-40
-    above = np.empty_like(below)
-    above[0] = np.inf
-    above[1:] = -logs[:-1] + 2.0**-40
-    below.flags.writeable = above.flags.writeable = False
-    return below, above
+    table = np.empty((1 << _LEAD_BITS) + 1)
+    table[0] = np.inf
+    table[1:] = -ieee_math.log(np.arange(1, (1 << _LEAD_BITS) + 1) * 2.0**-_LEAD_BITS)
+    table[1:] -= 2.0**-40
+    table.flags.writeable = False
+    return table
+
+
+@lru_cache(maxsize=32)
+def _screen_shifts(c_acc: float, c_rej: float) -> tuple[float, float]:
+    """(a, r) = (c_acc + 2^-40, c_rej + 2^-38) rounded up: the screen accepts where
+    fl(Y + a) ≤ lg[lead + 1] and rejects where fl(Y − r) ≥ lg[lead] (module docstring, Screen
+    (d): the extra 2^-40 and 2^-38 cover those two roundings and lg's 2^-39)."""
+    return (
+        _round_up(Fraction(c_acc) + Fraction(1, 2**40)),
+        _round_up(Fraction(c_rej) + Fraction(1, 2**38)),
+    )
+
+
+def _screen_decide(
+    y: FloatArray,
+    lead: IntArray,
+    shifts: tuple[float, float],
+    accept: BoolArray,
+    open_: BoolArray,
+    scratch: FloatArray,
+    bound: FloatArray,
+) -> None:
+    """accept ← fl(y + a) ≤ lg[lead + 1]; open_ ← neither that nor fl(y − r) ≥ lg[lead] (the
+    entries whose Γ̂ is needed); every array is written in place (no temporaries)."""
+    table = _neg_log_table()
+    np.add(y, shifts[0], out=scratch)
+    np.take(table[1:], lead, out=bound, mode="clip")  # lead < 2^16: clip never clips
+    np.less_equal(scratch, bound, out=accept)
+    np.subtract(y, shifts[1], out=scratch)
+    np.take(table, lead, out=bound, mode="clip")
+    np.less(scratch, bound, out=open_)
+    open_ ^= accept  # accepted entries have y − r < y + a ≤ lg[lead + 1] < lg[lead]
+
+
+def _half_inverse_square(scale: float) -> float:
+    """a = 1/(2s²) correctly rounded (Python's int/int division of the exact rational)."""
+    q = Fraction(1, 2) / Fraction(scale) ** 2
+    return q.numerator / q.denominator
+
+
+def _screen_rest(plan: _GaussianPlan, n: IntArray, offset: float) -> FloatArray:
+    """R = fl(F − fl(n/t)) for n = |k| − U (= 2^j·V + min_abs), the part of Y after h."""
+    rest = n.astype(np.float64)
+    rest /= plan.t
+    np.subtract(offset, rest, out=rest)
+    return rest
+
+
+@lru_cache(maxsize=32)
+def _low_interval(scale: float, offset: float, min_abs: int) -> tuple[int, int]:
+    """Integers [lo, hi] (lo > hi if none) containing every min_abs ≤ |k| ≤ K with G(k) < width
+    (|k| < min_abs is never proposed, and F = ``offset`` is a max over |k| ≥ min_abs only), G the
+    exact real k²/(2s²) − k/t + F (F = ``offset``): outside it Γ̂ ≥ G − D ≥ 0 (module docstring,
+    Screen). G = (k − k*)²/(2s²) + G(k*), k* = s²/t, so the set is k* ± r with r² = 2s²(width −
+    G(k*)); r is computed in float (error ≪ 1 for r < 2^50) and padded by 2 on each side."""
+    plan = _gaussian_plan(scale)
+    screen = _screen_constants(scale, plan.cap, _ACCEPT_MARGIN)
+    assert screen is not None  # only called where the screen runs
+    s, f = Fraction(scale), Fraction(offset)
+    centre = s * s / plan.t
+    r2 = 2 * s * s * (Fraction(screen[0]) - (f - s * s / (2 * plan.t * plan.t)))
+    if r2 <= 0:
+        return 1, 0
+    r = math.sqrt(float(r2))
+    return max(min_abs, math.floor(centre - r) - 2), min(plan.cap, math.ceil(centre + r) + 2)
+
+
+#: Spans of `_low_interval` up to this are checked once (`_checked_low_interval`).
+_LOW_CHECK_MAX = 1 << 16
+
+
+@lru_cache(maxsize=32)
+def _checked_low_interval(scale: float, offset: float, min_abs: int) -> bool:
+    """Evaluates Γ̂ on all of `_low_interval` when it spans ≤ `_LOW_CHECK_MAX` integers
+    (`_exponent_parts` raises if any Γ̂ < 0) and says whether it did: then no draw needs the
+    check again."""
+    lo, hi = _low_interval(scale, offset, min_abs)
+    if hi - lo + 1 > _LOW_CHECK_MAX:
+        return False
+    if hi >= lo:
+        _exponent_parts(_gaussian_plan(scale), np.arange(lo, hi + 1, dtype=np.int64), offset)
+    return True
 
 
 def _accept_screened(
@@ -667,39 +770,50 @@ def _accept_screened(
     k_abs: IntArray,
     offset: float,
     needed: BoolArray,
+    min_abs: int = 0,
 ) -> BoolArray:
     """`_accept_exp_neg` with Γ̂(k) (`_exponent_parts`) evaluated only where a cheap bracket
     of y cannot show what its fast test decides: the same decisions, the same entries sent
     to the exact path in the same order, so the same random bits are read (proof in the
-    module docstring, "Screen"). Also raises, like `_exponent_parts`, if any Γ̂(k) < 0."""
-    t = plan.t
+    module docstring, "Screen"). Also raises, like `_exponent_parts`, if any Γ̂(k) < 0
+    (every |k| in ``k_abs`` is ≥ ``min_abs``)."""
     screen = _screen_constants(plan.scale, plan.cap, _ACCEPT_MARGIN)
     if screen is None:
-        whole, frac_num = _exponent_parts(plan, k_abs, offset)
-        return _accept_exp_neg(rng, lead.astype(np.float64), u, t, whole, frac_num, needed)
-    width, c_acc, c_rej = screen
-    # G = (k²/(2s²) − |k|/t) + F in the operation order of the count.
-    g = k_abs.astype(np.float64)
-    slope = g / t
-    g /= plan.scale
-    g *= g
-    g *= 0.5
-    g -= slope
-    g += offset
-    low = np.flatnonzero(g < width)  # Γ̂ ≥ G − D not ≥ 0: evaluate Γ̂ there (raises if < 0)
-    if low.size:
-        _exponent_parts(plan, k_abs[low], offset)
-    g += u / t  # Y = fl(Ĝ + fl(U/t))
-    below, above = _neg_log_leads()
-    accept = (g + c_acc) <= below[lead]
-    g -= c_rej
-    open_ = np.flatnonzero(~accept & (g < above[lead]))
-    if open_.size:
-        whole, frac_num = _exponent_parts(plan, k_abs[open_], offset)
-        accept[open_] = _accept_exp_neg(
-            rng, lead[open_].astype(np.float64), u[open_], t, whole, frac_num, needed[open_]
+        return _accept_full(rng, plan, lead, u, k_abs, offset, needed)
+    if not _checked_low_interval(plan.scale, offset, min_abs):
+        lo, hi = _low_interval(plan.scale, offset, min_abs)
+        low = np.flatnonzero((k_abs >= lo) & (k_abs <= hi))
+        if low.size:
+            _exponent_parts(plan, k_abs[low], offset)  # raises if any Γ̂ < 0
+    y = k_abs.astype(np.float64)
+    y *= y
+    y *= _half_inverse_square(plan.scale)
+    y += _screen_rest(plan, k_abs - u, offset)
+    accept = np.empty(y.size, dtype=np.bool_)
+    open_ = np.empty(y.size, dtype=np.bool_)
+    shifts = _screen_shifts(screen[1], screen[2])
+    _screen_decide(y, lead, shifts, accept, open_, np.empty_like(y), np.empty_like(y))
+    cand = np.flatnonzero(open_)
+    if cand.size:
+        accept[cand] = _accept_full(
+            rng, plan, lead[cand], u[cand], k_abs[cand], offset, needed[cand]
         )
     return accept
+
+
+def _accept_full(
+    rng: np.random.Generator,
+    plan: _GaussianPlan,
+    lead: IntArray,
+    u: IntArray,
+    k_abs: IntArray,
+    offset: float,
+    needed: BoolArray,
+) -> BoolArray:
+    """The fast test on Γ̂ (and the exact path where it cannot tell), for the few entries the
+    screen leaves open."""
+    whole, frac_num = _exponent_parts(plan, k_abs, offset)
+    return _accept_exp_neg(rng, lead.astype(np.float64), u, plan.t, whole, frac_num, needed)
 
 
 # ------------------------------------------------------------------------ rounded Gaussian
@@ -988,9 +1102,12 @@ def _geometric_tail(rng: np.random.Generator, prop: _ProposalPlan, lead: IntArra
     prefix = (lead.astype(np.uint64) << np.uint64(64 - _LEAD_BITS)) | (
         rng.bit_generator.random_raw(lead.size) >> np.uint64(_LEAD_BITS)
     )
-    below = prefix[:, None] < prop.floor64[None, :]
-    v = below.sum(axis=1).astype(np.int64)
-    for j in np.flatnonzero((prefix[:, None] == prop.floor64[None, :]).any(axis=1)).tolist():
+    # ⌊r^v·2^64⌋ is non-increasing in v: #{v : prefix < it} by binary search on the reversed
+    # list (a prefix equal to one of them has a different left and right insertion point).
+    ascending = prop.floor64[::-1]
+    right = np.searchsorted(ascending, prefix, side="right")
+    v = prop.v_stop - right
+    for j in np.flatnonzero(np.searchsorted(ascending, prefix, side="left") != right).tolist():
         v[j] = _exact_geometric(rng, prop, [int(prefix[j]), 64])
     return v
 
@@ -1013,17 +1130,23 @@ def _propose_rounded(
     size: int,
     min_abs: int,
     offset: float | None,
-) -> tuple[IntArray, BoolArray]:
-    """``size`` proposals and whether each is accepted (module docstring, steps 1-2), in
-    chunks of `_CHUNK` (the chunks are consecutive stretches of one i.i.d. stream)."""
-    values = np.empty(size, dtype=np.int64)
-    ok = np.empty(size, dtype=np.bool_)
+) -> IntArray:
+    """The accepted values among ``size`` proposals (module docstring, steps 1-2), in stream
+    order, in chunks of `_CHUNK` (the chunks are consecutive stretches of one i.i.d. stream)."""
+    fast = _fast_tables(plan.scale) if min_abs == 0 and offset is None else None
+    if fast is not None:
+        out = np.empty(size, dtype=np.int64)
+        work, filled = _Workspace(min(size, _CHUNK)), 0
+        for start in range(0, size, _CHUNK):
+            stop = min(start + _CHUNK, size)
+            filled += _accepted_chunk(rng, plan, prop, fast, work, out[filled:], stop - start)
+        return out[:filled]
+    pieces = []
     for start in range(0, size, _CHUNK):
         stop = min(start + _CHUNK, size)
-        values[start:stop], ok[start:stop] = _propose_chunk(
-            rng, plan, prop, stop - start, min_abs, offset
-        )
-    return values, ok
+        values, ok = _propose_chunk(rng, plan, prop, stop - start, min_abs, offset)
+        pieces.append(values[ok])
+    return pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
 
 
 def _propose_chunk(
@@ -1064,7 +1187,9 @@ def _propose_chunk(
         accept = _accept_exp_neg(rng, lead_f, u, prop.t, whole, frac_num, valid)
     else:
         exponent_offset = plan.offset if offset is None else offset
-        accept = _accept_screened(rng, plan, lead_accept, u, k, exponent_offset, valid)
+        accept = _accept_screened(
+            rng, plan, lead_accept, u, k, exponent_offset, valid, min_abs=min_abs
+        )
     valid &= accept
     # x·(1 − 2·[negative]) in exact int64 arithmetic (|x| ≤ K < 2^53): branch-free, ~10x
     # faster than a masked negation on random signs.
@@ -1072,6 +1197,131 @@ def _propose_chunk(
     sign += np.int8(1)
     x *= sign
     return x, valid
+
+
+@dataclass(frozen=True)
+class _FastTables:
+    """What `_accepted_chunk` needs beyond the proposal plan (one scale, min_abs = 0):
+    ``rest[V]`` = R = fl(F − fl(2^j·V/t)) for V = 0..v_stop (`_screen_rest`: the same float
+    operations as the generic screen, so the same bits), a = 1/(2s²) and the screen's shifts."""
+
+    rest: FloatArray
+    half_inverse_square: float
+    shifts: tuple[float, float]
+
+
+@lru_cache(maxsize=16)
+def _fast_tables(scale: float) -> _FastTables | None:
+    """Tables of the fast path, or None where it does not apply: the scale has an exponent
+    table (s ≤ 3276.8), the screen does not run, U needs a second word (j > 31), or the
+    region where Γ̂ ≥ 0 needs checking per draw is too wide to check once."""
+    plan = _gaussian_plan(scale)
+    screen = _screen_constants(scale, plan.cap, _ACCEPT_MARGIN)
+    prop = _proposal_plan(plan.t, plan.cap)
+    if plan.table_whole is not None or screen is None or prop.shift > 31:
+        return None
+    if not _checked_low_interval(scale, plan.offset, 0):
+        return None
+    v = np.arange(prop.v_stop + 1, dtype=np.int64)
+    rest = _screen_rest(plan, v << prop.shift, plan.offset)
+    rest.flags.writeable = False
+    shifts = _screen_shifts(screen[1], screen[2])
+    return _FastTables(rest, _half_inverse_square(scale), shifts)
+
+
+#: Proposals per pass of `_accepted_chunk`: its arrays and the 640 KiB of tables it looks up
+#: at random (the V leads' and lg) stay in the 1 MiB L2 cache.
+_BLOCK = 1 << 13
+
+
+class _Workspace:
+    """Preallocated arrays of `_accepted_chunk` (fresh 256 KiB numpy temporaries can cost
+    hundreds of page faults per chunk when glibc returns them to the system)."""
+
+    def __init__(self, size: int) -> None:
+        block = min(size, _BLOCK)
+        self.v = np.empty(size, dtype=np.int16)
+        self.x = np.empty(size, dtype=np.int64)
+        self.accept = np.empty(size, dtype=np.bool_)
+        self.field = np.empty(block, dtype=np.uint64)
+        self.y = np.empty(block, dtype=np.float64)
+        self.rest = np.empty(block, dtype=np.float64)
+        self.scratch = np.empty(block, dtype=np.float64)
+        self.bound = np.empty(block, dtype=np.float64)
+        self.open = np.empty(block, dtype=np.bool_)
+
+
+def _accepted_chunk(
+    rng: np.random.Generator,
+    plan: _GaussianPlan,
+    prop: _ProposalPlan,
+    fast: _FastTables,
+    work: _Workspace,
+    out: IntArray,
+    size: int,
+) -> int:
+    """`_propose_chunk` then ``values[ok]`` (written to the start of ``out``; returns how many)
+    for min_abs = 0 at scales with `_fast_tables`: the same words, values and decisions, and
+    the same random reads in the same order (V's extra bits for the whole chunk first, then
+    the exact path in stream order), so the same output and generator position (tests:
+    test_noise_golden, and the comparison with `_propose_chunk`). Faster by fewer passes (R
+    looked up by V, the screen's tests on y shifted once), no temporaries, and blocks of
+    `_BLOCK` that stay in cache."""
+    words = rng.bit_generator.random_raw(size)
+    j = prop.shift
+    v, x, accept = work.v[:size], work.x[:size], work.accept[:size]
+    field = work.field
+    for a in range(0, size, _BLOCK):  # pass 1: V from its 16-bit lead (−1: more bits)
+        b = min(a + _BLOCK, size)
+        lead_v = np.right_shift(words[a:b], np.uint64(16), out=field[: b - a])
+        lead_v &= np.uint64(0xFFFF)
+        np.take(prop.lead_v, lead_v.view(np.int64), out=v[a:b], mode="clip")
+    if int(v.min()) < 0:  # drawn for the whole chunk, before the exact path (as before)
+        tail = np.flatnonzero(v < 0)
+        leads = ((words[tail] >> np.uint64(16)) & np.uint64(0xFFFF)).view(np.int64)
+        v[tail] = _geometric_tail(rng, prop, leads)
+    cands: list[IntArray] = []
+    invalid = False
+    for a in range(0, size, _BLOCK):  # pass 2: |k| = 2^j·V + U, Y = fl(fl(k²)·a) + R, screen
+        b = min(a + _BLOCK, size)
+        n = b - a
+        w, xb, vb = words[a:b], x[a:b], v[a:b]
+        xb[...] = vb
+        xb <<= j
+        xb += np.right_shift(w, np.uint64(64 - j), out=field[:n]).view(np.int64)  # + U
+        y = work.y[:n]
+        y[...] = xb
+        y *= y
+        y *= fast.half_inverse_square
+        y += np.take(fast.rest, vb, out=work.rest[:n], mode="clip")
+        lead = np.bitwise_and(w, np.uint64(0xFFFF), out=field[:n]).view(np.int64)
+        open_ = work.open[:n]
+        _screen_decide(y, lead, fast.shifts, accept[a:b], open_, work.scratch[:n], work.bound[:n])
+        if open_.any():
+            cands.append(np.flatnonzero(open_) + a)
+        invalid = invalid or int(xb.min()) == 0 or int(xb.max()) > prop.limit
+        # |k|·(1 − 2·[negative]) as (|k| ⊕ m) − m, m = −[negative] (bit 32 moved to the top,
+        # then shifted back arithmetically): exact in int64 and branch-free.
+        mask = field[:n].view(np.int64)
+        np.left_shift(w.view(np.int64), np.int64(31), out=mask)
+        mask >>= np.int64(63)
+        xb ^= mask
+        xb -= mask
+    sign_bit = np.uint64(1 << 32)
+    if invalid:  # −0 and |k| > limit are rejected
+        magnitude = np.abs(x)
+        accept &= ~((magnitude > prop.limit) | (((words & sign_bit) != 0) & (magnitude == 0)))
+    if cands:
+        c = np.concatenate(cands)
+        wc, kc = words[c], np.abs(x[c])
+        needed = (kc <= prop.limit) & ~(((wc & sign_bit) != 0) & (kc == 0))
+        uc = (wc >> np.uint64(64 - j)).view(np.int64)
+        lead_c = (wc & np.uint64(0xFFFF)).view(np.int64)
+        kc = np.minimum(kc, plan.cap)
+        accept[c] = _accept_full(rng, plan, lead_c, uc, kc, plan.offset, needed) & needed
+    kept = np.flatnonzero(accept)
+    np.take(x, kept, out=out[: kept.size])
+    return kept.size
 
 
 def _sample_rounded_gaussian(
@@ -1088,7 +1338,7 @@ def _sample_rounded_gaussian(
     prop = _proposal_plan(plan.t, plan.cap - min_abs)
     rate = prop.keep_rate * (plan.acceptance if min_abs == 0 else 0.5)
 
-    def propose(m: int) -> tuple[IntArray, BoolArray]:
+    def propose(m: int) -> IntArray:
         return _propose_rounded(rng, plan, prop, m, min_abs, offset)
 
     return _first_accepted(propose, size, rate=rate)

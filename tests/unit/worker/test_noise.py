@@ -192,10 +192,10 @@ def test_batched_rejection_keeps_the_first_accepted_in_stream_order(rate: float)
     divisible by 3, so exactly 0, 3, 6, ...; and nothing is proposed out of order."""
     made: list[int] = []
 
-    def propose(m: int) -> tuple[IntArray, npt.NDArray[np.bool_]]:
+    def propose(m: int) -> IntArray:
         values = np.arange(len(made), len(made) + m, dtype=np.int64)
         made.extend(values.tolist())
-        return values, values % 3 == 0
+        return values[values % 3 == 0]
 
     out = noise._first_accepted(propose, 1000, rate=rate)
     assert out.tolist() == list(range(0, 3000, 3))
@@ -757,18 +757,15 @@ def test_screen_makes_the_decisions_of_the_full_exponent(
             assert evaluated <= k.size // 100, evaluated
 
 
-def test_negative_log_tables_bracket_every_lead() -> None:
-    """below[w] ≤ −ln((w+1)/2^16) ≤ below[w] + 2^-39 and −ln(w/2^16) ≤ above[w] (all w)."""
-    below, above = noise._neg_log_leads()
-    assert above[0] == np.inf
-    w = np.arange(1 << 16)
+def test_negative_log_table_brackets_every_lead() -> None:
+    """lg[w] ≤ −ln(w/2^16) ≤ lg[w] + 2^-39 (all leads w ≥ 1; lg[0] = +inf)."""
+    table = noise._neg_log_table()
+    assert table.size == 2**16 + 1 and table[0] == np.inf
+    w = np.arange(1, 2**16 + 1)
     with mpmath.workdps(40):
         for j in np.concatenate([w[:300], w[-300:], w[300:-300:97]]).tolist():
-            lower = -mpmath.log(mpmath.mpf(j + 1) / 2**16)
-            assert mpmath.mpf(float(below[j])) <= lower <= below[j] + 2.0**-39, j
-            if j:
-                upper = -mpmath.log(mpmath.mpf(j) / 2**16)
-                assert upper <= mpmath.mpf(float(above[j])) <= upper + 2.0**-39, j
+            exact = -mpmath.log(mpmath.mpf(j) / 2**16)
+            assert mpmath.mpf(float(table[j])) <= exact <= table[j] + 2.0**-39, j
 
 
 def test_screen_constants_are_outward_and_refused_outside_their_proof() -> None:
@@ -800,3 +797,34 @@ def test_screen_still_refuses_a_negative_exponent() -> None:
     needed = np.ones(k.size, dtype=np.bool_)
     with pytest.raises(RuntimeError, match="negative acceptance exponent"):
         noise._accept_screened(secure_rng(), plan, lead, u, k, plan.offset - 1e-3, needed)
+
+
+@pytest.mark.parametrize("scale", [3300.0, 1e5, 4e5, 1e6, 3e10])
+@pytest.mark.parametrize("shift", [0.0, -1e-3])
+def test_low_interval_holds_every_k_where_the_screen_cannot_show_a_positive_exponent(
+    scale: float, shift: float
+) -> None:
+    """Outside `_low_interval` the exact G(k) = k²/(2s²) − k/t + F is ≥ the screen's width D
+    (so Γ̂ ≥ G − D ≥ 0 there): checked in rationals at the integers just outside it, and at
+    the vertex's neighbours when it is empty (G is a parabola in k)."""
+    from fractions import Fraction
+
+    plan = noise._gaussian_plan(scale)
+    offset = plan.offset + shift
+    screen = noise._screen_constants(scale, plan.cap, noise._ACCEPT_MARGIN)
+    assert screen is not None
+    lo, hi = noise._low_interval(scale, offset, 0)
+    s, f, width = Fraction(scale), Fraction(offset), Fraction(screen[0])
+
+    def g(k: int) -> Fraction:
+        return Fraction(k * k) / (2 * s * s) - Fraction(k, plan.t) + f
+
+    vertex = s * s / plan.t
+    if hi < lo:
+        assert g(math.floor(vertex)) >= width and g(math.ceil(vertex)) >= width
+    else:
+        assert lo <= vertex <= hi
+        assert lo == 0 or g(lo - 1) >= width
+        assert hi == plan.cap or g(hi + 1) >= width
+    if shift:  # an offset 1e-3 low: Γ̂ < 0 near the vertex, inside the interval
+        assert hi - lo >= 0.08 * scale  # ≈ 2s·√(2·10^-3)

@@ -114,3 +114,92 @@ def test_ieee_exp_and_log_are_unchanged() -> None:
         ]
     )
     assert _digest(ieee_math.log(y)) == "cf5d556f53e26c7b3f91124e9fca2b69"
+
+
+class _Scripted:
+    """Raw words: ``first`` (crafted test words), then ChaCha20 under ``key``; the only
+    generator method the rounded-Gaussian paths call is ``bit_generator.random_raw``."""
+
+    def __init__(self, first: list[int], key: int) -> None:
+        self.bit_generator = self
+        self._first = first.copy()
+        self._chacha = ChaCha(key=key, rounds=20)
+
+    def random_raw(self, size: int) -> npt.NDArray[np.uint64]:
+        head = np.array(self._first[:size], dtype=np.uint64)
+        del self._first[:size]
+        return np.concatenate([head, self._chacha.random_raw(size - head.size)])
+
+
+def _crafted_words(scale: float, size: int, seed: int) -> list[int]:
+    """``size`` proposal words at ``scale`` (j ≤ 31: U in the top j bits, bit 32 the sign,
+    bits 16-31 V's lead, bits 0-15 the acceptance lead): random ones, and on purpose ±0,
+    proposals beyond the cap, V leads that need more bits, and acceptance leads on and
+    beside ⌊2^16·e^{−y}⌋, where the screen leaves entries open and the exact path runs."""
+    plan = noise._gaussian_plan(scale)
+    prop = noise._proposal_plan(plan.t, plan.cap)
+    j = prop.shift
+    r = np.random.default_rng(seed)
+    words = r.integers(0, 2**63, size, dtype=np.uint64) * np.uint64(2) + r.integers(
+        0, 2, size, dtype=np.uint64
+    )
+    zero_v = int(np.flatnonzero(prop.lead_v == 0)[0])
+    tail_v = np.flatnonzero(prop.lead_v < 0)
+    crafted = [(0, 0, zero_v, 5), (0, 1, zero_v, 5), ((1 << j) - 1, 0, 0, 3)]  # lead 0: a tail
+    crafted += [(int(r.integers(1 << j)), 1, int(r.choice(tail_v)), 9) for _ in range(5)]
+    u = r.integers(0, 1 << j, 300)
+    lead_v = r.integers(0, 1 << 16, 300)
+    lead_v = lead_v[prop.lead_v[lead_v] >= 0]
+    u = u[: lead_v.size]
+    k = (prop.lead_v[lead_v].astype(np.int64) << j) + u
+    whole, frac = noise._exponent_parts(plan, np.minimum(k, plan.cap), plan.offset)
+    lo, hi = noise._lead_bounds(u, plan.t, whole, frac)
+    centre = np.floor((lo + hi) / 2).astype(np.int64)
+    for i in range(lead_v.size):
+        lead = int(centre[i]) + int(r.integers(-1, 2))
+        if 0 <= lead < 1 << 16:
+            crafted.append((int(u[i]), int(r.integers(2)), int(lead_v[i]), lead))
+    places = r.choice(size, len(crafted), replace=False)
+    for place, (uu, sign, lv, la) in zip(places.tolist(), crafted, strict=True):
+        filler = int(words[place]) & (((1 << (64 - j)) - 1) ^ ((1 << 33) - 1))
+        words[place] = (uu << (64 - j)) | filler | (sign << 32) | (lv << 16) | la
+    # The extra word of each V lead that needs more bits follows the chunk's words; a zero
+    # one after V's lead 0 makes V = v_stop, a proposal beyond the cap.
+    tails = np.flatnonzero(prop.lead_v[(words >> np.uint64(16)) & np.uint64(0xFFFF)] < 0)
+    extra = [0 if place == places[2] else int(r.integers(0, 2**63)) for place in tails]
+    return [int(w) for w in words] + extra
+
+
+@pytest.mark.parametrize("scale", [5000.0, 1107296.256, 3.7e9])
+@pytest.mark.parametrize("size", [32768, 5000])
+def test_fast_chunk_equals_the_general_chunk(
+    monkeypatch: pytest.MonkeyPatch, scale: float, size: int
+) -> None:
+    """`_accepted_chunk` (the fast path of `rounded_gaussian`) returns exactly the accepted
+    values of `_propose_chunk` and leaves the generator at the same position, on words that
+    take every branch: ±0, beyond the cap, V's extra bits, screen-open entries and the exact
+    path (counted: both paths run it equally often, and at least once)."""
+    plan = noise._gaussian_plan(scale)
+    prop = noise._proposal_plan(plan.t, plan.cap)
+    fast = noise._fast_tables(scale)
+    assert fast is not None
+    words = _crafted_words(scale, size, seed=int(scale) % 1000 + size)
+    exact_calls = [0]
+    real_exact = noise._below_exp_neg
+
+    def counted(rng: np.random.Generator, u: list[int], num: int, den: int) -> bool:
+        exact_calls[0] += 1
+        return real_exact(rng, u, num, den)
+
+    monkeypatch.setattr(noise, "_below_exp_neg", counted)
+    general = _Scripted(words, key=0xC0FFEE)
+    values, ok = noise._propose_chunk(general, plan, prop, size, 0, None)  # type: ignore[arg-type]
+    general_calls, exact_calls[0] = exact_calls[0], 0
+    quick = _Scripted(words, key=0xC0FFEE)
+    out = np.empty(size, dtype=np.int64)
+    n = noise._accepted_chunk(quick, plan, prop, fast, noise._Workspace(size), out, size)  # type: ignore[arg-type]
+    assert np.array_equal(out[:n], values[ok])
+    assert general_calls == exact_calls[0] >= 1
+    assert general.random_raw(1)[0] == quick.random_raw(1)[0]
+    assert 0 in out[:n].tolist()  # +0 kept (−0 rejected: the general path agrees)
+    assert (np.abs(values) > prop.limit).any()  # the proposal beyond the cap was made
