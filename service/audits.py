@@ -46,12 +46,19 @@ from service.modelspec import GrudSpec, LogisticSpec, ModelSpec
 from service.plans import PlanError, build_plan
 from service.privacy.one_run_audit import OneRunBound, ceiling
 from service.schemas import JobRequest, PrivacyPlan
-from service.schemas.audits import AuditRequest, AuditResult, AuditStatus, AuditView
+from service.schemas.audits import (
+    AuditRequest,
+    AuditResult,
+    AuditStatus,
+    AuditView,
+    CanaryKind,
+)
 from service.schemas.dpsgd import DpsgdOptions
 
 __all__ = [
     "AUDITABLE",
     "AUDITABLE_METHODS",
+    "GRADIENT_CANARY_METHODS",
     "MAX_CANARY_FRACTION",
     "PUBLIC_DATASETS",
     "Audit",
@@ -59,6 +66,7 @@ __all__ = [
     "PublicDataset",
     "audit_plan",
     "audit_view",
+    "check_gradient_canaries",
     "check_request",
     "claim_audit",
     "count_audits",
@@ -101,6 +109,8 @@ AUDITABLE_METHODS = ("dpsgd", "expm", "expm_nf")
 """Methods the one-run audit can run on some bundled dataset (:data:`AUDITABLE`)."""
 AUDITABLE_MODELS = ("logistic", "grud")
 """Model kinds the audit's scoring covers (minus each canary's loss under the release)."""
+GRADIENT_CANARY_METHODS = ("dpsgd",)
+"""Methods whose run sums clipped per-row gradients, where a gradient canary is a row."""
 MAX_CANARY_FRACTION = 0.1
 """At most this fraction of the rows are canaries, so the audited run trains on essentially
 the dataset its plan describes."""
@@ -150,12 +160,14 @@ def check_request(
     dataset: str,
     rows: int | None = None,
     model: str | None = None,
+    canary_kind: CanaryKind = "input",
 ) -> None:
     """Refuse what the audit cannot run (raises :class:`AuditRefused`): an unknown public
     dataset (a registered one included), a method it cannot audit on that dataset's kind, a
     model kind it cannot run or score with that method (``model``: None skips this check),
-    m outside [1, 10% of the rows], r outside [1, m]. ``rows``: the rows counted (the
-    worker's count); default the dataset's public count."""
+    m outside [1, 10% of the rows], r outside [1, m], gradient canaries for a method
+    other than DP-SGD. ``rows``: the rows counted (the worker's count); default the
+    dataset's public count."""
     if dataset not in PUBLIC_DATASETS:
         raise AuditRefused(
             f"unknown public dataset {dataset!r}; bundled: {', '.join(PUBLIC_DATASETS)} "
@@ -186,6 +198,24 @@ def check_request(
         )
     if not 1 <= guesses <= canaries:
         raise AuditRefused(f"guesses must be between 1 and the {canaries} canaries", "guesses")
+    if canary_kind == "gradient" and method not in GRADIENT_CANARY_METHODS:
+        raise AuditRefused(
+            f"gradient canaries need a method that sums clipped per-row gradients "
+            f"({', '.join(GRADIENT_CANARY_METHODS)}); {method!r} takes input canaries only",
+            "canary_kind",
+        )
+
+
+def check_gradient_canaries(plan: PrivacyPlan, canaries: int) -> None:
+    """Dirac gradient canaries sit on distinct parameters: m ≤ the plan's parameter count
+    (raises :class:`AuditRefused`)."""
+    parameters = int(plan.mechanism["parameters"])
+    if canaries > parameters:
+        raise AuditRefused(
+            f"{canaries} gradient canaries is more than the model's {parameters} parameters "
+            "(each canary has a parameter of its own)",
+            "canaries",
+        )
 
 
 def audit_plan(
@@ -199,10 +229,12 @@ def audit_plan(
     options: DpsgdOptions | None,
     dataset: str = "adult",
     model: ModelSpec | None = None,
+    canary_kind: CanaryKind = "input",
 ) -> PrivacyPlan:
     """The plan of the audited run, built as for a job from public values: the expected
-    number of rows trained on (n − m/2: the m canaries are each in with probability 1/2),
-    the encoded width, the dataset's kind and its schema's row-norm bound. DP-SGD's options
+    number of rows trained on (input canaries: n − m/2, the m canaries being rows each in
+    with probability 1/2; gradient canaries: n + m/2, each an extra row w.p. 1/2), the
+    encoded width, the dataset's kind and its schema's row-norm bound. DP-SGD's options
     apply to DP-SGD only (the other methods run with their defaults). Raises PlanError."""
     try:
         request = JobRequest(
@@ -219,7 +251,7 @@ def audit_plan(
         raise PlanError(f"{where}: {first['msg']}") from exc
     return build_plan(
         request,
-        n_rows=rows - canaries // 2,
+        n_rows=rows - canaries // 2 if canary_kind == "input" else rows + canaries // 2,
         n_features=features,
         dataset_kind=PUBLIC_DATASETS[dataset].kind,
         norm_sq_bound=row_norm_sq_bound(dataset),
@@ -247,6 +279,7 @@ def validated(body: AuditRequest) -> tuple[AuditRequest, dict[str, Any]]:
         guesses=guesses,
         dataset=body.dataset,
         model=body.model.kind,
+        canary_kind=body.canary_kind,
     )
     if body.dpsgd is not None and body.method != "dpsgd":
         raise AuditRefused("dpsgd options are for method 'dpsgd' only", "dpsgd")
@@ -261,7 +294,10 @@ def validated(body: AuditRequest) -> tuple[AuditRequest, dict[str, Any]]:
         options=body.dpsgd,
         dataset=body.dataset,
         model=body.model,
+        canary_kind=body.canary_kind,
     )
+    if body.canary_kind == "gradient":
+        check_gradient_canaries(plan, body.canaries)
     return body.model_copy(update={"guesses": guesses}), planned_figures(plan)
 
 

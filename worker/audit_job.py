@@ -50,6 +50,7 @@ def execute_audit(audit_id: str, settings: Settings | None = None) -> AuditOutco
             confidence=request.confidence,
             options=request.dpsgd,
             model=request.model,
+            canary_kind=request.canary_kind,
         )
     except Exception as exc:
         log.exception("audit %s failed", audit_id)

@@ -21,6 +21,10 @@ examples/icu), so nothing is charged to any dataset's budget and no private row 
 5. v = the number of right guesses; ε_lb and the test's ceiling from
    service.privacy.one_run_audit (Theorem 3.1 of the paper).
 
+With ``canary_kind="gradient"`` (DP-SGD only), steps 1, 3 and 4 are the white-box ones of
+worker/gradient_canaries.py instead (Dirac gradient canaries in the real DP-SGD run,
+scored by the summed noisy updates on their coordinates); steps 2 and 5 are the same.
+
 The result stays in the admin's view: it holds counts and the bound, never the rows,
 the memberships or the model.
 """
@@ -28,6 +32,8 @@ the memberships or the model.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,6 +47,7 @@ from service.audits import (
     PUBLIC_DATASETS,
     AuditRefused,
     audit_plan,
+    check_gradient_canaries,
     check_request,
     default_guesses,
     default_model,
@@ -50,8 +57,10 @@ from service.datasets.tabular import TabularSchema, encode, validate_frame
 from service.datasets.timeseries import TimeSeriesSchema, encode_series
 from service.modelspec import MODEL_SPEC, ModelSpec
 from service.privacy.one_run_audit import OneRunBound, epsilon_lower_bound
-from service.schemas import DpsgdOptions
+from service.schemas import DpsgdOptions, PrivacyPlan
+from service.schemas.audits import CanaryKind
 from worker.data import prepare_series
+from worker.gradient_canaries import CanaryScores, gradient_canary_run
 from worker.mechanisms.base import TabularTrainingSet
 from worker.mechanisms.registry import run_mechanism
 from worker.models import build_module
@@ -82,6 +91,7 @@ class OneRunAudit:
     sampling_rate: float | None
     seconds: float  # the whole audit: data, one training run, scoring
     model: str = "logistic"  # the audited model kind
+    canary_kind: CanaryKind = "input"
 
 
 def load_public(dataset: str) -> TabularTrainingSet:
@@ -153,14 +163,23 @@ def run_one_run_audit(
     confidence: float = 0.95,
     options: DpsgdOptions | None = None,
     model: ModelSpec | None = None,
+    canary_kind: CanaryKind = "input",
 ) -> OneRunAudit:
     """One training run, m canaries, the bound and its ceiling (module text). ``model``:
-    default the dataset's (logistic regression; GRU-D on a time series)."""
+    default the dataset's (logistic regression; GRU-D on a time series). ``canary_kind``:
+    input rows (black box) or white-box gradient canaries (DP-SGD only)."""
     start = time.perf_counter()
     r = default_guesses(canaries) if guesses is None else guesses
     spec = model or default_model(dataset)
     # Before loading anything, against the public row count; again against the rows read.
-    check_request(method=method, canaries=canaries, guesses=r, dataset=dataset, model=spec.kind)
+    check_request(
+        method=method,
+        canaries=canaries,
+        guesses=r,
+        dataset=dataset,
+        model=spec.kind,
+        canary_kind=canary_kind,
+    )
     data = load_public(dataset)
     n = data.n
     check_request(method=method, canaries=canaries, guesses=r, dataset=dataset, rows=n)
@@ -176,39 +195,20 @@ def run_one_run_audit(
         options=options,
         dataset=dataset,
         model=spec,
+        canary_kind=canary_kind,
     )
     rng = secure_rng()
-    canary_rows = rng.choice(n, size=canaries, replace=False)
-    base = np.setdiff1d(np.arange(n), canary_rows)
-    included = rng.random(canaries) < 0.5  # S_i: each canary in with probability 1/2
-    cx = data.x[torch.from_numpy(canary_rows)]
-    cy = 1.0 - data.y[torch.from_numpy(canary_rows)]  # flipped labels
-    inc = torch.from_numpy(np.flatnonzero(included))
-    train = TabularTrainingSet(
-        x=torch.cat([data.x[torch.from_numpy(base)], cx[inc]]),
-        y=torch.cat([data.y[torch.from_numpy(base)], cy[inc]]),
-        public_means=data.public_means,
-    )
     planned_spec = MODEL_SPEC.validate_python(plan.model)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # small models: one thread (see tests/privacy/harness.py)
-    try:
-        out = run_mechanism(
-            plan=plan,
-            spec=planned_spec,
-            data=train,
-            device=torch.device("cpu"),
-            progress=lambda step, total: None,
-        )
-    finally:
-        torch.set_num_threads(threads)
-    state = out.releases[0]
-
+    if canary_kind == "gradient":
+        check_gradient_canaries(plan, canaries)
+        with _one_thread():
+            run = gradient_canary_run(
+                plan=plan, spec=planned_spec, data=data, canaries=canaries, rng=rng
+            )
+    else:
+        run = _input_canary_run(plan=plan, spec=planned_spec, data=data, canaries=canaries, rng=rng)
     correct = correct_guesses(
-        scores=_scores(planned_spec, state, data, cx, cy),
-        included=included,
-        guesses=r,
-        tie_break=rng.permutation(canaries),
+        scores=run.scores, included=run.included, guesses=r, tie_break=rng.permutation(canaries)
     )
     bound = epsilon_lower_bound(
         canaries=canaries, guesses=r, correct=correct, confidence=confidence, delta=delta
@@ -226,7 +226,51 @@ def run_one_run_audit(
         sampling_rate=_maybe(float, mech.get("sampling_rate")),
         seconds=time.perf_counter() - start,
         model=spec.kind,
+        canary_kind=canary_kind,
     )
+
+
+@contextmanager
+def _one_thread() -> Iterator[None]:
+    """Small models: one torch thread (see tests/privacy/harness.py)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _input_canary_run(
+    *,
+    plan: PrivacyPlan,
+    spec: ModelSpec,
+    data: TabularTrainingSet,
+    canaries: int,
+    rng: np.random.Generator,
+) -> CanaryScores:
+    """Steps 1-4 of the module text (black box): the canaries' scores and S."""
+    n = data.n
+    canary_rows = rng.choice(n, size=canaries, replace=False)
+    base = np.setdiff1d(np.arange(n), canary_rows)
+    included = rng.random(canaries) < 0.5  # S_i: each canary in with probability 1/2
+    cx = data.x[torch.from_numpy(canary_rows)]
+    cy = 1.0 - data.y[torch.from_numpy(canary_rows)]  # flipped labels
+    inc = torch.from_numpy(np.flatnonzero(included))
+    train = TabularTrainingSet(
+        x=torch.cat([data.x[torch.from_numpy(base)], cx[inc]]),
+        y=torch.cat([data.y[torch.from_numpy(base)], cy[inc]]),
+        public_means=data.public_means,
+    )
+    with _one_thread():
+        out = run_mechanism(
+            plan=plan,
+            spec=spec,
+            data=train,
+            device=torch.device("cpu"),
+            progress=lambda step, total: None,
+        )
+    return CanaryScores(scores=_scores(spec, out.releases[0], data, cx, cy), included=included)
 
 
 def _maybe(kind: type, value: object) -> Any:

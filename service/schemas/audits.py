@@ -25,6 +25,12 @@ AuditStatus = Literal["queued", "running", "done", "failed"]
 """queued: sent to the worker; running: a worker took it; done: the bound is in; failed:
 it did not finish (the reason, generic, in ``failure``)."""
 
+CanaryKind = Literal["input", "gradient"]
+"""input: m mislabeled rows of the dataset, scored by their loss under the release (black
+box; every auditable method). gradient: m white-box Dirac gradient canaries (DP-SGD only;
+worker/gradient_canaries.py), each a clipped per-row gradient of norm C on its own
+parameter, scored by the run's summed noisy updates there; m ≤ the model's parameters."""
+
 Canaries = Annotated[int, BeforeValidator(not_bool), Field(ge=1, le=1_000_000)]
 """m (canaries) or r (guesses) of a one-run audit: [1, 10⁶]; m is at most 10% of the
 audited dataset's rows and r at most m (:func:`service.audits.check_request`)."""
@@ -80,6 +86,17 @@ class AuditRequest(ApiInput):
     )
     confidence: Probability = Field(default=0.95, description="Confidence of the bound.")
     dpsgd: DpsgdOptions | None = None
+    canary_kind: CanaryKind = Field(
+        default="input",
+        description=(
+            "'input' (default): m mislabeled rows of the dataset, scored by their loss "
+            "under the release (black box; every auditable method). 'gradient': m white-box "
+            "Dirac gradient canaries (Steinke, Nasr & Jagielski 2023 §7; Nasr et al. 2023), "
+            "each a clipped per-row gradient of norm C on its own parameter, sampled like a "
+            "row, scored by the run's summed noisy updates on that parameter; method dpsgd "
+            "only (422 otherwise), m at most the model's parameter count."
+        ),
+    )
 
 
 class AuditResult(BaseModel):

@@ -83,6 +83,18 @@ def test_audits_are_for_the_admin_only(client: Any, keys: Any) -> None:
         ({"delta": 0}, "invalid-plan", ""),
         ({"confidence": 1.0}, "validation-error", "less than 1"),
         ({"dpsgd": {"max_grad_norm": -1}}, "validation-error", "greater than 0"),
+        (
+            {"method": "expm_nf", "dpsgd": None, "delta": 0, "canary_kind": "gradient"},
+            "validation-error",
+            "gradient canaries need",
+        ),
+        (
+            {"method": "expm", "dpsgd": None, "canary_kind": "gradient"},
+            "validation-error",
+            "gradient canaries need",
+        ),
+        ({"canary_kind": "gradient", "canaries": 106}, "validation-error", "105 parameters"),
+        ({"canary_kind": "weights"}, "validation-error", "'input' or 'gradient'"),
     ],
 )
 @pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
@@ -137,13 +149,15 @@ def test_a_small_audit_runs_end_to_end(client: Any, keys: Any, settings: Any) ->
     [
         pytest.param({"dataset": "icu", **GRUD, "canaries": 40}, id="grud-dpsgd-icu"),
         pytest.param({"method": "expm", "dpsgd": None, "canaries": 40}, id="expm-langevin-adult"),
+        pytest.param({"canary_kind": "gradient", "canaries": 40}, id="dpsgd-gradient-adult"),
     ],
 )
 def test_audits_of_the_other_auditable_pairs_run_end_to_end(
     client: Any, keys: Any, settings: Any, changes: dict[str, Any]
 ) -> None:
-    """GRU-D by DP-SGD on the bundled ICU sample and ExpM (proven Langevin) on Adult:
-    through the API, the worker's task and back, with the run's public figures."""
+    """GRU-D by DP-SGD on the bundled ICU sample, ExpM (proven Langevin) on Adult and
+    DP-SGD with white-box gradient canaries: through the API, the worker's task and back,
+    with the run's public figures."""
     r = _post(client, keys.admin, **changes)
     assert r.status_code == 202, r.text
     queued = r.json()

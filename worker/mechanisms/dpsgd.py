@@ -449,6 +449,7 @@ def _train_one(
     progress: ProgressFn,
     done: int,
     total: int,
+    canaries: GradientCanaries | None = None,
 ) -> dict[str, torch.Tensor]:
     # The model's width is d (tabular) or V (GRU-D's (n, 3, T, V) inputs), never the size
     # of x's second axis; GRU-D's imputation means are the schema's public ones.
@@ -467,15 +468,25 @@ def _train_one(
         / params.expected_batch_size
     )
     integer_sum = integer_sum_for(params, module=module, rng=rng)
+    if canaries is not None and canaries.parameters != params.parameters:
+        raise PlanMismatch("the canaries' parameter count differs from the plan's")
+    n = data.n
+    # An admin audit's included gradient canaries are rows n, n+1, … of the same sampler.
+    sampled_over = n if canaries is None else n + canaries.rows
     step = 0
-    for block in sampler.blocks(data.n, params.steps):
+    for block in sampler.blocks(sampled_over, params.steps):
         rows = torch.from_numpy(block.rows).to(device)
         for idx in rows.split(block.sizes):
             step += 1
-            summed = integer_sum(data.x.index_select(0, idx), data.y.index_select(0, idx))
+            real = idx if canaries is None else idx[idx < n]
+            summed = integer_sum(data.x.index_select(0, real), data.y.index_select(0, real))
+            if canaries is not None:
+                summed += canaries.contribution(idx[idx >= n] - n)  # exact, in int64
             scale = params.sigma_at(step) * 2.0**params.grid_bits
             ahead = params.steps_with_same_sigma(step)
             summed += noise.draw(scale=scale, same_scale_ahead=ahead)  # exact, in int64
+            if canaries is not None:
+                canaries.observe(summed, theta)
             theta.sub_(summed.double() * unit)
             progress(done + step, total)
     # Parameters and buffers (GRU-D's public means), so the release loads on its own.
@@ -508,6 +519,68 @@ def run_dpsgd(
         for i in range(samples)
     ]
     return MechanismOutput(releases=releases)
+
+
+def run_dpsgd_with_canaries(
+    *,
+    spec: ModelSpec,
+    mechanism: dict[str, Any],
+    data: TabularTrainingSet,
+    device: torch.device,
+    canaries: GradientCanaries,
+) -> dict[str, torch.Tensor]:
+    """ONE DP-SGD run of the plan with an admin audit's gradient canaries in it (the
+    registry's :func:`run_dpsgd`, which jobs run, has no canary parameter): the same
+    sampler, engine, noise and step as a job, plus :class:`GradientCanaries`. Only
+    worker/gradient_canaries.py calls it (tests/unit/test_gradient_canaries.py)."""
+    return _train_one(
+        spec=spec,
+        params=DpsgdParams.from_plan(mechanism),
+        data=data,
+        device=device,
+        progress=lambda step, total: None,
+        done=0,
+        total=0,
+        canaries=canaries,
+    )
+
+
+class GradientCanaries:
+    """White-box gradient canaries of an admin audit (worker/gradient_canaries.py has the
+    design and the scoring): never a job's, only :func:`run_dpsgd_with_canaries` takes them.
+
+    Each of the ``rows`` included canaries is one more "row" of the run's Poisson sampler
+    (positions n, n+1, … after the n data rows), so it enters a step's sum with probability
+    exactly q, independently across steps, as a data row does; when it does, its
+    contribution is a fixed int64 vector on the engine's integer grid of ℓ2 norm ≤ 2^k,
+    the per-row bound every engine's sum is accounted with (κ·2^k, κ ≥ 1), checked here in
+    exact integer arithmetic (fail closed). So the run is the planned mechanism on a
+    dataset of n + rows rows, and the guarantee covers adding or removing any one canary.
+    What the white-box auditor sees, inside the worker: ``observed`` accumulates, in int64,
+    the noisy sums S_t + N_t (Σ_t (S_t + N_t) = (θ_0 − θ_T)·q·n̂/(lr·C·2^−k)), and
+    ``iterates`` holds θ_{t−1}, the parameters each step's sum was computed at (T × P
+    float64: small models only)."""
+
+    def __init__(self, contributions: torch.Tensor, *, grid_bits: int) -> None:
+        if contributions.dtype != torch.int64 or contributions.dim() != 2:
+            raise GuardFailed("gradient canaries: an int64 (canaries, parameters) tensor")
+        limit = 4**grid_bits  # (2^k)², compared in Python integers: no overflow
+        for row in contributions.tolist():
+            if sum(v * v for v in row) > limit:
+                raise GuardFailed("gradient canaries: a canary's norm exceeds 2^k")
+        self.contributions = contributions
+        self.rows, self.parameters = contributions.shape
+        self.observed = torch.zeros(self.parameters, dtype=torch.int64)
+        self.iterates: list[torch.Tensor] = []
+
+    def contribution(self, sampled: torch.Tensor) -> torch.Tensor:
+        """Σ of the sampled canaries' vectors (indices into ``contributions``)."""
+        return self.contributions.index_select(0, sampled.cpu()).sum(0).to(sampled.device)
+
+    def observe(self, noisy_sum: torch.Tensor, theta: torch.Tensor) -> None:
+        """One step: its noisy sum, and θ before the step."""
+        self.observed += noisy_sum.cpu()
+        self.iterates.append(theta.detach().to("cpu", torch.float64, copy=True))
 
 
 def integer_sum_for(
