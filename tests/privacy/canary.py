@@ -1,5 +1,5 @@
 """The canary distinguisher shared by the ExpM samplers' audits (test_audit_langevin.py,
-test_audit_mcmc.py).
+test_audit_langevin_hidden.py, test_audit_mcmc.py).
 
 D: 99 rows with uniform features outside the canary's columns; D' = D plus a canary (ones on
 ``CANARY_COLUMNS`` columns that no row of D touches, label 1). Statistic: the released
@@ -49,9 +49,11 @@ def worlds(classes: int | None = None) -> tuple[TabularTrainingSet, TabularTrain
     return TabularTrainingSet(x=x[: N - 1], y=y[: N - 1]), TabularTrainingSet(x=x, y=y)
 
 
-def canary_plan(expm: dict[str, Any], classes: int | None = None) -> PrivacyPlan:
+def canary_plan(
+    expm: dict[str, Any], classes: int | None = None, max_rows: int | None = None
+) -> PrivacyPlan:
     """The plan of method ``expm`` with these options at the claimed (ε, δ) (for a target
-    of ``classes`` classes where given)."""
+    of ``classes`` classes where given; ``max_rows``: the schema's public row cap)."""
     request = JobRequest(
         dataset="audit",
         model=LogisticSpec(),
@@ -67,6 +69,7 @@ def canary_plan(expm: dict[str, Any], classes: int | None = None) -> PrivacyPlan
         n_features=n_features,
         norm_sq_bound=n_features + 1,
         n_classes=classes or 2,
+        max_rows=max_rows,
     )
 
 
