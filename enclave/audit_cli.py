@@ -8,6 +8,7 @@ because a small lower bound is not a proof of privacy."""
 
 from __future__ import annotations
 
+import enum
 import math
 import time
 from typing import Annotated, Any
@@ -38,6 +39,13 @@ def _positive(name: str, value: float) -> float:
     return value
 
 
+class CanaryChoice(enum.StrEnum):
+    """The request's canary_kind (service.schemas.audits.CanaryKind)."""
+
+    input = "input"
+    gradient = "gradient"
+
+
 def admin_audit(
     method: Annotated[
         str,
@@ -59,6 +67,16 @@ def admin_audit(
         int | None, typer.Option(help="r: guesses made (top r/2 and bottom r/2). Default m/5.")
     ] = None,
     confidence: Annotated[float, typer.Option(help="Confidence of the bound.")] = 0.95,
+    canary_kind: Annotated[
+        CanaryChoice,
+        typer.Option(
+            "--canary-kind",
+            help="input: m mislabeled rows scored by their loss (black box, every method). "
+            "gradient: m white-box Dirac gradient canaries in the DP-SGD run, scored by the "
+            "run's noisy updates on their parameters (dpsgd only; m at most the model's "
+            "parameters).",
+        ),
+    ] = CanaryChoice.input,
     via_api: Annotated[
         bool,
         typer.Option(
@@ -95,6 +113,7 @@ def admin_audit(
             "model": {"kind": "grud" if dataset == "icu" else "logistic"},
             "guesses": guesses,
             "confidence": confidence,
+            "canary_kind": canary_kind.value,
         }
         _audit_via_api(Api(url, key), body, timeout)
         return
@@ -110,6 +129,7 @@ def admin_audit(
             dataset=dataset,
             guesses=guesses,
             confidence=confidence,
+            canary_kind=canary_kind.value,
         )
     except AuditRefused as exc:
         fail(str(exc))
@@ -131,6 +151,7 @@ def admin_audit(
         steps=audit.steps,
         sampling_rate=audit.sampling_rate,
         seconds=audit.seconds,
+        canary_kind=audit.canary_kind,
     )
 
 
@@ -147,8 +168,10 @@ def _report(
     steps: int | None,
     sampling_rate: float | None,
     seconds: float,
+    canary_kind: str = "input",
 ) -> None:
     typer.echo(audit_sentence(b))
+    kind = "gradient " if canary_kind == "gradient" else ""
     run = [
         f"σ = {noise_multiplier:.4g}" if noise_multiplier is not None else "",
         f"{steps} steps" if steps is not None else "",
@@ -156,7 +179,7 @@ def _report(
     ]
     figures = ", ".join(part for part in run if part)
     typer.echo(
-        f"{b.correct} of {b.guesses} guesses right on {b.canaries:,} canaries; "
+        f"{b.correct} of {b.guesses} guesses right on {b.canaries:,} {kind}canaries; "
         f"{method} {MODEL_WORDS.get(model, model)} on {dataset} ({rows:,} rows), "
         f"claimed ε = {epsilon:g}, δ = {delta:g}; {figures}; {seconds:.1f} s; "
         "nothing charged"
@@ -200,5 +223,6 @@ def _audit_via_api(api: Api, body: dict[str, Any], timeout: float) -> None:
         steps=r["steps"],
         sampling_rate=r["sampling_rate"],
         seconds=audit["seconds"],
+        canary_kind=config.get("canary_kind", "input"),
     )
     typer.echo(f"audit {audit['id']} (GET /v1/admin/audits/{audit['id']}, dashboard: Audits)")

@@ -2,11 +2,13 @@
 
 The black-box audit (worker/audits.py: mislabeled rows scored by their loss) showed ε ≥ 0
 on every configuration. This is the paper's white-box setting instead: Steinke, Nasr &
-Jagielski 2023 ("Privacy auditing with one (1) training run", arXiv:2305.08846, §7, the
-white-box experiments: the auditor inserts canary *gradients* and sees the model's updates),
-with the Dirac canaries of Nasr, Hayes, Steinke, Balle, Tramèr, Jagielski, Carlini & Terzis
-2023 ("Tight auditing of differentially private machine learning", USENIX Security 2023,
-arXiv:2302.07956: a gradient that is zero except on one coordinate):
+Jagielski 2023 ("Privacy auditing with one (1) training run", arXiv:2305.08846, its
+white-box experiments: the auditor inserts canary *gradients* and sees the model's updates,
+scoring a canary by its inner product with them), with the Dirac canaries of Nasr, Hayes,
+Steinke, Balle, Tramèr, Jagielski, Carlini & Terzis 2023 ("Tight auditing of differentially
+private machine learning", USENIX Security 2023, arXiv:2302.07956: a gradient that is zero
+except on one coordinate). (The white-box section's text was not at hand when this was
+written; the paper's setting is cited from its abstract and Nasr et al.)
 
 1. **Design** (public values only): m distinct coordinates j_1 … j_m of the model's flat
    parameter vector, the m with the least public-data gradient there (Σ over the bundled
@@ -20,14 +22,22 @@ arXiv:2302.07956: a gradient that is zero except on one coordinate):
 3. ONE run of the real DP-SGD code (worker.mechanisms.dpsgd.run_dpsgd_with_canaries: the
    plan's Poisson sampler, engine, integer noise and step, as a job), the included canaries
    being rows n, n+1, … of the same Poisson sampler: in each step with probability q.
-4. **Score** (Steinke et al. 2023 §7, white-box: the inner product of the canary with the
-   sum of the model updates): score_i = ⟨Σ_t (S_t + N_t), e_{j_i}⟩, the run's summed noisy
-   gradient sums (int64, as the worker computed them) at the canary's coordinate. For SGD
-   without momentum, as here, this is ⟨θ_0 − θ_T, e_{j_i}⟩ times the public constant
-   q·n̂/(lr·C·2^−k): the same guesses as scoring the final minus the initial parameters.
-   An included canary adds 2^k in each step that samples it (q·T·2^k in expectation); the
-   noise adds σ·2^k·√T of spread, so the power is about q·√T/σ per canary (module
-   benchmarks/results/one_run_audit_gradient.md reports what it shows).
+4. **Score**, from what the worker itself observed (white box): O_i = ⟨Σ_t (S_t + N_t),
+   e_{j_i}⟩, the run's summed noisy gradient sums at the canary's coordinate (for SGD
+   without momentum, as here, ⟨θ_0 − θ_T, e_{j_i}⟩ times the public constant
+   q·n̂/(lr·C·2^−k)), the inner-product score of the white-box one-run audit. Two
+   refinements for power, both functions of the public rows and the observed iterates only
+   (any function of the mechanism's output keeps Theorem 3.1's guarantee):
+   a. a control variate: the data's expected share given the iterates,
+      M_i = Σ_t q·Σ_r clip_C(∇ℓ_r(θ_{t−1}))_{j_i}·2^k/C, is subtracted (R_i = O_i − M_i),
+      with its Poisson-sampling variance V_i = Σ_t q(1 − q)·Σ_r clip_C(…)²_{j_i}·4^k/C²
+      (:func:`data_moments`);
+   b. the ranking is the Gaussian likelihood ratio of "in" (R ~ N(μ, v + w), μ = q·T·2^k,
+      w = q(1 − q)·T·4^k the canary's own Binomial(T, q) spread) against "out"
+      (R ~ N(0, v)), v = V_i + Σ_t σ_t²·4^k (Neyman–Pearson).
+   An included canary adds q·T·2^k in expectation against a noise spread of σ·2^k·√T, so
+   the power is about q·√T/σ = (epochs)/(σ·√T) per canary: full-batch plans (q = 1) are
+   where it shows (benchmarks/results/one_run_audit_gradient.md).
 5. The guesses and the bound are worker/audits.py's and service/privacy/one_run_audit.py's
    (top-k "in", bottom-k "out"; Theorem 3.1).
 

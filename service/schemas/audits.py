@@ -91,9 +91,10 @@ class AuditRequest(ApiInput):
         description=(
             "'input' (default): m mislabeled rows of the dataset, scored by their loss "
             "under the release (black box; every auditable method). 'gradient': m white-box "
-            "Dirac gradient canaries (Steinke, Nasr & Jagielski 2023 §7; Nasr et al. 2023), "
-            "each a clipped per-row gradient of norm C on its own parameter, sampled like a "
-            "row, scored by the run's summed noisy updates on that parameter; method dpsgd "
+            "Dirac gradient canaries (Steinke, Nasr & Jagielski 2023, white box; Nasr et "
+            "al. 2023), each a clipped per-row gradient of norm C on its own parameter, "
+            "sampled like a row, scored by the run's summed noisy updates on that parameter "
+            "less the public data's expected share; method dpsgd "
             "only (422 otherwise), m at most the model's parameter count."
         ),
     )

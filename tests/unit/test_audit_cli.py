@@ -82,3 +82,17 @@ def test_command_refusals() -> None:
     assert r.exit_code == 1 and "epsilon" in r.output
     r = runner.invoke(app, [*base, "--method", "dpsgd", "--canaries", "10", "--dataset", "mine"])
     assert r.exit_code == 1 and "unknown public dataset" in r.output
+    gradient = [*base, "--canary-kind", "gradient"]
+    r = runner.invoke(app, [*gradient, "--method", "expm", "--canaries", "10"])
+    assert r.exit_code == 1 and "gradient canaries need" in r.output
+    r = runner.invoke(app, [*gradient, "--method", "dpsgd", "--canaries", "106"])
+    assert r.exit_code == 1 and "more than the model's 105 parameters" in r.output
+    r = runner.invoke(app, [*base, "--method", "dpsgd", "--canaries", "10", "--canary-kind", "x"])
+    assert r.exit_code == 2 and "'input', 'gradient'" in r.output
+
+
+def test_command_runs_a_gradient_canary_audit_on_adult() -> None:
+    base = ["admin", "audit", "--method", "dpsgd", "--epsilon", "4", "--delta", "1e-5"]
+    r = runner.invoke(app, [*base, "--canaries", "20", "--canary-kind", "gradient"])
+    assert r.exit_code == 0, r.output
+    assert "of 4 guesses right on 20 gradient canaries" in r.output
