@@ -141,12 +141,11 @@ fast test brackets) and lo_x, hi_x its floats:
   data.
   Fast path (`_accepted_chunk`; min_abs = 0, 2^j ≤ 2^31, the interval checked once): the
   same computation on the same words with fewer numpy passes: R looked up by V, |k|·|k|
-  and the tests in place on preallocated arrays, in blocks of 8192 proposals that stay in
-  cache, the sign applied as (|k| ⊕ m) − m. Its random reads are those of
-  `_propose_chunk` in the same order (the chunk's words, V's extra bits for the whole
-  chunk, then the exact path in stream order), so it returns the same values and leaves
-  the generator at the same position (test_noise_golden: digests, and the two chunk
-  functions on words that take every branch).
+  and the tests in place on preallocated arrays, the sign applied as (|k| ⊕ m) − m. Its
+  random reads are those of `_propose_chunk` in the same order (the chunk's words, V's
+  extra bits for the whole chunk, then the exact path in stream order), so it returns the
+  same values and leaves the generator at the same position (test_noise_golden: digests,
+  and the two chunk functions on words that take every branch).
 
 Support cap. Proposals with |k| > K = ⌈40·s⌉ are rejected, so the output law is p restricted
 to |k| ≤ K and renormalised. The removed mass is P(|Z| > (K+½)/s) ≤ P(|Z| > 40) < e^{-800}
@@ -1228,26 +1227,21 @@ def _fast_tables(scale: float) -> _FastTables | None:
     return _FastTables(rest, _half_inverse_square(scale), shifts)
 
 
-#: Proposals per pass of `_accepted_chunk`: its arrays and the 640 KiB of tables it looks up
-#: at random (the V leads' and lg) stay in the 1 MiB L2 cache.
-_BLOCK = 1 << 13
-
-
 class _Workspace:
-    """Preallocated arrays of `_accepted_chunk` (fresh 256 KiB numpy temporaries can cost
-    hundreds of page faults per chunk when glibc returns them to the system)."""
+    """Preallocated arrays of `_accepted_chunk`, reused for every chunk of a call (fresh
+    256 KiB numpy temporaries can cost hundreds of page faults per chunk when glibc returns
+    them to the system)."""
 
     def __init__(self, size: int) -> None:
-        block = min(size, _BLOCK)
         self.v = np.empty(size, dtype=np.int16)
         self.x = np.empty(size, dtype=np.int64)
         self.accept = np.empty(size, dtype=np.bool_)
-        self.field = np.empty(block, dtype=np.uint64)
-        self.y = np.empty(block, dtype=np.float64)
-        self.rest = np.empty(block, dtype=np.float64)
-        self.scratch = np.empty(block, dtype=np.float64)
-        self.bound = np.empty(block, dtype=np.float64)
-        self.open = np.empty(block, dtype=np.bool_)
+        self.open = np.empty(size, dtype=np.bool_)
+        self.field = np.empty(size, dtype=np.uint64)
+        self.y = np.empty(size, dtype=np.float64)
+        self.rest = np.empty(size, dtype=np.float64)
+        self.scratch = np.empty(size, dtype=np.float64)
+        self.bound = np.empty(size, dtype=np.float64)
 
 
 def _accepted_chunk(
@@ -1264,60 +1258,45 @@ def _accepted_chunk(
     the same random reads in the same order (V's extra bits for the whole chunk first, then
     the exact path in stream order), so the same output and generator position (tests:
     test_noise_golden, and the comparison with `_propose_chunk`). Faster by fewer passes (R
-    looked up by V, the screen's tests on y shifted once), no temporaries, and blocks of
-    `_BLOCK` that stay in cache."""
+    looked up by V, the screen's tests on y shifted once) and no temporaries. (Blocks of
+    4096-16384 that stay in cache measured no faster: numpy's per-call cost outweighs it.)"""
     words = rng.bit_generator.random_raw(size)
     j = prop.shift
-    v, x, accept = work.v[:size], work.x[:size], work.accept[:size]
-    field = work.field
-    for a in range(0, size, _BLOCK):  # pass 1: V from its 16-bit lead (−1: more bits)
-        b = min(a + _BLOCK, size)
-        lead_v = np.right_shift(words[a:b], np.uint64(16), out=field[: b - a])
-        lead_v &= np.uint64(0xFFFF)
-        np.take(prop.lead_v, lead_v.view(np.int64), out=v[a:b], mode="clip")
+    v, x, accept, open_ = work.v[:size], work.x[:size], work.accept[:size], work.open[:size]
+    field, y, rest = work.field[:size], work.y[:size], work.rest[:size]
+    lead_v = np.right_shift(words, np.uint64(16), out=field)
+    lead_v &= np.uint64(0xFFFF)
+    np.take(prop.lead_v, lead_v.view(np.int64), out=v, mode="clip")  # −1: V needs more bits
     if int(v.min()) < 0:  # drawn for the whole chunk, before the exact path (as before)
         tail = np.flatnonzero(v < 0)
-        leads = ((words[tail] >> np.uint64(16)) & np.uint64(0xFFFF)).view(np.int64)
-        v[tail] = _geometric_tail(rng, prop, leads)
-    cands: list[IntArray] = []
-    invalid = False
-    for a in range(0, size, _BLOCK):  # pass 2: |k| = 2^j·V + U, Y = fl(fl(k²)·a) + R, screen
-        b = min(a + _BLOCK, size)
-        n = b - a
-        w, xb, vb = words[a:b], x[a:b], v[a:b]
-        xb[...] = vb
-        xb <<= j
-        xb += np.right_shift(w, np.uint64(64 - j), out=field[:n]).view(np.int64)  # + U
-        y = work.y[:n]
-        y[...] = xb
-        y *= y
-        y *= fast.half_inverse_square
-        y += np.take(fast.rest, vb, out=work.rest[:n], mode="clip")
-        lead = np.bitwise_and(w, np.uint64(0xFFFF), out=field[:n]).view(np.int64)
-        open_ = work.open[:n]
-        _screen_decide(y, lead, fast.shifts, accept[a:b], open_, work.scratch[:n], work.bound[:n])
-        if open_.any():
-            cands.append(np.flatnonzero(open_) + a)
-        invalid = invalid or int(xb.min()) == 0 or int(xb.max()) > prop.limit
-        # |k|·(1 − 2·[negative]) as (|k| ⊕ m) − m, m = −[negative] (bit 32 moved to the top,
-        # then shifted back arithmetically): exact in int64 and branch-free.
-        mask = field[:n].view(np.int64)
-        np.left_shift(w.view(np.int64), np.int64(31), out=mask)
-        mask >>= np.int64(63)
-        xb ^= mask
-        xb -= mask
+        v[tail] = _geometric_tail(rng, prop, lead_v[tail].view(np.int64))
+    x[...] = v
+    x <<= j
+    x += np.right_shift(words, np.uint64(64 - j), out=field).view(np.int64)  # |k| = 2^j·V + U
+    y[...] = x  # Y = fl(fl(k·k)·a) + R
+    y *= y
+    y *= fast.half_inverse_square
+    y += np.take(fast.rest, v, out=rest, mode="clip")
+    lead = np.bitwise_and(words, np.uint64(0xFFFF), out=field).view(np.int64)
+    _screen_decide(y, lead, fast.shifts, accept, open_, work.scratch[:size], work.bound[:size])
+    cands = np.flatnonzero(open_) if open_.any() else None
     sign_bit = np.uint64(1 << 32)
-    if invalid:  # −0 and |k| > limit are rejected
-        magnitude = np.abs(x)
-        accept &= ~((magnitude > prop.limit) | (((words & sign_bit) != 0) & (magnitude == 0)))
-    if cands:
-        c = np.concatenate(cands)
-        wc, kc = words[c], np.abs(x[c])
+    if int(x.min()) == 0 or int(x.max()) > prop.limit:  # −0 and |k| > limit are rejected
+        accept &= ~((x > prop.limit) | (((words & sign_bit) != 0) & (x == 0)))
+    if cands is not None:
+        wc, kc = words[cands], x[cands]
         needed = (kc <= prop.limit) & ~(((wc & sign_bit) != 0) & (kc == 0))
         uc = (wc >> np.uint64(64 - j)).view(np.int64)
         lead_c = (wc & np.uint64(0xFFFF)).view(np.int64)
         kc = np.minimum(kc, plan.cap)
-        accept[c] = _accept_full(rng, plan, lead_c, uc, kc, plan.offset, needed) & needed
+        accept[cands] = _accept_full(rng, plan, lead_c, uc, kc, plan.offset, needed) & needed
+    # |k|·(1 − 2·[negative]) as (|k| ⊕ m) − m, m = −[negative] (bit 32 moved to the top, then
+    # shifted back arithmetically): exact in int64 and branch-free.
+    mask = field.view(np.int64)
+    np.left_shift(words.view(np.int64), np.int64(31), out=mask)
+    mask >>= np.int64(63)
+    x ^= mask
+    x -= mask
     kept = np.flatnonzero(accept)
     np.take(x, kept, out=out[: kept.size])
     return kept.size
