@@ -161,7 +161,8 @@ def cnn_geometry(spec: CnnSpec) -> list[ConvGeometry]:
     if spec.image is None:
         raise ValueError(
             "model 'cnn' takes its image shape from a registered image dataset's schema: "
-            "DP-SGD jobs on such a dataset only (selections of CNNs are not built yet)"
+            "DP-SGD jobs and architecture searches on such a dataset only (CNN "
+            "hyperparameter tuning is not built yet)"
         )
     c, h, w = spec.image.channels, spec.image.height, spec.image.width
     out = []

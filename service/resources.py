@@ -55,8 +55,10 @@ def selection_estimate(
 ) -> tuple[float, int]:
     """(seconds, peak bytes) of a ``selection`` plan: the counted trainings (see
     :func:`selection_trainings`) each at the costliest candidate's DP-SGD estimate, its
-    memory at the costliest candidate's. Scoring and the features kind's histogram pass
-    are single passes over the rows, small beside one training, and not counted. ExpM+NF
+    memory at the costliest candidate's (a CNN search's: the largest over the plan's
+    ``cost_models``, the space's extremes, each with the charged mechanism). Scoring and
+    the features kind's histogram pass are single passes over the rows, small beside one
+    training, and not counted. ExpM+NF
     candidates: the counted trainings each at the largest model's flow estimate (on all
     n̂ rows: a ceiling for the training split), its memory."""
     spec: ModelSpec = MODEL_SPEC.validate_python(plan.model)
@@ -70,9 +72,15 @@ def selection_estimate(
     candidates = plan.mechanism.get("candidates") or []
     if not candidates:
         return statistics, 0
-    per = max(dpsgd_training_seconds(spec, c, series_steps=series_steps) for c in candidates)
+    # A CNN search's candidates cost at most one of its extreme models each (cost_models).
+    specs = [MODEL_SPEC.validate_python(m) for m in plan.mechanism.get("cost_models") or []]
+    specs = specs or [spec]
+    per = max(
+        dpsgd_training_seconds(s, c, series_steps=series_steps) for s in specs for c in candidates
+    )
     memory = max(
-        dpsgd_training_memory_bytes(spec, c, n_features=n_features, series_steps=series_steps)
+        dpsgd_training_memory_bytes(s, c, n_features=n_features, series_steps=series_steps)
+        for s in specs
         for c in candidates
     )
     return statistics + selection_trainings(plan) * per, memory

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -47,3 +47,12 @@ class SelectionMechanism(BaseModel):
     stages: dict[str, SelectionStage]
     candidates: list[DpsgdMechanism]
     expm_nf: ExpmNfMechanism | None = None
+    cost_models: list[dict[str, Any]] | None = Field(
+        default=None,
+        description=(
+            "An architecture search over CNNs only: the space's extreme models (every layer "
+            "at the most channels, one per depth, kernel and pooling); each candidate's "
+            "DP-SGD time and memory is at most one of theirs, and the estimate takes the "
+            "largest."
+        ),
+    )

@@ -38,6 +38,7 @@ from service.params import (
 )
 from service.plans import PlanError, data_kind
 from service.schemas import DpsgdOptions, ExpmNfOptions, JobRequest, PrivacyPlan
+from service.selection.architecture import fit_space
 from service.selection.features import (
     MAX_FEATURE_COLUMNS,
     FeatureGa,
@@ -53,8 +54,7 @@ from service.selection.plans import (
     SelectionKind,
     SelectionPlan,
     TnbRunsSpec,
-    fit_to_classes,
-    n_classes_of,
+    fit_to_dataset,
     plan_selection,
     plan_summary,
     split_counts,
@@ -275,6 +275,9 @@ def job_request(body: Body, *, n_rows: int, public_schema: dict[str, Any]) -> Jo
     """The job request stored for ``body``: its per-candidate budget resolved (calibrated
     from the workflow's ε unless given). Raises :class:`PlanError` (→ 422)."""
     request = _kind_request(body, body.training_epsilon or body.epsilon)
+    if isinstance(request, ArchitectureRequest):
+        # Stored fitted: the space's model (CNNs on images), a CNN's image shape and classes.
+        request = fit_space(request, public_schema)
     if body.training_epsilon is None and request.budget is not None:
         request = with_total_epsilon(
             request,
@@ -349,8 +352,8 @@ def resolved_selection(
         kind_request = REQUEST_MODELS[kind].model_validate(request.selection.get("request"))
     except ValidationError as exc:
         raise PlanError(_messages(exc)) from exc
-    # The candidates' model fitted to the target's classes, as the worker trains it.
-    kind_request = fit_to_classes(kind, kind_request, n_classes_of(public_schema))
+    # The candidates' space or model fitted to the dataset, as the worker trains them.
+    kind_request = fit_to_dataset(kind, kind_request, public_schema)
     plan = plan_selection(
         kind,
         kind_request,
@@ -421,6 +424,11 @@ def privacy_plan(request: JobRequest, resolved: ResolvedSelection, *, n_rows: in
     }
     if resolved.plan.expm_mechanism is not None:
         mechanism["expm_nf"] = resolved.plan.expm_mechanism
+    space = getattr(resolved.request, "space", None)
+    if isinstance(space, ArchitectureSpace) and space.model == "cnn":
+        # The time and memory estimates' models (service/resources.py): each candidate's
+        # cost is at most one of theirs (ArchitectureSpace.cnn_extremes).
+        mechanism["cost_models"] = [m.model_dump() for m in space.cnn_extremes()]
     return PrivacyPlan(
         method="selection",
         dataset=request.dataset,

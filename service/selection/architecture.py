@@ -4,12 +4,14 @@ described in :mod:`service.selection.plans`."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, ValidationError, model_validator
 
+from service.datasets.images import ImageSchema
 from service.methods.dpsgd import resolve_dpsgd_options
-from service.modelspec import ModelSpec
+from service.modelspec import ModelSpec, cnn_parameter_count
 from service.params import InputModel
 from service.plans import PlanError, build_plan
 from service.privacy.events import (
@@ -31,7 +33,13 @@ from service.selection.search_space import (
     planned_trainings,
 )
 
-__all__ = ["ArchitectureRequest", "architecture_key", "architecture_plan", "expm_candidate_plan"]
+__all__ = [
+    "ArchitectureRequest",
+    "architecture_key",
+    "architecture_plan",
+    "expm_candidate_plan",
+    "fit_space",
+]
 
 
 class _In(InputModel):
@@ -82,6 +90,67 @@ class ArchitectureRequest(_In):
         ):
             raise ValueError("report_noisy_max applies to random search (rs) without runs")
         return self
+
+
+def fit_space(
+    request: ArchitectureRequest, public_schema: Mapping[str, Any] | None
+) -> ArchitectureRequest:
+    """``request`` with its space fitted to the dataset (public schema): ``model`` left out
+    becomes the kind's (``cnn`` on an image dataset, ``mlp`` otherwise); a CNN space gets
+    the images' shape and, for K ≥ 3 classes, K (given ones must equal the dataset's), its
+    activation ReLU, and every candidate's network must fit the images (checked on
+    :meth:`~service.selection.search_space.ArchitectureSpace.cnn_extremes`: a candidate's
+    geometry does not depend on its channels). A CNN space on another kind, or an MLP or
+    GRU-D space on images, is a :class:`PlanError`. An MLP or GRU-D space is otherwise
+    unchanged (its dump, hence its plan's digest, is what it was before CNN spaces)."""
+    kind = str((public_schema or {}).get("kind", "tabular"))
+    space = request.space
+    model = space.model or ("cnn" if kind == "images" else "mlp")
+    if model == "cnn" and kind != "images":
+        raise PlanError(
+            f"a CNN architecture space (space.model 'cnn') needs an image dataset; this "
+            f"dataset is {kind}: search model 'mlp' on tabular data, 'grud' on time series"
+        )
+    if model != "cnn" and kind == "images":
+        raise PlanError(
+            f"architecture search on an image dataset searches CNNs (space.model 'cnn', "
+            f"the default there), not space.model {model!r}"
+        )
+    if model != "cnn":
+        return request.model_copy(update={"space": space.model_copy(update={"model": model})})
+    try:
+        schema = ImageSchema.model_validate(dict(public_schema or {}))
+        c, h, w = schema.shape
+        image = {"channels": c, "height": h, "width": w}
+        classes = schema.n_classes if schema.n_classes >= 3 else None
+        given = space.image.model_dump() if space.image is not None else image
+        if given != image:
+            raise ValueError(f"space.image {given} differs from the dataset's {image}")
+        if space.classes is not None and space.classes != classes:
+            raise ValueError(
+                f"space.classes {space.classes} differs from the dataset's {schema.n_classes}"
+            )
+        fitted = type(space).model_validate(
+            {
+                **space.model_dump(),
+                "model": "cnn",
+                "activations": ["relu"],
+                "image": image,
+                "classes": classes,
+            }
+        )
+    except ValidationError as exc:
+        raise PlanError(f"space: {exc.errors()[0]['msg']}") from None
+    except ValueError as exc:
+        raise PlanError(str(exc)) from None
+    for spec in fitted.cnn_extremes():
+        try:
+            cnn_parameter_count(spec)  # ValueError where a network does not fit the images
+        except ValueError as exc:
+            raise PlanError(
+                f"a candidate of the CNN space does not fit the images: {exc}"
+            ) from None
+    return request.model_copy(update={"space": fitted})
 
 
 def expm_candidate_plan(

@@ -17,7 +17,7 @@ from service.datasets.tabular import TabularSchema, parse_schema
 from service.plans import PlanError, data_kind, with_classes
 from service.privacy.calibrate.search import grid_up
 from service.schemas import JobRequest
-from service.selection.architecture import ArchitectureRequest, architecture_plan
+from service.selection.architecture import ArchitectureRequest, architecture_plan, fit_space
 from service.selection.feature_plan import feature_plan
 from service.selection.features import FeatureRequest
 from service.selection.hyperparameters import HyperparameterRequest, hyperparameter_plan
@@ -29,6 +29,7 @@ __all__ = [
     "SelectionKind",
     "SelectionRequest",
     "fit_to_classes",
+    "fit_to_dataset",
     "n_classes_of",
     "plan_selection",
     "with_total_epsilon",
@@ -315,20 +316,40 @@ def fit_to_classes(
     engine (multinomial logistic regression or a K-logit MLP,
     :func:`service.plans.with_classes`, whose refusal names what is supported); every
     candidate is then scored by its noisy validation accuracy (argmax of the K scores), as
-    a binary one is. The ``architecture`` kind's search is not built for K classes, and the
-    ``features`` kind's DP-CFS histograms are binary-target statistics: both are
+    a binary one is. The ``architecture`` kind takes K classes with a CNN space (image
+    datasets; :func:`~service.selection.architecture.fit_space` gave the space K, and its
+    candidates train by the exact engine), its MLP and GRU-D searches are binary only, and
+    the ``features`` kind's DP-CFS histograms are binary-target statistics: those are
     refused."""
     if n_classes < 3:
+        return request
+    if isinstance(request, ArchitectureRequest) and request.space.model == "cnn":
+        if request.space.classes != n_classes:
+            raise PlanError(f"the CNN space is not fitted to the dataset's {n_classes} classes")
         return request
     if kind != "hyperparameters" or not isinstance(request, HyperparameterRequest):
         raise PlanError(
             f"the dataset's target has {n_classes} classes; of the selection kinds only "
-            "'hyperparameters' takes multi-class targets, on models 'logistic' and 'mlp' "
-            "(the 'architecture' kind's search is binary only for now, and 'features' "
-            "scores binary-target histograms)"
+            "'hyperparameters' takes multi-class targets on a tabular or time-series "
+            "dataset, on models 'logistic' and 'mlp' ('architecture' takes them with a CNN "
+            "space on an image dataset; its MLP and GRU-D searches are binary only for now, "
+            "and 'features' scores binary-target histograms)"
         )
     probe = JobRequest(dataset="-", method="dpsgd", epsilon=1.0, model=request.model)
     return request.model_copy(update={"model": with_classes(probe, n_classes).model})
+
+
+def fit_to_dataset(
+    kind: SelectionKind,
+    request: SelectionRequest,
+    schema: TabularSchema | dict[str, Any] | None,
+) -> SelectionRequest:
+    """``request`` fitted to the dataset's public schema, as its plan and its worker use it:
+    an architecture search's space to the dataset's kind (:func:`fit_space`), then the
+    candidates' model to the target's classes (:func:`fit_to_classes`)."""
+    if isinstance(request, ArchitectureRequest):
+        request = fit_space(request, schema if isinstance(schema, dict) else None)
+    return fit_to_classes(kind, request, n_classes_of(schema))
 
 
 def plan_selection(
@@ -341,11 +362,12 @@ def plan_selection(
     schema: TabularSchema | dict[str, Any] | None = None,
 ) -> SelectionPlan:
     """The one plan of a selection job of ``kind`` (raises :class:`PlanError`).
-    ``schema`` (the dataset's public schema) is needed by the ``features`` kind only."""
+    ``schema`` (the dataset's public schema) is needed by the ``features`` kind and by
+    an architecture search on images (its CNN space takes the image shape from it)."""
     dataset_kind = (
         str(schema.get("kind", "tabular")) if isinstance(schema, dict) else "tabular"
     )  # the model must fit the dataset's kind (GRU-D on time series): build_plan checks
-    request = fit_to_classes(kind, request, n_classes_of(schema))
+    request = fit_to_dataset(kind, request, schema)
     if kind == "architecture" and isinstance(request, ArchitectureRequest):
         return architecture_plan(
             request,

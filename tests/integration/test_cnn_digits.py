@@ -32,7 +32,7 @@ REFUSED: dict[str, tuple[dict[str, Any], str]] = {
     # "not built for convolutions", tests/unit/test_cnn_plans.py)
     "ghost": (
         {"dpsgd": {"engine": "ghost"}},
-        "'dpsgd', engine 'exact') on models 'logistic' and 'cnn'",
+        "not by method 'dpsgd', model 'cnn', engine 'ghost'",
     ),
     "jl": ({"dpsgd": {"engine": "jl", "jl_projections": 4}}, "engine 'jl'"),
     "expm": ({"method": "expm", "dpsgd": None}, "model 'cnn'"),
@@ -106,7 +106,7 @@ def test_a_cnn_on_the_digits_is_quoted_and_released_with_a_proven_card(
             assert r.status_code == 422, (what, path, r.text)
             assert r.headers["content-type"].startswith("application/problem+json"), what
             assert text in r.text, (what, r.text)
-    tuning = {  # selections of CNNs are not built (issue 20, point 3's later slices)
+    tuning = {  # CNN hyperparameter tuning is not built (architecture search is)
         "kind": "hyperparameters",
         "dataset": "digits",
         "epsilon": 3.0,
@@ -119,7 +119,7 @@ def test_a_cnn_on_the_digits_is_quoted_and_released_with_a_proven_card(
     }
     for path in ("/v1/selections/quote", "/v1/selections"):
         r = client.post(path, json=tuning, headers=headers)
-        assert r.status_code == 422 and "selections of CNNs are not built" in r.text, r.text
+        assert r.status_code == 422 and "CNN hyperparameter tuning is not built" in r.text, r.text
     assert _remaining(client, headers) == before
     quote = client.post("/v1/quote", json=base, headers=headers)
     assert quote.status_code == 200, quote.text

@@ -55,12 +55,17 @@ def _pick(rng: np.random.Generator, values: Sequence[T]) -> T:
 
 
 def sample_candidate(space: ArchitectureSpace, rng: np.random.Generator) -> ArchitectureCandidate:
+    """A uniform draw from the space (a CNN space's also draws a kernel and a pooling; an
+    MLP or GRU-D space draws exactly as before CNN spaces existed)."""
     depth = _pick(rng, space.depths)
+    cnn = space.model == "cnn"
     return ArchitectureCandidate(
         hidden=tuple(_pick(rng, space.widths) for _ in range(depth)),
-        activation=_pick(rng, space.activations),
+        activation=_pick(rng, space.activation_choices()),
         learning_rate=_pick(rng, space.learning_rates) if space.learning_rates else None,
         batch_size=_pick(rng, space.batch_sizes) if space.batch_sizes else None,
+        kernel=_pick(rng, space.cnn_kernels) if cnn else None,
+        pool=_pick(rng, space.cnn_pools) if cnn else None,
     )
 
 
@@ -75,12 +80,28 @@ def _mutate(
         depth = _pick(rng, space.depths)
         hidden = (hidden + list(fresh.hidden) * 3)[:depth]
     hidden = [_pick(rng, space.widths) if rng.random() < rate else h for h in hidden]
-    return ArchitectureCandidate(
+    mutated = ArchitectureCandidate(
         hidden=tuple(hidden),
         activation=fresh.activation if rng.random() < rate else c.activation,
         learning_rate=fresh.learning_rate if rng.random() < rate else c.learning_rate,
         batch_size=fresh.batch_size if rng.random() < rate else c.batch_size,
+        kernel=c.kernel,
+        pool=c.pool,
     )
+    return _cnn_genes(mutated, fresh, rng, rate)
+
+
+def _cnn_genes(
+    a: ArchitectureCandidate, b: ArchitectureCandidate, rng: np.random.Generator, rate: float
+) -> ArchitectureCandidate:
+    """``a`` with a CNN candidate's kernel and pooling each ``b``'s with probability
+    ``rate`` (kept otherwise); an MLP or GRU-D candidate unchanged, with no draw (their
+    searches draw exactly as before CNN spaces existed)."""
+    if a.kernel is None:
+        return a
+    kernel = b.kernel if rng.random() < rate else a.kernel
+    pool = b.pool if rng.random() < rate else a.pool
+    return a.model_copy(update={"kernel": kernel, "pool": pool})
 
 
 def _crossover(
@@ -92,12 +113,15 @@ def _crossover(
         other.hidden[i] if i < len(other.hidden) and rng.random() < 0.5 else h
         for i, h in enumerate(base.hidden)
     )
-    return ArchitectureCandidate(
+    child = ArchitectureCandidate(
         hidden=hidden,
         activation=a.activation if rng.random() < 0.5 else b.activation,
         learning_rate=a.learning_rate if rng.random() < 0.5 else b.learning_rate,
         batch_size=a.batch_size if rng.random() < 0.5 else b.batch_size,
+        kernel=a.kernel,
+        pool=a.pool,
     )
+    return _cnn_genes(child, b, rng, 0.5)
 
 
 def _tournament(scored: list[tuple[T, float]], rng: np.random.Generator) -> T:
