@@ -12,6 +12,14 @@ canaries, and the time per audit (data, one training run, scoring; CPU, one torc
     .venv/bin/python benchmarks/one_run_audit.py --configs dpsgd --repeats 3   # the first slice
     .venv/bin/python benchmarks/one_run_audit.py --configs dpsgd --epsilons 100 --repeats 2 \
         --tag sanity_eps100
+    .venv/bin/python benchmarks/one_run_audit.py --configs dpsgd dpsgd_gradient \
+        dpsgd_gradient_q1 --repeats 3 --tag gradient      # white-box gradient canaries
+
+Gradient canaries (canary_kind "gradient", worker/gradient_canaries.py): m Dirac canary
+gradients in the real DP-SGD run (--gradient-canaries, default 100 of logistic regression's
+105 parameters on Adult), at the service's default plan (dpsgd_gradient) and at a full-batch
+plan (dpsgd_gradient_q1: expected batch = n̂ = n + m/2, so q = 1, 3 epochs), where the
+per-canary signal q·√T/σ is largest.
 
 m: --canaries on Adult (default 1,000, the issue's speed line), --icu-canaries on the ICU
 sample (default 200: the audit's limit, 10% of its 2,000 stays); fewer canaries cut the
@@ -37,9 +45,11 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from enclave.audit_cli import audit_sentence  # noqa: E402
+from service.audits import PUBLIC_DATASETS  # noqa: E402
 from service.modelspec import GrudSpec, LogisticSpec, ModelSpec  # noqa: E402
 from service.privacy.one_run_audit import epsilon_lower_bound  # noqa: E402
 from service.schemas import DpsgdOptions  # noqa: E402
+from service.schemas.audits import CanaryKind  # noqa: E402
 from worker.audits import run_one_run_audit  # noqa: E402
 
 RESULTS = REPO / "benchmarks" / "results"
@@ -54,6 +64,14 @@ class Config:
     method: str
     model: ModelSpec
     options: DpsgdOptions | None = None
+    canary_kind: CanaryKind = "input"
+    full_batch: bool = False  # expected batch = n̂ (q = 1), 3 epochs; set per m at run time
+
+    def options_for(self, canaries: int) -> DpsgdOptions | None:
+        if not self.full_batch:
+            return self.options
+        rows = PUBLIC_DATASETS[self.dataset].rows + canaries // 2  # n̂ of the audit's plan
+        return DpsgdOptions(batch_size=rows, epochs=3)
 
     @property
     def engine(self) -> str:
@@ -73,6 +91,10 @@ CONFIGS: dict[str, Config] = {
     ),
     "expm": Config("adult", "expm", LogisticSpec()),  # its default sampler: Langevin (proven)
     "expm_nf": Config("adult", "expm_nf", LogisticSpec()),
+    "dpsgd_gradient": Config("adult", "dpsgd", LogisticSpec(), canary_kind="gradient"),
+    "dpsgd_gradient_q1": Config(
+        "adult", "dpsgd", LogisticSpec(), canary_kind="gradient", full_batch=True
+    ),
     "grud_icu": Config("icu", "dpsgd", GrudSpec()),
     "grud_icu_expm_nf": Config("icu", "expm_nf", GrudSpec()),
 }
@@ -95,6 +117,9 @@ def main() -> None:
     ap.add_argument("--delta", type=float, default=1e-5, help="δ (0 for expm_nf whatever this is)")
     ap.add_argument("--canaries", type=int, default=1000, help="m on Adult")
     ap.add_argument("--icu-canaries", type=int, default=200, help="m on the ICU sample")
+    ap.add_argument(
+        "--gradient-canaries", type=int, default=100, help="m of gradient canaries (≤ parameters)"
+    )
     ap.add_argument("--guesses", type=int, default=None, help="r; default m/5")
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--confidence", type=float, default=0.95)
@@ -106,6 +131,8 @@ def main() -> None:
     for name in args.configs:
         config = CONFIGS[name]
         canaries = args.icu_canaries if config.dataset == "icu" else args.canaries
+        if config.canary_kind == "gradient":
+            canaries = args.gradient_canaries
         delta = 0.0 if config.method in PURE_METHODS else args.delta
         for eps in args.epsilons:
             for i in range(args.repeats):
@@ -117,8 +144,9 @@ def main() -> None:
                     dataset=config.dataset,
                     guesses=args.guesses,
                     confidence=args.confidence,
-                    options=config.options,
+                    options=config.options_for(canaries),
                     model=config.model,
+                    canary_kind=config.canary_kind,
                 )
                 b = a.bound
                 row = {
@@ -127,6 +155,7 @@ def main() -> None:
                     "method": config.method,
                     "model": config.model.kind,
                     "engine": config.engine,
+                    "canary_kind": config.canary_kind,
                     "epsilon": eps,
                     "delta": delta,
                     "repeat": i,
@@ -172,11 +201,16 @@ def main() -> None:
     lines = [
         "# One-run privacy audit of every auditable configuration",
         "",
-        "Steinke, Nasr & Jagielski 2023 (arXiv:2305.08846), Theorem 3.1, black-box: m "
-        "mislabeled rows (stays, on the ICU sample) as canaries, each included w.p. 1/2, ONE "
-        "training run under the plan the service builds (its defaults), scores = minus each "
-        "canary's loss under the release, top r/2 guessed in and bottom r/2 out (r fixed "
-        "before the runs). worker/audits.py; service/privacy/one_run_audit.py. Ceiling: the "
+        "Steinke, Nasr & Jagielski 2023 (arXiv:2305.08846), Theorem 3.1. Canaries 'input' "
+        "(black box): m mislabeled rows (stays, on the ICU sample), each included w.p. 1/2, "
+        "ONE training run under the plan the service builds (its defaults unless the config "
+        "says), scores = minus each canary's loss under the release. Canaries 'gradient' "
+        "(white box, worker/gradient_canaries.py): m Dirac gradient canaries of norm C on "
+        "the m quietest parameters, each in w.p. 1/2 and then sampled like a row, in the "
+        "real DP-SGD run; scores from the run's summed noisy sums on their parameters less "
+        "the public data's expected share (a Gaussian likelihood ratio). Top r/2 guessed in "
+        "and bottom r/2 out (r fixed before the runs). worker/audits.py; "
+        "service/privacy/one_run_audit.py. Ceiling: the "
         "bound with all m canaries guessed and every guess right, the most this test can "
         "ever show with m canaries (what the API reports); r-ceiling: the most it can show "
         "with the r guesses fixed here (all r right).",
@@ -185,9 +219,10 @@ def main() -> None:
         f"Run: {meta['when_utc']}; {meta['machine']}; Python {meta['python']}; "
         f"{len(rows)} audits, {total / 60:.1f} min of audit time in all.",
         "",
-        "| config | data | method | model | engine | claimed ε | δ | # | m | r | v (right) "
-        "| ε lower bound | ceiling | r-ceiling | σ | steps | q | seconds |",
-        "|---|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| config | data | method | model | engine | canaries | claimed ε | δ | # | m | r "
+        "| v (right) | ε lower bound | ceiling | r-ceiling | σ | steps | q | seconds |",
+        "|---|---|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+        "---:|",
     ]
 
     def fmt(value: float | None, spec: str) -> str:
@@ -196,7 +231,8 @@ def main() -> None:
     for r in rows:
         lines.append(
             f"| {r['config']} | {r['dataset']} | {r['method']} | {r['model']} "
-            f"| {r['engine'] or '—'} | {r['epsilon']:g} | {r['delta']:g} | {r['repeat']} "
+            f"| {r['engine'] or '—'} | {r['canary_kind']} | {r['epsilon']:g} "
+            f"| {r['delta']:g} | {r['repeat']} "
             f"| {r['canaries']} | {r['guesses']} | {r['correct']} "
             f"| {r['epsilon_lower_bound']:.3f} | {r['ceiling']:.3f} | {r['r_ceiling']:.3f} "
             f"| {fmt(r['noise_multiplier'], '.4f')} | {fmt(r['steps'], 'd')} "
