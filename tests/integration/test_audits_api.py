@@ -231,6 +231,7 @@ def test_the_dashboard_lists_audits_with_bound_and_ceiling(
 ) -> None:
     done = _post(client, keys.admin).json()["id"]
     queued = _post(client, keys.admin, canaries=10).json()["id"]
+    white = _post(client, keys.admin, canaries=30, canary_kind="gradient").json()["id"]
     assert execute_audit(done, settings) == AuditOutcome.done
     assert client.get("/dashboard/audits", follow_redirects=False).status_code == 303
     sign_in(client, keys.admin)
@@ -244,6 +245,8 @@ def test_the_dashboard_lists_audits_with_bound_and_ceiling(
     bound = int(view["result"]["epsilon_lower_bound"] * 100) / 100
     assert f"<td>{bound:.2f}</td>" in text
     assert "queued" in text and "/dashboard/audits" in client.get("/dashboard").text
+    # A gradient-canary audit is marked as such; the black-box ones are not.
+    assert white[:8] in text and "<td>30 gradient</td>" in text and "<td>20</td>" in text
 
 
 def test_the_migration_adds_and_removes_the_table(settings: Any) -> None:
