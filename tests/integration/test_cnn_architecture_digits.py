@@ -12,7 +12,9 @@ import pytest
 
 from enclave.analyst import score_images
 from service.releases import load_release
+from tests.conftest import auth
 from tests.integration.test_cnn_digits import DIGITS, _register, _remaining
+from worker.runner import Outcome, execute_job
 
 BODY = {
     "dataset": "digits",
@@ -30,9 +32,6 @@ BODY = {
 def test_a_cnn_search_on_the_digits_releases_the_chosen_cnn(
     client: Any, keys: Any, settings: Any
 ) -> None:
-    from tests.conftest import auth
-    from worker.runner import Outcome, execute_job
-
     headers = auth(keys.alice)
     _register(settings)
     before = _remaining(client, headers)
