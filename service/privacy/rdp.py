@@ -33,6 +33,8 @@ from functools import lru_cache
 import numpy as np
 from scipy import special
 
+from service.privacy.exact_sum import fsum_rows
+
 __all__ = [
     "IntegerOrderTable",
     "bounded_range_rdp",
@@ -211,9 +213,82 @@ def _log_a_int(q: float, sigma: float, alpha: int) -> float:
 
     A_α = Σ_{k=0}^{α} C(α, k) (1−q)^{α−k} q^k exp((k² − k) / (2σ²)).
     """
-    k, log_binom, rest, kk = _integer_terms(alpha)
-    log_terms = log_binom + k * math.log(q) + rest * math.log1p(-q) + kk / (2.0 * sigma * sigma)
-    return _logsumexp(log_terms)
+    return _log_a_ints(q, sigma, (alpha,))[0]
+
+
+def _log_a_ints(q: float, sigma: float, alphas: tuple[int, ...]) -> list[float]:
+    """:func:`_log_a_int` at each of ``alphas``, the same floats, in one pass (issue 26: a
+    curve's 18 integer orders were 18 passes of ~10 numpy calls each).
+
+    The terms of all orders are one flat array, each entry computed by the expression
+    :func:`_log_a_int` used on its own order (elementwise, so the same float at any
+    position); then :func:`_logsumexp`'s steps per order: the maximum (exact), the count
+    of maximal terms (exact), e^{a − max} elementwise, the sum of each order's entries by
+    ``np.sum`` of that contiguous slice (the call :func:`_logsumexp` makes on an array of
+    the same length and values: the same pairwise sum), and the same scalar last step.
+    The sign of a zero maximum cannot matter (x − (±0) = x for x ≠ 0, masked entries are
+    −∞, and +0 + (±0) = +0 in the last step); a non-finite result goes to scipy with the
+    order's terms, as in :func:`_logsumexp`."""
+    flat = _flat_integer_terms(alphas)
+    log_terms = (
+        flat.log_binom
+        + flat.k * math.log(q)
+        + flat.rest * math.log1p(-q)
+        + flat.kk / (2.0 * sigma * sigma)
+    )
+    a_max = np.maximum.reduceat(log_terms, flat.starts)
+    at_max = np.repeat(a_max, flat.lengths)
+    mask = log_terms == at_max
+    counts = np.add.reduceat(mask.astype(np.float64), flat.starts).tolist()
+    shifted = np.where(mask, -np.inf, log_terms)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        e = np.exp(shifted - at_max)
+    out: list[float] = []
+    for start, stop, top, m in zip(
+        flat.starts.tolist(), flat.stops, a_max.tolist(), counts, strict=True
+    ):
+        total = np.asarray(np.sum(e[start:stop], axis=(0,), keepdims=True, dtype=np.float64))
+        s = float(total[0])
+        s = s if s == 0 else s / m
+        value = math.log1p(s) + math.log(m) + top
+        if not math.isfinite(value):
+            value = float(special.logsumexp(log_terms[start:stop]))
+        out.append(value)
+    return out
+
+
+@dataclass(frozen=True)
+class _FlatIntegerTerms:
+    """:func:`_integer_terms` of several orders, concatenated (the same floats), with each
+    order's segment: entries ``starts[i]`` to ``stops[i]`` (exclusive)."""
+
+    k: np.ndarray
+    log_binom: np.ndarray
+    rest: np.ndarray
+    kk: np.ndarray
+    starts: np.ndarray
+    lengths: np.ndarray
+    stops: list[int]
+
+
+@lru_cache(maxsize=64)
+def _flat_integer_terms(alphas: tuple[int, ...]) -> _FlatIntegerTerms:
+    parts = [_integer_terms(a) for a in alphas]
+    lengths = np.array([len(p[0]) for p in parts], dtype=np.int64)
+    stops = np.cumsum(lengths)
+    k, log_binom, rest, kk = (np.concatenate([p[i] for p in parts]) for i in range(4))
+    out = _FlatIntegerTerms(
+        k=k,
+        log_binom=log_binom,
+        rest=rest,
+        kk=kk,
+        starts=stops - lengths,
+        lengths=lengths,
+        stops=stops.tolist(),
+    )
+    for a in (out.k, out.log_binom, out.rest, out.kk, out.starts, out.lengths):
+        a.setflags(write=False)
+    return out
 
 
 @lru_cache(maxsize=512)
@@ -377,19 +452,39 @@ def _log_a_frac(q: float, sigma: float, alpha: float) -> float:
     an upper bound on log A_α at α itself (never on log A at another order), so
     the caller's division by α − 1 is right in all cases.
     """
+    return _log_a_fracs(q, sigma, (alpha,))[0]
+
+
+def _log_a_fracs(q: float, sigma: float, alphas: tuple[float, ...]) -> list[float]:
+    """:func:`_log_a_frac` at each of ``alphas``, the same floats (issue 26: one order's
+    series was ~30 numpy calls on 256 entries and six Python lists for ``math.fsum``).
+
+    The orders whose series has the same number of terms n are computed together, one row
+    each in 2-D arrays: every entry by the operations a single order's series applies to
+    it (elementwise: the same float in any row or position; the parts that depend on i
+    alone are computed once, as the same 1-D array broadcast), each row's maximum exactly,
+    and the six exact sums of every row by :func:`~service.privacy.exact_sum.fsum_rows`
+    (``math.fsum``'s floats, see there). The scalar steps per row are the single order's.
+    An order whose tail bound asks for more terms continues at 2n with the others that
+    do; an order past ``_MAX_FRAC_TERMS`` takes the interpolation, as before."""
     z0 = sigma * sigma * (math.log1p(-q) - math.log(q)) + 0.5
-    n_min = max(math.ceil(alpha), math.ceil(z0), math.ceil(alpha - z0)) + 1
-    if n_min > _MAX_FRAC_TERMS:
-        return _log_a_interpolated(q, sigma, alpha)
+    out = [0.0] * len(alphas)
+    todo: dict[int, list[int]] = {}  # n → positions in alphas
+    for r, alpha in enumerate(alphas):
+        n_min = max(math.ceil(alpha), math.ceil(z0), math.ceil(alpha - z0)) + 1
+        if n_min > _MAX_FRAC_TERMS:
+            out[r] = _log_a_interpolated(q, sigma, alpha)
+        else:
+            todo.setdefault(max(n_min, 256), []).append(r)
     log_q, log_1mq = math.log(q), math.log1p(-q)
     two_s2 = 2.0 * sigma * sigma
-    tail_const = alpha * log_1mq - z0 * z0 / two_s2
     mills = sigma / math.sqrt(2.0 * math.pi)
-    stop_gap = math.log(1e-10 * (alpha - 1.0))
-    n = max(n_min, 256)
-    while True:
-        c = _frac_series_constants(alpha, n)
-        i, j = c.i, c.j
+    while todo:
+        n = min(todo)
+        rows = todo.pop(n)
+        group = tuple(alphas[r] for r in rows)
+        c = _stacked_constants(group, n)
+        i, j = c.i, c.j  # i: 1-D (every row's), j: one row per order
         parts0 = (i * log_q, j * log_1mq, c.ii / two_s2, special.log_ndtr((z0 - i) / sigma))
         parts1 = (j * log_q, i * log_1mq, c.jj / two_s2, special.log_ndtr((j - z0) / sigma))
         log_t0 = c.log_coef + sum(parts0)
@@ -398,38 +493,103 @@ def _log_a_frac(q: float, sigma: float, alpha: float) -> float:
         rel1 = (c.base + sum(np.abs(p) for p in parts1)) * (16.0 * 2.0**-52)
         sign = c.sign
 
-        m = float(max(np.max(log_t0), np.max(log_t1)))
-        t0 = np.exp(log_t0 - m)
-        t1 = np.exp(log_t1 - m)
-        signed = _fsum(sign * t0) + _fsum(sign * t1)
-        absolute = _fsum(t0) + _fsum(t1)
-        rounding = _fsum(t0 * rel0) + _fsum(t1 * rel1)
-        # 2**-40 relative slack covers the rounding of the three fsum results themselves.
-        partial = min(signed + rounding + absolute * 2.0**-40, absolute * (1.0 + 2.0**-40))
+        m = [
+            float(max(a, b))
+            for a, b in zip(
+                np.max(log_t0, axis=1).tolist(), np.max(log_t1, axis=1).tolist(), strict=True
+            )
+        ]
+        shift = np.array(m)[:, None]
+        t0 = np.exp(log_t0 - shift)
+        t1 = np.exp(log_t1 - shift)
+        sums = fsum_rows(np.concatenate((sign * t0, sign * t1, t0, t1, t0 * rel0, t1 * rel1)))
+        k = len(rows)
+        for row, (r, alpha) in enumerate(zip(rows, group, strict=True)):
+            signed = sums[row] + sums[k + row]
+            absolute = sums[2 * k + row] + sums[3 * k + row]
+            rounding = sums[4 * k + row] + sums[5 * k + row]
+            # 2**-40 relative slack covers the rounding of the three fsum results themselves.
+            partial = min(signed + rounding + absolute * 2.0**-40, absolute * (1.0 + 2.0**-40))
 
-        c_n = min(0.5, mills / (n - z0)) + min(0.5, mills / (n - alpha + z0))
-        log_tail = tail_const + math.log(c_n) + c.tail_binom
-        total = m + math.log(partial + math.exp(min(log_tail - m, 700.0)))
-        # The tail bound is included, so even at the cap the result is an upper bound.
-        if log_tail < total + stop_gap or n >= _MAX_FRAC_TERMS:
-            return total
-        n = min(2 * n, _MAX_FRAC_TERMS)
+            c_n = min(0.5, mills / (n - z0)) + min(0.5, mills / (n - alpha + z0))
+            tail_const = alpha * log_1mq - z0 * z0 / two_s2
+            log_tail = tail_const + math.log(c_n) + c.tail_binom[row]
+            total = m[row] + math.log(partial + math.exp(min(log_tail - m[row], 700.0)))
+            stop_gap = math.log(1e-10 * (alpha - 1.0))
+            # The tail bound is included, so even at the cap the result is an upper bound.
+            if log_tail < total + stop_gap or n >= _MAX_FRAC_TERMS:
+                out[r] = total
+            else:
+                todo.setdefault(min(2 * n, _MAX_FRAC_TERMS), []).append(r)
+    return out
 
 
-def _fsum(terms: np.ndarray) -> float:
-    """``math.fsum(terms.tolist())``: the exactly rounded sum, which the zero terms (most
-    of a series' tail, underflowed) do not change (and a zero sum is +0.0 either way), so
-    they are left out (speed only)."""
-    return math.fsum(terms[terms != 0.0].tolist())
+@dataclass(frozen=True)
+class _StackedConstants:
+    """:class:`_FracSeriesConstants` of several orders at one n: the parts that depend on
+    i alone once (1-D), the others one row per order (2-D, the same floats)."""
+
+    i: np.ndarray
+    ii: np.ndarray
+    j: np.ndarray
+    jj: np.ndarray
+    log_coef: np.ndarray
+    sign: np.ndarray
+    base: np.ndarray
+    tail_binom: list[float]
+
+
+def _stacked_constants(alphas: tuple[float, ...], n: int) -> _StackedConstants:
+    """Cached per (orders, n) up to n = 1024 (a curve's fractional orders, the few orders
+    of a calibration step; bounded), computed from :func:`_frac_series_constants`."""
+    return _cached_stack(alphas, n) if n <= 1024 else _stack(alphas, n)
+
+
+@lru_cache(maxsize=128)
+def _cached_stack(alphas: tuple[float, ...], n: int) -> _StackedConstants:
+    return _stack(alphas, n)
+
+
+def _stack(alphas: tuple[float, ...], n: int) -> _StackedConstants:
+    each = [_frac_series_constants(a, n) for a in alphas]
+    out = _StackedConstants(
+        i=each[0].i,
+        ii=each[0].ii,
+        j=np.stack([c.j for c in each]),
+        jj=np.stack([c.jj for c in each]),
+        log_coef=np.stack([c.log_coef for c in each]),
+        sign=np.stack([c.sign for c in each]),
+        base=np.stack([c.base for c in each]),
+        tail_binom=[c.tail_binom for c in each],
+    )
+    for a in (out.j, out.jj, out.log_coef, out.sign, out.base):
+        a.setflags(write=False)
+    return out
 
 
 @lru_cache(maxsize=4096)
-def _subsampled_gaussian_rdp_one(q: float, sigma: float, alpha: float) -> float:
-    gauss = alpha / (2.0 * sigma * sigma)
+def _subsampled_gaussian_curve(
+    q: float, sigma: float, alphas: tuple[float, ...]
+) -> tuple[float, ...]:
+    """One step's RDP at each of ``alphas`` (checked), remembered per exact (q, σ, orders):
+    a plan's curve is asked for several times (the plan, the workflow's ε, the summary).
+    The integer orders' series are computed in one pass (:func:`_log_a_ints`), the
+    fractional ones' in another (:func:`_log_a_fracs`): each value is the float its
+    order's own series gives, whatever the other orders asked with it."""
     if q == 1.0:
-        return gauss
-    int_order = alpha.is_integer()
-    log_a = _log_a_int(q, sigma, int(alpha)) if int_order else _log_a_frac(q, sigma, alpha)
+        return tuple(alpha / (2.0 * sigma * sigma) for alpha in alphas)
+    ints = sorted({a for a in alphas if a.is_integer()})
+    fracs = tuple(sorted({a for a in alphas if not a.is_integer()}))
+    log_a: dict[float, float] = {}
+    if ints:
+        log_a.update(zip(ints, _log_a_ints(q, sigma, tuple(int(a) for a in ints)), strict=True))
+    if fracs:
+        log_a.update(zip(fracs, _log_a_fracs(q, sigma, fracs), strict=True))
+    return tuple(_rdp_of_log_a(sigma, alpha, log_a[alpha]) for alpha in alphas)
+
+
+def _rdp_of_log_a(sigma: float, alpha: float, log_a: float) -> float:
+    gauss = alpha / (2.0 * sigma * sigma)
     rdp = log_a / (alpha - 1.0)
     if math.isnan(rdp):
         return math.inf
@@ -460,7 +620,7 @@ def subsampled_gaussian_rdp(
     q = _check_q(sampling_rate)
     sigma = _check_sigma(noise_multiplier)
     alphas = validate_orders(orders)
-    return np.array([_subsampled_gaussian_rdp_one(q, sigma, a) for a in alphas])
+    return np.array(_subsampled_gaussian_curve(q, sigma, alphas))
 
 
 @dataclass(frozen=True)
@@ -527,7 +687,7 @@ def subsampled_gaussian_rdp_integer_orders(
     k = 0 or k = α); the sum of the exponentials of the shifted terms has relative error
     below (α + 2)·2⁻⁵². Both are added, as an absolute slack on log A_α, before the
     division by α − 1; then the minimum with the unsubsampled α/(2σ²) (subsampling never
-    hurts, see :func:`_subsampled_gaussian_rdp_one`). q = 1 gives α/(2σ²) exactly.
+    hurts, see :func:`_rdp_of_log_a`). q = 1 gives α/(2σ²) exactly.
     """
     q = _check_q(sampling_rate)
     sigma = _check_sigma(noise_multiplier)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from functools import lru_cache
 from typing import Final
 
 import numpy as np
@@ -73,6 +74,22 @@ def _cks_epsilons(rdp: np.ndarray, orders: np.ndarray, delta: float) -> np.ndarr
         return rdp + np.log1p(-1.0 / orders) - (math.log(delta) + np.log(orders)) / (orders - 1.0)
 
 
+@lru_cache(maxsize=256)
+def _cks_order_terms(alpha: float) -> tuple[float, float]:
+    """log1p(−1/α) and log α as :func:`_cks_epsilons` computes them for the one-order array
+    ``[α]`` (numpy's functions, on that array: the same floats)."""
+    orders = np.array([alpha])
+    return float(np.log1p(-1.0 / orders)[0]), float(np.log(orders)[0])
+
+
+def _cks_epsilon(rdp: float, alpha: float, log_delta: float) -> float:
+    """``float(_cks_epsilons(np.array([rdp]), np.array([alpha]), delta)[0])`` with
+    ``log_delta = math.log(delta)``: the same IEEE operations in the same order on the same
+    floats (a sum, a sum, a difference, a quotient, a difference), without the arrays."""
+    log1p_inv, log_alpha = _cks_order_terms(alpha)
+    return rdp + log1p_inv - (log_delta + log_alpha) / (alpha - 1.0)
+
+
 def rdp_epsilon_of(event: DpEvent, delta: float) -> float:
     """ε (nats) at ``delta`` by RDP on CALIBRATION_ORDERS, searching the fractional orders
     only from the best integer order downhill.
@@ -85,6 +102,11 @@ def rdp_epsilon_of(event: DpEvent, delta: float) -> float:
     long as ε decreases (typically 2–6 orders instead of 99). If
     ε(α) is unimodal on the grid (it is in every case we checked, see the tests), this
     finds the full-grid minimum; otherwise the result can only be larger (still sound).
+
+    Speed (issue 26): the walk's orders are computed a few at a time, ahead of it
+    (:class:`_Ahead`: one batched series for the orders it is expected to visit); only the
+    orders the walk asks for enter the result, so it is the one the walk one order at a
+    time gives.
     """
     ints = np.asarray(_INTEGER_ORDERS, dtype=np.float64)
     leaves = leaf_counts(event)
@@ -94,16 +116,17 @@ def rdp_epsilon_of(event: DpEvent, delta: float) -> float:
     best = float(ints[best_i])
     window = sorted({best, *(a for a in _FRACTIONAL_ORDERS if best - 1.0 < a < best + 1.0)})
     values: dict[float, tuple[float, float]] = {best: (float(rdp_int[best_i]), eps_int[best_i])}
+    at = window.index(best)
+    ahead = _Ahead(leaves, delta, window, at, _vertex(eps_int, best_i))
 
     def value(a: float) -> float:
         if a not in values:
-            r = float(_leaf_curves(leaves, (a,), integer=False)[0])
-            values[a] = (r, float(_cks_epsilons(np.array([r]), np.array([a]), delta)[0]))
+            values[a] = ahead.get(a)
         return values[a][1]
 
-    at = window.index(best)
     for direction in (-1, 1):
         i = at
+        ahead.direction = direction
         while 0 <= i + direction < len(window) and value(window[i + direction]) < value(window[i]):
             i += direction
         if i != at:
@@ -112,3 +135,73 @@ def rdp_epsilon_of(event: DpEvent, delta: float) -> float:
     orders = _INTEGER_ORDERS_F + tuple(frac)  # floats > 1 of CALIBRATION_ORDERS: valid
     rdp = np.concatenate((rdp_int, np.array([values[a][0] for a in frac])))
     return epsilon_from_rdp_on_checked_orders(rdp=rdp.tolist(), alphas=orders, delta=delta)
+
+
+def _vertex(eps_int: np.ndarray, best_i: int) -> float | None:
+    """Where the parabola through the integer orders' ε at α* − 1, α*, α* + 1 has its
+    minimum, as an offset from α* (a guess of where the walk ends; speed only), or None
+    without both neighbours one apart."""
+    if not 0 < best_i < len(_INTEGER_ORDERS) - 1:
+        return None
+    if _INTEGER_ORDERS[best_i + 1] - _INTEGER_ORDERS[best_i - 1] != 2:
+        return None
+    lo, mid, hi = (float(eps_int[best_i + d]) for d in (-1, 0, 1))
+    curvature = lo - 2.0 * mid + hi
+    if not (math.isfinite(curvature) and curvature > 0.0):
+        return None
+    return max(-1.0, min(1.0, 0.5 * (lo - hi) / curvature))
+
+
+_AHEAD_MARGIN = 2
+"""Orders computed past the walk's guessed end, and per later batch (speed only)."""
+
+
+class _Ahead:
+    """(RDP, ε) of the walk's fractional orders, computed in batches ahead of the walk of
+    :func:`rdp_epsilon_of` (speed only: a batch of orders costs little more than one,
+    rdp.py's ``_log_a_fracs``). Each value is the float a one-order evaluation gives:
+    the batched series equals the one-order series order by order, and so do
+    :func:`_leaf_curves` on a DP-SGD leaf and :func:`_cks_epsilon`. Events with other
+    leaves are evaluated one order at a time, as before."""
+
+    def __init__(
+        self,
+        leaves: dict[DpEvent, int],
+        delta: float,
+        window: list[float],
+        at: int,
+        vertex: float | None,
+    ) -> None:
+        self.leaves, self.delta, self.window, self.at = leaves, delta, window, at
+        self.log_delta = math.log(delta)
+        self.batched = all(isinstance(leaf, PoissonSubsampledGaussianEvent) for leaf in leaves)
+        self.vertex = vertex
+        self.direction = -1
+        self.known: dict[float, tuple[float, float]] = {}
+
+    def get(self, a: float) -> tuple[float, float]:
+        if a not in self.known:
+            self._compute(self._batch(a) if self.batched else [a])
+        return self.known[a]
+
+    def _batch(self, a: float) -> list[float]:
+        """``a`` and the orders the walk is expected to ask next."""
+        window, at = self.window, self.at
+        p = window.index(a)
+        if not self.known and p == at - 1:  # the walk's first order
+            positions = [at - 1, at + 1]
+            if self.vertex is None:
+                positions += [at - 2, at + 2]
+            else:  # to the guessed end (grid steps of 0.1 near α*) and a little past it
+                steps = round(abs(self.vertex) * 10.0) + _AHEAD_MARGIN
+                side = -1 if self.vertex < 0.0 else 1
+                positions += [at + side * s for s in range(2, steps + 2)]
+        else:
+            positions = [p + self.direction * s for s in range(_AHEAD_MARGIN + 1)]
+        picked = [window[i] for i in positions if 0 <= i < len(window) and i != at]
+        return [a, *(b for b in dict.fromkeys(picked) if b != a and b not in self.known)]
+
+    def _compute(self, orders: list[float]) -> None:
+        curve = _leaf_curves(self.leaves, tuple(orders), integer=False).tolist()
+        for a, r in zip(orders, curve, strict=True):
+            self.known[a] = (r, _cks_epsilon(r, a, self.log_delta))
