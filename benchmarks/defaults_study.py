@@ -2,7 +2,8 @@
 not chosen on? (issue 21, point 2.)
 
 For each dataset of the study and each method (``dpsgd``, logistic regression, and
-``expm`` with the proven ``langevin`` sampler) at ε = 1, δ = 1e-5, the test AUC of:
+``expm`` with the proven ``langevin`` sampler; on request ``dpsgd_mlp``, DP-SGD on the
+product's default MLP, see below) at ε = 1, δ = 1e-5, the test AUC of:
 
 * **default**: the request with no method options, planned by the product
   (service.plans.build_plan, i.e. service/methods/{dpsgd,expm}.py's resolution of the
@@ -15,10 +16,19 @@ For each dataset of the study and each method (``dpsgd``, logistic regression, a
   ``--top`` best of stage 1 are released R more times with fresh noise
   (stage 2) and the grid's best is the best of those medians (the stage-1 draw is not
   reused, so one lucky release cannot be the reported best);
-* **non-private**: scikit-learn's L-BFGS logistic regression (C = 1) on the same encoding.
+* **non-private**: scikit-learn's L-BFGS logistic regression (C = 1) on the same encoding
+  (for every method, the MLP's rows included: a reference for the dataset, not a
+  non-private twin of each model).
 
 Gap = grid best − default (positive: the default loses). The goal of the issue: gap ≤ 0.02
 on every dataset.
+
+``--methods dpsgd_mlp`` studies DP-SGD on an MLP: the request ``{"model": {"kind": "mlp"}}``
+(the product's default MLP, MlpSpec: one hidden layer of 16 tanh units, sigmoid output)
+with the default engine (``exact``), its defaults from service/methods/dpsgd.py's rule for
+models other than logistic regression, over the dpsgd grid below; the test AUC ranks the
+release's logit (worker/models/mlp.py). A dpsgd_mlp release costs the worker about 5 µs
+per (row, step) plus ~1 ms per step here, so its grid runs in minutes per dataset.
 
 ``--methods dpsgd,expm,auto`` adds ``method: "auto"`` (issue 21, point 3;
 service/methods/auto.py): R releases of the request ``auto`` plans (the chosen method at its
@@ -48,8 +58,9 @@ trains only GRU-D on those (neither logistic DP-SGD nor the Langevin sampler app
 
 Grids (benchmark only):
 
-* dpsgd: batch ∈ {max(16, n/100), n/20, n/4} × epochs ∈ {3, 10, 30} × learning rate ∈
-  {0.5, 2, 8} × clip norm ∈ {0.2, 1}, points with more than 3,000 steps left out;
+* dpsgd (and dpsgd_mlp): batch ∈ {max(16, n/100), n/20, n/4} × epochs ∈ {3, 10, 30} ×
+  learning rate ∈ {0.5, 2, 8} × clip norm ∈ {0.2, 1}, points with more than 3,000 steps
+  left out;
 * expm (langevin): steps ∈ {10, 30, 100, 300, 1000} × learning rate ∈ {0.25, 1, 4} ×
   l2 ∈ {1, 10, 100}. The sampler's inverse temperature k = 2n̂/(lr·σ²·B) follows from these
   (σ from the steps), so it is not a separate axis.
@@ -98,15 +109,34 @@ from expm_adult import load_adult  # noqa: E402
 
 from service.datasets.kinds import load_schema_yaml  # noqa: E402
 from service.methods.expm import row_norm_sq_bound  # noqa: E402
+from service.modelspec import MODEL_SPEC, LogisticSpec, ModelSpec  # noqa: E402
 from service.plans import PlanError, build_plan  # noqa: E402
 from service.schemas import JobRequest, PrivacyPlan  # noqa: E402
 from worker.mechanisms.base import TabularTrainingSet  # noqa: E402
 from worker.mechanisms.dpsgd import run_dpsgd  # noqa: E402
 from worker.mechanisms.langevin import run_expm_langevin  # noqa: E402
+from worker.models import build_module  # noqa: E402
 
 EPSILON = [1.0]  # the study's ε; --epsilon changes it (a list so that main can set it)
 DELTA = 1e-5
 METHODS = ("dpsgd", "expm")
+
+
+@dataclass(frozen=True)
+class StudyMethod:
+    """What a study method name (``--methods``) requests: the product's method and model."""
+
+    method: str
+    model: dict[str, Any]
+
+
+LOGISTIC = {"kind": "logistic"}
+STUDY_METHODS = {
+    "dpsgd": StudyMethod("dpsgd", LOGISTIC),
+    "expm": StudyMethod("expm", LOGISTIC),
+    "auto": StudyMethod("auto", LOGISTIC),
+    "dpsgd_mlp": StudyMethod("dpsgd", {"kind": "mlp"}),  # MlpSpec's defaults: [16], tanh
+}
 DATASETS = ("adult", "adult3000", "adult700", "breast_cancer", "digits_parity")
 MAX_DPSGD_STEPS = 3000
 SMALL_N = 10_000  # datasets below this size get --small-screen / --small-repeats releases
@@ -212,10 +242,19 @@ def load_datasets(names: list[str]) -> list[Dataset]:
     return sorted(out, key=lambda ds: order[ds.name])
 
 
-def test_auc(ds: Dataset, weights: dict[str, torch.Tensor]) -> float:
+def test_auc(ds: Dataset, weights: dict[str, torch.Tensor], spec: ModelSpec | None = None) -> float:
+    """Test AUC of a release: logistic regression's x·w (the bias does not change the
+    ranking), or any other model's output (an MLP's logit) on the test rows."""
     from sklearn.metrics import roc_auc_score
 
-    scores = ds.x_test.double() @ weights["linear.weight"].double().reshape(-1)
+    if spec is None or isinstance(spec, LogisticSpec):
+        scores = ds.x_test.double() @ weights["linear.weight"].double().reshape(-1)
+    else:
+        module = build_module(spec, ds.d)
+        module.load_state_dict(weights)
+        dtype = next(iter(weights.values())).dtype
+        with torch.no_grad():
+            scores = module.to(dtype)(ds.x_test.to(dtype)).double().reshape(-1)
     if not bool(torch.isfinite(scores).all()):
         return 0.5  # a diverged release (non-finite weights) ranks no better than chance
     return float(roc_auc_score(ds.y_test.numpy(), scores.numpy()))
@@ -230,15 +269,18 @@ def nonprivate_auc(ds: Dataset) -> float:
 
 
 def request_for(method: str, options: dict[str, Any] | None) -> JobRequest:
+    """The request of study method ``method`` (a key of STUDY_METHODS) with ``options``
+    (None: the product's defaults)."""
+    study = STUDY_METHODS[method]
     body: dict[str, Any] = {
         "dataset": "study",
-        "method": method,
+        "method": study.method,
         "epsilon": EPSILON[0],
         "delta": DELTA,
-        "model": {"kind": "logistic"},
+        "model": study.model,
     }
     if options is not None:
-        body[method] = options
+        body[study.method] = options
     return JobRequest.model_validate(body)
 
 
@@ -255,20 +297,22 @@ def release(ds: Dataset, plan: PrivacyPlan) -> tuple[float, float]:
     """(test AUC, seconds) of one release of ``plan`` as the worker runs it (by the plan's
     method: for ``auto``, the one chosen)."""
     data = TabularTrainingSet(ds.x, ds.y)
+    spec: ModelSpec = MODEL_SPEC.validate_python(plan.model)
     t0 = time.perf_counter()
     out = RUNNERS[plan.method](
-        spec=request_for(plan.method, None).model,
+        spec=spec,
         mechanism=plan.mechanism,
         samples=1,
         data=data,
         device=torch.device("cpu"),
         progress=lambda a, b: None,
     )
-    return test_auc(ds, out.releases[0]), time.perf_counter() - t0
+    return test_auc(ds, out.releases[0], spec), time.perf_counter() - t0
 
 
 def grid(method: str, n: int) -> list[dict[str, Any]]:
-    if method == "expm":
+    """The grid of study method ``method``: by the product method it requests."""
+    if STUDY_METHODS[method].method == "expm":
         return [
             {"sampler": "langevin", "steps": t, "learning_rate": lr, "l2": l2}
             for t, lr, l2 in itertools.product(
@@ -393,7 +437,8 @@ def study_auto(ds: Dataset, args: argparse.Namespace, rows: list[dict[str, Any]]
 
 
 def _fmt_settings(method: str, s: dict[str, Any]) -> str:
-    if method == "dpsgd":
+    """``s`` (settings_of) in a table cell; ``method``: a study or product method name."""
+    if STUDY_METHODS[method].method == "dpsgd":
         return (
             f"B {s['batch_size']}, E {s['epochs']} (T {s['steps']}), lr {s['learning_rate']:g}, "
             f"C {s['max_grad_norm']:g}; σ {s['noise_multiplier']:.3g}"
@@ -423,7 +468,7 @@ def write(results: dict[str, Any], stem: Path) -> None:
         f"Machine: {results['machine']}; load average (1 min) {results['load_start']:.1f} at the "
         f"start, {results['load_end']:.1f} at the end; {results['wall_s'] / 60:.1f} min in all.",
         "",
-        f"ε = {EPSILON[0]:g}, δ = {DELTA:g}, logistic regression. Default: median test AUC of R "
+        f"ε = {EPSILON[0]:g}, δ = {DELTA:g}, {_models(results)}. Default: median test AUC of R "
         "releases of the request without method options. Grid best: the best median of R "
         f"fresh releases among the {results['top']} best grid points of a screen of S "
         "releases per point (see the module docstring for the grids). (S, R) = "
@@ -475,6 +520,16 @@ def write(results: dict[str, Any], stem: Path) -> None:
             f"test rows {ds['n_test']})"
         )
     Path(f"{stem}.md").write_text("\n".join(lines) + "\n")
+
+
+def _models(results: dict[str, Any]) -> str:
+    """The models the rows train, in words (the table's header line)."""
+    if all(STUDY_METHODS[r["method"]].model == LOGISTIC for r in results["rows"]):
+        return "logistic regression"
+    return (
+        "logistic regression, except dpsgd_mlp: the product's default MLP (one hidden layer "
+        "of 16 tanh units, engine exact; the non-private column stays logistic regression)"
+    )
 
 
 def _auto_table(results: dict[str, Any]) -> list[str]:
@@ -552,7 +607,11 @@ def main() -> None:
         }
         for method in args.methods.split(","):
             if method == "auto":
-                rows = [r for r in results["rows"] if r["dataset"] == ds.name]
+                rows = [
+                    r
+                    for r in results["rows"]
+                    if r["dataset"] == ds.name and STUDY_METHODS[r["method"]].model == LOGISTIC
+                ]
                 results["rows"].append(study_auto(ds, args, rows))
             else:
                 old_row = old_rows.get((ds.name, method)) if args.grid_from else None
