@@ -489,7 +489,7 @@ def _load_tabular(
     x, y = _on_device(cached_arrays(folder, key, ("x", "y"), build), device)
     if not (math.isfinite(float(x.sum())) and x.min() >= 0 and x.max() <= 1):
         raise ValueError("encoded features left [0, 1]")
-    return TabularTrainingSet(x=x, y=y)
+    return TabularTrainingSet(x=x, y=y, one_hot_blocks=schema.one_hot_blocks)
 
 
 def _read_series_files(

@@ -200,6 +200,18 @@ class TabularSchema(_Strict):
     def n_features(self) -> int:
         return len(self.feature_names)
 
+    @property
+    def one_hot_blocks(self) -> tuple[tuple[int, int], ...]:
+        """(start, length) of each categorical column's one-hot block in the encoded
+        vector (public: from the declared levels and the column order)."""
+        out, start = [], 0
+        for col in self.columns:
+            width = 1 if isinstance(col, NumericColumn) else len(col.levels)
+            if not isinstance(col, NumericColumn):
+                out.append((start, width))
+            start += width
+        return tuple(out)
+
     def read_csv_kwargs(self) -> dict[str, Any]:
         """Keyword arguments for :func:`pandas.read_csv` that read this schema's files."""
         return read_csv_kwargs(self.csv)

@@ -21,6 +21,10 @@ class TabularTrainingSet:
     x: torch.Tensor  # float32 (n, d) or (n, 3, T, V)
     y: torch.Tensor  # float32 (n,)
     public_means: tuple[float, ...] | None = None
+    one_hot_blocks: tuple[tuple[int, int], ...] | None = None
+    """Tabular: the public schema's one-hot blocks of x's columns, (start, length) per
+    categorical column (service.datasets.tabular.TabularSchema.one_hot_blocks); None where
+    unknown (then every column is treated as dense)."""
 
     @property
     def n(self) -> int:

@@ -339,7 +339,20 @@ class ExactRowSums:
     single-threaded kernels (the caller holds torch at one intra-op thread:
     :func:`single_threaded_kernels`): one join per step instead of an OpenMP parallel
     region per kernel, which on a 2-core machine shared with other processes made two
-    threads 6-20× slower than one (benchmarks/results/expm_proven_speed.md)."""
+    threads 6-20× slower than one (benchmarks/results/expm_proven_speed.md).
+
+    ``one_hot`` (CPU only): the public schema's one-hot blocks of features (start, length),
+    each row holding 2^c in at most one column of a block and 0 elsewhere (one-hot over the
+    declared levels; all zeros for a level outside them), checked exactly here (a row that
+    breaks it is refused, :class:`PlanMismatch`). Those columns are then stored as one level
+    index per row and block (the block's length for an all-zero row) instead of dense
+    columns: a numerator's block term is 2^c·θ[start + index] (a gather; 0 for the extra
+    index), a block's gradient entries are 2^c·Σ_{rows of level l} r (a bincount of the
+    integer residuals, partial sums below 2^44, then an exact power-of-two scaling). The
+    same exact integers as the dense products, in another order, so the same bits; the
+    work is n gathers and n additions per block whatever the rows hold (the blocks and n
+    are what the dense path's work depends on too), 5–7× less than the dense products on
+    Adult's 8 categorical columns."""
 
     def __init__(
         self,
@@ -352,8 +365,14 @@ class ExactRowSums:
         sparse: bool = False,
         parts: int = 1,
         classes: int = 1,
+        one_hot: tuple[tuple[int, int], ...] = (),
     ) -> None:
         self.parameters = int(x_int.shape[1])
+        self._blocks = (
+            tuple((int(a), int(b)) for a, b in one_hot) if x_int.device.type == "cpu" else ()
+        )
+        self._dense_columns = _dense_columns(self.parameters, self._blocks)
+        self._unit = 2.0**feature_bits
         self.classes = classes
         self._residuals = _residuals if classes == 1 else _softmax_residuals
         self.device = x_int.device
@@ -367,12 +386,17 @@ class ExactRowSums:
         n = int(x_int.shape[0])
         count = max(1, parts, -(-n // _CHUNK_ROWS))
         edges = [n * i // count for i in range(count + 1)]
-        # Per part (≤ 2^20 rows, the exact-sum bound): (forward, backward, labels).
+        # Per part (≤ 2^20 rows, the exact-sum bound): (forward, backward, labels), and with
+        # one-hot blocks each part's level indices (forward/backward then hold the rest).
         self._chunks: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
+        self._structured: list[np.ndarray] = []
         for start, end in itertools.pairwise(edges):
             if end == start:
                 continue
             xs = x_int[start:end]
+            if self._blocks:
+                self._structured.append(self._prepare_blocks(xs))
+                xs = xs[:, self._dense_columns]
             columns = xs.T.contiguous()  # (d + 1, rows)
             if self.sparse:
                 forward, backward = _csr(xs.contiguous()), _csr(columns)
@@ -380,23 +404,71 @@ class ExactRowSums:
                 forward, backward = columns.T, columns
             self._chunks.append((forward, backward, y64[start:end]))
 
+    def _prepare_blocks(self, xs: torch.Tensor) -> np.ndarray:
+        """(blocks, rows): each row's column of θ per one-hot block (θ's length P for an
+        all-zero block: an extra 0 entry), after checking exactly that every block is
+        one-hot (values 0 or 2^c, at most one 2^c per row)."""
+        x = xs.numpy()
+        out = np.empty((len(self._blocks), x.shape[0]), dtype=np.intp)
+        for b, (start, length) in enumerate(self._blocks):
+            block = x[:, start : start + length]
+            ones = block == self._unit
+            if not bool(np.all(ones | (block == 0.0))) or bool(np.any(ones.sum(axis=1) > 1)):
+                raise PlanMismatch("a one-hot block of the schema is not one-hot in the rows")
+            out[b] = np.where(ones.any(axis=1), start + ones.argmax(axis=1), self.parameters)
+        return out
+
+    def _numerators(self, part: int, theta_int: torch.Tensor) -> torch.Tensor:
+        """x_int·θ_int for one part's rows: the dense product, plus 2^c times the sum of
+        each block's θ entry (exact integers: the dense product's value)."""
+        forward = self._chunks[part][0]
+        if not self._blocks:
+            return forward @ theta_int
+        theta = theta_int.numpy()
+        extended = np.concatenate([theta, np.zeros_like(theta[:1])])  # θ[P] = 0
+        index = self._structured[part]
+        levels = extended[index[0]]
+        for b in range(1, index.shape[0]):
+            levels += extended[index[b]]
+        levels *= self._unit
+        total = (forward @ theta_int[self._dense_columns]).numpy()
+        total += levels
+        return torch.from_numpy(total)
+
+    def _backward(self, part: int, r_int: torch.Tensor) -> torch.Tensor:
+        """Σ over one part's rows of r_int,i·x_int,i, float64 integers below 2^53: the dense
+        product for the other columns, a bincount of the residuals by θ column for the
+        blocks' (each row adds r to one column per block)."""
+        backward = self._chunks[part][1]
+        if not self._blocks:
+            return backward @ r_int
+        r = r_int.numpy()
+        index = self._structured[part]
+        columns = r.reshape(r.shape[0], -1)
+        sums = np.empty((self.parameters + 1, columns.shape[1]), dtype=np.float64)
+        for k in range(columns.shape[1]):
+            weights = np.tile(columns[:, k], index.shape[0])  # block by block, as index.ravel()
+            sums[:, k] = np.bincount(index.ravel(), weights=weights, minlength=self.parameters + 1)
+        out = (sums[: self.parameters] * self._unit).reshape((self.parameters, *r.shape[1:]))
+        out[self._dense_columns] = (backward @ r_int).numpy()
+        return torch.from_numpy(out)
+
     def residuals(self, theta_int: torch.Tensor) -> torch.Tensor:
         """r_int of every row (float64), as :func:`row_residuals` gives them."""
         parts = [
-            self._residuals(forward @ theta_int, ys, **self._kw) for forward, _, ys in self._chunks
+            self._residuals(self._numerators(i, theta_int), ys, **self._kw)
+            for i, (_, _, ys) in enumerate(self._chunks)
         ]
         if not parts:
             shape = (0,) if self.classes == 1 else (0, self.classes)
             return torch.zeros(shape, dtype=torch.float64, device=self.device)
         return torch.cat(parts)
 
-    def _part_sum(
-        self, chunk: tuple[torch.Tensor, torch.Tensor, torch.Tensor], theta_int: torch.Tensor
-    ) -> torch.Tensor:
-        forward, backward, ys = chunk
-        r_int = self._residuals(forward @ theta_int, ys, **self._kw)
+    def _part_sum(self, part: int, theta_int: torch.Tensor) -> torch.Tensor:
+        ys = self._chunks[part][2]
+        r_int = self._residuals(self._numerators(part, theta_int), ys, **self._kw)
         # Integers below 2^53 throughout: exact in any order.
-        return (backward @ r_int).round().to(torch.int64)
+        return self._backward(part, r_int).round().to(torch.int64)
 
     def gradient_sum(
         self, theta_int: torch.Tensor, *, pool: ThreadPoolExecutor | None = None
@@ -406,13 +478,22 @@ class ExactRowSums:
         same int64 values: each part's sum is exact)."""
         shape = (self.parameters,) if self.classes == 1 else (self.parameters, self.classes)
         total = torch.zeros(shape, dtype=torch.int64, device=self.device)
+        parts = range(len(self._chunks))
         if pool is not None and len(self._chunks) > 1:
-            sums = list(pool.map(lambda chunk: self._part_sum(chunk, theta_int), self._chunks))
+            sums = list(pool.map(lambda part: self._part_sum(part, theta_int), parts))
         else:
-            sums = [self._part_sum(chunk, theta_int) for chunk in self._chunks]
+            sums = [self._part_sum(part, theta_int) for part in parts]
         for part in sums:
             total += part
         return total
+
+
+def _dense_columns(parameters: int, blocks: tuple[tuple[int, int], ...]) -> list[int]:
+    """The columns outside the one-hot blocks (the bias column included), in order."""
+    inside = {j for start, length in blocks for j in range(start, start + length)}
+    if any(j >= parameters - 1 for j in inside):
+        raise PlanMismatch("a one-hot block lies outside the features")
+    return [j for j in range(parameters) if j not in inside]
 
 
 @contextmanager
@@ -519,6 +600,7 @@ def sample_langevin(
         theta_bits=b,
         parts=threads,
         classes=params.classes,
+        one_hot=data.one_hot_blocks or (),
     )
     del x_int  # the prepared copy is all the steps read
     shape = (params.parameters,) if params.classes == 1 else (params.inputs, params.classes)

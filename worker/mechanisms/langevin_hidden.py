@@ -125,6 +125,7 @@ def sample_hidden_langevin(
         theta_bits=b,
         parts=threads,
         classes=chain.classes,
+        one_hot=data.one_hot_blocks or (),
     )
     del x_int
     scale = chain.noise_scale(params.noise_multiplier)

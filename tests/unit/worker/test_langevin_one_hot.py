@@ -1,0 +1,74 @@
+"""ExactRowSums' one-hot storage (worker/mechanisms/langevin.py): the same exact integer
+numerators, residuals and gradient sums as the dense products, bit for bit, on rows with
+numeric columns, one-hot blocks (some rows with an all-zero block: a level outside the
+declared ones), binary and K-class residuals, one part or several; a block that is not
+one-hot in the rows is refused."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from service.datasets.tabular import parse_schema
+from tests.conftest import SMALL_SCHEMA
+from worker.mechanisms.base import PlanMismatch
+from worker.mechanisms.langevin import ExactRowSums, quantised_features
+
+BLOCKS = ((2, 3), (6, 4))  # columns: 2 numeric, a 3-level block, 1 numeric, a 4-level block
+D = 10
+FEATURE_BITS, RESIDUAL_BITS, THETA_BITS = 8, 16, 20
+
+
+def _rows(n: int, seed: int) -> torch.Tensor:
+    rng = np.random.default_rng(seed)
+    x = np.zeros((n, D), dtype=np.float32)
+    x[:, [0, 1, 5]] = rng.random((n, 3))
+    for start, length in BLOCKS:
+        level = rng.integers(0, length + 1, n)  # == length: no level (all zeros)
+        hit = level < length
+        x[np.nonzero(hit)[0], start + level[hit]] = 1.0
+    return torch.from_numpy(x)
+
+
+@pytest.mark.parametrize("classes", [1, 3])
+@pytest.mark.parametrize("parts", [1, 3])
+def test_one_hot_storage_gives_the_dense_products_bits(classes: int, parts: int) -> None:
+    n = 500
+    x_int = quantised_features(_rows(n, 1), feature_bits=FEATURE_BITS, norm_sq_bound=D + 1)
+    rng = np.random.default_rng(2)
+    y = torch.from_numpy(rng.integers(0, max(classes, 2), n).astype(np.float32))
+    shape = (D + 1,) if classes == 1 else (D + 1, classes)
+    theta = torch.from_numpy(np.round(rng.standard_normal(shape) * 2.0**THETA_BITS))
+    kw = {
+        "feature_bits": FEATURE_BITS,
+        "residual_bits": RESIDUAL_BITS,
+        "theta_bits": THETA_BITS,
+        "parts": parts,
+        "classes": classes,
+    }
+    dense = ExactRowSums(x_int, y, **kw)
+    structured = ExactRowSums(x_int, y, one_hot=BLOCKS, **kw)
+    assert torch.equal(dense.residuals(theta), structured.residuals(theta))
+    assert torch.equal(dense.gradient_sum(theta), structured.gradient_sum(theta))
+    assert bool((dense.gradient_sum(theta) != 0).any())
+
+
+def test_a_block_that_is_not_one_hot_is_refused() -> None:
+    x = _rows(50, 3)
+    x[7, 2:5] = torch.tensor([1.0, 1.0, 0.0])  # two levels at once
+    x_int = quantised_features(x, feature_bits=FEATURE_BITS, norm_sq_bound=D + 1)
+    y = torch.zeros(50)
+    kw = {"feature_bits": FEATURE_BITS, "residual_bits": RESIDUAL_BITS, "theta_bits": THETA_BITS}
+    with pytest.raises(PlanMismatch, match="one-hot"):
+        ExactRowSums(x_int, y, one_hot=BLOCKS, **kw)
+    x = _rows(50, 3)
+    x[9, 6] = 0.5  # a fraction inside a block
+    x_int = quantised_features(x, feature_bits=FEATURE_BITS, norm_sq_bound=D + 1)
+    with pytest.raises(PlanMismatch, match="one-hot"):
+        ExactRowSums(x_int, y, one_hot=BLOCKS, **kw)
+
+
+def test_the_schema_states_its_one_hot_blocks() -> None:
+    # SMALL_SCHEMA: a, b numeric, c categorical over 3 levels.
+    assert parse_schema(SMALL_SCHEMA).one_hot_blocks == ((2, 3),)
