@@ -13,9 +13,25 @@ lr·C: 1.8 at 700 rows under the previous n̂/20 and 15 epochs, 0.47 now). Chose
 benchmarks/results/defaults_study.md (Adult, 3,000 and 700 of its rows, scikit-learn's
 breast cancer and digits; ε = 1, δ = 1e-5), where the previous rule lost 0.035 AUC to
 the grid's best at 700 Adult rows and was within 0.02 elsewhere; the rule's figures are
-in benchmarks/results/defaults_study_rule.md. Other models keep the
-previous rule (batch ⌊n̂/20⌋ in [16, 256], about 300 steps, 3 to 100 epochs): the study
-did not measure them."""
+in benchmarks/results/defaults_study_rule.md.
+
+MLPs (model ``mlp``) take the same rule as logistic regression (batch ⌊n̂/4⌋ in
+[16, 256], about 300 steps in 3 to 20 epochs, lr 1, C 1). The study's ``--methods
+dpsgd_mlp`` (the default MLP, one hidden layer of 16 tanh units, engine exact; same
+datasets, grid and two-stage protocol, ε = 1, δ = 1e-5) found the previous rule (⌊n̂/20⌋,
+up to 100 epochs) 0.076 AUC below the grid's best at 700 Adult rows (0.766 against 0.842:
+35 × 15, T = 300, σ 3.68) and 0.034 below on breast cancer (0.939 against 0.973), within
+0.011 elsewhere (benchmarks/results/defaults_study_mlp_before.md, medians of 31 releases on
+the small sets); the grid's best points there had batches of n̂/4 and 40 to 150 steps
+(700 rows: 175 × 10 epochs; breast cancer: 99 × 30). With this rule the gap is at most
+0.012 on every set (700 Adult rows 0.830 against 0.842, breast cancer 0.973 against
+0.973, digits 0.955 against 0.953; benchmarks/results/defaults_study_mlp_rule.md, same
+grid, again 31 releases). Where
+n̂ ≥ 5,120 both rules give the same plan (batch 256, about 300 steps), so MLP plans on
+Adult-sized data are unchanged. K-class MLPs take it too, as K-class logistic regression
+does; the study measured binary targets only. Other models (GRU-D, CNN, and callers that
+name no model) keep the previous rule (batch ⌊n̂/20⌋ in [16, 256], about 300 steps, 3 to
+100 epochs): the study did not measure them."""
 
 from __future__ import annotations
 
@@ -94,17 +110,20 @@ DEFAULT_MIN_EPOCHS = 3
 # (batch divisor, epoch cap): batch n̂/divisor, epochs for ≈ DEFAULT_STEPS steps, at most cap.
 LOGISTIC_DEFAULTS = (4, 20)
 OTHER_MODEL_DEFAULTS = (20, 100)
+# The model kinds that take LOGISTIC_DEFAULTS (the module docstring has the evidence).
+LOGISTIC_RULE_MODELS = ("logistic", "mlp")
 
 
 def resolve_dpsgd_options(
     options: DpsgdOptions, *, n_rows: int, model_kind: str | None = None
 ) -> DpsgdOptions:
     """Fill batch_size and epochs the request left out, from public values only: the public
-    row count n̂ and the model's kind. Logistic regression (``model_kind="logistic"``):
-    batch n̂/4 clamped to [16, 256] (never above n̂), epochs for ≈ 300 steps (≥ 3, ≤ 20).
-    Other models (and callers that name none): batch n̂/20 clamped the same way, epochs
-    ≥ 3, ≤ 100. Values the request sent are kept as sent."""
-    divisor, max_epochs = LOGISTIC_DEFAULTS if model_kind == "logistic" else OTHER_MODEL_DEFAULTS
+    row count n̂ and the model's kind. Logistic regression and MLPs (``model_kind``
+    ``"logistic"`` or ``"mlp"``): batch n̂/4 clamped to [16, 256] (never above n̂), epochs
+    for ≈ 300 steps (≥ 3, ≤ 20). Other models (and callers that name none): batch n̂/20
+    clamped the same way, epochs ≥ 3, ≤ 100. Values the request sent are kept as sent."""
+    rule = model_kind in LOGISTIC_RULE_MODELS
+    divisor, max_epochs = LOGISTIC_DEFAULTS if rule else OTHER_MODEL_DEFAULTS
     batch = options.batch_size
     if batch is None:
         low, high = DEFAULT_BATCH_RANGE

@@ -42,15 +42,15 @@ class DpsgdOptions(ApiInput):
         default=None,
         description=(
             "Passes over the data. Default: from the public row count n̂, enough epochs for "
-            "about 300 steps, at least 3, at most 20 for logistic regression and 100 for "
-            "other models (service.methods.dpsgd.resolve_dpsgd_options)."
+            "about 300 steps, at least 3, at most 20 for logistic regression and MLPs and "
+            "100 for other models (service.methods.dpsgd.resolve_dpsgd_options)."
         ),
     )
     batch_size: BatchSize | None = Field(
         default=None,
         description=(
-            "Expected batch size. Default: n̂/4 for logistic regression, n̂/20 for other "
-            "models, clamped to [16, 256]."
+            "Expected batch size. Default: n̂/4 for logistic regression and MLPs, n̂/20 for "
+            "other models, clamped to [16, 256]."
         ),
     )
     max_grad_norm: ClipNorm = 1.0

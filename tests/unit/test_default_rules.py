@@ -1,4 +1,4 @@
-"""The default settings of DP-SGD (logistic) and the Langevin ExpM sampler are functions of
+"""The default settings of DP-SGD (logistic and MLP) and the Langevin ExpM sampler are functions of
 public values only (issue 21, point 2; the rules are in the module docstrings of
 service/methods/dpsgd.py and service/methods/expm.py, chosen on
 benchmarks/results/defaults_study.md): what they resolve to, that values a request names
@@ -37,9 +37,19 @@ def test_logistic_dpsgd_defaults(n: int, expected: tuple[int, int]) -> None:
     assert _resolved(n, "logistic") == expected
 
 
+def test_mlps_take_the_logistic_dpsgd_rule() -> None:
+    # benchmarks/results/defaults_study_mlp_{before,rule}.md: the previous rule's 35 × 15
+    # lost 0.076 AUC to the grid's best at 700 Adult rows
+    assert _resolved(700, "mlp") == (175, 20)
+    assert _resolved(398, "mlp") == (99, 20)
+    assert _resolved(30162, "mlp") == _resolved(30162, None) == (256, 3)  # Adult: unchanged
+    assert _resolved(5120, "mlp") == _resolved(5120, None) == (256, 15)
+
+
 def test_other_models_keep_the_previous_dpsgd_rule() -> None:
-    assert _resolved(750, "mlp") == (37, 15)
     assert _resolved(750, None) == (37, 15)
+    assert _resolved(750, "grud") == (37, 15)
+    assert _resolved(750, "cnn") == (37, 15)
     assert _resolved(10, "grud") == (10, 100)
 
 
