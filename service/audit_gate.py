@@ -19,6 +19,8 @@ unless an audit (service/audits.py) of the same configuration passed within that
   claimed. Passing is not a proof: the one-run audit can only ever show a violation (and
   never more than its ceiling); a pass means this test found none.
 * within the age: the audit finished at most ``max_age_days`` days before the quote.
+* one-run audits only: a LiRA audit (``attack: "lira"``) trains on a small public pool,
+  so its plans' σ is not the σ of a job on the dataset's rows; it opens no gate.
 
 The gate is read at planning (service/api/routes/jobs.py). Where it was on, admission
 reads it again under the dataset's lock (one more statement), so a gate shortened or
@@ -217,6 +219,8 @@ def check_gate(
     seen = {"matching": 0, "failed": 0, "expired": 0}
     done = s.scalars(select(Audit).where(Audit.status == "done").order_by(Audit.finished_at.desc()))
     for audit in done:
+        if audit.request.get("attack", "one_run") != "one_run":
+            continue  # a LiRA audit's plans are for its pool's size, not the dataset's
         if _audit_configuration(audit) != wanted:
             continue
         if not _covered(plan, audit):

@@ -7,7 +7,16 @@ reports the ε lower bound of their Theorem 3.1 (service/privacy/one_run_audit.p
 ceiling the same test could show. No ledger budget is charged and no private row is read;
 the figures are shown to the admin only.
 
-Which (dataset, method, model) can be audited (:data:`AUDITABLE`): on public Adult
+A LiRA audit (``attack: "lira"``; Carlini et al. 2022, arXiv:2112.03570) runs worker/lira.py
+instead: M logistic-regression models by dpsgd, expm (its Langevin sampler) or expm_nf,
+each on a random half of a pool of public Adult rows, every one in turn the target of the
+other M − 1 as shadows (:func:`check_lira` says what it takes; :func:`lira_audit_plan` is
+each training's plan). The stored result is then the one-run bound of one held-out target
+(its pool rows as canaries, Thm 3.1 of Steinke et al.) with LiRA's own figures beside it
+(TPR at 0.1 % and 1 % FPR, AUC, an ε lower bound and its ceiling). A LiRA audit never
+opens a release gate (service/audit_gate.py reads one-run audits only).
+
+Which (dataset, method, model) the one-run audit can run (:data:`AUDITABLE`): on public Adult
 (tabular), logistic regression by DP-SGD (any engine), by ``expm`` (its default, proven
 Langevin sampler) and by ``expm_nf`` (nominal; δ = 0 as for its jobs); on the bundled
 synthetic ICU sample (time series), GRU-D by DP-SGD (exact engine) and by ``expm_nf``.
@@ -39,12 +48,13 @@ from pydantic import ValidationError
 from sqlalchemy import Float, ForeignKey, Index, String, and_, func, or_, select, update
 from sqlalchemy.orm import Mapped, Session, mapped_column
 
-from service.datasets.kinds import DATA_KINDS, load_schema_yaml
+from service.datasets.kinds import DATA_KINDS, DatasetSchema, load_schema_yaml
 from service.jobs import as_utc
 from service.ledger.tables import Analyst, Base, utcnow
 from service.modelspec import GrudSpec, LogisticSpec, ModelSpec
 from service.plans import PlanError, build_plan
 from service.privacy.one_run_audit import OneRunBound, ceiling
+from service.resources import plan_resources
 from service.schemas import JobRequest, PrivacyPlan
 from service.schemas.audits import (
     AuditRequest,
@@ -52,6 +62,7 @@ from service.schemas.audits import (
     AuditStatus,
     AuditView,
     CanaryKind,
+    LiraFigures,
 )
 from service.schemas.dpsgd import DpsgdOptions
 
@@ -59,6 +70,10 @@ __all__ = [
     "AUDITABLE",
     "AUDITABLE_METHODS",
     "GRADIENT_CANARY_METHODS",
+    "LIRA_DATASET",
+    "LIRA_DEFAULT_MODELS",
+    "LIRA_DEFAULT_POOL",
+    "LIRA_METHODS",
     "MAX_CANARY_FRACTION",
     "PUBLIC_DATASETS",
     "Audit",
@@ -67,6 +82,7 @@ __all__ = [
     "audit_plan",
     "audit_view",
     "check_gradient_canaries",
+    "check_lira",
     "check_request",
     "claim_audit",
     "count_audits",
@@ -74,6 +90,8 @@ __all__ = [
     "default_guesses",
     "default_model",
     "finish_audit",
+    "lira_audit_plan",
+    "public_schema",
     "round_down",
     "round_up",
     "row_norm_sq_bound",
@@ -111,6 +129,16 @@ AUDITABLE_MODELS = ("logistic", "grud")
 """Model kinds the audit's scoring covers (minus each canary's loss under the release)."""
 GRADIENT_CANARY_METHODS = ("dpsgd",)
 """Methods whose run sums clipped per-row gradients, where a gradient canary is a row."""
+LIRA_METHODS = ("dpsgd", "expm", "expm_nf")
+"""Methods a LiRA audit runs: worker/lira.py's configurations of the same names (expm with
+its Langevin sampler; expm_nf nominal), logistic regression on public Adult."""
+LIRA_DATASET = "adult"
+"""The bundled dataset LiRA's pool is drawn from (worker.lira.adult_pool)."""
+LIRA_DEFAULT_MODELS = 8
+"""M when a LiRA request names none: seconds for dpsgd and expm, about a minute for
+expm_nf (8.3 s per expm_nf model on a 500-row pool, 2 shared cores, load ~2.5)."""
+LIRA_DEFAULT_POOL = 500
+LIRA_MIN_POOL = 100
 MAX_CANARY_FRACTION = 0.1
 """At most this fraction of the rows are canaries, so the audited run trains on essentially
 the dataset its plan describes."""
@@ -131,11 +159,8 @@ def default_model(dataset: str) -> ModelSpec:
 def row_norm_sq_bound(dataset: str) -> int | None:
     """B ≥ ‖(x, 1)‖² of a bundled dataset's encoded rows, from its public schema.yaml (the
     ExpM plans need it), or None where its kind has none (time series)."""
-    public = PUBLIC_DATASETS[dataset]
-    bound = DATA_KINDS[public.kind].norm_sq_bound
-    if bound is None:
-        return None
-    return bound(load_schema_yaml((public.folder / "schema.yaml").read_text()))
+    bound = DATA_KINDS[PUBLIC_DATASETS[dataset].kind].norm_sq_bound
+    return None if bound is None else bound(public_schema(dataset))
 
 
 class AuditRefused(ValueError):
@@ -145,6 +170,12 @@ class AuditRefused(ValueError):
     def __init__(self, message: str, field: str = "") -> None:
         super().__init__(message)
         self.field = field
+
+
+@cache
+def public_schema(dataset: str) -> DatasetSchema:
+    """A bundled dataset's public schema (its schema.yaml)."""
+    return load_schema_yaml((PUBLIC_DATASETS[dataset].folder / "schema.yaml").read_text())
 
 
 def default_guesses(canaries: int) -> int:
@@ -204,6 +235,69 @@ def check_request(
             f"({', '.join(GRADIENT_CANARY_METHODS)}); {method!r} takes input canaries only",
             "canary_kind",
         )
+
+
+def check_lira(
+    *,
+    method: str,
+    shadow_models: int,
+    pool: int,
+    dataset: str = LIRA_DATASET,
+    model: str = "logistic",
+    rows: int | None = None,
+) -> None:
+    """Refuse what a LiRA audit cannot run (raises :class:`AuditRefused`): a dataset other
+    than public Adult, a method other than :data:`LIRA_METHODS`, a model other than
+    logistic regression, M outside [4, 256], a pool outside [100, the rows]. ``rows``: the
+    rows counted (the worker's count); default the public count."""
+    if dataset != LIRA_DATASET:
+        raise AuditRefused(
+            f"LiRA audits run on a pool of public {LIRA_DATASET} rows, not {dataset!r}"
+            + ("" if dataset in PUBLIC_DATASETS else f" ({REGISTERED_REFUSAL})"),
+            "dataset",
+        )
+    if method not in LIRA_METHODS:
+        raise AuditRefused(
+            f"method {method!r} cannot be audited by LiRA; it runs {', '.join(LIRA_METHODS)}",
+            "method",
+        )
+    if model != "logistic":
+        raise AuditRefused(
+            f"LiRA audits logistic regression only (worker/lira.py scores its logits), "
+            f"not {model!r}",
+            "model",
+        )
+    if not 4 <= shadow_models <= 256:
+        raise AuditRefused(
+            f"shadow_models must be between 4 (two targets on each side of the held-out "
+            f"split) and 256, got {shadow_models}",
+            "shadow_models",
+        )
+    n = PUBLIC_DATASETS[dataset].rows if rows is None else rows
+    if not LIRA_MIN_POOL <= pool <= n:
+        raise AuditRefused(
+            f"a pool of {pool} rows is out of range for {dataset}: between {LIRA_MIN_POOL} "
+            f"and its {n:,} rows",
+            "pool",
+        )
+
+
+def lira_audit_plan(*, method: str, epsilon: float, delta: float, pool: int) -> PrivacyPlan:
+    """The plan of each of a LiRA audit's trainings, as worker.lira.lira_plan builds it (a
+    test pins them equal): a logistic-regression job of this method at (ε, δ), with the
+    method's default options (expm: the Langevin sampler), on the pool's expected training
+    half, pool // 2 rows. Raises PlanError (e.g. expm_nf asked with δ > 0)."""
+    return audit_plan(
+        method=method,
+        epsilon=epsilon,
+        delta=delta,
+        canaries=0,  # no canary rows: n_rows is the rows given
+        rows=pool // 2,
+        features=PUBLIC_DATASETS[LIRA_DATASET].features,
+        options=None,
+        dataset=LIRA_DATASET,
+        model=LogisticSpec(),
+    )
 
 
 def check_gradient_canaries(plan: PrivacyPlan, canaries: int) -> None:
@@ -269,9 +363,27 @@ def planned_figures(plan: PrivacyPlan) -> dict[str, Any]:
     return {k: kinds[k](mech[k]) for k in PLANNED_KEYS if mech.get(k) is not None}
 
 
-def validated(body: AuditRequest) -> tuple[AuditRequest, dict[str, Any]]:
-    """The request with its guesses resolved, and the plan's public figures (σ, steps, q
-    where the mechanism has them), or :class:`AuditRefused` / PlanError (both 422s)."""
+ONE_RUN_ONLY = ("canaries", "guesses", "dpsgd")
+"""Request fields a LiRA audit refuses (its canaries are its pool rows, its guesses the
+default for them, its plans the method's defaults)."""
+LIRA_ONLY = ("shadow_models", "pool")
+
+
+def validated(
+    body: AuditRequest, *, time_limit_s: float | None = None
+) -> tuple[AuditRequest, dict[str, Any]]:
+    """The request with its defaults resolved (guesses; a LiRA audit's M and pool), and
+    the plan's public figures (σ, steps, q where the mechanism has them), or
+    :class:`AuditRefused` / PlanError (both 422s). ``time_limit_s``: the worker's task
+    time limit, against which a LiRA audit's M trainings are estimated (None: not
+    checked)."""
+    if body.attack == "lira":
+        return _validated_lira(body, time_limit_s)
+    for name in LIRA_ONLY:
+        if getattr(body, name) is not None:
+            raise AuditRefused(f"{name} is for LiRA audits (attack 'lira') only", name)
+    if body.canaries is None:
+        raise AuditRefused("a one-run audit needs canaries (m)", "canaries")
     guesses = default_guesses(body.canaries) if body.guesses is None else body.guesses
     check_request(
         method=body.method,
@@ -301,6 +413,45 @@ def validated(body: AuditRequest) -> tuple[AuditRequest, dict[str, Any]]:
     return body.model_copy(update={"guesses": guesses}), planned_figures(plan)
 
 
+def _validated_lira(
+    body: AuditRequest, time_limit_s: float | None
+) -> tuple[AuditRequest, dict[str, Any]]:
+    for name in ONE_RUN_ONLY:
+        if getattr(body, name) is not None:
+            raise AuditRefused(f"{name} is for one-run audits only, not for LiRA", name)
+    if body.canary_kind != "input":
+        raise AuditRefused("LiRA audits take no gradient canaries", "canary_kind")
+    models = LIRA_DEFAULT_MODELS if body.shadow_models is None else body.shadow_models
+    pool = LIRA_DEFAULT_POOL if body.pool is None else body.pool
+    check_lira(
+        method=body.method,
+        shadow_models=models,
+        pool=pool,
+        dataset=body.dataset,
+        model=body.model.kind,
+    )
+    plan = lira_audit_plan(method=body.method, epsilon=body.epsilon, delta=body.delta, pool=pool)
+    if time_limit_s is not None:
+        each = plan_resources(plan, schema=public_schema(LIRA_DATASET)).seconds
+        if each is not None and models * each > time_limit_s:
+            raise AuditRefused(
+                f"{models} trainings of about {each:.3g} s each (the service's estimate for "
+                f"this plan) exceed the worker's {time_limit_s:g} s task time limit: ask "
+                "for fewer shadow_models or a smaller pool",
+                "shadow_models",
+            )
+    resolved = body.model_copy(update={"shadow_models": models, "pool": pool})
+    return resolved, planned_figures(plan)
+
+
+def pre_run_ceiling(request: AuditRequest) -> float:
+    """The most the audit's one-run bound can show, known before the run: m canaries (a
+    LiRA audit: its pool rows), every guess right, at the request's confidence and δ."""
+    m = request.pool if request.attack == "lira" else request.canaries
+    assert m is not None  # resolved by validated()
+    return ceiling(canaries=m, confidence=request.confidence, delta=request.delta)
+
+
 # ------------------------------------------------------------------------------- storage
 
 
@@ -325,19 +476,19 @@ class Audit(Base):
     failure: Mapped[str | None] = mapped_column(String(200), nullable=True, default=None)
 
 
-def create_audit(s: Session, body: AuditRequest, *, requested_by: int) -> Audit:
+def create_audit(
+    s: Session, body: AuditRequest, *, requested_by: int, time_limit_s: float | None = None
+) -> Audit:
     """Store a validated audit request as queued (raises :class:`AuditRefused` or
-    PlanError before storing anything)."""
-    request, planned = validated(body)
+    PlanError before storing anything; ``time_limit_s`` as for :func:`validated`)."""
+    request, planned = validated(body, time_limit_s=time_limit_s)
     audit = Audit(
         id=str(uuid.uuid4()),
         status="queued",
         requested_by=requested_by,
         request=request.model_dump(mode="json"),
         planned=planned,
-        ceiling=ceiling(
-            canaries=request.canaries, confidence=request.confidence, delta=request.delta
-        ),
+        ceiling=pre_run_ceiling(request),
         created_at=datetime.now(UTC),
     )
     s.add(audit)
@@ -371,10 +522,12 @@ def finish_audit(
     run: dict[str, Any] | None = None,
     seconds: float | None = None,
     failure: str | None = None,
+    lira: LiraFigures | None = None,
 ) -> None:
     """Record an audit's end: done with its bound and the run's public figures (rows,
-    noise_multiplier, steps, sampling_rate), or failed with a generic reason (a queued
-    audit too: its message could not be sent). A finished audit stays as it is."""
+    noise_multiplier, steps, sampling_rate; a LiRA audit's figures in ``lira``), or failed
+    with a generic reason (a queued audit too: its message could not be sent). A finished
+    audit stays as it is."""
     values: dict[str, Any] = {"finished_at": datetime.now(UTC), "seconds": seconds}
     if failure is not None:
         values.update(status="failed", failure=failure[:200])
@@ -387,6 +540,7 @@ def finish_audit(
             guesses=bound.guesses,
             correct=bound.correct,
             confidence=bound.confidence,
+            lira=lira,
             **run,
         )
         values.update(status="done", result=result.model_dump(mode="json"))

@@ -4,7 +4,9 @@ The audit is a row of service/audits.py's table, queued by ``POST /v1/admin/audi
 claim is a compare-and-set from queued to running, so a duplicate message runs nothing.
 worker/audits.py trains once on the PUBLIC dataset the request names (Adult or the
 synthetic ICU sample; no ledger budget, no private row) and the bound, its ceiling and
-the run's public figures are written back.
+the run's public figures are written back. A LiRA audit (``attack: "lira"``) runs
+worker/lira.py's :func:`~worker.lira.run_lira_audit` on a public Adult pool instead; its
+one-run bound and its figures (worker.lira.audit_figures) are written back the same way.
 A failure is recorded with a generic sentence; its detail goes to the worker's log only.
 """
 
@@ -13,11 +15,15 @@ from __future__ import annotations
 import enum
 import logging
 import time
+from typing import Any
 
 from service.audits import claim_audit, finish_audit
 from service.config import Settings, get_settings
 from service.db import engine_for, transaction
+from service.privacy.one_run_audit import OneRunBound
+from service.schemas.audits import AuditRequest, LiraFigures
 from worker.audits import AuditRefused, run_one_run_audit
+from worker.lira import audit_figures, run_lira_audit
 
 log = logging.getLogger("enclave.worker")
 
@@ -40,18 +46,7 @@ def execute_audit(audit_id: str, settings: Settings | None = None) -> AuditOutco
         return AuditOutcome.skipped
     start = time.perf_counter()
     try:
-        audit = run_one_run_audit(
-            method=request.method,
-            epsilon=request.epsilon,
-            delta=request.delta,
-            canaries=request.canaries,
-            dataset=request.dataset,
-            guesses=request.guesses,
-            confidence=request.confidence,
-            options=request.dpsgd,
-            model=request.model,
-            canary_kind=request.canary_kind,
-        )
+        bound, run, lira = _run(request)
     except Exception as exc:
         log.exception("audit %s failed", audit_id)
         # A refusal is about the public request (checked by the service already): say it.
@@ -59,13 +54,40 @@ def execute_audit(audit_id: str, settings: Settings | None = None) -> AuditOutco
         with transaction(engine) as s:
             finish_audit(s, audit_id, failure=failure, seconds=time.perf_counter() - start)
         return AuditOutcome.failed
+    seconds = time.perf_counter() - start
+    with transaction(engine) as s:
+        finish_audit(s, audit_id, bound=bound, run=run, seconds=seconds, lira=lira)
+    log.info("audit %s done in %.1f s", audit_id, seconds)
+    return AuditOutcome.done
+
+
+def _run(request: AuditRequest) -> tuple[OneRunBound, dict[str, Any], LiraFigures | None]:
+    """The audit the request asks for: its one-run bound, the run's public figures (rows,
+    noise_multiplier, steps, sampling_rate) and a LiRA audit's figures."""
+    if request.attack == "lira":
+        result = run_lira_audit(request)
+        run = {"rows": result.pool} | {
+            k: result.plan.get(k) for k in ("noise_multiplier", "steps", "sampling_rate")
+        }
+        return result.one_run, run, audit_figures(result)
+    if request.canaries is None:
+        raise AuditRefused("a one-run audit needs canaries (m)")
+    audit = run_one_run_audit(
+        method=request.method,
+        epsilon=request.epsilon,
+        delta=request.delta,
+        canaries=request.canaries,
+        dataset=request.dataset,
+        guesses=request.guesses,
+        confidence=request.confidence,
+        options=request.dpsgd,
+        model=request.model,
+        canary_kind=request.canary_kind,
+    )
     run = {
         "rows": audit.rows,
         "noise_multiplier": audit.noise_multiplier,
         "steps": audit.steps,
         "sampling_rate": audit.sampling_rate,
     }
-    with transaction(engine) as s:
-        finish_audit(s, audit_id, bound=audit.bound, run=run, seconds=audit.seconds)
-    log.info("audit %s done in %.1f s", audit_id, audit.seconds)
-    return AuditOutcome.done
+    return audit.bound, run, None

@@ -27,6 +27,11 @@ training file), never on private rows, never charged to any budget:
    r/2, r = service.audits.default_guesses(n), fixed in advance.
 
 The result holds rates, counts and bounds; nothing else leaves.
+
+The admin runs it as an audit (``POST /v1/admin/audits`` with ``attack: "lira"``,
+``enclave admin audit --attack lira``): :func:`run_lira_audit` checks the request as the
+service does (service.audits.check_lira), draws the pool from public Adult and runs
+:func:`run_lira_configuration`; :func:`audit_figures` is what the audit stores.
 """
 
 from __future__ import annotations
@@ -40,7 +45,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from service.audits import default_guesses
+from service.audits import AuditRefused, check_lira, default_guesses
 from service.datasets.kinds import load_schema_yaml
 from service.datasets.tabular import TabularSchema
 from service.methods.expm import row_norm_sq_bound
@@ -60,6 +65,7 @@ from service.privacy.lira_stats import (
 from service.privacy.one_run_audit import OneRunBound
 from service.privacy.one_run_audit import epsilon_lower_bound as one_run_bound
 from service.schemas import JobRequest, PrivacyPlan
+from service.schemas.audits import AuditRequest, LiraFigures, LiraRate
 from worker.audits import PUBLIC_DATASETS, correct_guesses, load_public
 from worker.mechanisms.base import TabularTrainingSet
 from worker.mechanisms.registry import run_mechanism
@@ -74,10 +80,12 @@ __all__ = [
     "Pool",
     "Trainer",
     "adult_pool",
+    "audit_figures",
     "lira_plan",
     "nonprivate_trainer",
     "product_trainer",
     "run_lira",
+    "run_lira_audit",
     "run_lira_configuration",
 ]
 
@@ -375,3 +383,53 @@ def run_lira_configuration(
         seed=seed,
     )
     return replace(result, plan=_plan_figures(plan))
+
+
+def run_lira_audit(request: AuditRequest) -> LiraResult:
+    """An admin's LiRA audit (module text), as the service validated it (attack 'lira',
+    its M and pool resolved): ``request.method`` one of service.audits.LIRA_METHODS (each
+    the configuration of that name), M = ``shadow_models`` models, a pool of ``pool``
+    public Adult rows (the rows :func:`adult_pool` picks with its fixed seed, the
+    benchmark's; memberships and tie-breaks come from the secure RNG). Raises
+    service.audits.AuditRefused for what the service refuses, PlanError for a plan the API
+    would not build."""
+    models, pool = request.shadow_models, request.pool
+    if request.attack != "lira" or models is None or pool is None:
+        raise AuditRefused("not a LiRA audit with shadow_models and pool resolved", "attack")
+    check_lira(method=request.method, shadow_models=models, pool=pool, dataset=request.dataset)
+    return run_lira_configuration(
+        request.method,
+        epsilon=request.epsilon,
+        delta=request.delta,
+        models=models,
+        pool=adult_pool(pool),
+        confidence=request.confidence,
+    )
+
+
+def audit_figures(result: LiraResult) -> LiraFigures:
+    """What an audit stores of a LiRA run: rates, counts and bounds (no row, membership or
+    model)."""
+    return LiraFigures(
+        models=result.models,
+        pool=result.pool,
+        online=result.online,
+        fixed_variance=result.fixed_variance,
+        auc=result.auc,
+        rates=[
+            LiraRate(
+                target_fpr=p.target_fpr,
+                tpr=p.tpr,
+                fpr=p.fpr,
+                held_out_true_positives=p.bound.hits_world1,
+                held_out_members=p.bound.runs_world1,
+                held_out_false_positives=p.bound.hits_world0,
+                held_out_non_members=p.bound.runs_world0,
+                epsilon_lower_bound=p.bound.epsilon,
+            )
+            for p in result.points
+        ],
+        epsilon_lower_bound=result.epsilon_lower_bound,
+        ceiling=result.ceiling,
+        train_seconds=result.train_seconds,
+    )

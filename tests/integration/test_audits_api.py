@@ -8,6 +8,7 @@ not a value of the bound."""
 
 from __future__ import annotations
 
+import math
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -34,6 +35,8 @@ SMALL = {
 }
 PROBLEM_JSON = "application/problem+json"
 GRUD = {"model": {"kind": "grud", "hidden": 4}}
+LIRA = {"attack": "lira", "shadow_models": 8, "pool": 200, "canaries": None, "dpsgd": None}
+"""SMALL made a tiny LiRA audit (DP-SGD at ε = 1, logistic regression, 8 models, 200 rows)."""
 
 
 def _post(client: Any, key: str, **changes: Any) -> Any:
@@ -54,6 +57,31 @@ def test_audits_are_for_the_admin_only(client: Any, keys: Any) -> None:
     assert client.get(one, headers=auth(keys.admin)).status_code == 200
     missing = client.get("/v1/admin/audits/nope", headers=auth(keys.admin))
     assert missing.status_code == 404 and missing.headers["content-type"] == PROBLEM_JSON
+
+
+LIRA_REFUSALS = [
+    ({"shadow_models": 3}, "validation-error", "greater than or equal to 4"),
+    ({"shadow_models": 257}, "validation-error", "less than or equal to 256"),
+    ({"shadow_models": True}, "validation-error", "boolean"),
+    ({"pool": 99}, "validation-error", "greater than or equal to 100"),
+    ({"pool": 30_163}, "validation-error", "out of range for adult"),
+    ({"pool": 2.5}, "validation-error", "integer"),
+    ({"dataset": "icu"}, "validation-error", "LiRA audits run on a pool of public adult"),
+    ({"dataset": "mydata"}, "validation-error", "registered datasets are not audited"),
+    ({"model": {"kind": "mlp", "hidden": [8]}}, "validation-error", "logistic regression only"),
+    ({"method": "expm_nf"}, "invalid-plan", "delta = 0"),  # a pure method, as for jobs
+    ({"canaries": 20}, "validation-error", "canaries is for one-run audits only"),
+    ({"guesses": 4}, "validation-error", "guesses is for one-run audits only"),
+    ({"dpsgd": {"epochs": 1}}, "validation-error", "dpsgd is for one-run audits only"),
+    ({"canary_kind": "gradient"}, "validation-error", "no gradient canaries"),
+    # expm_nf's estimate (~75 s per model on a 100-row pool, more on larger ones) times M
+    # past the worker's task time limit (3,600 s by default).
+    (
+        {"method": "expm_nf", "delta": 0.0, "shadow_models": 256, "pool": 30_162},
+        "validation-error",
+        "task time limit",
+    ),
+]
 
 
 @pytest.mark.parametrize(
@@ -95,6 +123,11 @@ def test_audits_are_for_the_admin_only(client: Any, keys: Any) -> None:
         ),
         ({"canary_kind": "gradient", "canaries": 106}, "validation-error", "105 parameters"),
         ({"canary_kind": "weights"}, "validation-error", "'input' or 'gradient'"),
+        ({"canaries": None}, "validation-error", "a one-run audit needs canaries"),
+        ({"pool": 300}, "validation-error", "pool is for LiRA audits"),
+        ({"shadow_models": 8}, "validation-error", "shadow_models is for LiRA audits"),
+        ({"attack": "shadow"}, "validation-error", "'one_run' or 'lira'"),
+        *[({**LIRA, **changes}, slug, words) for changes, slug, words in LIRA_REFUSALS],
     ],
 )
 @pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
@@ -108,6 +141,67 @@ def test_bad_audits_are_422_problems_and_store_nothing(
     assert problem["type"] == f"/problems/{slug}"
     assert words in problem["detail"] + str(problem.get("errors", "")), problem
     assert client.get("/v1/admin/audits", headers=auth(keys.admin)).json() == []
+
+
+@pytest.mark.parametrize("method", ["dpsgd", "expm", "expm_nf"])
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_lira_audits_of_every_supported_method_are_accepted(
+    client: Any, keys: Any, method: str
+) -> None:
+    """dpsgd, expm (Langevin) and expm_nf (δ = 0) are queued with the defaults resolved:
+    M = 8, a 500-row pool, and the one-run ceiling of m = 500 known before the run."""
+    body = {"method": method, "epsilon": 1.0, "delta": 0.0 if method == "expm_nf" else 1e-5}
+    r = client.post("/v1/admin/audits", json={**body, "attack": "lira"}, headers=auth(keys.admin))
+    assert r.status_code == 202, r.text
+    config = r.json()["configuration"]
+    assert (config["shadow_models"], config["pool"], config["canaries"]) == (8, 500, None)
+    assert r.json()["ceiling"] == pytest.approx(
+        ceiling(canaries=500, confidence=0.95, delta=body["delta"])
+    )
+
+
+def test_a_tiny_lira_audit_runs_end_to_end(client: Any, keys: Any, settings: Any) -> None:
+    """LiRA (pool 200, 8 models, DP-SGD at ε = 1) through the API, the worker's task and
+    back: the figures are rates and bounds in range, the one-run bound of a held-out
+    target has the 200 pool rows as canaries, and the service's plan is the one run."""
+    r = _post(client, keys.admin, **LIRA)
+    assert r.status_code == 202, r.text
+    queued = r.json()
+    assert queued["status"] == "queued" and queued["configuration"]["attack"] == "lira"
+    assert queued["ceiling"] == pytest.approx(ceiling(canaries=200, confidence=0.95, delta=1e-5))
+    assert execute_audit(queued["id"], settings) == AuditOutcome.done
+    done = client.get(f"/v1/admin/audits/{queued['id']}", headers=auth(keys.admin)).json()
+    assert done["status"] == "done" and done["failure"] is None, done
+    result, lira = done["result"], done["result"]["lira"]
+    # The one-run bound: m = 200 pool rows, r = 40 (the default for m), v right.
+    assert (result["canaries"], result["guesses"], result["rows"]) == (200, 40, 200)
+    assert 0 <= result["correct"] <= 40
+    assert (
+        0.0 <= result["epsilon_lower_bound"] <= result["ceiling"] == pytest.approx(done["ceiling"])
+    )
+    assert (lira["models"], lira["pool"], lira["online"], lira["fixed_variance"]) == (
+        8,
+        200,
+        True,
+        True,  # 7 shadows < 64: one variance per side
+    )
+    assert 0.0 <= lira["auc"] <= 1.0
+    assert [rate["target_fpr"] for rate in lira["rates"]] == [0.001, 0.01]
+    for rate in lira["rates"]:
+        assert 0.0 <= rate["tpr"] <= 1.0 and 0.0 <= rate["fpr"] <= 1.0
+        # The held-out half: the 4 odd-numbered targets' 200 rows each.
+        assert rate["held_out_members"] + rate["held_out_non_members"] == 4 * 200
+        assert 0 <= rate["held_out_true_positives"] <= rate["held_out_members"]
+        assert 0 <= rate["held_out_false_positives"] <= rate["held_out_non_members"]
+        assert 0.0 <= rate["epsilon_lower_bound"] <= lira["epsilon_lower_bound"]
+    assert lira["epsilon_lower_bound"] == max(rate["epsilon_lower_bound"] for rate in lira["rates"])
+    # DP-SGD at ε = 1 is not found above its claim, and the ceiling leaves room above it.
+    assert lira["epsilon_lower_bound"] < 1.0 < lira["ceiling"]
+    assert 0 < lira["train_seconds"] <= done["seconds"]
+    with transaction(engine_for(settings.resolved_database_url)) as s:
+        planned = s.scalars(select(Audit.planned)).one()
+    assert planned == {k: result[k] for k in ("noise_multiplier", "steps", "sampling_rate")}
+    assert planned["noise_multiplier"] > 0 and planned["sampling_rate"] > 0
 
 
 def test_a_small_audit_runs_end_to_end(client: Any, keys: Any, settings: Any) -> None:
@@ -232,7 +326,10 @@ def test_the_dashboard_lists_audits_with_bound_and_ceiling(
     done = _post(client, keys.admin).json()["id"]
     queued = _post(client, keys.admin, canaries=10).json()["id"]
     white = _post(client, keys.admin, canaries=30, canary_kind="gradient").json()["id"]
+    lira = _post(client, keys.admin, **LIRA).json()["id"]
+    lira_queued = _post(client, keys.admin, **{**LIRA, "shadow_models": 4}).json()["id"]
     assert execute_audit(done, settings) == AuditOutcome.done
+    assert execute_audit(lira, settings) == AuditOutcome.done
     assert client.get("/dashboard/audits", follow_redirects=False).status_code == 303
     sign_in(client, keys.admin)
     page = client.get("/dashboard/audits")
@@ -247,6 +344,17 @@ def test_the_dashboard_lists_audits_with_bound_and_ceiling(
     assert "queued" in text and "/dashboard/audits" in client.get("/dashboard").text
     # A gradient-canary audit is marked as such; the black-box ones are not.
     assert white[:8] in text and "<td>30 gradient</td>" in text and "<td>20</td>" in text
+    # A LiRA audit: its pool in the m column, its figures in the LiRA column (TPR at 0.1% /
+    # 1% FPR, AUC, its bound rounded down beside its ceiling rounded up).
+    figures = client.get(f"/v1/admin/audits/{lira}", headers=auth(keys.admin)).json()["result"]
+    lira_figures = figures["lira"]
+    tprs = " / ".join(f"{rate['tpr']:.4f}" for rate in lira_figures["rates"])
+    bound = f"{int(lira_figures['epsilon_lower_bound'] * 100) / 100:.2f}"
+    up = f"{math.ceil(lira_figures['ceiling'] * 100) / 100:.2f}"
+    assert "<td>200 pool rows</td>" in text
+    assert f"<td>8 models; {tprs}; {lira_figures['auc']:.3f}; {bound} ({up})</td>" in text
+    assert lira_queued[:8] in text and "<td>4 models, not yet</td>" in text
+    assert "LiRA" in text and "not evidence of privacy" in text
 
 
 def test_the_migration_adds_and_removes_the_table(settings: Any) -> None:
@@ -309,3 +417,37 @@ def test_an_icu_audit_opens_the_release_gate_of_a_registered_time_series(
     assert done["result"]["epsilon_lower_bound"] <= 4.0
     quote = client.post("/v1/quote", json=job, headers=auth(keys.alice))
     assert quote.status_code == 200 and quote.json()["admitted"], quote.text
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_openapi_documents_the_lira_fields(client: Any) -> None:
+    """/openapi.json: the request's attack (one_run | lira, default one_run), its M and
+    pool with their ranges, canaries optional; the result's LiRA figures and what they
+    mean; a LiRA example body."""
+    schemas = client.get("/openapi.json").json()["components"]["schemas"]
+    request = schemas["AuditRequest"]
+    props = request["properties"]
+    assert (
+        props["attack"]["enum"] == ["one_run", "lira"] and props["attack"]["default"] == "one_run"
+    )
+    assert "Carlini" in props["attack"]["description"]
+    assert "canaries" not in request["required"]
+
+    def bounds(name: str) -> tuple[int, int]:
+        (number,) = [t for t in props[name]["anyOf"] if t.get("type") == "integer"]
+        # This door's types put their bounds as "ge"/"le" (a BeforeValidator before the
+        # Field, as service.params does); a plain Field gives minimum/maximum.
+        return number.get("minimum", number.get("ge")), number.get("maximum", number.get("le"))
+
+    assert (
+        bounds("shadow_models") == (4, 256) and "default 8" in props["shadow_models"]["description"]
+    )
+    assert bounds("pool")[0] == 100 and "default 500" in props["pool"]["description"]
+    assert any(e.get("attack") == "lira" for e in request["examples"])
+    result = schemas["AuditResult"]["properties"]
+    assert "lira" in result and "one-run bound" in result["lira"]["description"]
+    figures = schemas["LiraFigures"]["properties"]
+    assert {"models", "pool", "auc", "rates", "epsilon_lower_bound", "ceiling"} <= set(figures)
+    assert "not a certificate" in figures["epsilon_lower_bound"]["description"]
+    rate = schemas["LiraRate"]["properties"]
+    assert {"target_fpr", "tpr", "fpr", "held_out_true_positives"} <= set(rate)

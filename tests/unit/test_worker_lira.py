@@ -8,12 +8,16 @@ import math
 import pytest
 from pydantic import ValidationError
 
+from service.audits import LIRA_METHODS, AuditRefused, lira_audit_plan
+from service.schemas.audits import AuditRequest
 from worker.lira import (
     CONFIGURATIONS,
+    PURE_METHODS,
     adult_pool,
     lira_plan,
     nonprivate_trainer,
     run_lira,
+    run_lira_audit,
     run_lira_configuration,
 )
 
@@ -61,3 +65,40 @@ def test_plans_are_the_apis(pool) -> None:  # type: ignore[no-untyped-def]
         lira_plan("dpsgd", epsilon=-1.0, delta=1e-5, pool=pool)
     with pytest.raises(ValueError, match="at least 4"):
         run_lira(pool=pool, train=nonprivate_trainer(), models=3, delta=1e-5)
+
+
+@pytest.mark.parametrize("method", LIRA_METHODS)
+def test_the_services_lira_audit_plan_is_the_one_the_worker_runs(method: str) -> None:
+    """service.audits.lira_audit_plan (checked and stored before the run) is
+    worker.lira.lira_plan for the configuration of the method's name (each training's)."""
+    audit_pool = adult_pool(300)
+    delta = 0.0 if method in PURE_METHODS else 1e-5
+    assert CONFIGURATIONS[method][0] == method
+    service = lira_audit_plan(method=method, epsilon=2.0, delta=delta, pool=300)
+    worker = lira_plan(method, epsilon=2.0, delta=delta, pool=audit_pool)
+    assert service.mechanism == worker.mechanism
+    assert (service.epsilon, service.delta, service.model) == (
+        worker.epsilon,
+        worker.delta,
+        worker.model,
+    )
+
+
+def test_a_lira_audit_refuses_what_the_service_refuses() -> None:
+    """The worker checks the stored request again (model_construct: as a row could hold
+    it, without the request type's own checks)."""
+    base = {"method": "dpsgd", "epsilon": 1.0, "delta": 1e-5, "attack": "lira"}
+    for changes, words in [
+        ({"method": "selection"}, "cannot be audited by LiRA"),
+        ({"shadow_models": 3}, "between 4"),
+        ({"pool": 50}, "out of range"),
+        ({"dataset": "icu"}, "pool of public adult"),
+        ({"attack": "one_run"}, "not a LiRA audit"),
+        ({"pool": None}, "not a LiRA audit"),
+    ]:
+        fields = {"shadow_models": 8, "pool": 200, **base, **changes}
+        request = AuditRequest.model_construct(
+            **AuditRequest.model_validate(base).model_dump() | fields
+        )
+        with pytest.raises(AuditRefused, match=words):
+            run_lira_audit(request)
