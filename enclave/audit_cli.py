@@ -2,15 +2,20 @@
 arXiv:2305.08846) of a method and configuration, run here, in-process, on a public dataset
 bundled with the product (worker/audits.py); with ``--via-api``, as an admin job instead
 (POST /v1/admin/audits, run by a worker, listed by the API and the dashboard), waited for
-and printed the same way. Nothing is charged to any budget and nothing is released: the
-admin reads the figure, with the largest figure the same test could show beside it,
-because a small lower bound is not a proof of privacy."""
+and printed the same way. With ``--attack lira``, LiRA membership inference (Carlini et al.
+2022; worker/lira.py) on a pool of public Adult rows instead: TPR at 0.1% and 1% FPR, AUC,
+its ε lower bound beside its ceiling, and the one-run bound of one held-out target.
+Nothing is charged to any budget and nothing is released: the admin reads the figure,
+with the largest figure the same test could show beside it, because a small lower bound
+is not a proof of privacy."""
 
 from __future__ import annotations
 
 import enum
 import math
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Annotated, Any
 
 import typer
@@ -18,8 +23,9 @@ from pydantic import ValidationError
 
 from enclave.errors import fail
 from enclave.jobs_cli import DEFAULT_URL, Api, Url
-from service.audits import round_down, round_up
+from service.audits import LIRA_DEFAULT_MODELS, LIRA_DEFAULT_POOL, round_down, round_up
 from service.privacy.one_run_audit import OneRunBound
+from service.schemas.audits import LiraFigures
 
 
 def audit_sentence(bound: OneRunBound) -> str:
@@ -39,6 +45,25 @@ def _positive(name: str, value: float) -> float:
     return value
 
 
+def lira_sentence(lira: LiraFigures, confidence: float) -> str:
+    """LiRA's figures in one sentence: TPR at the two FPR levels, AUC, and its bound beside
+    its ceiling (rounded down and up)."""
+    rates = ", ".join(f"{r.tpr:.4f} at {r.target_fpr * 100:g}% FPR" for r in lira.rates)
+    return (
+        f"LiRA ({lira.models} models on {lira.pool:,} public Adult rows): TPR {rates}; "
+        f"AUC {lira.auc:.3f}; ε ≥ {round_down(lira.epsilon_lower_bound, 2)} at "
+        f"{confidence * 100:g}% (this test cannot show more than {round_up(lira.ceiling, 2)}; "
+        "it treats one model's rows as independent: not a certificate)"
+    )
+
+
+class AttackChoice(enum.StrEnum):
+    """The request's attack (service.schemas.audits.AuditAttack)."""
+
+    one_run = "one_run"
+    lira = "lira"
+
+
 class CanaryChoice(enum.StrEnum):
     """The request's canary_kind (service.schemas.audits.CanaryKind)."""
 
@@ -55,7 +80,10 @@ def admin_audit(
     ],
     epsilon: Annotated[float, typer.Option(help="The claimed ε of the audited plan.")],
     delta: Annotated[float, typer.Option(help="The claimed δ of the audited plan.")],
-    canaries: Annotated[int, typer.Option(help="m: canaries, each included w.p. 1/2.")],
+    canaries: Annotated[
+        int | None,
+        typer.Option(help="m: canaries, each included w.p. 1/2 (one-run audits; required there)."),
+    ] = None,
     dataset: Annotated[
         str,
         typer.Option(
@@ -77,6 +105,26 @@ def admin_audit(
             "parameters).",
         ),
     ] = CanaryChoice.input,
+    attack: Annotated[
+        AttackChoice,
+        typer.Option(
+            "--attack",
+            help="one_run: the one-run audit with m canaries. lira: LiRA membership "
+            "inference with --shadow-models models on a pool of --pool public Adult rows "
+            "(dpsgd, expm or expm_nf; no --canaries).",
+        ),
+    ] = AttackChoice.one_run,
+    shadow_models: Annotated[
+        int | None,
+        typer.Option(
+            "--shadow-models",
+            help=f"LiRA: M, the models trained (4 to 256; default {LIRA_DEFAULT_MODELS}).",
+        ),
+    ] = None,
+    pool: Annotated[
+        int | None,
+        typer.Option(help=f"LiRA: public Adult rows in the pool (default {LIRA_DEFAULT_POOL})."),
+    ] = None,
     via_api: Annotated[
         bool,
         typer.Option(
@@ -96,31 +144,38 @@ def admin_audit(
         float, typer.Option(min=0, help="With --via-api: give up after this many seconds.")
     ] = 3600.0,
 ) -> None:
-    """Run a one-run privacy audit (one training run) and print ε's lower bound and the
-    test's ceiling. Public data only; nothing is charged or released."""
+    """Run a privacy audit (one-run: one training run; LiRA: M) and print ε's lower bound
+    and the test's ceiling. Public data only; nothing is charged or released."""
     _positive("epsilon", epsilon)
     if not math.isfinite(delta) or delta < 0:  # δ = 0: expm_nf's pure claim
         fail(f"--delta must be a number ≥ 0, got {delta!r}")
     if not 0 < confidence < 1:
         fail(f"--confidence must be in (0, 1), got {confidence!r}")
+    given = {"canaries": canaries, "guesses": guesses, "shadow_models": shadow_models, "pool": pool}
+    body = {
+        "method": method,
+        "epsilon": epsilon,
+        "delta": delta,
+        "dataset": dataset,
+        "model": {"kind": "grud" if dataset == "icu" else "logistic"},
+        "confidence": confidence,
+        "canary_kind": canary_kind.value,
+        "attack": attack.value,
+        **{k: v for k, v in given.items() if v is not None},
+    }
     if via_api:
-        body = {
-            "method": method,
-            "epsilon": epsilon,
-            "delta": delta,
-            "canaries": canaries,
-            "dataset": dataset,
-            "model": {"kind": "grud" if dataset == "icu" else "logistic"},
-            "guesses": guesses,
-            "confidence": confidence,
-            "canary_kind": canary_kind.value,
-        }
         _audit_via_api(Api(url, key), body, timeout)
         return
-    from service.plans import PlanError
-    from worker.audits import AuditRefused, run_one_run_audit
+    if attack == AttackChoice.lira:
+        _lira_here(body)
+        return
+    if canaries is None:
+        fail("--canaries is required by a one-run audit")
+    if shadow_models is not None or pool is not None:
+        fail("--shadow-models and --pool are for LiRA audits (--attack lira) only")
+    from worker.audits import run_one_run_audit
 
-    try:
+    with _refusals():
         audit = run_one_run_audit(
             method=method,
             epsilon=epsilon,
@@ -131,14 +186,6 @@ def admin_audit(
             confidence=confidence,
             canary_kind=canary_kind.value,
         )
-    except AuditRefused as exc:
-        fail(str(exc))
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
-        fail(f"{where}: {first['msg']} (got {first.get('input')!r})")
-    except PlanError as exc:
-        fail(f"no plan for this configuration: {exc}")
     _report(
         audit.bound,
         method=audit.method,
@@ -169,9 +216,16 @@ def _report(
     sampling_rate: float | None,
     seconds: float,
     canary_kind: str = "input",
+    lira: LiraFigures | None = None,
 ) -> None:
-    typer.echo(audit_sentence(b))
+    if lira is not None:
+        typer.echo(lira_sentence(lira, b.confidence))
+        typer.echo(f"one-run bound of one held-out target: {audit_sentence(b)}")
+    else:
+        typer.echo(audit_sentence(b))
     kind = "gradient " if canary_kind == "gradient" else ""
+    if lira is not None:
+        kind = "pool rows as "
     run = [
         f"σ = {noise_multiplier:.4g}" if noise_multiplier is not None else "",
         f"{steps} steps" if steps is not None else "",
@@ -187,6 +241,51 @@ def _report(
 
 
 MODEL_WORDS = {"logistic": "logistic regression", "grud": "GRU-D"}
+
+
+@contextmanager
+def _refusals() -> Iterator[None]:
+    """What the audit refuses, as the command's one-line error (exit 1)."""
+    from service.audits import AuditRefused
+    from service.plans import PlanError
+
+    try:
+        yield
+    except AuditRefused as exc:
+        fail(str(exc))
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        fail(f"{where}: {first['msg']} (got {first.get('input')!r})")
+    except PlanError as exc:
+        fail(f"no plan for this configuration: {exc}")
+
+
+def _lira_here(body: dict[str, Any]) -> None:
+    """A LiRA audit in-process: the request checked as the API checks it (without the
+    worker's time limit), then worker/lira.py's run."""
+    from service.audits import validated
+    from service.schemas.audits import AuditRequest
+    from worker.lira import audit_figures, run_lira_audit
+
+    start = time.perf_counter()
+    with _refusals():
+        request, _ = validated(AuditRequest.model_validate(body))
+        result = run_lira_audit(request)
+    _report(
+        result.one_run,
+        method=request.method,
+        model="logistic",
+        dataset=request.dataset,
+        rows=result.pool,
+        epsilon=request.epsilon,
+        delta=request.delta,
+        noise_multiplier=result.plan.get("noise_multiplier"),
+        steps=result.plan.get("steps"),
+        sampling_rate=result.plan.get("sampling_rate"),
+        seconds=time.perf_counter() - start,
+        lira=audit_figures(result),
+    )
 
 
 def _audit_via_api(api: Api, body: dict[str, Any], timeout: float) -> None:
@@ -224,5 +323,6 @@ def _audit_via_api(api: Api, body: dict[str, Any], timeout: float) -> None:
         sampling_rate=r["sampling_rate"],
         seconds=audit["seconds"],
         canary_kind=config.get("canary_kind", "input"),
+        lira=None if r.get("lira") is None else LiraFigures.model_validate(r["lira"]),
     )
     typer.echo(f"audit {audit['id']} (GET /v1/admin/audits/{audit['id']}, dashboard: Audits)")

@@ -96,3 +96,40 @@ def test_command_runs_a_gradient_canary_audit_on_adult() -> None:
     r = runner.invoke(app, [*base, "--canaries", "20", "--canary-kind", "gradient"])
     assert r.exit_code == 0, r.output
     assert "of 4 guesses right on 20 gradient canaries" in r.output
+
+
+def test_command_runs_a_lira_audit_on_an_adult_pool() -> None:
+    base = ["admin", "audit", "--method", "dpsgd", "--epsilon", "1", "--delta", "1e-5"]
+    r = runner.invoke(app, [*base, "--attack", "lira", "--shadow-models", "8", "--pool", "200"])
+    assert r.exit_code == 0, r.output
+    first, second, third = r.output.strip().splitlines()
+    assert re.fullmatch(
+        r"LiRA \(8 models on 200 public Adult rows\): TPR \d\.\d{4} at 0\.1% FPR, "
+        r"\d\.\d{4} at 1% FPR; AUC \d\.\d{3}; ε ≥ \d+\.\d\d at 95% \(this test cannot show "
+        r"more than \d+\.\d\d; it treats one model's rows as independent: not a certificate\)",
+        first,
+    )
+    assert second.startswith("one-run bound of one held-out target: ε ≥ ")
+    assert second.endswith("with 200 canaries): a lower bound, not a proof")
+    assert "of 40 guesses right on 200 pool rows as canaries" in third
+    assert "σ = " in third and "nothing charged" in third
+
+
+def test_lira_command_refusals() -> None:
+    base = ["admin", "audit", "--epsilon", "1", "--delta", "1e-5", "--attack", "lira"]
+    r = runner.invoke(app, [*base, "--method", "dpsgd", "--canaries", "10"])
+    assert r.exit_code == 1 and "canaries is for one-run audits only" in r.output
+    r = runner.invoke(app, [*base, "--method", "expm_nf"])
+    assert r.exit_code == 1 and "delta = 0" in r.output
+    r = runner.invoke(app, [*base, "--method", "dpsgd", "--dataset", "icu"])
+    assert r.exit_code == 1 and "pool of public adult" in r.output
+    r = runner.invoke(app, [*base, "--method", "dpsgd", "--shadow-models", "2"])
+    assert r.exit_code == 1 and "shadow_models" in r.output
+    r = runner.invoke(app, [*base, "--method", "dpsgd", "--pool", "40000"])
+    assert r.exit_code == 1 and "out of range for adult" in r.output
+    r = runner.invoke(app, [*base[:-2], "--method", "dpsgd", "--pool", "300", "--canaries", "9"])
+    assert r.exit_code == 1 and "for LiRA audits (--attack lira) only" in r.output
+    r = runner.invoke(app, [*base[:-2], "--method", "dpsgd"])
+    assert r.exit_code == 1 and "--canaries is required" in r.output
+    r = runner.invoke(app, [*base[:-2], "--method", "dpsgd", "--attack", "mia"])
+    assert r.exit_code == 2 and "'one_run', 'lira'" in r.output
