@@ -57,6 +57,7 @@ def _audit(
     model: str = "logistic",
     engine: str = "exact",
     method: str = "dpsgd",
+    attack: str = "one_run",
 ) -> str:
     """A finished audit row of the configuration given, as finish_audit writes one."""
     finished = datetime.now(UTC) - timedelta(days=age_days)
@@ -76,6 +77,7 @@ def _audit(
                 "dataset": "adult",
                 "guesses": 200,
                 "confidence": 0.95,
+                "attack": attack,
                 **({"dpsgd": {"epochs": 1, "engine": engine}} if method == "dpsgd" else {}),
             },
             planned={"noise_multiplier": sigma, "steps": 4, "sampling_rate": 0.25},
@@ -193,6 +195,7 @@ def test_bad_gate_values_are_422_and_unknown_datasets_404(
         ({"engine": "ghost"}, "no done audit matches it"),
         ({"model": "mlp"}, "no done audit matches it"),
         ({"sigma_factor": 1.01}, "no done audit matches it"),  # audited at more noise
+        ({"attack": "lira"}, "no done audit matches it"),  # LiRA opens no gate
     ],
 )
 @pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
