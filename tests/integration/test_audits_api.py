@@ -9,6 +9,8 @@ not a value of the bound."""
 from __future__ import annotations
 
 import math
+import threading
+import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -451,3 +453,45 @@ def test_openapi_documents_the_lira_fields(client: Any) -> None:
     assert "not a certificate" in figures["epsilon_lower_bound"]["description"]
     rate = schemas["LiraRate"]["properties"]
     assert {"target_fpr", "tpr", "fpr", "held_out_true_positives"} <= set(rate)
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_the_cli_submits_a_lira_audit_and_prints_its_figures(
+    live: str, keys: Any, settings: Any
+) -> None:
+    """`enclave admin audit --attack lira --via-api` against the API as deployed (uvicorn):
+    it POSTs the LiRA fields and waits; the worker's task runs the audit here; the command
+    then prints LiRA's line, the one-run bound and the audit's id."""
+    from typer.testing import CliRunner
+
+    from enclave.cli import app
+
+    argv = ["admin", "audit", "--method", "dpsgd", "--epsilon", "1", "--delta", "1e-5"]
+    argv += ["--attack", "lira", "--shadow-models", "4", "--pool", "100"]
+    argv += ["--via-api", "--url", live, "--key", keys.admin, "--timeout", "300"]
+    out: dict[str, Any] = {}
+    cli = threading.Thread(target=lambda: out.update(r=CliRunner().invoke(app, argv)))
+    cli.start()
+    engine = engine_for(settings.resolved_database_url)
+    deadline = time.monotonic() + 120
+    while not (ids := _audit_ids(engine)):
+        assert time.monotonic() < deadline and cli.is_alive(), out
+        time.sleep(0.2)
+    assert execute_audit(ids[0], settings) == AuditOutcome.done
+    cli.join(timeout=120)
+    r = out["r"]
+    assert r.exit_code == 0, r.output
+    lines = r.output.strip().splitlines()
+    assert lines[0].startswith("LiRA (4 models on 100 public Adult rows): TPR ")
+    assert "not a certificate" in lines[0]
+    assert lines[1].startswith("one-run bound of one held-out target: ε ≥ ")
+    assert "of 20 guesses right on 100 pool rows as canaries" in lines[2]
+    assert lines[3].startswith(f"audit {ids[0]} ")
+    with transaction(engine) as s:
+        stored = s.scalars(select(Audit.request)).one()
+    assert (stored["attack"], stored["shadow_models"], stored["pool"]) == ("lira", 4, 100)
+
+
+def _audit_ids(engine: Any) -> list[str]:
+    with transaction(engine) as s:
+        return list(s.scalars(select(Audit.id)).all())
