@@ -47,6 +47,7 @@ __all__ = [
     "subsampled_gaussian_rdp_integer_orders",
     "subsampled_gaussian_rdp_on_table",
     "validate_orders",
+    "warm_tables",
 ]
 
 
@@ -381,19 +382,51 @@ class _FracSeriesConstants:
     tail_binom: float  # log |C(α − 1, n − 1)| (the tail bound)
 
 
+@lru_cache(maxsize=512)
 def _frac_series_constants(alpha: float, n: int) -> _FracSeriesConstants:
-    """Cached per (α, n) up to n = 1024 terms (at most ~15 MB): α comes from a fixed grid
-    of orders and n from a few doublings of 256, and the gamma functions of the terms
-    were half of a fractional order's time."""
-    return _cached_constants(alpha, n) if n <= 1024 else _series_constants(alpha, n)
+    """The first n entries of α's table (:func:`_table`), the same floats as a table built
+    for n itself: every array is elementwise in i = 0 … n − 1 (each entry a function of its
+    own i and α), so a longer table's first n entries are the n-term table. The gamma
+    functions of the terms were half of a fractional order's time; an order of a large σ
+    (z0 in the thousands, n up to ``_MAX_FRAC_TERMS``) recomputed ~10⁴ of them per call
+    (issue 26). Remembered per (α, n): views of the table, and the tail's binomial."""
+    table = _small_table(alpha) if n <= _SMALL_TABLE else _large_table(alpha, _capacity(n))
+    out = _FracSeriesConstants(
+        i=table.i[:n],
+        j=table.j[:n],
+        ii=table.ii[:n],
+        jj=table.jj[:n],
+        log_coef=table.log_coef[:n],
+        sign=table.sign[:n],
+        base=table.base[:n],
+        tail_binom=float(_log_abs_binom(alpha - 1.0, np.array([n - 1.0]))[0]),
+    )
+    return out
+
+
+_SMALL_TABLE = 1024
+"""Terms of the tables kept for every order asked (≤ 256 orders: ~15 MB); longer ones
+(up to ``_MAX_FRAC_TERMS``) for the last 16 orders that needed them (~15 MB)."""
+
+
+def _capacity(n: int) -> int:
+    """The power of two ≥ n a large table is built for (so a few sizes serve every n)."""
+    return min(1 << (n - 1).bit_length(), _MAX_FRAC_TERMS)
 
 
 @lru_cache(maxsize=256)
-def _cached_constants(alpha: float, n: int) -> _FracSeriesConstants:
-    return _series_constants(alpha, n)
+def _small_table(alpha: float) -> _FracSeriesConstants:
+    return _table(alpha, _SMALL_TABLE)
 
 
-def _series_constants(alpha: float, n: int) -> _FracSeriesConstants:
+@lru_cache(maxsize=16)
+def _large_table(alpha: float, capacity: int) -> _FracSeriesConstants:
+    return _table(alpha, capacity)
+
+
+def _table(alpha: float, n: int) -> _FracSeriesConstants:
+    """The (α, n)-only parts of the series' first n terms, each by the expression the
+    series used inline."""
     gl_alpha = float(special.gammaln(alpha + 1.0))
     i = np.arange(n, dtype=np.float64)
     j = alpha - i
@@ -485,13 +518,20 @@ def _log_a_fracs(q: float, sigma: float, alphas: tuple[float, ...]) -> list[floa
         group = tuple(alphas[r] for r in rows)
         c = _stacked_constants(group, n)
         i, j = c.i, c.j  # i: 1-D (every row's), j: one row per order
-        parts0 = (i * log_q, j * log_1mq, c.ii / two_s2, special.log_ndtr((z0 - i) / sigma))
-        parts1 = (j * log_q, i * log_1mq, c.jj / two_s2, special.log_ndtr((j - z0) / sigma))
+        parts0: tuple[np.ndarray, ...] = (
+            i * log_q,
+            j * log_1mq,
+            c.ii / two_s2,
+            special.log_ndtr((z0 - i) / sigma),
+        )
+        parts1: tuple[np.ndarray, ...] = (
+            j * log_q,
+            i * log_1mq,
+            c.jj / two_s2,
+            special.log_ndtr((j - z0) / sigma),
+        )
         log_t0 = c.log_coef + sum(parts0)
         log_t1 = c.log_coef + sum(parts1)
-        rel0 = (c.base + sum(np.abs(p) for p in parts0)) * (16.0 * 2.0**-52)
-        rel1 = (c.base + sum(np.abs(p) for p in parts1)) * (16.0 * 2.0**-52)
-        sign = c.sign
 
         m = [
             float(max(a, b))
@@ -502,6 +542,22 @@ def _log_a_fracs(q: float, sigma: float, alphas: tuple[float, ...]) -> list[floa
         shift = np.array(m)[:, None]
         t0 = np.exp(log_t0 - shift)
         t1 = np.exp(log_t1 - shift)
+        # Past the last column with a non-zero term (a large σ: most of the n terms
+        # underflow) the six sums only add zeros, 0 times a sign ±1 or a finite rounding
+        # bound: those columns are left out, with the bounds' parts (speed only). Where a
+        # sign or a bound could be ±inf or NaN there (0·inf = NaN: an order within ~1e-13
+        # of an integer meets a pole of Γ; σ below ~1e-50 overflows i²/(2σ²) and the
+        # arguments of log Φ), every column is kept: the sums are then what they were.
+        base, sign, width = c.base, c.sign, n
+        if c.finite and _bounded_parts(n + max(group), z0, sigma):
+            alive = np.flatnonzero(np.any(t0 != 0.0, axis=0) | np.any(t1 != 0.0, axis=0))
+            width = int(alive[-1]) + 1 if len(alive) else 0
+        if width < n:
+            t0, t1, base, sign = t0[:, :width], t1[:, :width], base[:, :width], sign[:, :width]
+            parts0 = tuple(p[..., :width] for p in parts0)
+            parts1 = tuple(p[..., :width] for p in parts1)
+        rel0 = (base + sum(np.abs(p) for p in parts0)) * (16.0 * 2.0**-52)
+        rel1 = (base + sum(np.abs(p) for p in parts1)) * (16.0 * 2.0**-52)
         sums = fsum_rows(np.concatenate((sign * t0, sign * t1, t0, t1, t0 * rel0, t1 * rel1)))
         k = len(rows)
         for row, (r, alpha) in enumerate(zip(rows, group, strict=True)):
@@ -524,6 +580,19 @@ def _log_a_fracs(q: float, sigma: float, alphas: tuple[float, ...]) -> list[floa
     return out
 
 
+def _bounded_parts(span: float, z0: float, sigma: float) -> bool:
+    """The σ-dependent parts of the series' terms are finite and below 1e100 in magnitude
+    for every i < n and |j| ≤ ``span`` = n + α: i·log q, j·log(1 − q) (|log| ≤ 745 for
+    0 < q < 1), i² − i and j² − j over 2σ², and log Φ of (z0 − i)/σ and (j − z0)/σ
+    (|log Φ(x)| ≤ x²/2 + |x| + 1 for x < 0, by the Mills ratio; 0 ≥ log Φ(x) > −1 for
+    x ≥ 0). So every
+    rounding bound (their sum of magnitudes with a finite table part, times 16·2^-52) is
+    finite."""
+    two_s2 = 2.0 * sigma * sigma
+    reach = (span + abs(z0)) / sigma
+    return two_s2 > 0.0 and span * span / two_s2 < 1e100 and reach < 1e40
+
+
 @dataclass(frozen=True)
 class _StackedConstants:
     """:class:`_FracSeriesConstants` of several orders at one n: the parts that depend on
@@ -537,17 +606,40 @@ class _StackedConstants:
     sign: np.ndarray
     base: np.ndarray
     tail_binom: list[float]
+    finite: bool  # every sign and table bound finite (the columns' parts)
 
 
 def _stacked_constants(alphas: tuple[float, ...], n: int) -> _StackedConstants:
     """Cached per (orders, n) up to n = 1024 (a curve's fractional orders, the few orders
-    of a calibration step; bounded), computed from :func:`_frac_series_constants`."""
-    return _cached_stack(alphas, n) if n <= 1024 else _stack(alphas, n)
+    of a calibration step; bounded), computed from :func:`_frac_series_constants`. Longer
+    series (a large σ: n follows z0, so it is new for each σ) take the first n columns of
+    the orders' stacked tables at the capacity of n (the same floats, elementwise in i;
+    the 2-D columns are a view: the series only adds and multiplies them, into new
+    arrays)."""
+    if n <= _SMALL_TABLE:
+        return _cached_stack(alphas, n)
+    full = _large_stack(alphas, _capacity(n))
+    return _StackedConstants(
+        i=full.i[:n],
+        ii=full.ii[:n],
+        j=full.j[:, :n],
+        jj=full.jj[:, :n],
+        log_coef=full.log_coef[:, :n],
+        sign=full.sign[:, :n],
+        base=full.base[:, :n],
+        tail_binom=[_frac_series_constants(a, n).tail_binom for a in alphas],
+        finite=full.finite,  # of all its columns: of the first n too
+    )
 
 
 @lru_cache(maxsize=128)
 def _cached_stack(alphas: tuple[float, ...], n: int) -> _StackedConstants:
     return _stack(alphas, n)
+
+
+@lru_cache(maxsize=4)
+def _large_stack(alphas: tuple[float, ...], capacity: int) -> _StackedConstants:
+    return _stack(alphas, capacity)
 
 
 def _stack(alphas: tuple[float, ...], n: int) -> _StackedConstants:
@@ -561,6 +653,7 @@ def _stack(alphas: tuple[float, ...], n: int) -> _StackedConstants:
         sign=np.stack([c.sign for c in each]),
         base=np.stack([c.base for c in each]),
         tail_binom=[c.tail_binom for c in each],
+        finite=all(bool(np.isfinite(c.base).all() and np.isfinite(c.sign).all()) for c in each),
     )
     for a in (out.j, out.jj, out.log_coef, out.sign, out.base):
         a.setflags(write=False)
@@ -621,6 +714,28 @@ def subsampled_gaussian_rdp(
     sigma = _check_sigma(noise_multiplier)
     alphas = validate_orders(orders)
     return np.array(_subsampled_gaussian_curve(q, sigma, alphas))
+
+
+def warm_tables(curves: Sequence[float], series: Sequence[float] = ()) -> None:
+    """Build now the order-only tables that :func:`subsampled_gaussian_rdp` and
+    :func:`epsilon_from_rdp` build on first use (the API's start-up, service/app.py
+    ``warm_up``), by the same functions, so the same floats: for the grid ``curves``
+    (curves asked whole: the ledger's) the integer orders' terms and their concatenation,
+    the fractional orders' tables, stacked, and the conversion's constants; for the
+    fractional orders of ``series`` (asked one or a few at a time: calibration's) each
+    order's table.
+    Speed only: a quote that needs a table nobody built yet builds it then."""
+    grid = validate_orders(curves)
+    for a in (*grid, *(validate_orders(series) if series else ())):
+        if not a.is_integer():
+            _frac_series_constants(a, 256)
+    ints = tuple(sorted({int(a) for a in grid if a.is_integer()}))
+    if ints:
+        _flat_integer_terms(ints)
+    fracs = tuple(sorted({a for a in grid if not a.is_integer()}))
+    if fracs:
+        _cached_stack(fracs, 256)
+    _cks_terms(grid)
 
 
 @dataclass(frozen=True)
@@ -774,16 +889,39 @@ def epsilon_from_rdp_on_checked_orders(
         raise ValueError(f"rdp has {len(values)} entries but orders has {len(alphas)}")
     if isinstance(delta, bool) or not (0.0 < float(delta) < 1.0):
         raise ValueError(f"delta must be in (0, 1), got {delta!r}")
-    if any(math.isnan(r) or r < 0.0 for r in values):
+    r = np.array(values, dtype=np.float64)
+    if bool(np.any(np.isnan(r))) or bool(np.any(r < 0.0)):
         raise ValueError("rdp values must be >= 0 and not NaN")
     delta = float(delta)
-    log_delta = math.log(delta)
-    best = math.inf
-    for a, r in zip(alphas, values, strict=True):
-        if math.isinf(r):
-            continue
-        if delta * delta + math.expm1(-r) >= 0.0:
+    # The loop this replaces (issue 26: ~80 orders per calibration step, in Python): for each
+    # order with finite r, in order, return 0.0 if δ² + expm1(−r) ≥ 0, else
+    # ε_α = r + log1p(−1/α) − (log δ + log α)/(α − 1); the result max(0, min ε_α).
+    finite = np.isfinite(r)
+    # δ² + expm1(−r) ≥ 0 needs 1 − e^{−r} ≤ δ², i.e. r ≤ r* = −log(1 − δ²); for r > 2r*
+    # (δ² ≤ 1/2) it fails by at least δ²(1 − δ²) ≥ δ²/2, far beyond any rounding: only the
+    # orders below that are checked, by the expression itself, in order.
+    d2 = delta * delta
+    bound = 2.0 * -math.log1p(-d2) if d2 <= 0.5 else math.inf
+    for i in np.flatnonzero(finite & (r <= bound)).tolist():
+        if d2 + math.expm1(-values[i]) >= 0.0:
             return 0.0
-        eps = r + math.log1p(-1.0 / a) - (log_delta + math.log(a)) / (a - 1.0)
-        best = min(best, eps)
+    log1p_inv, log_alpha, alpha_m1 = _cks_terms(alphas)
+    # the same IEEE operations per order as the loop's expression (elementwise), then the
+    # exact minimum; ±0 cannot matter (max with +0.0 below).
+    eps = r + log1p_inv - (math.log(delta) + log_alpha) / alpha_m1
+    best = float(np.min(eps[finite])) if bool(finite.any()) else math.inf
     return max(0.0, best)
+
+
+@lru_cache(maxsize=512)
+def _cks_terms(alphas: tuple[float, ...]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """log1p(−1/α), log α and α − 1 of each order, by the C library's math functions as
+    the conversion's loop computed them (public constants of the grid, cached)."""
+    out = (
+        np.array([math.log1p(-1.0 / a) for a in alphas]),
+        np.array([math.log(a) for a in alphas]),
+        np.array([a - 1.0 for a in alphas]),
+    )
+    for a in out:
+        a.setflags(write=False)
+    return out

@@ -38,8 +38,8 @@ def test_warm_up_quotes_every_family_and_changes_nothing(settings: Settings, key
     with TestClient(app, raise_server_exceptions=False) as c:
         done = app.state.warm_up
         # every family was quoted on the toy dataset, through routing and planning
-        assert done["ledger"] == "ok"
-        assert len(done) == 1 + len(_WARM_UP_QUOTES)
+        assert done["ledger"] == done["tables"] == "ok"
+        assert len(done) == 2 + len(_WARM_UP_QUOTES)
         assert all(v == "ok" for v in done.values()), done
         assert _ledger_state(settings) == before
         # nothing was counted as a request, and the caller override is gone
@@ -59,11 +59,10 @@ def test_warm_up_without_datasets_still_starts(settings: Settings) -> None:
     app = create_app(settings, run_sweeper=False)
     with TestClient(app, raise_server_exceptions=False) as c:
         done = app.state.warm_up
-        assert done["ledger"] == "ok"
+        assert done["ledger"] == done["tables"] == "ok"
         # no dataset to quote on: each quote is refused (422), none fails the start-up
-        assert {k: v for k, v in done.items() if k != "ledger"} == {
-            k: "status 422" for k in done if k != "ledger"
-        }
+        quotes = {k: v for k, v in done.items() if k not in ("ledger", "tables")}
+        assert quotes == dict.fromkeys(quotes, "status 422")
         assert c.get("/healthz").status_code == 200
 
 

@@ -112,7 +112,10 @@ def rdp_epsilon_of(event: DpEvent, delta: float) -> float:
     leaves = leaf_counts(event)
     rdp_int = _leaf_curves(leaves, _INTEGER_ORDERS, integer=True)
     eps_int = _cks_epsilons(rdp_int, ints, delta)
-    best_i = int(np.nanargmin(eps_int))
+    # np.nanargmin is np.argmin after NaN → +inf (numpy's own definition); without a NaN
+    # the same index, without its ~50 µs of overhead
+    nan = bool(np.isnan(eps_int).any())
+    best_i = int(np.nanargmin(eps_int) if nan else np.argmin(eps_int))
     best = float(ints[best_i])
     window = sorted({best, *(a for a in _FRACTIONAL_ORDERS if best - 1.0 < a < best + 1.0)})
     values: dict[float, tuple[float, float]] = {best: (float(rdp_int[best_i]), eps_int[best_i])}

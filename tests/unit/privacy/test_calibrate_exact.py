@@ -289,6 +289,17 @@ def test_fractional_series_in_one_batch_is_each_orders(
     )
 
 
+def test_fractional_series_in_one_batch_at_the_edges() -> None:
+    """Orders within ~1e-13 of an integer (a pole of Γ: NaN, before as now), σ so small
+    that i²/(2σ²) is huge, σ so large that most terms underflow: each order's float."""
+    orders = (1.5, 1.9999999999999432, 2.9999999999999996, 5.000000000000001, 7.25, 10.9)
+    for sigma in (1e-160, 1e-60, 1e-3, 0.4, 3.0, 25.0, 44.0, 70.0):
+        for q in (1e-5, 0.01, 0.5, 0.999):
+            assert _bits(*rdp._log_a_fracs(q, sigma, orders)) == _bits(
+                *(_log_a_frac_before(q, sigma, a) for a in orders)
+            )
+
+
 @settings(max_examples=150, deadline=None)
 @given(
     log_q=st.floats(-12.0, -0.001),
@@ -387,3 +398,42 @@ def test_walk_computed_ahead_is_the_walk_one_order_at_a_time(
         assert _bits(rdp_epsilon_of(event, delta)) == _bits(
             _rdp_epsilon_one_order_at_a_time(event, delta)
         )
+
+
+def _conversion_before(rdp_values: list[float], alphas: tuple[float, ...], delta: float) -> float:
+    """rdp.epsilon_from_rdp_on_checked_orders' loop as it was before it was vectorised."""
+    log_delta = math.log(delta)
+    best = math.inf
+    for a, r in zip(alphas, rdp_values, strict=True):
+        if math.isinf(r):
+            continue
+        if delta * delta + math.expm1(-r) >= 0.0:
+            return 0.0
+        eps = r + math.log1p(-1.0 / a) - (log_delta + math.log(a)) / (a - 1.0)
+        best = min(best, eps)
+    return max(0.0, best)
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    data=st.data(),
+    log_delta=st.one_of(st.floats(-40.0, -1e-9), st.sampled_from([math.log(0.9999999999999999)])),
+)
+def test_conversion_is_the_loop_it_replaces(data: st.DataObject, log_delta: float) -> None:
+    """The vectorised CKS conversion gives the loop's float: curves with +inf entries,
+    zeros, values at and around the δ² threshold of the (0, δ) shortcut, any δ."""
+    from service.privacy.orders import CALIBRATION_ORDERS, ORDERS
+
+    delta = math.exp(log_delta)
+    alphas = data.draw(st.sampled_from([ORDERS, CALIBRATION_ORDERS, (1.5, 2.0, 256.0)]))
+    threshold = -math.log1p(-delta * delta)
+    value = st.one_of(
+        st.floats(0.0, 50.0),
+        st.floats(0.0, 1e-3),
+        st.just(math.inf),
+        st.just(0.0),
+        st.sampled_from([threshold, math.nextafter(threshold, 1.0), 2.0 * threshold]),
+    )
+    curve = data.draw(st.lists(value, min_size=len(alphas), max_size=len(alphas)))
+    got = rdp.epsilon_from_rdp_on_checked_orders(rdp=curve, alphas=alphas, delta=delta)
+    assert _bits(got) == _bits(_conversion_before(curve, alphas, delta))
