@@ -46,7 +46,7 @@ import numpy as np
 
 __all__ = ["fsum_nonzero", "fsum_rows"]
 
-_LEVELS = 3
+_LEVELS = 4
 """Splitting levels before the remainders go to ``math.fsum`` (speed only: each level
 leaves the entries more than ~2^-(53 − c − 1)·level below the row's largest one)."""
 
