@@ -104,9 +104,9 @@ def rdp_epsilon_of(event: DpEvent, delta: float) -> float:
     finds the full-grid minimum; otherwise the result can only be larger (still sound).
 
     Speed (issue 26): the walk's orders are computed a few at a time, ahead of it
-    (:class:`_Ahead`: one batched series for the orders it is expected to visit); only the
-    orders the walk asks for enter the result, so it is the one the walk one order at a
-    time gives.
+    (:class:`_Ahead`: one batched series for the orders it is expected to visit, guessed
+    from where the last walk from the same α* ended); only the orders the walk asks for
+    enter the result, so it is the one the walk one order at a time gives.
     """
     ints = np.asarray(_INTEGER_ORDERS, dtype=np.float64)
     leaves = leaf_counts(event)
@@ -120,7 +120,7 @@ def rdp_epsilon_of(event: DpEvent, delta: float) -> float:
     window = sorted({best, *(a for a in _FRACTIONAL_ORDERS if best - 1.0 < a < best + 1.0)})
     values: dict[float, tuple[float, float]] = {best: (float(rdp_int[best_i]), eps_int[best_i])}
     at = window.index(best)
-    ahead = _Ahead(leaves, delta, window, at, _vertex(eps_int, best_i))
+    ahead = _Ahead(leaves, delta, window, at, _LAST_END.get(best))
 
     def value(a: float) -> float:
         if a not in values:
@@ -134,25 +134,17 @@ def rdp_epsilon_of(event: DpEvent, delta: float) -> float:
             i += direction
         if i != at:
             break  # went downhill one way; for a unimodal ε the other way goes up
+    _LAST_END[best] = i - at
     frac = sorted(a for a in values if a != best)
     orders = _INTEGER_ORDERS_F + tuple(frac)  # floats > 1 of CALIBRATION_ORDERS: valid
     rdp = np.concatenate((rdp_int, np.array([values[a][0] for a in frac])))
     return epsilon_from_rdp_on_checked_orders(rdp=rdp.tolist(), alphas=orders, delta=delta)
 
 
-def _vertex(eps_int: np.ndarray, best_i: int) -> float | None:
-    """Where the parabola through the integer orders' ε at α* − 1, α*, α* + 1 has its
-    minimum, as an offset from α* (a guess of where the walk ends; speed only), or None
-    without both neighbours one apart."""
-    if not 0 < best_i < len(_INTEGER_ORDERS) - 1:
-        return None
-    if _INTEGER_ORDERS[best_i + 1] - _INTEGER_ORDERS[best_i - 1] != 2:
-        return None
-    lo, mid, hi = (float(eps_int[best_i + d]) for d in (-1, 0, 1))
-    curvature = lo - 2.0 * mid + hi
-    if not (math.isfinite(curvature) and curvature > 0.0):
-        return None
-    return max(-1.0, min(1.0, 0.5 * (lo - hi) / curvature))
+_LAST_END: dict[float, int] = {}
+"""Per best integer order α*, where the last walk from it ended (grid steps from α*): the
+σ searches evaluate nearby σ one after another, whose walks end alike (a guess for the
+orders computed ahead; speed only, whatever another thread writes here)."""
 
 
 _AHEAD_MARGIN = 2
@@ -173,12 +165,12 @@ class _Ahead:
         delta: float,
         window: list[float],
         at: int,
-        vertex: float | None,
+        last_end: int | None,
     ) -> None:
         self.leaves, self.delta, self.window, self.at = leaves, delta, window, at
         self.log_delta = math.log(delta)
         self.batched = all(isinstance(leaf, PoissonSubsampledGaussianEvent) for leaf in leaves)
-        self.vertex = vertex
+        self.last_end = last_end
         self.direction = -1
         self.known: dict[float, tuple[float, float]] = {}
 
@@ -193,12 +185,12 @@ class _Ahead:
         p = window.index(a)
         if not self.known and p == at - 1:  # the walk's first order
             positions = [at - 1, at + 1]
-            if self.vertex is None:
+            if self.last_end is None:
                 positions += [at - 2, at + 2]
-            else:  # to the guessed end (grid steps of 0.1 near α*) and a little past it
-                steps = round(abs(self.vertex) * 10.0) + _AHEAD_MARGIN
-                side = -1 if self.vertex < 0.0 else 1
-                positions += [at + side * s for s in range(2, steps + 2)]
+            else:  # to where the last walk from α* ended, and a little past it
+                side = -1 if self.last_end < 0 else 1
+                reach = abs(self.last_end) + _AHEAD_MARGIN
+                positions += [at + side * s for s in range(2, reach + 1)]
         else:
             positions = [p + self.direction * s for s in range(_AHEAD_MARGIN + 1)]
         picked = [window[i] for i in positions if 0 <= i < len(window) and i != at]

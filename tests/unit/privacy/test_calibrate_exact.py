@@ -437,3 +437,21 @@ def test_conversion_is_the_loop_it_replaces(data: st.DataObject, log_delta: floa
     curve = data.draw(st.lists(value, min_size=len(alphas), max_size=len(alphas)))
     got = rdp.epsilon_from_rdp_on_checked_orders(rdp=curve, alphas=alphas, delta=delta)
     assert _bits(got) == _bits(_conversion_before(curve, alphas, delta))
+
+
+def test_walk_is_the_same_whatever_the_last_walks_left() -> None:
+    """The guess from earlier walks (rdp_epsilon._LAST_END) only chooses what is computed
+    ahead: wrong guesses, none, or every order of the window give the same ε."""
+    from service.privacy.calibrate import rdp_epsilon as m
+    from service.privacy.events import PoissonSubsampledGaussianEvent
+
+    cases = [(0.01, 0.9, 300, 1e-5), (256 / 26049, 1.4, 2000, 1e-6), (0.05, 3.0, 50, 1e-8)]
+    for q, sigma, steps, delta in cases:
+        event = PoissonSubsampledGaussianEvent(sampling_rate=q, noise_multiplier=sigma, steps=steps)
+        want = _rdp_epsilon_one_order_at_a_time(event, delta)
+        for hint in (None, -9, -3, 0, 4, 9, 30):
+            m._LAST_END.clear()
+            if hint is not None:
+                m._LAST_END.update(dict.fromkeys(m._INTEGER_ORDERS_F, hint))
+            rdp._subsampled_gaussian_curve.cache_clear()
+            assert _bits(m.rdp_epsilon_of(event, delta)) == _bits(want)
