@@ -312,7 +312,7 @@ def main() -> None:
                 rows.append(
                     {
                         "what": label,
-                        "fresh": fresh[label],
+                        "fresh": fresh.get(label, []),
                         "fresh_old": fresh_old.get(label, []),
                         "cold": cold,
                         "cold_old": cold_old,
