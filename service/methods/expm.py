@@ -142,7 +142,7 @@ def hidden_langevin_defaults(
         digits = 10.0 ** (math.floor(math.log10(raw)) - 2)
         lr = math.floor(raw / digits * (1 - 1e-12)) * digits
         lr = float(f"{lr:.3g}")
-    try:
+    try:  # the contraction depends on neither the width nor the grid: one input per class
         chain = LatticeLangevin(
             public_n_rows=n_rows,
             max_rows=max_rows,

@@ -155,6 +155,7 @@ __all__ = [
     "amplification",
     "contraction_factor",
     "effective_noise_multiplier",
+    "gaussian_sigma_for_epsilon",
     "hidden_langevin_epsilon",
     "hidden_langevin_rdp",
     "logistic_regression_problem",
@@ -382,6 +383,32 @@ def _gaussian_epsilon(sigma_eff: float, delta: float, orders: Sequence[float]) -
     return epsilon_from_rdp(rdp=alphas / (2.0 * sigma_eff * sigma_eff), orders=orders, delta=delta)
 
 
+def gaussian_sigma_for_epsilon(
+    *, epsilon: float, delta: float, orders: Sequence[float], rel_tol: float = 1e-6
+) -> float:
+    """The smallest σ_eff (to ``rel_tol``; the upper end of the bracket, so it always meets
+    the target) of ONE Gaussian mechanism whose RDP curve α/(2σ_eff²) converts to ε at δ by
+    :func:`~service.privacy.rdp.epsilon_from_rdp` over ``orders``: bisection on log σ_eff
+    (ε is decreasing in σ_eff)."""
+    eps = _positive("epsilon", epsilon)
+    if isinstance(delta, bool) or not (0.0 < float(delta) < 1.0):
+        raise ValueError(f"delta must be in (0, 1), got {delta!r}")
+    lo, hi = 1e-3, 1.0
+    while _gaussian_epsilon(hi, delta, orders) > eps:
+        lo, hi = hi, hi * 2.0
+        if hi > 1e12:
+            raise ValueError(f"ε = {eps!r} at δ = {delta!r} needs σ_eff > 1e12")
+    if _gaussian_epsilon(lo, delta, orders) <= eps:
+        raise ValueError(f"ε = {eps!r} is reached without noise (σ_eff < 1e-3)")
+    while hi / lo > 1.0 + rel_tol:
+        mid = math.sqrt(lo * hi)
+        if _gaussian_epsilon(mid, delta, orders) <= eps:
+            hi = mid
+        else:
+            lo = mid
+    return hi
+
+
 def noise_for_epsilon(
     *,
     problem: HiddenLangevinProblem,
@@ -396,30 +423,15 @@ def noise_for_epsilon(
     Gaussian mechanism, by bisection on log σ_eff (ε is decreasing in σ_eff), then
     σ = σ_eff·(1 + 2nE/L)·√A(c, K). The returned σ always meets the target (the upper
     end of the bracket is kept); the answer's ``epsilon`` is recomputed from it."""
-    eps = _positive("epsilon", epsilon)
-    if isinstance(delta, bool) or not (0.0 < float(delta) < 1.0):
-        raise ValueError(f"delta must be in (0, 1), got {delta!r}")
     alphas = validate_orders(orders)
     factor = problem.amplification_at(steps)
-    lo, hi = 1e-3, 1.0
-    while _gaussian_epsilon(hi, delta, alphas) > eps:
-        lo, hi = hi, hi * 2.0
-        if hi > 1e12:
-            raise ValueError(f"ε = {eps!r} at δ = {delta!r} needs σ_eff > 1e12")
-    if _gaussian_epsilon(lo, delta, alphas) <= eps:
-        raise ValueError(f"ε = {eps!r} is reached without noise (σ_eff < 1e-3)")
-    while hi / lo > 1.0 + rel_tol:
-        mid = math.sqrt(lo * hi)
-        if _gaussian_epsilon(mid, delta, alphas) <= eps:
-            hi = mid
-        else:
-            lo = mid
+    hi = gaussian_sigma_for_epsilon(epsilon=epsilon, delta=delta, orders=alphas, rel_tol=rel_tol)
     sigma = hi * problem.shift_inflation * math.sqrt(factor) * (1.0 + 4 * _ROUND_UP)
     achieved = hidden_langevin_epsilon(
         problem=problem, noise_multiplier=sigma, steps=steps, delta=delta, orders=alphas
     )
-    if achieved > eps:  # cannot happen with the rounding above; never return a σ that fails
-        raise ArithmeticError(f"calibration missed: ε = {achieved!r} > {eps!r}")
+    if achieved > epsilon:  # cannot happen with the rounding above; never return a σ that fails
+        raise ArithmeticError(f"calibration missed: ε = {achieved!r} > {epsilon!r}")
     return HiddenLangevinNoise(
         noise_multiplier=sigma,
         effective_noise_multiplier=hi,

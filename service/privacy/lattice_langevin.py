@@ -134,7 +134,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from service.privacy.hidden_langevin import GAUSSIAN_ORDERS, _amplification
+from service.privacy.hidden_langevin import (
+    GAUSSIAN_ORDERS,
+    _amplification,
+    gaussian_sigma_for_epsilon,
+)
 from service.privacy.rdp import epsilon_from_rdp, validate_orders
 
 __all__ = [
@@ -315,23 +319,13 @@ class LatticeLangevin:
         rel_tol: float = 1e-6,
     ) -> float:
         """The smallest σ (to ``rel_tol``, rounded up) whose curve α·Φ²/(2σ²) converts to
-        ε at δ (:func:`~service.privacy.rdp.epsilon_from_rdp`, minimised over ``orders``)."""
+        ε at δ (:func:`~service.privacy.rdp.epsilon_from_rdp`, minimised over ``orders``):
+        σ_eff of one Gaussian mechanism
+        (:func:`~service.privacy.hidden_langevin.gaussian_sigma_for_epsilon`), times Φ."""
         alphas = validate_orders(orders)
-        one = np.asarray(alphas, dtype=np.float64) / 2.0
-
-        def eps_at(sigma_eff: float) -> float:
-            return float(epsilon_from_rdp(rdp=one / sigma_eff**2, orders=alphas, delta=delta))
-
-        lo, hi = 1e-3, 1.0
-        while eps_at(hi) > epsilon:
-            lo, hi = hi, hi * 2.0
-            if hi > 1e12:
-                raise ValueError(f"ε = {epsilon!r} needs an effective σ above 1e12")
-        if eps_at(lo) <= epsilon:
-            raise ValueError(f"ε = {epsilon!r} is reached without noise")
-        while hi / lo > 1.0 + rel_tol:
-            mid = math.sqrt(lo * hi)
-            lo, hi = (lo, mid) if eps_at(mid) <= epsilon else (mid, hi)
+        hi = gaussian_sigma_for_epsilon(
+            epsilon=epsilon, delta=delta, orders=alphas, rel_tol=rel_tol
+        )
         sigma = hi * self.inflation(steps) * (1.0 + 4 * _ROUND_UP)
         curve = self.rdp(noise_multiplier=sigma, steps=steps, orders=alphas)
         if epsilon_from_rdp(rdp=curve, orders=alphas, delta=delta) > epsilon:

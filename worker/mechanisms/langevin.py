@@ -371,7 +371,8 @@ class ExactRowSums:
         self._blocks = (
             tuple((int(a), int(b)) for a, b in one_hot) if x_int.device.type == "cpu" else ()
         )
-        self._dense_columns = _dense_columns(self.parameters, self._blocks)
+        # One index tensor, made once: the steps' products read it every time.
+        self._dense_columns = torch.tensor(_dense_columns(self.parameters, self._blocks))
         self._unit = 2.0**feature_bits
         self.classes = classes
         self._residuals = _residuals if classes == 1 else _softmax_residuals
@@ -450,7 +451,7 @@ class ExactRowSums:
             weights = np.tile(columns[:, k], index.shape[0])  # block by block, as index.ravel()
             sums[:, k] = np.bincount(index.ravel(), weights=weights, minlength=self.parameters + 1)
         out = (sums[: self.parameters] * self._unit).reshape((self.parameters, *r.shape[1:]))
-        out[self._dense_columns] = (backward @ r_int).numpy()
+        out[self._dense_columns.numpy()] = (backward @ r_int).numpy()
         return torch.from_numpy(out)
 
     def residuals(self, theta_int: torch.Tensor) -> torch.Tensor:
@@ -565,6 +566,51 @@ def checked_rows(
     return x_int, y
 
 
+@contextmanager
+def threaded_row_sums(
+    data: TabularTrainingSet,
+    *,
+    device: torch.device,
+    feature_bits: int,
+    residual_bits: int,
+    theta_bits: int,
+    norm_sq_bound: int,
+    parameters: int,
+    classes: int,
+) -> Iterator[tuple[ExactRowSums, ThreadPoolExecutor | None]]:
+    """A release's prepared sums and the threads to compute them on, for both Langevin
+    chains: the rows after :func:`checked_rows`, in :class:`ExactRowSums` with as many parts
+    as the worker's threads (ENCLAVE_WORKER_THREADS, a public setting; one off the CPU) and
+    the data's public one-hot blocks; with several threads, a pool of them and torch at one
+    intra-op thread while the block runs."""
+    x_int, y = checked_rows(
+        data,
+        device=device,
+        feature_bits=feature_bits,
+        norm_sq_bound=norm_sq_bound,
+        parameters=parameters,
+        classes=classes,
+    )
+    threads = torch.get_num_threads() if device.type == "cpu" else 1
+    sums = ExactRowSums(
+        x_int,
+        y,
+        feature_bits=feature_bits,
+        residual_bits=residual_bits,
+        theta_bits=theta_bits,
+        parts=threads,
+        classes=classes,
+        one_hot=data.one_hot_blocks or (),
+    )
+    del x_int  # the prepared copy is all the steps read
+    with ExitStack() as stack:
+        pool = None
+        if threads > 1:
+            pool = stack.enter_context(ThreadPoolExecutor(max_workers=threads))
+            stack.enter_context(single_threaded_kernels())
+        yield sums, pool
+
+
 def sample_langevin(
     *,
     params: LangevinParams,
@@ -577,39 +623,23 @@ def sample_langevin(
     """One release: θ_T (d + 1,) float64 on the CPU, weights then bias; for K classes
     (d + 1, K), column k class k's weights then bias."""
     total = params.steps if total is None else total
-    x_int, y = checked_rows(
-        data,
-        device=device,
-        feature_bits=params.feature_bits,
-        norm_sq_bound=params.row_norm_sq_bound,
-        parameters=params.parameters,
-        classes=params.classes,
-    )
+    b, m = theta_bits(feature_bits=params.feature_bits, parameters=params.inputs)
     noise = NoiseStream(rng=secure_rng(), size=params.parameters, steps=params.steps)
     scale = params.noise_multiplier * params.sensitivity
     unit = 2.0 ** -(params.residual_bits + params.feature_bits)
     step_size = params.learning_rate / params.public_n_rows
-    b, m = theta_bits(feature_bits=params.feature_bits, parameters=params.inputs)
-    # As many parts as the worker's threads (ENCLAVE_WORKER_THREADS), a public setting.
-    threads = torch.get_num_threads() if device.type == "cpu" else 1
-    sums = ExactRowSums(
-        x_int,
-        y,
+    shape = (params.parameters,) if params.classes == 1 else (params.inputs, params.classes)
+    theta = torch.zeros(shape, dtype=torch.float64, device=device)
+    with threaded_row_sums(
+        data,
+        device=device,
         feature_bits=params.feature_bits,
         residual_bits=params.residual_bits,
         theta_bits=b,
-        parts=threads,
+        norm_sq_bound=params.row_norm_sq_bound,
+        parameters=params.parameters,
         classes=params.classes,
-        one_hot=data.one_hot_blocks or (),
-    )
-    del x_int  # the prepared copy is all the steps read
-    shape = (params.parameters,) if params.classes == 1 else (params.inputs, params.classes)
-    theta = torch.zeros(shape, dtype=torch.float64, device=device)
-    with ExitStack() as stack:
-        pool = None
-        if threads > 1:
-            pool = stack.enter_context(ThreadPoolExecutor(max_workers=threads))
-            stack.enter_context(single_threaded_kernels())
+    ) as (sums, pool):
         for step in range(1, params.steps + 1):
             summed = sums.gradient_sum(quantised_theta(theta, bits=b, limit_bits=m), pool=pool)
             step_noise = noise.draw(scale=scale, same_scale_ahead=params.steps - step + 1)

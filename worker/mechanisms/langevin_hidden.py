@@ -26,8 +26,6 @@ residuals (with langevin.py's exact per-row residual check), the same elementwis
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
-from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,11 +38,9 @@ from worker.mechanisms.base import MechanismOutput, PlanMismatch, ProgressFn, Ta
 from worker.mechanisms.dpsgd import NoiseStream
 from worker.mechanisms.guards import GuardFailed
 from worker.mechanisms.langevin import (
-    ExactRowSums,
-    checked_rows,
     logistic_releases,
     run_expm_langevin,
-    single_threaded_kernels,
+    threaded_row_sums,
 )
 from worker.noise import secure_rng
 
@@ -108,26 +104,6 @@ def sample_hidden_langevin(
         # The plan's contraction constant covers at most max_rows rows (the schema's
         # public cap, which registration checked): refuse before any step.
         raise GuardFailed("expm langevin (hidden): more rows than the schema's max_rows")
-    x_int, y = checked_rows(
-        data,
-        device=torch.device("cpu"),
-        feature_bits=c,
-        norm_sq_bound=chain.row_norm_sq_bound,
-        parameters=chain.parameters,
-        classes=chain.classes,
-    )
-    threads = torch.get_num_threads()
-    sums = ExactRowSums(
-        x_int,
-        y,
-        feature_bits=c,
-        residual_bits=a,
-        theta_bits=b,
-        parts=threads,
-        classes=chain.classes,
-        one_hot=data.one_hot_blocks or (),
-    )
-    del x_int
     scale = chain.noise_scale(params.noise_multiplier)
     noise = NoiseStream(rng=secure_rng(), size=chain.parameters, steps=params.steps)
     rho, g, limit = chain.rho, chain.g, float(2**m)
@@ -135,11 +111,16 @@ def sample_hidden_langevin(
     x = np.zeros(shape, dtype=np.float64)  # integers, |x_j| ≤ 2^m < 2^53
     v = np.empty_like(x)
     gg = np.empty_like(x)
-    with ExitStack() as stack:
-        pool = None
-        if threads > 1:
-            pool = stack.enter_context(ThreadPoolExecutor(max_workers=threads))
-            stack.enter_context(single_threaded_kernels())
+    with threaded_row_sums(
+        data,
+        device=torch.device("cpu"),
+        feature_bits=c,
+        residual_bits=a,
+        theta_bits=b,
+        norm_sq_bound=chain.row_norm_sq_bound,
+        parameters=chain.parameters,
+        classes=chain.classes,
+    ) as (sums, pool):
         for step in range(1, params.steps + 1):
             summed = sums.gradient_sum(torch.from_numpy(x), pool=pool).numpy()
             # v = fl(fl(ρ·x) − fl(g·G)): G's int64 entries are below 2^53 (exact as floats).
@@ -154,7 +135,7 @@ def sample_hidden_langevin(
     return torch.from_numpy(np.ldexp(x, -b))
 
 
-def run_expm_hidden_langevin(
+def run_langevin_plan(
     *,
     spec: ModelSpec,
     mechanism: dict[str, Any],
@@ -163,8 +144,20 @@ def run_expm_hidden_langevin(
     device: torch.device,
     progress: ProgressFn,
 ) -> MechanismOutput:
-    """`samples` independent lattice chains (each charged by the plan), as logistic state
-    dicts (binary or K-class). The chain runs on the CPU (numpy update; ``device`` unused)."""
+    """The registry's entry for ``expm`` with the Langevin sampler: for a plan charged by
+    the hidden-iterate bound (``accounting: "hidden"``), `samples` independent lattice
+    chains (each charged by the plan; on the CPU: the update is numpy's) as logistic state
+    dicts, binary or K-class; else the composition-charged chains of
+    worker/mechanisms/langevin.py."""
+    if mechanism.get("accounting") != "hidden":
+        return run_expm_langevin(
+            spec=spec,
+            mechanism=mechanism,
+            samples=samples,
+            data=data,
+            device=device,
+            progress=progress,
+        )
     params = HiddenLangevinParams.from_plan(mechanism)
 
     def chain(done: int, total: int) -> torch.Tensor:
@@ -179,27 +172,4 @@ def run_expm_hidden_langevin(
         samples=samples,
         steps=params.steps,
         chain=chain,
-    )
-
-
-def run_langevin_plan(
-    *,
-    spec: ModelSpec,
-    mechanism: dict[str, Any],
-    samples: int,
-    data: TabularTrainingSet,
-    device: torch.device,
-    progress: ProgressFn,
-) -> MechanismOutput:
-    """The registry's entry for ``expm`` with the Langevin sampler: the lattice chain for a
-    plan charged by the hidden-iterate bound (``accounting: "hidden"``), else the
-    composition-charged chain of worker/mechanisms/langevin.py."""
-    run = run_expm_hidden_langevin if mechanism.get("accounting") == "hidden" else run_expm_langevin
-    return run(
-        spec=spec,
-        mechanism=mechanism,
-        samples=samples,
-        data=data,
-        device=device,
-        progress=progress,
     )
