@@ -726,14 +726,14 @@ def _screen_rest(plan: _GaussianPlan, n: IntArray, offset: float) -> FloatArray:
 
 
 @lru_cache(maxsize=32)
-def _low_interval(scale: float, offset: float, min_abs: int) -> tuple[int, int]:
+def _low_interval(scale: float, offset: float, min_abs: int, margin: float) -> tuple[int, int]:
     """Integers [lo, hi] (lo > hi if none) containing every min_abs ≤ |k| ≤ K with G(k) < width
     (|k| < min_abs is never proposed, and F = ``offset`` is a max over |k| ≥ min_abs only), G the
     exact real k²/(2s²) − k/t + F (F = ``offset``): outside it Γ̂ ≥ G − D ≥ 0 (module docstring,
     Screen). G = (k − k*)²/(2s²) + G(k*), k* = s²/t, so the set is k* ± r with r² = 2s²(width −
     G(k*)); r is computed in float (error ≪ 1 for r < 2^50) and padded by 2 on each side."""
     plan = _gaussian_plan(scale)
-    screen = _screen_constants(scale, plan.cap, _ACCEPT_MARGIN)
+    screen = _screen_constants(scale, plan.cap, margin)
     assert screen is not None  # only called where the screen runs
     s, f = Fraction(scale), Fraction(offset)
     centre = s * s / plan.t
@@ -749,11 +749,11 @@ _LOW_CHECK_MAX = 1 << 16
 
 
 @lru_cache(maxsize=32)
-def _checked_low_interval(scale: float, offset: float, min_abs: int) -> bool:
+def _checked_low_interval(scale: float, offset: float, min_abs: int, margin: float) -> bool:
     """Evaluates Γ̂ on all of `_low_interval` when it spans ≤ `_LOW_CHECK_MAX` integers
     (`_exponent_parts` raises if any Γ̂ < 0) and says whether it did: then no draw needs the
     check again."""
-    lo, hi = _low_interval(scale, offset, min_abs)
+    lo, hi = _low_interval(scale, offset, min_abs, margin)
     if hi - lo + 1 > _LOW_CHECK_MAX:
         return False
     if hi >= lo:
@@ -779,8 +779,8 @@ def _accept_screened(
     screen = _screen_constants(plan.scale, plan.cap, _ACCEPT_MARGIN)
     if screen is None:
         return _accept_full(rng, plan, lead, u, k_abs, offset, needed)
-    if not _checked_low_interval(plan.scale, offset, min_abs):
-        lo, hi = _low_interval(plan.scale, offset, min_abs)
+    if not _checked_low_interval(plan.scale, offset, min_abs, _ACCEPT_MARGIN):
+        lo, hi = _low_interval(plan.scale, offset, min_abs, _ACCEPT_MARGIN)
         low = np.flatnonzero((k_abs >= lo) & (k_abs <= hi))
         if low.size:
             _exponent_parts(plan, k_abs[low], offset)  # raises if any Γ̂ < 0
@@ -1131,7 +1131,7 @@ def _propose_rounded(
 ) -> IntArray:
     """The accepted values among ``size`` proposals (module docstring, steps 1-2), in stream
     order, in chunks of `_CHUNK` (the chunks are consecutive stretches of one i.i.d. stream)."""
-    fast = _fast_tables(plan.scale) if min_abs == 0 and offset is None else None
+    fast = _fast_tables(plan.scale, _ACCEPT_MARGIN) if min_abs == 0 and offset is None else None
     if fast is not None:
         out = np.empty(size, dtype=np.int64)
         work, filled = _Workspace(min(size, _CHUNK)), 0
@@ -1209,16 +1209,18 @@ class _FastTables:
 
 
 @lru_cache(maxsize=16)
-def _fast_tables(scale: float) -> _FastTables | None:
+def _fast_tables(scale: float, margin: float) -> _FastTables | None:
     """Tables of the fast path, or None where it does not apply: the scale has an exponent
     table (s ≤ 3276.8), the screen does not run, U needs a second word (j > 31), or the
-    region where Γ̂ ≥ 0 needs checking per draw is too wide to check once."""
+    region where Γ̂ ≥ 0 needs checking per draw is too wide to check once. The margin is an
+    argument (`_ACCEPT_MARGIN` at every call) so that the cache is keyed on it: a test that widens
+    the margin must not get tables built for another one."""
     plan = _gaussian_plan(scale)
-    screen = _screen_constants(scale, plan.cap, _ACCEPT_MARGIN)
+    screen = _screen_constants(scale, plan.cap, margin)
     prop = _proposal_plan(plan.t, plan.cap)
     if plan.table_whole is not None or screen is None or prop.shift > 31:
         return None
-    if not _checked_low_interval(scale, plan.offset, 0):
+    if not _checked_low_interval(scale, plan.offset, 0, margin):
         return None
     v = np.arange(prop.v_stop + 1, dtype=np.int64)
     rest = _screen_rest(plan, v << prop.shift, plan.offset)

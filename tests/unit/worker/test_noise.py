@@ -672,7 +672,11 @@ def test_rounded_gaussian_through_the_exact_path(
     monkeypatch: pytest.MonkeyPatch, scale: float
 ) -> None:
     """A wide margin (2^-4 instead of 2^-20) sends ~1/10 of the acceptance decisions to the
-    exact integer path: the output law must not change."""
+    exact integer path: the output law must not change. A draw at the default margin first
+    fills the caches keyed by scale: the wider margin must still take effect (it did not when
+    the fast path's tables were cached by scale alone, and CI failed whenever another test had
+    drawn at 1e6 first in the same process)."""
+    rounded_gaussian(secure_rng(), scale=scale, size=1000)
     monkeypatch.setattr(noise, "_ACCEPT_MARGIN", 2.0**-4)
     calls = 0
     real = noise._below_exp_neg
@@ -813,7 +817,7 @@ def test_low_interval_holds_every_k_where_the_screen_cannot_show_a_positive_expo
     offset = plan.offset + shift
     screen = noise._screen_constants(scale, plan.cap, noise._ACCEPT_MARGIN)
     assert screen is not None
-    lo, hi = noise._low_interval(scale, offset, 0)
+    lo, hi = noise._low_interval(scale, offset, 0, noise._ACCEPT_MARGIN)
     s, f, width = Fraction(scale), Fraction(offset), Fraction(screen[0])
 
     def g(k: int) -> Fraction:

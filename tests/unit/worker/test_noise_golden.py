@@ -181,7 +181,7 @@ def test_fast_chunk_equals_the_general_chunk(
     path (counted: both paths run it equally often, and at least once)."""
     plan = noise._gaussian_plan(scale)
     prop = noise._proposal_plan(plan.t, plan.cap)
-    fast = noise._fast_tables(scale)
+    fast = noise._fast_tables(scale, noise._ACCEPT_MARGIN)
     assert fast is not None
     words = _crafted_words(scale, size, seed=int(scale) % 1000 + size)
     exact_calls = [0]
