@@ -79,3 +79,32 @@ def test_max_rows_is_validated_with_the_schema() -> None:
         with pytest.raises(ValueError):
             parse_schema({**SMALL_SCHEMA, "max_rows": bad})
     assert parse_schema({**SMALL_SCHEMA, "max_rows": 500}).max_rows == 500
+
+
+def test_a_hidden_job_at_epsilon_1e_3_is_quoted_charged_and_released(
+    client: Any, keys: Any, settings: Any
+) -> None:
+    """ε = 1e-3 (refused before issue 24's large orders: the RDP conversion stopped at order
+    1024, where a Gaussian cannot go below ε ≈ 0.011 at δ = 1e-5): admitted, the plan's
+    event is (1e-3, 1e-5)-DP by the same conversion, the ledger is charged, the job
+    releases a proven model."""
+    from service.privacy.calibrate import epsilon_for
+    from service.privacy.events import event_from_json
+
+    _register_capped(settings, cap=440)
+    body = {"dataset": "capped", **HIDDEN, "epsilon": 1e-3}
+    quote = client.post("/v1/quote", json=body, headers=auth(keys.alice)).json()
+    assert quote["admitted"] is True, quote
+    plan = quote["plan"]
+    assert plan["guarantee"] == "proven" and plan["mechanism"]["accounting"] == "hidden"
+    event = event_from_json(plan["event"])
+    assert epsilon_for(event=event, delta=1e-5, accountant="rdp") <= 1e-3
+    before = _remaining(client, keys, "capped")
+    r = client.post("/v1/jobs", json=body, headers=auth(keys.alice))
+    assert r.status_code == 202, r.text
+    job_id = str(r.json()["id"])
+    assert _remaining(client, keys, "capped") < before
+    assert execute_job(job_id, settings) == Outcome.released
+    card = client.get(f"/v1/jobs/{job_id}/release", headers=auth(keys.alice)).json()
+    assert card["privacy"]["guarantee"] == "proven"
+    assert card["privacy"]["epsilon"] == pytest.approx(1e-3)

@@ -1,5 +1,7 @@
 """ε at δ of an event tree by RDP on
-:data:`~service.privacy.orders.CALIBRATION_ORDERS`, converted with
+:data:`~service.privacy.orders.CALIBRATION_ORDERS` (and on
+:data:`~service.privacy.orders.LARGE_ORDERS` where the best order is the grid's largest and
+every curve is a closed form, as for the hidden-iterate Langevin chain), converted with
 :func:`~service.privacy.rdp.epsilon_from_rdp` (Canonne, Kamath & Steinke 2020,
 Prop. 12). All integer orders are summed at once
 (:func:`~service.privacy.rdp.subsampled_gaussian_rdp_integer_orders`); fractional
@@ -17,8 +19,14 @@ from typing import Final
 
 import numpy as np
 
-from service.privacy.events import DpEvent, PoissonSubsampledGaussianEvent, leaf_counts
-from service.privacy.orders import CALIBRATION_ORDERS
+from service.privacy.events import (
+    DpEvent,
+    PmfSlackEvent,
+    PoissonSubsampledGaussianEvent,
+    PureDpEvent,
+    leaf_counts,
+)
+from service.privacy.orders import CALIBRATION_ORDERS, LARGE_ORDERS
 from service.privacy.rdp import (
     IntegerOrderTable,
     epsilon_from_rdp_on_checked_orders,
@@ -40,6 +48,19 @@ _INTEGER_TABLE: Final[IntegerOrderTable] = integer_order_table(_INTEGER_ORDERS)
 _FRACTIONAL_ORDERS: Final[tuple[float, ...]] = tuple(
     a for a in CALIBRATION_ORDERS if not float(a).is_integer()
 )
+_LARGE_ORDERS: Final[tuple[float, ...]] = validate_orders(LARGE_ORDERS)
+
+
+def _closed_form_at_every_order(leaves: dict[DpEvent, int]) -> bool:
+    """Whether every leaf's curve is a closed form valid and cheap at any order > 1: a
+    Gaussian without subsampling (α/(2σ²), rdp.py), the pure-DP curves (randomized
+    response, bounded range) and the sampler's slack τ(2α − 1)/(α − 1). A subsampled
+    Gaussian's series at orders in the millions is neither."""
+    return all(
+        isinstance(leaf, PmfSlackEvent | PureDpEvent)
+        or (isinstance(leaf, PoissonSubsampledGaussianEvent) and leaf.sampling_rate == 1.0)
+        for leaf in leaves
+    )
 
 
 def _leaf_curves(
@@ -138,7 +159,20 @@ def rdp_epsilon_of(event: DpEvent, delta: float) -> float:
     frac = sorted(a for a in values if a != best)
     orders = _INTEGER_ORDERS_F + tuple(frac)  # floats > 1 of CALIBRATION_ORDERS: valid
     rdp = np.concatenate((rdp_int, np.array([values[a][0] for a in frac])))
-    return epsilon_from_rdp_on_checked_orders(rdp=rdp.tolist(), alphas=orders, delta=delta)
+    eps = epsilon_from_rdp_on_checked_orders(rdp=rdp.tolist(), alphas=orders, delta=delta)
+    if best_i == len(ints) - 1 and _closed_form_at_every_order(leaves):
+        # The grid's largest order is the best: the minimum may lie above it (small ε).
+        # Every order's conversion is a valid bound (Canonne, Kamath & Steinke 2020,
+        # Prop. 12), so the smaller of the two minima is one; where the best order is
+        # below 1024, or a leaf has no closed form, nothing changes.
+        large = _leaf_curves(leaves, _LARGE_ORDERS, integer=False)
+        eps = min(
+            eps,
+            epsilon_from_rdp_on_checked_orders(
+                rdp=large.tolist(), alphas=_LARGE_ORDERS, delta=delta
+            ),
+        )
+    return eps
 
 
 _LAST_END: dict[float, int] = {}
