@@ -161,8 +161,8 @@ def cnn_geometry(spec: CnnSpec) -> list[ConvGeometry]:
     if spec.image is None:
         raise ValueError(
             "model 'cnn' takes its image shape from a registered image dataset's schema: "
-            "DP-SGD jobs and architecture searches on such a dataset only (CNN "
-            "hyperparameter tuning is not built yet)"
+            "DP-SGD jobs, architecture searches and hyperparameter tuning on such a "
+            "dataset only"
         )
     c, h, w = spec.image.channels, spec.image.height, spec.image.width
     out = []

@@ -1,21 +1,26 @@
 """The ``hyperparameters`` selection kind (Papernot & Steinke 2022 random search over a
-grid of DP-SGD settings): its request, a run's drawn settings and its plan. The charge
-is described in :mod:`service.selection.plans`."""
+grid of DP-SGD settings): its request, a run's drawn settings, its model fitted to the
+dataset (:func:`fit_model`: a CNN on an image dataset) and its plan. The charge is
+described in :mod:`service.selection.plans`."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from pydantic import Field
 
-from service.modelspec import MlpSpec, ModelSpec
+from service.modelspec import CnnSpec, MlpSpec, ModelSpec
 from service.params import BatchSize, ClipNorm, Epochs, InputModel, LearningRate, NoiseDecay
+from service.plans import PlanError, with_image_shape
 from service.privacy.events import ComposedEvent, RandomStoppingEvent
 from service.privacy.sampling import count_event
-from service.schemas import DpsgdOptions
+from service.schemas import DpsgdOptions, JobRequest
 from service.selection.budget import SelectionBudget
 from service.selection.plan_core import SelectionPlan, split_counts, training_events
 from service.selection.runs_spec import PoissonRunsSpec, TnbRunsSpec, runs_distribution
 
-__all__ = ["HyperparameterCandidate", "HyperparameterRequest", "hyperparameter_plan"]
+__all__ = ["HyperparameterCandidate", "HyperparameterRequest", "fit_model", "hyperparameter_plan"]
 
 
 class _In(InputModel):
@@ -43,6 +48,28 @@ class HyperparameterCandidate(_In):
     epochs: int
     max_grad_norm: float
     noise_decay: float | None
+
+
+def fit_model(
+    request: HyperparameterRequest, public_schema: Mapping[str, Any] | None
+) -> HyperparameterRequest:
+    """``request`` with a CNN model given the image dataset's public shape (C, H, W), as a
+    DP-SGD job's is (:func:`service.plans.with_image_shape`: a shape the request states must
+    equal the dataset's, and the network must fit the images); the classes are fitted after
+    this (:func:`service.selection.kinds.fit_to_classes`). A CNN on any other kind of
+    dataset is a :class:`PlanError`. Any other model is returned unchanged (its dump, hence
+    its plan's digest, is what it was before CNN tuning)."""
+    if not isinstance(request.model, CnnSpec):
+        return request
+    kind = str((public_schema or {}).get("kind", "tabular"))
+    if public_schema is None or kind != "images":
+        raise PlanError(
+            f"hyperparameter tuning of model 'cnn' needs an image dataset; this dataset is "
+            f"{kind}: tune model 'logistic' or 'mlp' on tabular data, 'grud' on time series"
+        )
+    probe = JobRequest(dataset="-", method="dpsgd", epsilon=1.0, model=request.model)
+    fitted = with_image_shape(probe, dict(public_schema)).model
+    return request.model_copy(update={"model": fitted})
 
 
 def hyperparameter_plan(

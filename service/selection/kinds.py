@@ -20,7 +20,11 @@ from service.schemas import JobRequest
 from service.selection.architecture import ArchitectureRequest, architecture_plan, fit_space
 from service.selection.feature_plan import feature_plan
 from service.selection.features import FeatureRequest
-from service.selection.hyperparameters import HyperparameterRequest, hyperparameter_plan
+from service.selection.hyperparameters import (
+    HyperparameterRequest,
+    fit_model,
+    hyperparameter_plan,
+)
 from service.selection.plan_core import SelectionPlan
 from service.selection.summary import workflow_epsilon
 
@@ -313,8 +317,8 @@ def fit_to_classes(
     """``request`` with its candidates' model fitted to a target of ``n_classes`` public
     classes (a kind without classes is binary: unchanged). For K ≥ 3 classes only the
     ``hyperparameters`` kind plans, on a model that K-class DP-SGD trains with the exact
-    engine (multinomial logistic regression or a K-logit MLP,
-    :func:`service.plans.with_classes`, whose refusal names what is supported); every
+    engine (multinomial logistic regression, a K-logit MLP or, on an image dataset, a
+    K-logit CNN: :func:`service.plans.with_classes`, whose refusal names what is supported); every
     candidate is then scored by its noisy validation accuracy (argmax of the K scores), as
     a binary one is. The ``architecture`` kind takes K classes with a CNN space (image
     datasets; :func:`~service.selection.architecture.fit_space` gave the space K, and its
@@ -331,9 +335,10 @@ def fit_to_classes(
         raise PlanError(
             f"the dataset's target has {n_classes} classes; of the selection kinds only "
             "'hyperparameters' takes multi-class targets on a tabular or time-series "
-            "dataset, on models 'logistic' and 'mlp' ('architecture' takes them with a CNN "
-            "space on an image dataset; its MLP and GRU-D searches are binary only for now, "
-            "and 'features' scores binary-target histograms)"
+            "dataset, on models 'logistic' and 'mlp' (and 'cnn' on an image dataset; "
+            "'architecture' takes them with a CNN space on an image dataset; its MLP and "
+            "GRU-D searches are binary only for now, and 'features' scores binary-target "
+            "histograms)"
         )
     probe = JobRequest(dataset="-", method="dpsgd", epsilon=1.0, model=request.model)
     return request.model_copy(update={"model": with_classes(probe, n_classes).model})
@@ -345,10 +350,13 @@ def fit_to_dataset(
     schema: TabularSchema | dict[str, Any] | None,
 ) -> SelectionRequest:
     """``request`` fitted to the dataset's public schema, as its plan and its worker use it:
-    an architecture search's space to the dataset's kind (:func:`fit_space`), then the
-    candidates' model to the target's classes (:func:`fit_to_classes`)."""
+    an architecture search's space to the dataset's kind (:func:`fit_space`) or a tuned
+    CNN to the images' shape (:func:`~service.selection.hyperparameters.fit_model`), then
+    the candidates' model to the target's classes (:func:`fit_to_classes`)."""
     if isinstance(request, ArchitectureRequest):
         request = fit_space(request, schema if isinstance(schema, dict) else None)
+    if isinstance(request, HyperparameterRequest):
+        request = fit_model(request, schema if isinstance(schema, dict) else None)
     return fit_to_classes(kind, request, n_classes_of(schema))
 
 

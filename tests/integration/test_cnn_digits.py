@@ -106,20 +106,6 @@ def test_a_cnn_on_the_digits_is_quoted_and_released_with_a_proven_card(
             assert r.status_code == 422, (what, path, r.text)
             assert r.headers["content-type"].startswith("application/problem+json"), what
             assert text in r.text, (what, r.text)
-    tuning = {  # CNN hyperparameter tuning is not built (architecture search is)
-        "kind": "hyperparameters",
-        "dataset": "digits",
-        "epsilon": 3.0,
-        "delta": 1e-6,
-        "model": {"kind": "cnn", "conv": CONV},
-        "learning_rates": [0.5, 2.0],
-        "batch_sizes": [100],
-        "epochs": [2],
-        "runs": {"kind": "truncated_negative_binomial", "eta": 1.0, "gamma": 0.9},
-    }
-    for path in ("/v1/selections/quote", "/v1/selections"):
-        r = client.post(path, json=tuning, headers=headers)
-        assert r.status_code == 422 and "CNN hyperparameter tuning is not built" in r.text, r.text
     assert _remaining(client, headers) == before
     quote = client.post("/v1/quote", json=base, headers=headers)
     assert quote.status_code == 200, quote.text

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
+from scipy import special
 
 from service.privacy.calibrate.common import (
     NOISE_MULTIPLIER_MAX,
@@ -71,12 +72,105 @@ def _gdp_sigma(*, sampling_rate: float, steps: int, epsilon: float, delta: float
 def _gdp_mu(epsilon: float, delta: float) -> float:
     """The μ with δ_μ(ε) = δ of :func:`_gdp_sigma` (a 48-step bisection in log μ), per
     exact (ε, δ): every training of a selection plan with its own (q, T) at the same
-    per-training ε reads it (speed only; the same float)."""
+    per-training ε reads it (speed only; the same float).
+
+    The bisection's path is guessed from an estimate of the root (:func:`_gdp_root_guess`)
+    and checked (:func:`_walk_guessed`): every branch it takes is decided by the value at
+    that level's midpoint, the float the step-by-step bisection computes there, so the
+    result is the bisection's whatever the estimate (a wrong guess only costs another
+    evaluation from where it went wrong; tests/unit/privacy/test_calibrate_exact.py
+    compares with the step-by-step bisection). Without an estimate, the tree of
+    :func:`_bisect_levels` as before."""
     log_delta = math.log(delta)
     lo, hi = math.log(1e-8), math.log(1e4)
-    for _ in range(48 // _GDP_LEVELS):  # δ_μ(ε) increases with μ
-        lo, hi = _bisect_levels(epsilon, log_delta, lo, hi)
+    guess = _gdp_root_guess(epsilon, log_delta, lo, hi)
+    if guess is None:
+        for _ in range(48 // _GDP_LEVELS):  # δ_μ(ε) increases with μ
+            lo, hi = _bisect_levels(epsilon, log_delta, lo, hi)
+    else:
+        lo, hi = _walk_guessed(epsilon, log_delta, lo, hi, guess, 48)
     return math.exp(0.5 * (lo + hi))
+
+
+def _log_gaussian_delta_scalar(epsilon: float, x: float) -> float:
+    """log δ_μ(ε) at μ = e^x, as :func:`log_gaussian_delta` writes it, in scalar
+    arithmetic (for :func:`_gdp_root_guess` only: an estimate, never a decision)."""
+    mu = math.exp(x)
+    a = float(special.log_ndtr(0.5 * mu - epsilon / mu))
+    b = epsilon + float(special.log_ndtr(-0.5 * mu - epsilon / mu))
+    d = -math.expm1(min(b - a, 0.0))
+    return a + math.log(d) if d > 0.0 else -math.inf
+
+
+def _gdp_root_guess(epsilon: float, log_delta: float, lo: float, hi: float) -> float | None:
+    """An estimate of the x in (lo, hi) with log δ_{e^x}(ε) = log δ (speed only: it only
+    guesses the bisection's path), or None where it finds none. Newton's method in x from
+    the μ with Φ(μ/2 − ε/μ) = δ (δ_μ(ε) is below that Φ, so the root lies above), kept in
+    a bracket; d log δ_μ / d log μ = μ φ(μ/2 − ε/μ) / δ_μ(ε) (the derivative of Balle &
+    Wang's δ_μ(ε) in μ is φ(μ/2 − ε/μ), as e^ε φ(−μ/2 − ε/μ) = φ(μ/2 − ε/μ))."""
+    try:
+        z = float(special.ndtri(math.exp(log_delta)))
+        x = math.log(z + math.sqrt(z * z + 2.0 * epsilon))
+    except (ValueError, OverflowError, ZeroDivisionError):
+        return None
+    if not lo < x < hi:
+        x = 0.5 * (lo + hi)
+    half_log_2pi = 0.5 * math.log(2.0 * math.pi)
+    for _ in range(40):
+        f = _log_gaussian_delta_scalar(epsilon, x)
+        if not math.isfinite(f):
+            return None
+        if f > log_delta:
+            hi = x
+        else:
+            lo = x
+        mu = math.exp(x)
+        u = 0.5 * mu - epsilon / mu
+        log_slope = x - 0.5 * u * u - half_log_2pi - f
+        if log_slope > 700.0:
+            return None
+        step = (log_delta - f) / math.exp(log_slope) if log_slope > -700.0 else math.inf
+        new = x + step
+        if not lo < new < hi:
+            new = 0.5 * (lo + hi)  # Newton left the bracket: bisect
+        if abs(new - x) <= 1e-15 * max(1.0, abs(x)):
+            return new
+        x = new
+    return x if math.isfinite(x) else None
+
+
+def _walk_guessed(
+    epsilon: float, log_delta: float, lo: float, hi: float, guess: float, levels: int
+) -> tuple[float, float]:
+    """``levels`` steps of the bisection ``mid = (lo + hi)/2; δ_μ(ε) > δ at μ = e^mid ?
+    hi = mid : lo = mid``, the same steps as one at a time: the midpoints of the path that
+    ``guess`` (an estimate of the root) predicts are evaluated in one call of
+    :func:`log_gaussian_delta` (elementwise: each value is the one a single-point call
+    gives), and the walk follows the values, not the guess. Where a value contradicts the
+    guess, that level's branch is the value's, and the levels below are guessed again
+    from just past that midpoint (the root lies between it and the old guess's mirror)."""
+    while levels > 0:
+        mids: list[float] = []
+        a, b = lo, hi
+        for _ in range(levels):  # the path the guess predicts
+            mid = 0.5 * (a + b)
+            mids.append(mid)
+            if mid > guess:
+                b = mid
+            else:
+                a = mid
+        mus = np.array([math.exp(m) for m in mids])
+        above = (log_gaussian_delta(np.full(len(mus), epsilon), mus) > log_delta).tolist()
+        for mid, up in zip(mids, above, strict=True):
+            levels -= 1
+            if up:
+                hi = mid
+            else:
+                lo = mid
+            if up != (mid > guess):  # the guess was on the wrong side of this midpoint
+                guess = min(max(2.0 * mid - guess, lo), hi)
+                break
+    return lo, hi
 
 
 _GDP_LEVELS = 4

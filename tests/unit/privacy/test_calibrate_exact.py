@@ -58,6 +58,48 @@ def test_gdp_start_is_the_step_by_step_bisection(
     assert cal_noise._gdp_sigma(**kw) == _gdp_sigma_step_by_step(**kw)  # type: ignore[arg-type]
 
 
+def _bisection_step_by_step(epsilon: float, delta: float) -> tuple[float, float]:
+    """The 48-step bisection's last (lo, hi), one point at a time."""
+    log_delta = math.log(delta)
+    eps_arr = np.array([epsilon])
+    lo, hi = math.log(1e-8), math.log(1e4)
+    for _ in range(48):
+        mid = 0.5 * (lo + hi)
+        if float(log_gaussian_delta(eps_arr, math.exp(mid))[0]) > log_delta:
+            hi = mid
+        else:
+            lo = mid
+    return lo, hi
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    log_eps=st.floats(-7.0, 6.0),
+    log_delta=st.floats(-40.0, -0.1),
+    guess=st.one_of(st.floats(-25.0, 12.0), st.just(math.log(1e-8)), st.just(math.log(1e4))),
+)
+def test_guessed_walk_follows_the_values_whatever_the_guess(
+    log_eps: float, log_delta: float, guess: float
+) -> None:
+    """The path a (here arbitrary, mostly wrong) estimate of the root predicts is only a
+    guess: the walk ends where the step-by-step bisection does."""
+    epsilon, delta = math.exp(log_eps), math.exp(log_delta)
+    lo, hi = math.log(1e-8), math.log(1e4)
+    walked = cal_noise._walk_guessed(epsilon, math.log(delta), lo, hi, guess, 48)
+    assert walked == _bisection_step_by_step(epsilon, delta)
+
+
+def test_root_guess_is_close_on_a_selection_search() -> None:
+    """The estimate that saves the evaluations: near the root on the per-training ε of a
+    selection search (a speed property; a miss would cost time, not a different μ)."""
+    for i in range(20):
+        epsilon, delta = 0.3 + 0.0137 * i, 1e-6
+        guess = cal_noise._gdp_root_guess(epsilon, math.log(delta), -18.42, 9.21)
+        assert guess is not None
+        lo, hi = _bisection_step_by_step(epsilon, delta)
+        assert abs(guess - 0.5 * (lo + hi)) < 1e-9
+
+
 def _integer_terms_before(q: float, sigma: float, alpha: int) -> np.ndarray:
     """The terms of rdp._log_a_int's series as it computed them inline (before issue 26)."""
     k = np.arange(alpha + 1, dtype=np.float64)
