@@ -16,9 +16,10 @@ is exact in any order; (iv) int64 sums are exact below 2^63. A "grid value" is a
 integer-valued float64 n standing for n·2^-g on a public grid 2^-g.
 
 * **Convolution as unfold + matrix product.** Layer l's input A_l (rows, C, H, W) holds
-  grid values on 2^-c_l with |A_l| ≤ 2^(c_l + r_l). ``unfold`` (im2col) copies entries
-  and zeros (padding) into patches (rows, L, C·k²) — no arithmetic — and a column 2^c_l
-  is appended for the bias. The public weights and bias are on the grid 2^-b_l with
+  grid values on 2^-c_l with |A_l| ≤ 2^(c_l + r_l). Unfolding (im2col: :func:`_patches`,
+  a strided view of the zero-padded maps copied into place) copies entries and zeros
+  (padding) into patches (rows, L, C·k²) — no arithmetic — and a column 2^c_l is
+  appended for the bias. The public weights and bias are on the grid 2^-b_l with
   |W_int| ≤ 2^m_l (:func:`conv_grids`, exact_net's fixed_point.parameters_on_grid), so
   Z = [P, 2^c]·[W_int, b_int]ᵀ has partial sums ≤ (C·k² + 1)·2^(c_l + r_l + m_l) ≤ 2^52:
   exact (ii). The head is the same with one "position" (L = 1) on the flattened maps.
@@ -37,9 +38,10 @@ integer-valued float64 n standing for n·2^-g on a public grid 2^-g.
   fixed class order, one quotient per entry: a per-row sequence whose order never depends
   on the batch). Residual B_head = round((p̃ − e_y)·2^20) (GRAD_BITS), |B_head| ≤ 2^20.
 * **Backward.** Through a layer with output gradients B (grid 2^-20, |B| ≤ 2^26 on a valid
-  row): T = B·W_int (partial sums ≤ c_out·2^(26 + m)), then for a convolution ``fold``
-  (col2im) adds the ≤ k² patch entries that cover each input position: in all a sum of
-  ≤ c_out·k² integer products ≤ 2^(26 + m), so m ≤ 52 − 26 − ⌈log₂(c_out·k²)⌉ (the
+  row): T = B·W_int (partial sums ≤ c_out·2^(26 + m)), then for a convolution folding
+  (col2im: :func:`_fold`, k² shifted adds into a zeroed map) adds the ≤ k² patch entries
+  that cover each input position: in all a sum of ≤ c_out·k² integer products
+  ≤ 2^(26 + m), so m ≤ 52 − 26 − ⌈log₂(c_out·k²)⌉ (the
   backward room of :func:`conv_grids`) keeps it exact (ii) in any order. Pooling's
   backward copies each entry to its four inputs (no arithmetic) and scales by 2^-2 (the
   mean's 1/4, folded into the next rounding); a position dropped by the floor of pooling
@@ -219,19 +221,20 @@ def _row_shift(v: torch.Tensor, half: int) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.round(v * scale), shift
 
 
-def _largest_magnitude(v: torch.Tensor) -> torch.Tensor:
-    """(rows,) max_j |v_ij| over each row of v (rows, …) as max(max v, −min v) (no |v|
-    written; the same value, exact (iii); NaN in a row gives NaN); 0 for an empty row."""
-    flat = v.reshape(v.shape[0], -1)
-    if not flat.shape[1]:
-        return flat.new_zeros(v.shape[0])
-    return torch.maximum(flat.amax(dim=1), -flat.amin(dim=1))
+def _largest_magnitude(v: torch.Tensor, *, dim: int = 0) -> torch.Tensor:
+    """(rows,) max_j |v_ij| over each row of v, the rows along ``dim`` (a reduction over
+    the other dimensions, whatever the layout), as max(max v, −min v) (no |v| written; the
+    same value, exact (iii); NaN in a row gives NaN); 0 for an empty row."""
+    others = tuple(i for i in range(v.dim()) if i != dim)
+    if not v.numel():
+        return v.new_zeros(v.shape[dim])
+    return torch.maximum(v.amax(dim=others), -v.amin(dim=others))
 
 
 def _per_row_gradient(b: torch.Tensor, p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(G', s): Σ_pos B[pos] ⊗ P[pos] per row as an exact integer matrix G' (rows, c_out,
     fan_in + 1) times 2^-s (rows,), for B (rows, c_out, L) and P (rows, fan_in + 1, L)
-    grid values (positions last: unfold's and the feature maps' own layout)."""
+    grid values (positions last; any strides: views of the channel-major maps)."""
     budget = _EXACT - _ceil_log2(b.shape[2])
     b2, s_b = _row_shift(b, budget // 2)
     p2, s_p = _row_shift(p, budget - budget // 2)
@@ -240,16 +243,51 @@ def _per_row_gradient(b: torch.Tensor, p: torch.Tensor) -> tuple[torch.Tensor, t
 
 
 def _unpool(t: torch.Tensor, relu: torch.Tensor) -> torch.Tensor:
-    """Pooling's backward: each entry of t (rows, c, h, w) copied to its 2 × 2 inputs, +0
+    """Pooling's backward: each entry of t (c, rows, h, w) copied to its 2 × 2 inputs, +0
     on an edge the pooling dropped, times [Z > 0] (relu, the layer's pre-activations'
     sign: ×1 or ×0 elementwise, i)."""
-    rows, c, ph, pw = t.shape
+    c, rows, ph, pw = t.shape
     height, width = relu.shape[2], relu.shape[3]
-    up = t.reshape(rows, c, ph, 1, pw, 1)
+    up = t.reshape(c, rows, ph, 1, pw, 1)
     if (2 * ph, 2 * pw) == (height, width):  # no edge dropped: broadcast, no copy of t
-        return (up * relu.reshape(rows, c, ph, 2, pw, 2)).reshape(rows, c, height, width)
-    up = up.expand(rows, c, ph, 2, pw, 2).reshape(rows, c, 2 * ph, 2 * pw)
+        return (up * relu.reshape(c, rows, ph, 2, pw, 2)).reshape(c, rows, height, width)
+    up = up.expand(c, rows, ph, 2, pw, 2).reshape(c, rows, 2 * ph, 2 * pw)
     return F.pad(up, (0, width - 2 * pw, 0, height - 2 * ph)) * relu
+
+
+def _patches(a: torch.Tensor, grid: LayerGrid) -> tuple[torch.Tensor, int, int]:
+    """im2col in the channel-major layout: a (C, rows, H, W) → (P, h, w) with P (C·k² + 1,
+    rows, h, w): entry (c, i, j) of row n's patch at (y, x) is the zero-padded
+    a[c, n, y·s + i, x·s + j], in Conv2d's weight order (c, i, j), and the last plane is
+    2^c_l (the bias column). Copies and zeros only, no arithmetic."""
+    channels, rows, height, width = a.shape
+    k, s, p = grid.kernel, grid.stride, grid.padding
+    if p:
+        padded = a.new_zeros(channels, rows, height + 2 * p, width + 2 * p)
+        padded[:, :, p : p + height, p : p + width] = a
+    else:
+        padded = a
+    windows = padded.unfold(2, k, s).unfold(3, k, s)  # (C, rows, h, w, k, k), a view
+    h, w = windows.shape[2], windows.shape[3]
+    patch = a.new_empty(channels * k * k + 1, rows, h, w)
+    patch[:-1].view(channels, k, k, rows, h, w).copy_(windows.permute(0, 4, 5, 1, 2, 3))
+    patch[-1].fill_(pow2(grid.in_bits))
+    return patch, h, w
+
+
+def _fold(below: torch.Tensor, grid: LayerGrid, size: tuple[int, int]) -> torch.Tensor:
+    """col2im in the channel-major layout: below (C·k², rows, h, w) → (C, rows, H, W), each
+    input position the sum of the ≤ k² patch entries that cover it (k² shifted adds into a
+    zeroed padded map, then the padding cut off): sums of exact integers, exact (ii)."""
+    k, s, p = grid.kernel, grid.stride, grid.padding
+    _, rows, h, w = below.shape
+    channels = below.shape[0] // (k * k)
+    parts = below.view(channels, k, k, rows, h, w)
+    out = below.new_zeros(channels, rows, size[0] + 2 * p, size[1] + 2 * p)
+    for i in range(k):
+        for j in range(k):
+            out[:, :, i : i + s * (h - 1) + 1 : s, j : j + s * (w - 1) + 1 : s] += parts[:, i, j]
+    return out[:, :, p : p + size[0], p : p + size[1]]
 
 
 def conv_rows(module: Cnn, x: torch.Tensor, y: torch.Tensor, *, grids: list[LayerGrid]) -> ConvRows:
@@ -257,10 +295,12 @@ def conv_rows(module: Cnn, x: torch.Tensor, y: torch.Tensor, *, grids: list[Laye
     (x (rows, C·H·W) in [0, 1], y the label: 0/1 or a class index).
 
     Layouts (no value depends on them: every sum is of integers below 2^53, exact in any
-    order, ii): patches stay in unfold's (rows, fan_in + 1, L), the convolution is
-    θ·P (rows, c_out, L), already the feature maps' layout, and the backward's Wᵀ·B is
-    (rows, fan_in, L), fold's input; a mask whose rows are all valid is not applied (a
-    fill of nothing)."""
+    order, ii): the feature maps are channel-major (C, rows, H, W) and the patches
+    (fan_in + 1, rows, L), so a layer's convolution is one matrix product θ·P over all
+    rows and positions (c_out, rows·L), already the next maps' layout, and the backward's
+    Wᵀ·B is one product (fan_in, rows·L); the per-row gradients read the same buffers as
+    (rows, ·, L) views. A mask whose rows are all valid is not applied (a fill of
+    nothing)."""
     rows = x.shape[0]
     classes = module.classes
     with torch.no_grad():
@@ -270,29 +310,26 @@ def conv_rows(module: Cnn, x: torch.Tensor, y: torch.Tensor, *, grids: list[Laye
         valid &= label == torch.floor(label)
         valid &= (label >= 0) & (label < (classes or 2))
         a = a.masked_fill(~valid.unsqueeze(1), 0.0).reshape(rows, *module.shape)
-        patches: list[torch.Tensor] = []  # (rows, fan_in + 1, L)
-        numerators: list[torch.Tensor] = []  # conv pre-activations (rows, c_out, h, w)
+        a = a.transpose(0, 1)  # channel-major (C, rows, H, W), a view
+        patches: list[torch.Tensor] = []  # (fan_in + 1, rows, L)
+        numerators: list[torch.Tensor] = []  # conv pre-activations (c_out, rows, h, w)
         for grid in grids[:-1]:
-            k, s, p = grid.kernel, grid.stride, grid.padding
-            cols = F.unfold(a, k, padding=p, stride=s)  # (rows, fan_in, L)
-            one = cols.new_full((rows, 1, cols.shape[2]), pow2(grid.in_bits))
-            patch = torch.cat((cols, one), dim=1)
-            patches.append(patch)
-            h = (a.shape[2] + 2 * p - k) // s + 1
-            w = (a.shape[3] + 2 * p - k) // s + 1
-            z = torch.matmul(grid.theta, patch).reshape(rows, -1, h, w)  # exact (ii)
+            patch, h, w = _patches(a, grid)
+            patches.append(patch.view(patch.shape[0], rows, h * w))
+            z = torch.matmul(grid.theta, patch.view(patch.shape[0], -1))  # exact (ii)
+            z = z.view(-1, rows, h, w)
             numerators.append(z)
             act = torch.round(
                 torch.clamp(z, min=0.0) * pow2(HIDDEN_BITS - grid.in_bits - grid.bits)
             )
-            valid &= act.reshape(rows, -1).amax(dim=1) <= pow2(HIDDEN_BITS + RELU_RANGE_BITS)
+            valid &= act.amax(dim=(0, 2, 3)) <= pow2(HIDDEN_BITS + RELU_RANGE_BITS)
             if not bool(valid.all()):
-                act.masked_fill_(~valid.reshape(rows, 1, 1, 1), 0.0)
+                act.masked_fill_(~valid.reshape(1, rows, 1, 1), 0.0)
             if grid.pool:  # the 2 × 2 sums (÷ 1), exact (ii): read on the grid 2^-(16 + 2)
                 act = F.avg_pool2d(act, 2, divisor_override=1)  # floor: odd edge dropped
             a = act
         head = grids[-1]
-        flat = a.reshape(rows, -1)
+        flat = a.transpose(0, 1).reshape(rows, -1)  # (rows, C·h·w), Conv2d's flatten order
         one = flat.new_full((rows, 1), pow2(head.in_bits))
         head_in = torch.cat((flat, one), dim=1)
         logits = (head_in @ head.theta.T) * pow2(-(head.in_bits + head.bits))  # exact (ii)
@@ -306,7 +343,8 @@ def conv_rows(module: Cnn, x: torch.Tensor, y: torch.Tensor, *, grids: list[Laye
         b = torch.round(residual * pow2(GRAD_BITS)).masked_fill(~valid.unsqueeze(1), 0.0)
         grads = [_per_row_gradient(b.unsqueeze(2), head_in.unsqueeze(2))]
         limit = pow2(GRAD_BITS + GRAD_RANGE_BITS)
-        t = (b @ head.theta[:, :-1]).reshape(a.shape)  # exact (ii): ∂ℓ/∂a on 2^-(20 + b)
+        t = b @ head.theta[:, :-1]  # exact (ii): ∂ℓ/∂a on 2^-(20 + b), (rows, C·h·w)
+        t = t.view(rows, a.shape[0], a.shape[2], a.shape[3]).transpose(0, 1)
         upper = head
         for index in range(len(grids) - 2, -1, -1):
             grid, z = grids[index], numerators[index]
@@ -317,19 +355,22 @@ def conv_rows(module: Cnn, x: torch.Tensor, y: torch.Tensor, *, grids: list[Laye
                 delta = _unpool(t, z > 0)  # on 2^-20
             else:
                 delta = torch.round(t * pow2(-shift)) * (z > 0)  # on 2^-20
-            valid &= _largest_magnitude(delta) <= limit  # NaN compares false: invalid
+            valid &= _largest_magnitude(delta, dim=1) <= limit  # NaN compares false: invalid
             if not bool(valid.all()):
-                delta.masked_fill_(~valid.reshape(rows, 1, 1, 1), 0.0)
-            positions = delta.reshape(rows, delta.shape[1], -1)  # (rows, c, L)
-            grads.append(_per_row_gradient(positions, patches[index]))
+                delta.masked_fill_(~valid.reshape(1, rows, 1, 1), 0.0)
+            positions = delta.reshape(delta.shape[0], rows, -1)  # (c, rows, L)
+            grads.append(
+                _per_row_gradient(positions.transpose(0, 1), patches[index].transpose(0, 1))
+            )
             if index > 0:
-                below = torch.matmul(grid.theta[:, :-1].T, positions)  # exact (ii)
+                below = torch.matmul(  # exact (ii): (fan_in, rows·L)
+                    grid.theta[:, :-1].T, positions.reshape(positions.shape[0], -1)
+                )
                 size = (numerators[index - 1].shape[2], numerators[index - 1].shape[3])
                 if grids[index - 1].pool:
                     size = (size[0] // 2, size[1] // 2)
-                t = F.fold(  # col2im: sums of ≤ k² exact integers, exact (ii)
-                    below, size, grid.kernel, padding=grid.padding, stride=grid.stride
-                )
+                below = below.view(-1, rows, delta.shape[2], delta.shape[3])
+                t = _fold(below, grid, size)  # col2im: sums of ≤ k² exact integers (ii)
             upper = grid
         grads.reverse()
         if not bool(valid.all()):
@@ -428,9 +469,12 @@ class ExactConvClipper:
         """‖z_i‖ ≤ 2^k for every row, decided exactly: max |z_ij| ≤ 2^k (as max z ≤ 2^k and
         min z ≥ −2^k: NaN compares false and fails), then Σ_j z_ij² ≤ 2^2k, the sum exact:
         in column blocks of width 2^(52 − 2k) (≥ 2^12 for k ≤ 20), each block's Σ z² is a
-        float64 row sum of exact squares (integers ≤ 2^2k) with partial sums ≤ 2^52, exact
-        in any order (ii), and the ≤ 2^8 block sums (P ≤ 2^20) are added in int64 (≤ 2^60,
-        iv): the same integer as the int64 sum of squares, without converting z."""
+        float64 dot product of the block's rows with themselves (torch.linalg.vecdot: its
+        kernel may fuse z·z into the running sum, FMA): every product is an exact square
+        (an integer ≤ 2^2k) and every partial sum an integer ≤ 2^52, exact in any order and
+        association (ii), and the ≤ 2^8 block sums (P ≤ 2^20) are added in int64 (≤ 2^60,
+        iv): the same integer as the int64 sum of squares, without converting z or writing
+        the squares."""
         if z.shape[0] == 0:
             return
         top = pow2(self.grid_bits)
@@ -438,11 +482,9 @@ class ExactConvClipper:
             raise GuardFailed(f"{self.label}: a row's contribution exceeds its bound")
         width = 1 << (_EXACT - 2 * self.grid_bits)
         squares = torch.zeros(z.shape[0], dtype=torch.int64, device=z.device)
-        scratch = torch.empty_like(z)
         for start in range(0, z.shape[1], width):
             block = z[:, start : start + width]
-            square = torch.mul(block, block, out=scratch[:, start : start + width])
-            squares += square.sum(dim=1).to(torch.int64)
+            squares += torch.linalg.vecdot(block, block).to(torch.int64)
         if not bool((squares <= (1 << (2 * self.grid_bits))).all()):
             raise GuardFailed(f"{self.label}: a row's contribution exceeds its bound")
 
