@@ -549,7 +549,9 @@ def _log_a_fracs(q: float, sigma: float, alphas: tuple[float, ...]) -> list[floa
         # of an integer meets a pole of Γ; σ below ~1e-50 overflows i²/(2σ²) and the
         # arguments of log Φ), every column is kept: the sums are then what they were.
         base, sign, width = c.base, c.sign, n
-        if c.finite and _bounded_parts(n + max(group), z0, sigma):
+        # (A non-zero term in the last column keeps every column: nothing to look for.)
+        last_alive = bool(t0[:, -1].any()) or bool(t1[:, -1].any())
+        if not last_alive and c.finite and _bounded_parts(n + max(group), z0, sigma):
             alive = np.flatnonzero(np.any(t0 != 0.0, axis=0) | np.any(t1 != 0.0, axis=0))
             width = int(alive[-1]) + 1 if len(alive) else 0
         if width < n:
@@ -747,6 +749,7 @@ class IntegerOrderTable:
     k: np.ndarray
     rest: np.ndarray  # α − k
     log_binom: np.ndarray  # log C(α, k)
+    kk: np.ndarray  # k·k − k (the series' expression, computed once)
     starts: np.ndarray
     lengths: np.ndarray
     max_log_binom_abs: np.ndarray  # per order: bound on |log α!| + |log k!| + |log (α−k)!|
@@ -772,6 +775,7 @@ def _integer_order_table(orders: tuple[int, ...]) -> IntegerOrderTable:
         k=k,
         rest=rest,
         log_binom=log_binom,
+        kk=k * k - k,
         starts=starts,
         lengths=lengths,
         max_log_binom_abs=2.0 * log_fact[np.asarray(orders, dtype=np.int64)],
@@ -834,7 +838,7 @@ def subsampled_gaussian_rdp_on_table(
         return gauss
     log_q, log_1mq = math.log(q), math.log1p(-q)
     k = table.k
-    log_terms = table.log_binom + k * log_q + table.rest * log_1mq + (k * k - k) / two_s2
+    log_terms = table.log_binom + k * log_q + table.rest * log_1mq + table.kk / two_s2
     m = np.maximum.reduceat(log_terms, table.starts)
     total = np.add.reduceat(np.exp(log_terms - np.repeat(m, table.lengths)), table.starts)
     magnitude = (
@@ -889,27 +893,35 @@ def epsilon_from_rdp_on_checked_orders(
         raise ValueError(f"rdp has {len(values)} entries but orders has {len(alphas)}")
     if isinstance(delta, bool) or not (0.0 < float(delta) < 1.0):
         raise ValueError(f"delta must be in (0, 1), got {delta!r}")
+    if not values:
+        return math.inf  # no order: no bound
     r = np.array(values, dtype=np.float64)
-    if bool(np.any(np.isnan(r))) or bool(np.any(r < 0.0)):
+    if not bool((r >= 0.0).all()):  # a NaN (never >= 0) or a negative value
         raise ValueError("rdp values must be >= 0 and not NaN")
     delta = float(delta)
     # The loop this replaces (issue 26: ~80 orders per calibration step, in Python): for each
     # order with finite r, in order, return 0.0 if δ² + expm1(−r) ≥ 0, else
     # ε_α = r + log1p(−1/α) − (log δ + log α)/(α − 1); the result max(0, min ε_α).
-    finite = np.isfinite(r)
     # δ² + expm1(−r) ≥ 0 needs 1 − e^{−r} ≤ δ², i.e. r ≤ r* = −log(1 − δ²); for r > 2r*
     # (δ² ≤ 1/2) it fails by at least δ²(1 − δ²) ≥ δ²/2, far beyond any rounding: only the
-    # orders below that are checked, by the expression itself, in order.
+    # orders below that are checked, by the expression itself, in order (none where the
+    # smallest r is above it, the usual case: then nothing is looked up).
     d2 = delta * delta
     bound = 2.0 * -math.log1p(-d2) if d2 <= 0.5 else math.inf
-    for i in np.flatnonzero(finite & (r <= bound)).tolist():
-        if d2 + math.expm1(-values[i]) >= 0.0:
-            return 0.0
+    if float(r.min()) <= bound:
+        for i in np.flatnonzero(np.isfinite(r) & (r <= bound)).tolist():
+            if d2 + math.expm1(-values[i]) >= 0.0:
+                return 0.0
     log1p_inv, log_alpha, alpha_m1 = _cks_terms(alphas)
     # the same IEEE operations per order as the loop's expression (elementwise), then the
-    # exact minimum; ±0 cannot matter (max with +0.0 below).
+    # exact minimum over the finite r (all of them unless the largest is +inf); ±0 cannot
+    # matter (max with +0.0 below).
     eps = r + log1p_inv - (math.log(delta) + log_alpha) / alpha_m1
-    best = float(np.min(eps[finite])) if bool(finite.any()) else math.inf
+    if float(r.max()) < math.inf:
+        best = float(np.min(eps))
+    else:
+        finite = np.isfinite(r)
+        best = float(np.min(eps[finite])) if bool(finite.any()) else math.inf
     return max(0.0, best)
 
 
