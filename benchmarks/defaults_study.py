@@ -3,7 +3,8 @@ not chosen on? (issue 21, point 2.)
 
 For each dataset of the study and each method (``dpsgd``, logistic regression, and
 ``expm`` with the proven ``langevin`` sampler; on request ``dpsgd_mlp``, DP-SGD on the
-product's default MLP, see below) at ε = 1, δ = 1e-5, the test AUC of:
+product's default MLP, and ``expm_nf``, ExpM+NF, see below) at ε = 1, δ = 1e-5 (0 for
+expm_nf), the test AUC of:
 
 * **default**: the request with no method options, planned by the product
   (service.plans.build_plan, i.e. service/methods/{dpsgd,expm}.py's resolution of the
@@ -29,6 +30,16 @@ with the default engine (``exact``), its defaults from service/methods/dpsgd.py'
 models other than logistic regression, over the dpsgd grid below; the test AUC ranks the
 release's logit (worker/models/mlp.py). A dpsgd_mlp release costs the worker about 5 µs
 per (row, step) plus ~1 ms per step here, so its grid runs in minutes per dataset.
+
+``--methods expm_nf`` studies ExpM+NF (method ``expm_nf``, the exponential mechanism sampled
+through a normalizing flow; its ε is nominal): the logistic request with δ = 0 (a pure ε-DP
+mechanism; the plan refuses any other δ), its defaults from service/methods/expm_nf.py, run
+by worker/mechanisms/expm_nf.py's run_expm_nf with the plan's parameters
+(worker/mechanisms/expm_job.py's params_from_mechanism) and a CSPRNG-seeded generator. The
+enclave-only diagnostics (the flow's importance weights on all rows, the MCMC fidelity
+reference) are switched off (diagnostic_samples = 0): they never reach the release and do
+not change its distribution, and the reference chains would cost more than the flow. A
+release at the defaults (1,500 steps) took 21-43 s here (load 1-5).
 
 ``--methods dpsgd,expm,auto`` adds ``method: "auto"`` (issue 21, point 3;
 service/methods/auto.py): R releases of the request ``auto`` plans (the chosen method at its
@@ -64,6 +75,11 @@ Grids (benchmark only):
 * expm (langevin): steps ∈ {10, 30, 100, 300, 1000} × learning rate ∈ {0.25, 1, 4} ×
   l2 ∈ {1, 10, 100}. The sampler's inverse temperature k = 2n̂/(lr·σ²·B) follows from these
   (σ from the steps), so it is not a separate axis.
+* expm_nf: steps ∈ {500, 1500} × l2 ∈ {0.1, 1, 10, 100} (8 points; the learning rate
+  0.02, the planar flow's 4 layers, 64 draws and 1,024 rows per step as the defaults). l2
+  sets the target itself (the prior's std is 1/√(2ε·l2)); steps (and the learning rate,
+  not varied: a release costs ~14-20 ms of CPU per step, and the study had to fit in
+  about 40 minutes of a shared machine) only how well the flow fits it.
 
     .venv/bin/python benchmarks/defaults_study.py [--repeats 3] [--screen 1]
         [--small-repeats 7] [--small-screen 3] [--top 3]
@@ -79,11 +95,13 @@ two medians. Torch
 runs on 1 thread (a shared machine).
 
 Results: benchmarks/results/defaults_study.{md,json} (``--out`` changes the stem).
+``--merge a.json,b.json --out STEM`` writes one result from runs on disjoint datasets.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 import json
 import math
@@ -114,8 +132,11 @@ from service.plans import PlanError, build_plan  # noqa: E402
 from service.schemas import JobRequest, PrivacyPlan  # noqa: E402
 from worker.mechanisms.base import TabularTrainingSet  # noqa: E402
 from worker.mechanisms.dpsgd import run_dpsgd  # noqa: E402
+from worker.mechanisms.expm_job import params_from_mechanism  # noqa: E402
+from worker.mechanisms.expm_nf import run_expm_nf  # noqa: E402
 from worker.mechanisms.langevin import run_expm_langevin  # noqa: E402
 from worker.models import build_module  # noqa: E402
+from worker.rng import secure_generator  # noqa: E402
 
 EPSILON = [1.0]  # the study's ε; --epsilon changes it (a list so that main can set it)
 DELTA = 1e-5
@@ -128,6 +149,7 @@ class StudyMethod:
 
     method: str
     model: dict[str, Any]
+    pure: bool = False  # a pure ε-DP method: requested with δ = 0
 
 
 LOGISTIC = {"kind": "logistic"}
@@ -136,6 +158,7 @@ STUDY_METHODS = {
     "expm": StudyMethod("expm", LOGISTIC),
     "auto": StudyMethod("auto", LOGISTIC),
     "dpsgd_mlp": StudyMethod("dpsgd", {"kind": "mlp"}),  # MlpSpec's defaults: [16], tanh
+    "expm_nf": StudyMethod("expm_nf", LOGISTIC, pure=True),
 }
 DATASETS = ("adult", "adult3000", "adult700", "breast_cancer", "digits_parity")
 MAX_DPSGD_STEPS = 3000
@@ -276,7 +299,7 @@ def request_for(method: str, options: dict[str, Any] | None) -> JobRequest:
         "dataset": "study",
         "method": study.method,
         "epsilon": EPSILON[0],
-        "delta": DELTA,
+        "delta": 0.0 if study.pure else DELTA,
         "model": study.model,
     }
     if options is not None:
@@ -290,7 +313,35 @@ def plan_for(ds: Dataset, method: str, options: dict[str, Any] | None) -> Privac
     )
 
 
-RUNNERS: dict[str, Callable[..., Any]] = {"dpsgd": run_dpsgd, "expm": run_expm_langevin}
+def run_expm_nf_study(
+    *,
+    spec: ModelSpec,
+    mechanism: dict[str, Any],
+    samples: int,
+    data: TabularTrainingSet,
+    device: torch.device,
+    progress: Callable[[int, int], None],
+) -> Any:
+    """One ExpM+NF release as the worker runs the plan (worker/mechanisms/expm_job.py), less
+    the enclave-only diagnostics (module docstring)."""
+    params = dataclasses.replace(
+        params_from_mechanism(mechanism, samples=samples), diagnostic_samples=0
+    )
+    return run_expm_nf(
+        spec=spec,
+        params=params,
+        data=data,
+        device=device,
+        generator=secure_generator(device),
+        progress=progress,
+    )
+
+
+RUNNERS: dict[str, Callable[..., Any]] = {
+    "dpsgd": run_dpsgd,
+    "expm": run_expm_langevin,
+    "expm_nf": run_expm_nf_study,
+}
 
 
 def release(ds: Dataset, plan: PrivacyPlan) -> tuple[float, float]:
@@ -312,6 +363,11 @@ def release(ds: Dataset, plan: PrivacyPlan) -> tuple[float, float]:
 
 def grid(method: str, n: int) -> list[dict[str, Any]]:
     """The grid of study method ``method``: by the product method it requests."""
+    if STUDY_METHODS[method].method == "expm_nf":
+        return [
+            {"steps": t, "l2": l2}
+            for t, l2 in itertools.product((500, 1500), (0.1, 1.0, 10.0, 100.0))
+        ]
     if STUDY_METHODS[method].method == "expm":
         return [
             {"sampler": "langevin", "steps": t, "learning_rate": lr, "l2": l2}
@@ -339,6 +395,8 @@ def settings_of(plan: PrivacyPlan) -> dict[str, Any]:
             "steps",
             "noise_multiplier",
         )
+    elif plan.method == "expm_nf":
+        keys = ("steps", "learning_rate", "l2", "n_samples_per_step", "batch_size")
     else:
         keys = ("steps", "learning_rate", "l2", "inverse_temperature", "noise_multiplier")
     return {k: m[k] for k in keys}
@@ -443,6 +501,11 @@ def _fmt_settings(method: str, s: dict[str, Any]) -> str:
             f"B {s['batch_size']}, E {s['epochs']} (T {s['steps']}), lr {s['learning_rate']:g}, "
             f"C {s['max_grad_norm']:g}; σ {s['noise_multiplier']:.3g}"
         )
+    if STUDY_METHODS[method].method == "expm_nf":
+        return (
+            f"T {s['steps']}, lr {s['learning_rate']:g}, l2 {s['l2']:g}; "
+            f"N {s['n_samples_per_step']}, b {s['batch_size']}"
+        )
     return (
         f"T {s['steps']}, lr {s['learning_rate']:g}, l2 {s['l2']:g}; "
         f"σ {s['noise_multiplier']:.3g}, k {s['inverse_temperature']:.3g}"
@@ -468,8 +531,9 @@ def write(results: dict[str, Any], stem: Path) -> None:
         f"Machine: {results['machine']}; load average (1 min) {results['load_start']:.1f} at the "
         f"start, {results['load_end']:.1f} at the end; {results['wall_s'] / 60:.1f} min in all.",
         "",
-        f"ε = {EPSILON[0]:g}, δ = {DELTA:g}, {_models(results)}. Default: median test AUC of R "
-        "releases of the request without method options. Grid best: the best median of R "
+        f"ε = {EPSILON[0]:g}, δ = {DELTA:g}{_pure(results)}, {_models(results)}. Default: "
+        "median test AUC of R releases of the request without method options. Grid best: "
+        "the best median of R "
         f"fresh releases among the {results['top']} best grid points of a screen of S "
         "releases per point (see the module docstring for the grids). (S, R) = "
         f"{tuple(results['repeats'])} for n ≥ {SMALL_N:,}, {tuple(results['small_repeats'])} "
@@ -522,6 +586,12 @@ def write(results: dict[str, Any], stem: Path) -> None:
     Path(f"{stem}.md").write_text("\n".join(lines) + "\n")
 
 
+def _pure(results: dict[str, Any]) -> str:
+    """The δ of the pure ε-DP rows, in words (the table's header line)."""
+    pure = sorted({r["method"] for r in results["rows"] if STUDY_METHODS[r["method"]].pure})
+    return f" (δ = 0 for {', '.join(pure)}: pure ε-DP)" if pure else ""
+
+
 def _models(results: dict[str, Any]) -> str:
     """The models the rows train, in words (the table's header line)."""
     if all(STUDY_METHODS[r["method"]].model == LOGISTIC for r in results["rows"]):
@@ -562,6 +632,24 @@ def _auto_table(results: dict[str, Any]) -> list[str]:
     return lines
 
 
+def merge(parts: list[dict[str, Any]]) -> dict[str, Any]:
+    """One result of several runs of the study on disjoint datasets, run side by side
+    (``--merge a.json,b.json``): their rows and datasets, their commands joined, the wall
+    time of the longest, the highest load seen."""
+    out = dict(parts[0])
+    for key in ("repeats", "small_repeats", "top", "grid_from"):
+        if any(p[key] != out[key] for p in parts):
+            raise SystemExit(f"the runs differ in {key}")
+    # inside the table's `...`: each command in its own code span
+    out["command"] = "` and, side by side, `".join(p["command"] for p in parts)
+    out["load_start"] = max(p["load_start"] for p in parts)
+    out["load_end"] = max(p["load_end"] for p in parts)
+    out["wall_s"] = max(p["wall_s"] for p in parts)
+    out["datasets"] = {k: v for p in parts for k, v in p["datasets"].items()}
+    out["rows"] = [r for p in parts for r in p["rows"]]
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=3)
@@ -574,8 +662,13 @@ def main() -> None:
     parser.add_argument("--grid-from", default=None)
     parser.add_argument("--no-grid", action="store_true")
     parser.add_argument("--epsilon", type=float, default=1.0)
+    parser.add_argument("--merge", default=None)
     parser.add_argument("--out", default=str(ROOT / "benchmarks/results/defaults_study"))
     args = parser.parse_args()
+    if args.merge:
+        parts = [json.loads(Path(p).read_text()) for p in args.merge.split(",")]
+        write(merge(parts), Path(args.out))
+        return
     torch.set_num_threads(1)
     EPSILON[0] = args.epsilon
     t0 = time.perf_counter()
@@ -610,7 +703,9 @@ def main() -> None:
                 rows = [
                     r
                     for r in results["rows"]
-                    if r["dataset"] == ds.name and STUDY_METHODS[r["method"]].model == LOGISTIC
+                    if r["dataset"] == ds.name
+                    and STUDY_METHODS[r["method"]].model == LOGISTIC
+                    and not STUDY_METHODS[r["method"]].pure  # auto picks proven methods only
                 ]
                 results["rows"].append(study_auto(ds, args, rows))
             else:
