@@ -30,6 +30,7 @@ from abc import ABC, abstractmethod
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any, ClassVar, Final
 
 import numpy as np
@@ -163,7 +164,7 @@ class PureDpEvent(DpEvent):
         return self.epsilon
 
     def _leaf_curve(self, orders: tuple[float, ...]) -> tuple[float, ...]:
-        return tuple(randomized_response_rdp(epsilon=self.epsilon, orders=orders).tolist())
+        return _pure_curve(self.epsilon, orders)
 
     def to_json(self) -> dict[str, Any]:
         return {"type": self.TYPE, "version": self.VERSION, "epsilon": self.epsilon}
@@ -172,6 +173,14 @@ class PureDpEvent(DpEvent):
     def _from_fields(cls, d: Mapping[str, Any], depth: int) -> DpEvent:
         _expect_keys(d, {"epsilon"})
         return cls(epsilon=d["epsilon"])
+
+
+@lru_cache(maxsize=1024)
+def _pure_curve(epsilon: float, orders: tuple[float, ...]) -> tuple[float, ...]:
+    """A :class:`PureDpEvent`'s curve, per exact (ε, orders): a pure function, so a hit is
+    the tuple a miss computes (issue 26: a selection's score counts keep their ε while the
+    per-training ε's search plans again and again, two curves per plan)."""
+    return tuple(randomized_response_rdp(epsilon=epsilon, orders=orders).tolist())
 
 
 @dataclass(frozen=True)
