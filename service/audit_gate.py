@@ -7,7 +7,8 @@ unless an audit (service/audits.py) of the same configuration passed within that
 
 * same configuration: the plan's method, the model family (``model.kind``), the DP-SGD
   engine and noise schedule, and the sampler (``mechanism.sampler``; DP-SGD has one, its
-  Poisson sampler; ExpM is audited with its default Langevin sampler), with the job's
+  Poisson sampler; ExpM is audited with the sampler its ``expm`` options name, Langevin by
+  default; a job of ExpM's HMC sampler has no σ, so no audit covers it), with the job's
   noise multiplier σ at least the audited one (ExpM+NF, which has none: the job's ε at
   most the audited claim). Why σ ≥:
   a Gaussian step with noise σ' ≥ σ at the same clip norm is the step with noise σ
@@ -175,10 +176,14 @@ def _audit_configuration(audit: Any) -> dict[str, Any]:
         "model": request["model"]["kind"],
         "engine": options.get("engine", "exact"),
         "noise_schedule": options.get("noise_schedule", "constant"),
-        # The sampler the audit ran, named as a job's plan names it: an audit request has
-        # no ExpM options, so ExpM is audited with its default sampler (Langevin); DP-SGD's
-        # Poisson sampler and ExpM+NF's flow are not named in plans (None on both sides).
-        "sampler": _EXPM_DEFAULT_SAMPLER if request["method"] == "expm" else None,
+        # The sampler the audit ran, named as a job's plan names it: ExpM's options' (its
+        # default, Langevin, when the audit gave none); DP-SGD's Poisson sampler and
+        # ExpM+NF's flow are not named in plans (None on both sides).
+        "sampler": (
+            (request.get("expm") or {}).get("sampler", _EXPM_DEFAULT_SAMPLER)
+            if request["method"] == "expm"
+            else None
+        ),
     }
 
 

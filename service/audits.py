@@ -17,9 +17,11 @@ each training's plan). The stored result is then the one-run bound of one held-o
 opens a release gate (service/audit_gate.py reads one-run audits only).
 
 Which (dataset, method, model) the one-run audit can run (:data:`AUDITABLE`): on public Adult
-(tabular), logistic regression by DP-SGD (any engine), by ``expm`` (its default, proven
-Langevin sampler) and by ``expm_nf`` (nominal; δ = 0 as for its jobs); on the bundled
-synthetic ICU sample (time series), GRU-D by DP-SGD (exact engine) and by ``expm_nf``.
+(tabular), logistic regression and MLPs by DP-SGD (any engine the job door takes for them),
+logistic regression by ``expm`` (either sampler, as the request's ``expm`` options name it:
+the proven Langevin one, the default, or the asymptotic HMC one, ``mcmc``) and by
+``expm_nf`` (nominal; δ = 0 as for its jobs); on the bundled synthetic ICU sample (time
+series), GRU-D by DP-SGD (exact engine) and by ``expm_nf``.
 The canaries' scores are minus their loss under the released model, so a model family the
 worker cannot score, or a method whose release is not one model of that family, is
 refused. A registered dataset is never
@@ -65,6 +67,7 @@ from service.schemas.audits import (
     LiraFigures,
 )
 from service.schemas.dpsgd import DpsgdOptions
+from service.schemas.expm import ExpmOptions
 
 __all__ = [
     "AUDITABLE",
@@ -81,6 +84,7 @@ __all__ = [
     "PublicDataset",
     "audit_plan",
     "audit_view",
+    "check_expm_options",
     "check_gradient_canaries",
     "check_lira",
     "check_request",
@@ -119,16 +123,20 @@ PUBLIC_DATASETS: dict[str, PublicDataset] = {
     "icu": PublicDataset(REPO / "examples" / "icu", rows=2_000, features=8, kind="timeseries"),
 }
 AUDITABLE: dict[str, dict[str, tuple[str, ...]]] = {
-    "tabular": {"dpsgd": ("logistic",), "expm": ("logistic",), "expm_nf": ("logistic",)},
+    "tabular": {"dpsgd": ("logistic", "mlp"), "expm": ("logistic",), "expm_nf": ("logistic",)},
     "timeseries": {"dpsgd": ("grud",), "expm_nf": ("grud",)},
 }
 """Dataset kind → method → the model kinds the audit can run and score (module text)."""
 AUDITABLE_METHODS = ("dpsgd", "expm", "expm_nf")
 """Methods the one-run audit can run on some bundled dataset (:data:`AUDITABLE`)."""
-AUDITABLE_MODELS = ("logistic", "grud")
+AUDITABLE_MODELS = ("logistic", "mlp", "grud")
 """Model kinds the audit's scoring covers (minus each canary's loss under the release)."""
 GRADIENT_CANARY_METHODS = ("dpsgd",)
 """Methods whose run sums clipped per-row gradients, where a gradient canary is a row."""
+NO_GRADIENT_CANARY_MODELS = ("mlp",)
+"""Model kinds audited with input canaries only: the gradient canaries' score
+(worker/gradient_canaries.py) takes every public row's per-example gradient at every step,
+which for the default MLP on Adult did not finish in 5 minutes (2 shared cores)."""
 LIRA_METHODS = ("dpsgd", "expm", "expm_nf")
 """Methods a LiRA audit runs: worker/lira.py's configurations of the same names (expm with
 its Langevin sampler; expm_nf nominal), logistic regression on public Adult."""
@@ -197,8 +205,8 @@ def check_request(
     dataset (a registered one included), a method it cannot audit on that dataset's kind, a
     model kind it cannot run or score with that method (``model``: None skips this check),
     m outside [1, 10% of the rows], r outside [1, m], gradient canaries for a method
-    other than DP-SGD. ``rows``: the rows counted (the worker's count); default the
-    dataset's public count."""
+    other than DP-SGD or for a model in :data:`NO_GRADIENT_CANARY_MODELS`. ``rows``: the
+    rows counted (the worker's count); default the dataset's public count."""
     if dataset not in PUBLIC_DATASETS:
         raise AuditRefused(
             f"unknown public dataset {dataset!r}; bundled: {', '.join(PUBLIC_DATASETS)} "
@@ -233,6 +241,13 @@ def check_request(
         raise AuditRefused(
             f"gradient canaries need a method that sums clipped per-row gradients "
             f"({', '.join(GRADIENT_CANARY_METHODS)}); {method!r} takes input canaries only",
+            "canary_kind",
+        )
+    if canary_kind == "gradient" and model in NO_GRADIENT_CANARY_MODELS:
+        raise AuditRefused(
+            f"model {model!r} is audited with input canaries only: the gradient canaries' "
+            "score takes every public row's per-example gradient at every step, too slow "
+            "for an MLP on the bundled data",
             "canary_kind",
         )
 
@@ -300,6 +315,13 @@ def lira_audit_plan(*, method: str, epsilon: float, delta: float, pool: int) -> 
     )
 
 
+def check_expm_options(method: str, expm: ExpmOptions | None) -> None:
+    """ExpM's options (its sampler) go with method ``expm`` only (raises
+    :class:`AuditRefused`)."""
+    if expm is not None and method != "expm":
+        raise AuditRefused("expm options are for method 'expm' only", "expm")
+
+
 def check_gradient_canaries(plan: PrivacyPlan, canaries: int) -> None:
     """Dirac gradient canaries sit on distinct parameters: m ≤ the plan's parameter count
     (raises :class:`AuditRefused`)."""
@@ -324,12 +346,14 @@ def audit_plan(
     dataset: str = "adult",
     model: ModelSpec | None = None,
     canary_kind: CanaryKind = "input",
+    expm: ExpmOptions | None = None,
 ) -> PrivacyPlan:
     """The plan of the audited run, built as for a job from public values: the expected
     number of rows trained on (input canaries: n − m/2, the m canaries being rows each in
     with probability 1/2; gradient canaries: n + m/2, each an extra row w.p. 1/2), the
     encoded width, the dataset's kind and its schema's row-norm bound. DP-SGD's options
-    apply to DP-SGD only (the other methods run with their defaults). Raises PlanError."""
+    apply to DP-SGD only, ExpM's (``expm``: its sampler and its options) to ExpM only; the
+    other methods run with their defaults. Raises PlanError."""
     try:
         request = JobRequest(
             dataset="audit",
@@ -338,6 +362,7 @@ def audit_plan(
             epsilon=epsilon,
             delta=delta,
             dpsgd=(options or DpsgdOptions()) if method == "dpsgd" else None,
+            expm=expm if method == "expm" else None,
         )
     except ValidationError as exc:  # a combination the job door refuses: a plan error
         first = exc.errors()[0]
@@ -363,7 +388,7 @@ def planned_figures(plan: PrivacyPlan) -> dict[str, Any]:
     return {k: kinds[k](mech[k]) for k in PLANNED_KEYS if mech.get(k) is not None}
 
 
-ONE_RUN_ONLY = ("canaries", "guesses", "dpsgd")
+ONE_RUN_ONLY = ("canaries", "guesses", "dpsgd", "expm")
 """Request fields a LiRA audit refuses (its canaries are its pool rows, its guesses the
 default for them, its plans the method's defaults)."""
 LIRA_ONLY = ("shadow_models", "pool")
@@ -395,6 +420,7 @@ def validated(
     )
     if body.dpsgd is not None and body.method != "dpsgd":
         raise AuditRefused("dpsgd options are for method 'dpsgd' only", "dpsgd")
+    check_expm_options(body.method, body.expm)
     public = PUBLIC_DATASETS[body.dataset]
     plan = audit_plan(
         method=body.method,
@@ -407,6 +433,7 @@ def validated(
         dataset=body.dataset,
         model=body.model,
         canary_kind=body.canary_kind,
+        expm=body.expm,
     )
     if body.canary_kind == "gradient":
         check_gradient_canaries(plan, body.canaries)

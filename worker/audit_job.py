@@ -83,6 +83,7 @@ def _run(request: AuditRequest) -> tuple[OneRunBound, dict[str, Any], LiraFigure
         options=request.dpsgd,
         model=request.model,
         canary_kind=request.canary_kind,
+        expm=request.expm,
     )
     run = {
         "rows": audit.rows,

@@ -11,9 +11,11 @@ examples/icu), so nothing is charged to any dataset's budget and no private row 
    are always trained on.
 2. Each canary is included independently with probability 1/2 (S_i, secure RNG).
 3. ONE training run, under the plan the service would build for that request (method,
-   model, (ε, δ)) and the public row count, by the worker's own mechanism
-   (worker.mechanisms.registry.run_mechanism: DP-SGD with its engines, ExpM's Langevin
-   sampler, ExpM+NF); service/audits.py's ``AUDITABLE`` says which pairs.
+   model, options, (ε, δ)) and the public row count, by the worker's own mechanism
+   (worker.mechanisms.registry.run_mechanism, as a job runs it: DP-SGD with its engines on
+   logistic regression, MLPs and GRU-D, ExpM's Langevin sampler, ExpM's HMC sampler (its
+   first chain's final state is the release, as for a one-sample job), ExpM+NF);
+   service/audits.py's ``AUDITABLE`` says which pairs.
 4. Each canary is scored by minus its loss under the released model (a member is fitted
    better); ties broken by a secure random order. The auditor guesses "in" for the k₊
    highest scores and "out" for the k₋ lowest, abstaining on the rest (the paper's
@@ -47,6 +49,7 @@ from service.audits import (
     PUBLIC_DATASETS,
     AuditRefused,
     audit_plan,
+    check_expm_options,
     check_gradient_canaries,
     check_request,
     default_guesses,
@@ -59,6 +62,7 @@ from service.modelspec import MODEL_SPEC, ModelSpec
 from service.privacy.one_run_audit import OneRunBound, epsilon_lower_bound
 from service.schemas import DpsgdOptions, PrivacyPlan
 from service.schemas.audits import CanaryKind
+from service.schemas.expm import ExpmOptions
 from worker.data import prepare_series
 from worker.gradient_canaries import CanaryScores, gradient_canary_run
 from worker.mechanisms.base import TabularTrainingSet
@@ -164,10 +168,12 @@ def run_one_run_audit(
     options: DpsgdOptions | None = None,
     model: ModelSpec | None = None,
     canary_kind: CanaryKind = "input",
+    expm: ExpmOptions | None = None,
 ) -> OneRunAudit:
     """One training run, m canaries, the bound and its ceiling (module text). ``model``:
     default the dataset's (logistic regression; GRU-D on a time series). ``canary_kind``:
-    input rows (black box) or white-box gradient canaries (DP-SGD only)."""
+    input rows (black box) or white-box gradient canaries (DP-SGD only). ``expm``: ExpM's
+    options as a job gives them (its sampler: Langevin by default, or ``mcmc``)."""
     start = time.perf_counter()
     r = default_guesses(canaries) if guesses is None else guesses
     spec = model or default_model(dataset)
@@ -180,6 +186,7 @@ def run_one_run_audit(
         model=spec.kind,
         canary_kind=canary_kind,
     )
+    check_expm_options(method, expm)
     data = load_public(dataset)
     n = data.n
     check_request(method=method, canaries=canaries, guesses=r, dataset=dataset, rows=n)
@@ -196,6 +203,7 @@ def run_one_run_audit(
         dataset=dataset,
         model=spec,
         canary_kind=canary_kind,
+        expm=expm,
     )
     rng = secure_rng()
     planned_spec = MODEL_SPEC.validate_python(plan.model)

@@ -26,6 +26,7 @@ from service.modelspec import LogisticSpec, ModelSpec
 from service.params import Delta, Epsilon, Probability, not_bool
 from service.schemas.common import ApiInput, TrainingMethod
 from service.schemas.dpsgd import DpsgdOptions
+from service.schemas.expm import ExpmOptions
 
 AuditStatus = Literal["queued", "running", "done", "failed"]
 """queued: sent to the worker; running: a worker took it; done: the bound is in; failed:
@@ -107,8 +108,9 @@ class AuditRequest(ApiInput):
         min_length=1,
         max_length=64,
         description="A public dataset bundled with the product (no budget is charged): "
-        "adult (logistic regression by dpsgd, expm or expm_nf) or icu, the synthetic ICU "
-        "sample (GRU-D by dpsgd or expm_nf). Registered datasets are not audited.",
+        "adult (logistic regression by dpsgd, expm with either sampler or expm_nf; an MLP "
+        "by dpsgd) or icu, the synthetic ICU sample (GRU-D by dpsgd or expm_nf). "
+        "Registered datasets are not audited.",
     )
     guesses: Canaries | None = Field(
         default=None,
@@ -120,6 +122,15 @@ class AuditRequest(ApiInput):
     )
     confidence: Probability = Field(default=0.95, description="Confidence of the bound.")
     dpsgd: DpsgdOptions | None = None
+    expm: ExpmOptions | None = Field(
+        default=None,
+        description=(
+            "Method expm only, one-run audits only: its options as a job gives them; "
+            "sampler 'langevin' (the default, proven) or 'mcmc' (HMC on the exact target, "
+            "asymptotic: worker/mechanisms/mcmc.py, the job's code, run once with its "
+            "chains; the release audited is the final state of its first chain)."
+        ),
+    )
     canary_kind: CanaryKind = Field(
         default="input",
         description=(
@@ -139,7 +150,7 @@ class AuditRequest(ApiInput):
             "canaries. 'lira': LiRA membership inference (Carlini et al. 2022) with "
             "shadow_models models trained on random halves of a pool of public Adult rows "
             "(methods dpsgd, expm with its Langevin sampler, expm_nf; logistic regression; "
-            "no dpsgd options, canaries, guesses or gradient canaries: 422 otherwise); "
+            "no dpsgd or expm options, canaries, guesses or gradient canaries: 422 otherwise); "
             "reported as TPR at 0.1% and 1% FPR, AUC and an ε lower bound beside its ceiling, "
             "with the one-run bound of one held-out target."
         ),

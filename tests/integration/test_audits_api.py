@@ -37,6 +37,13 @@ SMALL = {
 }
 PROBLEM_JSON = "application/problem+json"
 GRUD = {"model": {"kind": "grud", "hidden": 4}}
+MLP = {"model": {"kind": "mlp", "hidden": [8]}}
+MCMC = {
+    "method": "expm",
+    "dpsgd": None,
+    "expm": {"sampler": "mcmc", "chains": 2, "steps": 10, "warmup": 10, "leapfrog_steps": 4},
+}
+"""ExpM's HMC sampler (the exact mechanism's), short chains: seconds on Adult."""
 LIRA = {"attack": "lira", "shadow_models": 8, "pool": 200, "canaries": None, "dpsgd": None}
 """SMALL made a tiny LiRA audit (DP-SGD at ε = 1, logistic regression, 8 models, 200 rows)."""
 
@@ -69,6 +76,7 @@ LIRA_REFUSALS = [
     ({"pool": 30_163}, "validation-error", "out of range for adult"),
     ({"pool": 2.5}, "validation-error", "integer"),
     ({"dataset": "icu"}, "validation-error", "LiRA audits run on a pool of public adult"),
+    ({**MCMC, "dpsgd": None}, "validation-error", "expm is for one-run audits only"),
     ({"dataset": "mydata"}, "validation-error", "registered datasets are not audited"),
     ({"model": {"kind": "mlp", "hidden": [8]}}, "validation-error", "logistic regression only"),
     ({"method": "expm_nf"}, "invalid-plan", "delta = 0"),  # a pure method, as for jobs
@@ -108,7 +116,21 @@ LIRA_REFUSALS = [
         ({"dataset": "icu", **GRUD, "canaries": 201}, "validation-error", "out of range for icu"),
         ({**GRUD}, "validation-error", "model 'grud' cannot be audited with dpsgd on adult"),
         ({"dataset": "icu", **GRUD, "dpsgd": {"engine": "ghost"}}, "invalid-plan", "'exact'"),
-        ({"model": {"kind": "mlp", "hidden": [8]}}, "validation-error", "cannot be audited"),
+        (
+            {**MLP, "method": "expm_nf", "dpsgd": None, "delta": 0},
+            "validation-error",
+            "model 'mlp' cannot be audited with expm_nf on adult",
+        ),
+        ({**MLP, "method": "expm", "dpsgd": None}, "validation-error", "model 'mlp' cannot"),
+        ({**MLP, "canary_kind": "gradient"}, "validation-error", "input canaries only"),
+        ({"expm": {"sampler": "mcmc"}}, "validation-error", "expm options are for method"),
+        ({**MCMC, "expm": {"sampler": "mcmc", "l2": 0}}, "invalid-plan", "l2 > 0"),
+        (
+            {**MCMC, "expm": {"sampler": "mcmc", "accounting": "hidden"}},
+            "validation-error",
+            "option of the 'langevin' sampler only",
+        ),
+        ({**MCMC, "delta": 0}, "invalid-plan", "delta > 0"),
         ({"epsilon": 1000}, "validation-error", "less than or equal to 100"),
         ({"delta": 0}, "invalid-plan", ""),
         ({"confidence": 1.0}, "validation-error", "less than 1"),
@@ -246,14 +268,18 @@ def test_a_small_audit_runs_end_to_end(client: Any, keys: Any, settings: Any) ->
         pytest.param({"dataset": "icu", **GRUD, "canaries": 40}, id="grud-dpsgd-icu"),
         pytest.param({"method": "expm", "dpsgd": None, "canaries": 40}, id="expm-langevin-adult"),
         pytest.param({"canary_kind": "gradient", "canaries": 40}, id="dpsgd-gradient-adult"),
+        pytest.param({**MLP, "canaries": 40}, id="mlp-dpsgd-adult"),
+        pytest.param({**MLP, "canaries": 40, "dpsgd": {"engine": "ghost"}}, id="mlp-ghost-adult"),
+        pytest.param({**MCMC, "canaries": 40}, id="expm-mcmc-adult"),
     ],
 )
 def test_audits_of_the_other_auditable_pairs_run_end_to_end(
     client: Any, keys: Any, settings: Any, changes: dict[str, Any]
 ) -> None:
-    """GRU-D by DP-SGD on the bundled ICU sample, ExpM (proven Langevin) on Adult and
-    DP-SGD with white-box gradient canaries: through the API, the worker's task and back,
-    with the run's public figures."""
+    """GRU-D by DP-SGD on the bundled ICU sample, ExpM (proven Langevin, and its HMC
+    sampler) on Adult, DP-SGD with white-box gradient canaries and DP-SGD on an MLP (exact
+    and ghost engines): through the API, the worker's task and back, with the run's public
+    figures."""
     r = _post(client, keys.admin, **changes)
     assert r.status_code == 202, r.text
     queued = r.json()
@@ -267,10 +293,15 @@ def test_audits_of_the_other_auditable_pairs_run_end_to_end(
     assert result["rows"] == PUBLIC_DATASETS[dataset].rows
     with transaction(engine_for(settings.resolved_database_url)) as s:
         planned = s.scalars(select(Audit.planned)).one()
-    # σ for both; DP-SGD's steps and q, ExpM's Langevin steps, no q (no Poisson sampling).
+    # σ for DP-SGD and Langevin; DP-SGD's steps and q, ExpM's steps, no q (no Poisson
+    # sampling); ExpM's HMC sampler has no σ (its target's temperature is its noise).
     assert planned == {k: v for k, v in result.items() if k in planned}
-    assert result["noise_multiplier"] == planned["noise_multiplier"] > 0
     assert (result["sampling_rate"] is None) == (changes.get("method") == "expm")
+    if "expm" in changes:
+        assert result["noise_multiplier"] is None and result["steps"] == 10
+        assert done["configuration"]["expm"]["sampler"] == "mcmc"
+    else:
+        assert result["noise_multiplier"] == planned["noise_multiplier"] > 0
 
 
 def test_a_running_audit_is_taken_again_only_after_the_time_limit(

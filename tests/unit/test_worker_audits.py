@@ -1,5 +1,6 @@
-"""worker/audits.py: the one-run audit's guesser, its refusals, and one real audit run
-(DP-SGD logistic regression on the bundled Adult training set, 100 canaries)."""
+"""worker/audits.py: the one-run audit's guesser, its refusals, and real audit runs (DP-SGD
+on logistic regression and the default MLP, ExpM's Langevin and HMC samplers, GRU-D, on the
+bundled public data), with a broken DP-SGD (its noise divided by 100) that the audit catches."""
 
 from __future__ import annotations
 
@@ -7,9 +8,11 @@ import numpy as np
 import pytest
 import torch
 
-from service.modelspec import GrudSpec, LogisticSpec, ModelSpec
+from service.modelspec import GrudSpec, LogisticSpec, MlpSpec, ModelSpec
 from service.privacy.one_run_audit import ceiling
 from service.schemas import DpsgdOptions
+from service.schemas.expm import ExpmOptions
+from worker import audits
 from worker.audits import (
     MAX_CANARY_FRACTION,
     AuditRefused,
@@ -18,6 +21,7 @@ from worker.audits import (
     load_public,
     run_one_run_audit,
 )
+from worker.mechanisms import dpsgd
 from worker.mechanisms.base import TabularTrainingSet
 from worker.models import build_module
 
@@ -68,6 +72,25 @@ def test_refusals() -> None:
         run_one_run_audit(method="dpsgd", epsilon=1.0, delta=1e-5, canaries=10, dataset="x")
     with pytest.raises(AuditRefused, match="guesses"):
         run_one_run_audit(method="dpsgd", epsilon=1.0, delta=1e-5, canaries=10, guesses=11)
+    with pytest.raises(AuditRefused, match="model 'mlp' cannot be audited with expm"):
+        run_one_run_audit(method="expm", epsilon=1.0, delta=1e-5, canaries=10, model=MlpSpec())
+    with pytest.raises(AuditRefused, match="input canaries only"):
+        run_one_run_audit(
+            method="dpsgd",
+            epsilon=1.0,
+            delta=1e-5,
+            canaries=10,
+            model=MlpSpec(),
+            canary_kind="gradient",
+        )
+    with pytest.raises(AuditRefused, match="expm options are for method 'expm' only"):
+        run_one_run_audit(
+            method="dpsgd",
+            epsilon=1.0,
+            delta=1e-5,
+            canaries=10,
+            expm=ExpmOptions(sampler="mcmc"),
+        )
 
 
 def test_one_audit_on_adult() -> None:
@@ -92,6 +115,89 @@ def test_one_audit_of_expm_langevin_on_adult() -> None:
     assert a.noise_multiplier is not None and a.sampling_rate is None  # no Poisson sampling
 
 
+MCMC = ExpmOptions(sampler="mcmc", chains=2, steps=10, warmup=10, leapfrog_steps=4)
+"""ExpM's HMC sampler with short chains (tests/privacy/test_audit_mcmc.py's, shorter)."""
+
+
+def test_one_audit_of_expm_mcmc_on_adult() -> None:
+    """The exact mechanism's HMC sampler (asymptotic): the job's run_expm_mcmc, its first
+    chain's final state the release, scored like the others."""
+    a = run_one_run_audit(method="expm", epsilon=1.0, delta=1e-5, canaries=50, expm=MCMC)
+    assert (a.model, a.bound.canaries, a.bound.guesses) == ("logistic", 50, 10)
+    assert a.bound.ceiling == pytest.approx(ceiling(canaries=50, confidence=0.95, delta=1e-5))
+    assert 0.0 <= a.bound.epsilon <= a.bound.ceiling
+    assert a.steps == 10 and a.noise_multiplier is None and a.sampling_rate is None
+
+
+def test_one_audit_of_dpsgd_on_the_default_mlp() -> None:
+    """DP-SGD on the product's default MLP (one hidden layer of 16 tanh units) with its
+    default options on all of public Adult."""
+    a = run_one_run_audit(method="dpsgd", epsilon=1.0, delta=1e-5, canaries=100, model=MlpSpec())
+    assert a.model == "mlp" and (a.bound.canaries, a.bound.guesses) == (100, 20)
+    assert a.bound.ceiling == pytest.approx(ceiling(canaries=100, confidence=0.95, delta=1e-5))
+    assert 0.0 <= a.bound.epsilon <= a.bound.ceiling
+    assert a.noise_multiplier is not None and a.noise_multiplier > 0
+    assert a.sampling_rate is not None and 0 < a.sampling_rate < 1
+
+
+MEMORISING = DpsgdOptions(batch_size=32, epochs=100, learning_rate=4.0)
+"""A DP-SGD configuration that memorises on 1,000 rows when its noise is gone (3,000 steps,
+each row in about 100 of them): measured 34 to 36 of 40 guesses right with the noise off."""
+
+
+@pytest.fixture
+def small_adult(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The audit's data hook: 1,000 rows of public Adult (seeded) instead of its 30,162, so
+    m = 100 canaries are a tenth of the rows, as the audit allows at most; the plan is then
+    built for 1,000 rows, as for a job on them."""
+    full = load_public("adult")
+    idx = torch.from_numpy(np.random.default_rng(0).choice(full.n, 1_000, replace=False))
+    subset = TabularTrainingSet(x=full.x[idx], y=full.y[idx])
+    monkeypatch.setattr(audits, "load_public", lambda dataset: subset)
+
+
+def test_the_audit_catches_an_mlp_whose_noise_is_divided_by_100(
+    small_adult: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The broken configuration: the job's DP-SGD on the default MLP with every noise draw at
+    σ/100 (the test-only control of tests/unit/test_dpsgd.py, scaled instead of zeroed).
+    The black-box audit's bound is then above 0: a violation of the claimed ε = 1 shown at
+    95% (the bound at 34 of 40 right is 0.97; above 0 from about 29)."""
+    exact = dpsgd.rounded_gaussian
+    monkeypatch.setattr(
+        dpsgd,
+        "rounded_gaussian",
+        lambda rng, *, scale, size: exact(rng, scale=scale / 100, size=size),
+    )
+    a = run_one_run_audit(
+        method="dpsgd",
+        epsilon=1.0,
+        delta=1e-5,
+        canaries=100,
+        guesses=40,
+        model=MlpSpec(),
+        options=MEMORISING,
+    )
+    assert (a.rows, a.steps) == (1_000, 3_000)
+    assert a.bound.epsilon > 0.0, a.bound
+
+
+def test_with_its_noise_the_same_mlp_audit_stays_below_the_claim(small_adult: None) -> None:
+    """The same design with the plan's noise: the bound at 99.9% is at most the claimed ε
+    (a correct mechanism fails this with probability ≤ 0.1%)."""
+    a = run_one_run_audit(
+        method="dpsgd",
+        epsilon=1.0,
+        delta=1e-5,
+        canaries=100,
+        guesses=40,
+        confidence=0.999,
+        model=MlpSpec(),
+        options=MEMORISING,
+    )
+    assert 0.0 <= a.bound.epsilon <= 1.0, a.bound
+
+
 def test_one_audit_of_grud_on_the_icu_sample() -> None:
     """GRU-D by DP-SGD on the bundled synthetic ICU sample (2,000 stays), one epoch."""
     a = run_one_run_audit(
@@ -111,6 +217,7 @@ def test_one_audit_of_grud_on_the_icu_sample() -> None:
     ("dataset", "spec", "n", "m", "epochs", "lr"),
     [
         ("adult", LogisticSpec(), 300, 100, 200, 0.05),
+        ("adult", MlpSpec(), 300, 100, 200, 0.02),
         ("icu", GrudSpec(hidden=8), 200, 50, 40, 0.02),
     ],
 )
@@ -120,7 +227,7 @@ def test_the_scorer_finds_canaries_a_non_private_fit_memorised(
     """The anchor: the audit's scores and guesser, on a release with no noise (Adam on a
     small public subsample, m flipped canaries each in w.p. 1/2), guess almost every
     canary right, so the zeros of benchmarks/results/one_run_audit_methods.md are the
-    private runs' and not a scorer that sees nothing (logistic and GRU-D alike)."""
+    private runs' and not a scorer that sees nothing (logistic, MLP and GRU-D alike)."""
     torch.manual_seed(0)
     rng = np.random.default_rng(0)
     full = load_public(dataset)
