@@ -58,6 +58,7 @@ def _audit(
     engine: str = "exact",
     method: str = "dpsgd",
     attack: str = "one_run",
+    expm: dict[str, Any] | None = None,
 ) -> str:
     """A finished audit row of the configuration given, as finish_audit writes one."""
     finished = datetime.now(UTC) - timedelta(days=age_days)
@@ -79,6 +80,7 @@ def _audit(
                 "confidence": 0.95,
                 "attack": attack,
                 **({"dpsgd": {"epochs": 1, "engine": engine}} if method == "dpsgd" else {}),
+                **({"expm": expm} if expm is not None else {}),
             },
             planned={"noise_multiplier": sigma, "steps": 4, "sampling_rate": 0.25},
             ceiling=5.8,
@@ -367,3 +369,25 @@ def test_expm_and_expm_nf_audits_open_the_gate_for_their_jobs(
     mcmc = {**EXPM_JOB, "expm": {"sampler": "mcmc"}}
     assert _quote(client, keys, mcmc).status_code == 422
     assert _quote(client, keys, JOB).status_code == 422  # DP-SGD: still no audit of its own
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_an_audit_of_the_hmc_sampler_does_not_open_the_gate_for_langevin_jobs(
+    client: Any, keys: Any, settings: Any
+) -> None:
+    """An ExpM audit names its sampler in its expm options: an HMC audit (even recorded
+    with the Langevin job's σ) covers no Langevin job, and no HMC job either (it has no
+    σ); the same audit of the Langevin sampler, named or by default, does."""
+    r = _quote(client, keys, EXPM_JOB)
+    assert r.status_code == 200, r.text
+    sigma = float(r.json()["plan"]["mechanism"]["noise_multiplier"])
+    _gate(client, keys, 30)
+    _audit(settings, sigma=sigma, method="expm", expm={"sampler": "mcmc"})
+    mcmc = {**EXPM_JOB, "expm": {"sampler": "mcmc"}}
+    for body in (EXPM_JOB, mcmc):
+        r = _quote(client, keys, body)
+        assert r.status_code == 422 and r.json()["type"].endswith("audit-gate"), r.text
+    _audit(settings, sigma=sigma, method="expm", expm={"sampler": "langevin"})
+    r = _quote(client, keys, EXPM_JOB)
+    assert r.status_code == 200 and r.json()["admitted"], r.text
+    assert _quote(client, keys, mcmc).status_code == 422
