@@ -103,13 +103,17 @@ def score_csv(
 @dataclass(frozen=True)
 class ScoredSeries:
     """GRU-D's predictions for the kept stays of public time-series files, in
-    ``stay_ids`` order, with their outcomes ``y``; ``auc`` is None with one class only."""
+    ``stay_ids`` order, with their outcomes ``y``: P(y = 1), or for a release of K ≥ 3
+    classes one column per class (softmax) with ``accuracy`` the share of stays whose most
+    probable class is theirs; ``auc`` is None with one class only (K ≥ 3: the macro
+    one-vs-rest AUC, None unless every class occurs)."""
 
     probabilities: np.ndarray
     stay_ids: list[str]
     y: np.ndarray
     auc: float | None
     report: TimeSeriesReport
+    accuracy: float | None = None
 
 
 def score_series(
@@ -143,8 +147,18 @@ def score_series(
     module = build_module(spec, schema.n_features)
     weights = loaded.sample_weights(sample)
     module.load_state_dict({k: torch.as_tensor(v) for k, v in weights.items()})
+    k = n_classes(loaded)
     with torch.no_grad():
-        proba = torch.sigmoid(module(torch.as_tensor(enc.x))).numpy().astype(np.float64)
+        logits = module(torch.as_tensor(enc.x)).double()
+    if k >= 3:
+        matrix = torch.softmax(logits, dim=1).numpy()
+        y = enc.y.astype(np.int64)
+        accuracy = float((matrix.argmax(axis=1) == y).mean()) if len(y) else None
+        auc = None
+        if len(np.unique(y)) == k:
+            auc = float(roc_auc_score(y, matrix, multi_class="ovr", average="macro"))
+        return ScoredSeries(matrix, enc.stay_ids, y, auc, validated.report, accuracy)
+    proba = torch.sigmoid(logits).numpy()
     auc = float(roc_auc_score(enc.y, proba)) if len(np.unique(enc.y)) == 2 else None
     return ScoredSeries(proba, enc.stay_ids, enc.y, auc, validated.report)
 

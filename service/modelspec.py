@@ -55,10 +55,16 @@ class MlpSpec(_Spec):
 
 
 class GrudSpec(_Spec):
-    """GRU-D (Che et al. 2018) for irregular time series, sigmoid head in [0, 1]."""
+    """GRU-D (Che et al. 2018) for irregular time series, sigmoid head in [0, 1]; for an
+    outcome of K ≥ 3 classes, a head of K logits and softmax (``classes`` filled in by the
+    service from the dataset's schema, as for :class:`MlpSpec`)."""
 
     kind: Literal["grud"] = "grud"
     hidden: int = Field(default=16, ge=1, le=128)
+    # Left out of every dump when absent: binary GRU-D plans and cards unchanged.
+    classes: int | None = Field(
+        default=None, ge=3, le=MAX_CLASSES, exclude_if=lambda value: value is None
+    )
 
 
 MAX_CNN_PARAMETERS = 1 << 20
@@ -235,7 +241,8 @@ def parameter_count(spec: ModelSpec, n_features: int) -> int:
     K ≥ 3 classes). GRU-D with
     V = n_features variables and H hidden units (worker/models/grud.py): input decay 2V
     (diagonal weight, bias), hidden decay V·H + H, input gates on [x̂, m] 2V·3H + 3H,
-    recurrent gates 2H·H + H·H (no bias), head H + 1. CNN: :func:`cnn_parameter_count`
+    recurrent gates 2H·H + H·H (no bias), head H + 1 (K·(H + 1) with K ≥ 3 classes).
+    CNN: :func:`cnn_parameter_count`
     (its image shape must give ``n_features`` = C·H·W; at most MAX_CNN_PARAMETERS).
     """
     if n_features < 1:
@@ -255,4 +262,4 @@ def parameter_count(spec: ModelSpec, n_features: int) -> int:
             raise ValueError(f"the CNN has {count} parameters, more than {MAX_CNN_PARAMETERS}")
         return count
     v, h = n_features, spec.hidden
-    return 2 * v + (v * h + h) + (2 * v * 3 * h + 3 * h) + 3 * h * h + (h + 1)
+    return 2 * v + (v * h + h) + (2 * v * 3 * h + 3 * h) + 3 * h * h + (spec.classes or 1) * (h + 1)

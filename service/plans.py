@@ -60,22 +60,23 @@ def _model_json(model: ModelSpec) -> dict[str, Any]:
 
 
 MULTICLASS_SUPPORT = (
-    "DP-SGD (method 'dpsgd', engine 'exact') on models 'logistic', 'mlp' and 'cnn', DP-SGD "
+    "DP-SGD (method 'dpsgd', engine 'exact') on models 'logistic', 'mlp', 'cnn' and 'grud', DP-SGD "
     "with engine 'ghost' on model 'mlp', and the proven ExpM (method 'expm', sampler "
     "'langevin') on model 'logistic'"
 )
 """What trains a target of K ≥ 3 classes today, in words (:data:`MULTICLASS_MODELS`)."""
 
 MULTICLASS_MODELS: dict[tuple[str, str], tuple[str, ...]] = {
-    ("dpsgd", "exact"): ("logistic", "mlp", "cnn"),
+    ("dpsgd", "exact"): ("logistic", "mlp", "cnn", "grud"),
     ("dpsgd", "ghost"): ("mlp",),
     ("expm", "langevin"): ("logistic",),
 }
 """(method, engine or sampler) → the model kinds it trains on a target of K ≥ 3 classes,
 each with a proven guarantee: multinomial logistic regression
 (worker/mechanisms/exact_softmax.py, worker/mechanisms/langevin.py), K-logit MLPs
-(worker/mechanisms/exact_net.py, whose exact and ghost engines are one sum) and CNNs
-(worker/mechanisms/exact_conv.py)."""
+(worker/mechanisms/exact_net.py, whose exact and ghost engines are one sum), CNNs
+(worker/mechanisms/exact_conv.py) and K-logit GRU-D (worker/mechanisms/exact_grud.py;
+its ghost and JL engines are not that sum and stay refused)."""
 
 
 def with_classes(request: JobRequest, n_classes: int) -> JobRequest:

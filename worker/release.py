@@ -39,7 +39,11 @@ def _output(model: dict[str, Any], public_schema: dict[str, Any]) -> str:
     classes = model.get("classes")
     if classes is None:
         return "sigmoid(logits) = P(y = 1 | x), in [0, 1]"
-    names = public_schema.get("classes") or public_schema.get("target", {}).get("classes")
+    names = (
+        public_schema.get("classes")
+        or public_schema.get("target", {}).get("classes")
+        or public_schema.get("outcome", {}).get("classes")
+    )
     listed = f": {', '.join(map(str, names))}" if names else ""
     return (
         f"softmax(logits) = (P(y = k | x))_k, k = 0 … {classes - 1}, probabilities over the "
@@ -195,6 +199,11 @@ def _preprocessing(public_schema: dict[str, Any]) -> str:
         text = text.replace(
             "the target is 1 for the declared positive values",
             "the target is its value's index in the declared classes",
+        )
+    if public_schema.get("outcome", {}).get("classes") is not None:  # a K-class outcome
+        text = text.replace(
+            "the outcome is 1 for the declared positive values",
+            "the outcome is its value's index in the declared classes",
         )
     return text
 

@@ -1,9 +1,9 @@
 """Public schemas of time-series datasets (``kind: timeseries``) and their encoding into
 GRU-D's inputs, by the schema alone.
 
-A time-series dataset is a set of **stays** (e.g. ICU admissions), each a binary outcome
-and irregular observations of declared variables. The private files are a long-format
-CSV, one observation per line (stay id, time in hours since the stay's start, variable,
+A time-series dataset is a set of **stays** (e.g. ICU admissions), each a binary or
+K-class outcome and irregular observations of declared variables. The private files are a
+long-format CSV, one observation per line (stay id, time in hours since the stay's start, variable,
 value), and an outcomes CSV, one line per stay (stay id, outcome). What is public is the
 schema: the variables with units, bounds and imputation means, the time grid, the column
 names and the outcome encoding. As in :mod:`service.datasets.tabular`, every transformation is
@@ -49,6 +49,7 @@ from service.datasets.tabular import (
     separator_hint,
     summarise_problems,
 )
+from service.modelspec import MAX_CLASSES
 
 __all__ = [
     "EncodedSeries",
@@ -118,8 +119,16 @@ class LongColumns(_Strict):
         return self
 
 
+def _absent(value: object) -> bool:
+    return value is None
+
+
 class SeriesOutcome(_Strict):
-    """Where each stay's outcome is written, and which values are positive and negative.
+    """Where each stay's outcome is written, and its public values: ``positive`` and
+    ``negative`` (a binary outcome, y = 1 for a positive value) or ``classes`` (K ≥ 3
+    values, y = the value's index in the list), never both, as a tabular target's. An
+    absent field is left out of every dump, so a binary schema's stored form and
+    encoded-cache key are unchanged.
 
     ``source: file`` (default): an outcomes file, one line per stay with a header, with
     the stay-id column ``stay`` and the outcome column ``column``. ``source:
@@ -129,20 +138,55 @@ class SeriesOutcome(_Strict):
     source: Literal["file", "observations"] = "file"
     stay: str = Field(default="stay_id", min_length=1)
     column: str = Field(default="label", min_length=1)
-    positive: list[str] = Field(min_length=1)
-    negative: list[str] = Field(min_length=1)
+    positive: list[str] | None = Field(default=None, min_length=1, exclude_if=_absent)
+    negative: list[str] | None = Field(default=None, min_length=1, exclude_if=_absent)
+    classes: list[str] | None = Field(
+        default=None, min_length=3, max_length=MAX_CLASSES, exclude_if=_absent
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> SeriesOutcome:
         if self.stay == self.column:
             raise ValueError("the outcome column must differ from the stay column")
-        if set(self.positive) & set(self.negative):
+        binary = self.positive is not None or self.negative is not None
+        if self.classes is not None:
+            if binary:
+                raise ValueError(
+                    "an outcome declares either positive/negative or classes, not both"
+                )
+            if len(set(self.classes)) != len(self.classes):
+                raise ValueError("the outcome's classes must be distinct")
+        elif self.positive is None or self.negative is None:
+            raise ValueError("an outcome declares positive and negative values, or classes")
+        elif set(self.positive) & set(self.negative):
             raise ValueError("an outcome value cannot be both positive and negative")
         return self
 
+    @property
+    def values(self) -> list[str]:
+        """Every declared outcome value."""
+        if self.classes is not None:
+            return list(self.classes)
+        assert self.positive is not None and self.negative is not None
+        return self.positive + self.negative
+
+    @property
+    def n_classes(self) -> int:
+        """K: 2 for a positive/negative outcome, else the number of declared classes."""
+        return 2 if self.classes is None else len(self.classes)
+
+    def encode(self, labels: pd.Series) -> np.ndarray:
+        """(n,) float32 y: 1 for a positive value and 0 otherwise, or with ``classes`` the
+        value's index in them (labels are validated values)."""
+        if self.classes is None:
+            assert self.positive is not None
+            return labels.isin(self.positive).to_numpy(dtype=np.float32)
+        index = {value: k for k, value in enumerate(self.classes)}
+        return labels.map(index).to_numpy(dtype=np.float32)
+
 
 class TimeSeriesSchema(_Strict):
-    """The public schema of a time-series dataset with a binary outcome per stay."""
+    """The public schema of a time-series dataset with a binary or K-class outcome per stay."""
 
     name: str = Field(pattern=r"^[a-z0-9][a-z0-9_-]{0,62}$")
     kind: Literal["timeseries"]
@@ -183,8 +227,8 @@ class TimeSeriesSchema(_Strict):
 
     @property
     def n_classes(self) -> int:
-        """The outcome's number of classes: 2 (positive and negative values)."""
-        return 2
+        """The outcome's number of classes K (2 for positive and negative values)."""
+        return self.outcome.n_classes
 
     @property
     def scaled_means(self) -> tuple[float, ...]:
@@ -271,7 +315,7 @@ def _validate_outcomes(
         problems[o.stay] = reasons_array(n, [(absent, "missing value"), (repeated, why)])
     if label is not None:
         absent = (label.isna() | (label == "")).to_numpy(dtype=bool)
-        allowed = o.positive + o.negative
+        allowed = o.values
         unknown = ~absent & ~label.isin(allowed).fillna(False).to_numpy(dtype=bool)
         problems[o.column] = reasons_array(
             n, [(absent, "missing value"), (unknown, "unknown outcome value")]
@@ -433,7 +477,8 @@ def pack_grud_inputs(values: np.ndarray, masks: np.ndarray, deltas: np.ndarray) 
 @dataclass(frozen=True)
 class EncodedSeries:
     """GRU-D's inputs for n stays: ``x`` (n, 3, T, V) float32 (scaled values, masks,
-    deltas in hours), ``y`` (n,) float32 in {0, 1}, and the stays' ids in that order."""
+    deltas in hours), ``y`` (n,) float32 in {0, 1} (K classes: the class index), and the
+    stays' ids in that order."""
 
     x: np.ndarray
     y: np.ndarray
@@ -470,7 +515,7 @@ def encode_series(schema: TimeSeriesSchema, validated: ValidatedSeries) -> Encod
     values[stay_pos[pick], step[pick], var_pos[pick]] = scaled[pick]
     masks[stay_pos[pick], step[pick], var_pos[pick]] = 1.0
     deltas = deltas_from_masks(masks, step_hours=grid.step_hours)
-    y = validated.outcomes[o.column].isin(o.positive).to_numpy(dtype=np.float32)
+    y = o.encode(validated.outcomes[o.column])
     return EncodedSeries(
         x=pack_grud_inputs(values, masks, deltas),
         y=y,

@@ -340,6 +340,11 @@ def fit_to_classes(
             "GRU-D searches are binary only for now, and 'features' scores binary-target "
             "histograms)"
         )
+    if request.model.kind == "grud":  # a K-logit GRU-D trains by a DP-SGD job only, so far
+        raise PlanError(
+            f"the dataset's target has {n_classes} classes; a K-class GRU-D trains by a DP-SGD "
+            "job (engine 'exact'), its hyperparameter tuning is not built yet"
+        )
     probe = JobRequest(dataset="-", method="dpsgd", epsilon=1.0, model=request.model)
     return request.model_copy(update={"model": with_classes(probe, n_classes).model})
 

@@ -26,6 +26,32 @@ for n·2^-g):
   product (the gates' pre-activation gradients, dĥ's parts) rounded onto 2^-16 first;
   the parameter gradients are sums over time of integer outer products: exact.
 
+**K classes** (an outcome of K ≥ 3 classes, worker/models/grud.py's head of K logits,
+softmax and cross-entropy; issue 20). The forward above is unchanged up to the last
+hidden state; the head and the start of the backward are K-class MLP's, by the same code
+(worker/mechanisms/exact_net.py ``softmax_residuals`` on fixed_point.softmax_basic, as
+worker/mechanisms/exact_softmax.py and exact_net's K-logit head use it):
+
+* the K logit numerators Z = h_int·W_intᵀ + b_int·2^16 are an exact integer product
+  ((H + 1)·2^16·2^20 ≤ 2^51 for H ≤ 128), the logits z = Z·2^-(16 + b) exact scalings;
+* p̃ = softmax_basic(z): the row maximum (exact), one subtraction, exp_neg_basic and one
+  quotient per class, and the sum over classes in the fixed order ((e_0 + e_1) + e_2) + …
+  — a per-row sequence whose order never depends on the batch, so p̃ is a function of the
+  row alone; the residual d_k = round((p̃_k − [k = y])·2^20), |d_k| ≤ 2^20 (p̃_k ∈ [0, 1]);
+* the head's gradients d ⊗ h (grid 2^-(20 + 16), each an exact product ≤ 2^36) and d
+  (bias, 2^-20); the signal into the recurrence dh = (d·W_int)·2^-(20 + b), an integer
+  product of K terms, exact when K·max|d|·2^20 ≤ 2^51, checked per row like every other
+  reduction (true for every row when K ≤ 2^11);
+* a label that is not an integer in [0, K) (exact_net.class_labels_valid: NaN, ±inf,
+  −1, K, 1.5) makes its row invalid, as a non-finite label does for the binary head.
+
+The binary proof used nothing about the head but these three facts (the head's products
+are exact, its signal into the recurrence is exact, and the row's validity is decided on
+the row alone): it never bounds |σ(z) − y| or ‖p − e_y‖, because the clipping below is
+aimed by the row's own norm and enforced a posteriori on the integers. So nothing else
+changes for K logits; everything from dh on is the binary backward, bit for bit the same
+operations.
+
 **Validity.** Each reduction's exactness needs, per row, (terms)·max|left|·max|right| ≤
 2^51, checked on the row's own exact values (a row maximum is exact in any order) against
 the public |W_int| ≤ 2^20. A row failing any check, or with a non-finite input or label, is
@@ -49,7 +75,12 @@ from typing import Final
 import torch
 
 from worker.mechanisms.base import PlanMismatch
-from worker.mechanisms.exact_net import norm_sq_upper
+from worker.mechanisms.exact_net import (
+    GRAD_BITS,
+    class_labels_valid,
+    norm_sq_upper,
+    softmax_residuals,
+)
 from worker.mechanisms.fixed_point import (
     exp_neg_basic,
     parameters_on_grid,
@@ -117,7 +148,12 @@ def grud_row_gradients(module: Grud, x: torch.Tensor, y: torch.Tensor) -> RowGra
         hidden = module.hidden
         y64 = y.double()
         valid = torch.isfinite(values).flatten(1).all(1) & torch.isfinite(masks).flatten(1).all(1)
-        valid &= torch.isfinite(deltas).flatten(1).all(1) & torch.isfinite(y64)
+        valid &= torch.isfinite(deltas).flatten(1).all(1)
+        classes = module.classes
+        if classes is None:
+            valid &= torch.isfinite(y64)
+        else:  # a class index: an integer in [0, K), exact comparisons on the row's label
+            valid &= class_labels_valid(y64, classes)
         values = torch.nan_to_num(values)
         masks = torch.nan_to_num(masks)
         deltas = torch.nan_to_num(deltas)
@@ -162,13 +198,24 @@ def grud_row_gradients(module: Grud, x: torch.Tensor, y: torch.Tensor) -> RowGra
             hh_real = hh * pow2(-c)
             h_int = _round_to((1.0 - z) * hh_real + z * n, c)
             saved.append((h_prev, hh, r, z, rh, n))
-        logit = (h_int @ g_head.weight.T + g_head.bias * one)[:, 0] * pow2(-(c + g_head.bits))  # type: ignore[operator]
+        head_numerators = h_int @ g_head.weight.T + g_head.bias * one  # type: ignore[operator]
 
         # Backward through time.
-        d_logit = _round_to(sigmoid_basic(logit).to(logit.device) - y64, c)  # (rows,)
-        head_w = d_logit.unsqueeze(1) * h_int  # grid 2^-2c, exact (≤ 2^32)
-        head_b = d_logit.unsqueeze(1)
-        dh = d_logit.unsqueeze(1) * pow2(-c) * (g_head.weight[0] * g_head.real())
+        if classes is None:
+            logit = head_numerators[:, 0] * pow2(-(c + g_head.bits))
+            d_logit = _round_to(sigmoid_basic(logit).to(logit.device) - y64, c)  # (rows,)
+            head_w = d_logit.unsqueeze(1) * h_int  # grid 2^-2c, exact (≤ 2^32)
+            head_b = d_logit.unsqueeze(1)
+            dh = d_logit.unsqueeze(1) * pow2(-c) * (g_head.weight[0] * g_head.real())
+            head_bits = (2 * c, c)
+        else:  # K logits: the module docstring's "K classes"
+            logits = head_numerators * pow2(-(c + g_head.bits))
+            d_k = softmax_residuals(logits, y64, valid)  # (rows, K) on 2^-20, |·| ≤ 2^20
+            valid &= _fits(d_k, classes)  # dh's integer product below: exact
+            head_w = (d_k.unsqueeze(2) * h_int.unsqueeze(1)).reshape(rows, -1)  # ≤ 2^36
+            head_b = d_k
+            dh = (d_k @ g_head.weight) * pow2(-(GRAD_BITS + g_head.bits))
+            head_bits = (GRAD_BITS + c, GRAD_BITS)
         d_r_all, d_z_all, d_n_all, d_g_all, d_xhat = [], [], [], [], []
         for t in range(steps - 1, -1, -1):
             h_prev, hh, r, z, rh, n = saved[t]
@@ -239,8 +286,7 @@ def grud_row_gradients(module: Grud, x: torch.Tensor, y: torch.Tensor) -> RowGra
             c,
             2 * c,
             2 * c,
-            2 * c,
-            c,
+            *head_bits,
         )
         mask = valid.unsqueeze(1)
         return RowGradients(

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from service.modelspec import CnnSpec, LogisticSpec, MlpSpec, ModelSpec
+from service.modelspec import CnnSpec, GrudSpec, LogisticSpec, MlpSpec, ModelSpec
 from service.plans import PlanError
 from service.schemas import PrivacyPlan
 from worker.mechanisms.base import MechanismOutput, ProgressFn, TabularTrainingSet
@@ -67,9 +67,9 @@ def run_mechanism(
         raise PlanError(f"no mechanism for method {plan.method!r} ({mechanism_key(plan)})")
     run = entry.resolve()
     # The plan's model is the request's fitted to the dataset's public classes: a logistic
-    # or MLP model of a K-class target carries classes: K (service.plans.with_classes).
+    # MLP or GRU-D model of a K-class target carries classes: K (service.plans.with_classes).
     classes = plan.model.get("classes")
-    k_logits = (LogisticSpec, MlpSpec)
+    k_logits = (LogisticSpec, MlpSpec, GrudSpec)
     if classes is not None and isinstance(spec, k_logits) and spec.classes != classes:
         spec = spec.model_copy(update={"classes": int(classes)})
     if isinstance(spec, CnnSpec):  # and a CNN the dataset's image shape (service.plans)

@@ -1,7 +1,7 @@
 """Target models. Every binary module's forward returns logits of shape (batch,);
 sigmoid(logits) is the bounded output in [0, 1] that sensitivity analyses rely on. A
-logistic spec with K ≥ 3 classes builds :class:`Softmax`, an MLP or CNN spec with K ≥ 3
-classes its K-logit head: their logits are (batch, K).
+logistic spec with K ≥ 3 classes builds :class:`Softmax`, an MLP, CNN or GRU-D spec with
+K ≥ 3 classes its K-logit head: their logits are (batch, K).
 
 ``build_module`` makes the nn.Module (what a release's state dict loads into);
 ``build_batched`` wraps it with its batched functional form (N parameter vectors at once).
@@ -56,7 +56,7 @@ def build_module(
         return Mlp(n_features, spec.hidden, spec.activation, spec.classes)
     if isinstance(spec, GrudSpec):
         means = None if public_means is None else torch.tensor(list(public_means))
-        return Grud(n_features, spec.hidden, means)
+        return Grud(n_features, spec.hidden, means, spec.classes)
     if isinstance(spec, CnnSpec):
         return Cnn(spec)
     raise ValueError(f"unknown model kind {getattr(spec, 'kind', spec)!r}")

@@ -1,5 +1,6 @@
 """GRU-D (Che et al. 2018, "Recurrent Neural Networks for Multivariate Time Series with
-Missing Values", Sci. Rep. 8:6085) with a sigmoid head (forward returns the logit).
+Missing Values", Sci. Rep. 8:6085) with a sigmoid head (forward returns the logit, (B,)),
+or for an outcome of K ≥ 3 classes a head of K logits ((B, K), softmax).
 
 Inputs, packed into one tensor so the model fits every (x, y) pipeline:
 ``x`` of shape (B, 3, T, V) — channel 0 values, 1 masks (1 = observed), 2 deltas (time
@@ -34,7 +35,13 @@ class Grud(nn.Module):
 
     x_mean: Tensor
 
-    def __init__(self, n_vars: int, hidden: int, public_means: Tensor | None = None) -> None:
+    def __init__(
+        self,
+        n_vars: int,
+        hidden: int,
+        public_means: Tensor | None = None,
+        classes: int | None = None,
+    ) -> None:
         super().__init__()
         if public_means is None:
             public_means = torch.zeros(n_vars)
@@ -52,7 +59,9 @@ class Grud(nn.Module):
         self.input_gates = nn.Linear(2 * n_vars, 3 * hidden)
         self.hidden_rz = nn.Linear(hidden, 2 * hidden, bias=False)
         self.hidden_candidate = nn.Linear(hidden, hidden, bias=False)
-        self.head = nn.Linear(hidden, 1)
+        # One logit (sigmoid), or K logits (softmax) for an outcome of K ≥ 3 classes.
+        self.classes = classes
+        self.head = nn.Linear(hidden, classes or 1)
 
     def split(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         if x.dim() == 2:
@@ -86,4 +95,5 @@ class Grud(nn.Module):
             z = torch.sigmoid(z_in + z_h)
             n = torch.tanh(n_in + self.hidden_candidate(r * h))
             h = (1 - z) * h + z * n
-        return self.head(h).squeeze(-1)
+        logits = self.head(h)
+        return logits if self.classes is not None else logits.squeeze(-1)
