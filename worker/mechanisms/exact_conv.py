@@ -207,12 +207,16 @@ class ConvRows:
         return pow2_tensor(power * s) * pow2(-power * (GRAD_BITS + c))
 
 
-def _row_shift(v: torch.Tensor, half: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _row_shift(
+    v: torch.Tensor, half: int, largest: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(v', s): each row of v (rows, …) on its own coarser grid, s = max(0, e − half) with
     max |v_row| < 2^e (frexp: exact), v' = round(v·2^-s), so |v'| ≤ 2^half (module
-    docstring). Functions of the row alone."""
+    docstring). Functions of the row alone. ``largest``, where the caller has it, is
+    max |v_row| itself (the same value, so the same s), not recomputed."""
     rows = v.shape[0]
-    largest = _largest_magnitude(v)
+    if largest is None:
+        largest = _largest_magnitude(v)
     _, exponent = torch.frexp(largest)
     shift = torch.clamp(exponent.to(torch.int64) - half, min=0)
     if rows == 0 or int(shift.max()) == 0:
@@ -231,13 +235,19 @@ def _largest_magnitude(v: torch.Tensor, *, dim: int = 0) -> torch.Tensor:
     return torch.maximum(v.amax(dim=others), -v.amin(dim=others))
 
 
-def _per_row_gradient(b: torch.Tensor, p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _per_row_gradient(
+    b: torch.Tensor,
+    p: torch.Tensor,
+    b_largest: torch.Tensor | None = None,
+    p_largest: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(G', s): Σ_pos B[pos] ⊗ P[pos] per row as an exact integer matrix G' (rows, c_out,
     fan_in + 1) times 2^-s (rows,), for B (rows, c_out, L) and P (rows, fan_in + 1, L)
-    grid values (positions last; any strides: views of the channel-major maps)."""
+    grid values (positions last; any strides: views of the channel-major maps), with
+    their rows' max |·| where the caller has them (:func:`_row_shift`)."""
     budget = _EXACT - _ceil_log2(b.shape[2])
-    b2, s_b = _row_shift(b, budget // 2)
-    p2, s_p = _row_shift(p, budget - budget // 2)
+    b2, s_b = _row_shift(b, budget // 2, b_largest)
+    p2, s_p = _row_shift(p, budget - budget // 2, p_largest)
     g = torch.bmm(b2, p2.transpose(1, 2))  # exact: partial sums ≤ L·2^budget-ish ≤ 2^52
     return g, s_b + s_p
 
@@ -246,13 +256,12 @@ def _unpool(t: torch.Tensor, relu: torch.Tensor) -> torch.Tensor:
     """Pooling's backward: each entry of t (c, rows, h, w) copied to its 2 × 2 inputs, +0
     on an edge the pooling dropped, times [Z > 0] (relu, the layer's pre-activations'
     sign: ×1 or ×0 elementwise, i)."""
-    c, rows, ph, pw = t.shape
+    _, _, ph, pw = t.shape
     height, width = relu.shape[2], relu.shape[3]
-    up = t.reshape(c, rows, ph, 1, pw, 1)
-    if (2 * ph, 2 * pw) == (height, width):  # no edge dropped: broadcast, no copy of t
-        return (up * relu.reshape(c, rows, ph, 2, pw, 2)).reshape(c, rows, height, width)
-    up = up.expand(c, rows, ph, 2, pw, 2).reshape(c, rows, 2 * ph, 2 * pw)
-    return F.pad(up, (0, width - 2 * pw, 0, height - 2 * ph)) * relu
+    up = F.interpolate(t, size=(2 * ph, 2 * pw), mode="nearest")  # copies (source ⌊i/2⌋)
+    if (2 * ph, 2 * pw) != (height, width):
+        up = F.pad(up, (0, width - 2 * pw, 0, height - 2 * ph))
+    return up * relu
 
 
 def _patches(a: torch.Tensor, grid: LayerGrid) -> tuple[torch.Tensor, int, int]:
@@ -273,6 +282,25 @@ def _patches(a: torch.Tensor, grid: LayerGrid) -> tuple[torch.Tensor, int, int]:
     patch[:-1].view(channels, k, k, rows, h, w).copy_(windows.permute(0, 4, 5, 1, 2, 3))
     patch[-1].fill_(pow2(grid.in_bits))
     return patch, h, w
+
+
+def _patch_largest(a: torch.Tensor, grid: LayerGrid, h: int, w: int) -> torch.Tensor | None:
+    """(rows,) the largest entry of each row's patches (:func:`_patches`) read from the maps
+    a (C, rows, H, W) instead of the 9-fold larger patches: every entry is ≥ 0 (features
+    and pooled ReLU activations are ≥ 0, padding is 0) and the bias plane is 2^c > 0, so
+    max |P_row| = max P_row = max(2^c, max of a over the positions some patch covers),
+    exact (iii); with stride ≤ kernel the covered positions are the block
+    [0, (h − 1)·s + k − p) × [0, (w − 1)·s + k − p) of a. None for a stride above the
+    kernel (the caller then reduces the patches)."""
+    k, s, p = grid.kernel, grid.stride, grid.padding
+    if s > k:
+        return None
+    bottom = min(a.shape[2], (h - 1) * s + k - p)
+    right = min(a.shape[3], (w - 1) * s + k - p)
+    covered = a[:, :, : max(bottom, 0), : max(right, 0)]
+    if not covered.numel():
+        return a.new_full((a.shape[1],), pow2(grid.in_bits))
+    return torch.clamp(covered.amax(dim=(0, 2, 3)), min=pow2(grid.in_bits))
 
 
 def _fold(below: torch.Tensor, grid: LayerGrid, size: tuple[int, int]) -> torch.Tensor:
@@ -312,9 +340,11 @@ def conv_rows(module: Cnn, x: torch.Tensor, y: torch.Tensor, *, grids: list[Laye
         a = a.masked_fill(~valid.unsqueeze(1), 0.0).reshape(rows, *module.shape)
         a = a.transpose(0, 1)  # channel-major (C, rows, H, W), a view
         patches: list[torch.Tensor] = []  # (fan_in + 1, rows, L)
+        patch_largest: list[torch.Tensor | None] = []  # (rows,) max |P_row|
         numerators: list[torch.Tensor] = []  # conv pre-activations (c_out, rows, h, w)
         for grid in grids[:-1]:
             patch, h, w = _patches(a, grid)
+            patch_largest.append(_patch_largest(a, grid, h, w))
             patches.append(patch.view(patch.shape[0], rows, h * w))
             z = torch.matmul(grid.theta, patch.view(patch.shape[0], -1))  # exact (ii)
             z = z.view(-1, rows, h, w)
@@ -355,12 +385,19 @@ def conv_rows(module: Cnn, x: torch.Tensor, y: torch.Tensor, *, grids: list[Laye
                 delta = _unpool(t, z > 0)  # on 2^-20
             else:
                 delta = torch.round(t * pow2(-shift)) * (z > 0)  # on 2^-20
-            valid &= _largest_magnitude(delta, dim=1) <= limit  # NaN compares false: invalid
+            largest = _largest_magnitude(delta, dim=1)
+            valid &= largest <= limit  # NaN compares false: invalid
             if not bool(valid.all()):
                 delta.masked_fill_(~valid.reshape(1, rows, 1, 1), 0.0)
+                largest = torch.where(valid, largest, 0.0)  # the zeroed rows' max |·|
             positions = delta.reshape(delta.shape[0], rows, -1)  # (c, rows, L)
             grads.append(
-                _per_row_gradient(positions.transpose(0, 1), patches[index].transpose(0, 1))
+                _per_row_gradient(
+                    positions.transpose(0, 1),
+                    patches[index].transpose(0, 1),
+                    largest,
+                    patch_largest[index],
+                )
             )
             if index > 0:
                 below = torch.matmul(  # exact (ii): (fan_in, rows·L)
@@ -478,7 +515,8 @@ class ExactConvClipper:
         if z.shape[0] == 0:
             return
         top = pow2(self.grid_bits)
-        if not bool(((z.amax(dim=1) <= top) & (z.amin(dim=1) >= -top)).all()):
+        low, high = torch.aminmax(z, dim=1)  # one pass; NaN propagates to both
+        if not bool(((high <= top) & (low >= -top)).all()):
             raise GuardFailed(f"{self.label}: a row's contribution exceeds its bound")
         width = 1 << (_EXACT - 2 * self.grid_bits)
         squares = torch.zeros(z.shape[0], dtype=torch.int64, device=z.device)
