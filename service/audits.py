@@ -400,8 +400,8 @@ def validated(
     """The request with its defaults resolved (guesses; a LiRA audit's M and pool), and
     the plan's public figures (σ, steps, q where the mechanism has them), or
     :class:`AuditRefused` / PlanError (both 422s). ``time_limit_s``: the worker's task
-    time limit, against which a LiRA audit's M trainings are estimated (None: not
-    checked)."""
+    time limit, against which a one-run audit's training run and a LiRA audit's M
+    trainings are estimated (None: not checked)."""
     if body.attack == "lira":
         return _validated_lira(body, time_limit_s)
     for name in LIRA_ONLY:
@@ -437,6 +437,15 @@ def validated(
     )
     if body.canary_kind == "gradient":
         check_gradient_canaries(plan, body.canaries)
+    if time_limit_s is not None:
+        estimate = plan_resources(plan, schema=public_schema(body.dataset))
+        if estimate.seconds is not None and estimate.seconds > time_limit_s:
+            raise AuditRefused(
+                f"the audited training run takes about {estimate.seconds:.3g} s (the "
+                f"service's estimate for this plan), past the worker's {time_limit_s:g} s "
+                f"task time limit: {estimate.time_hint}",
+                body.method if body.method in ("dpsgd", "expm") else "method",
+            )
     return body.model_copy(update={"guesses": guesses}), planned_figures(plan)
 
 

@@ -131,6 +131,9 @@ LIRA_REFUSALS = [
             "option of the 'langevin' sampler only",
         ),
         ({**MCMC, "delta": 0}, "invalid-plan", "delta > 0"),
+        # 64 chains of 500 + 500 iterations on Adult: ~2e4 s by the service's estimate,
+        # past the worker's task time limit (3,600 s by default).
+        ({**MCMC, "expm": {"sampler": "mcmc", "chains": 64}}, "validation-error", "time limit"),
         ({"epsilon": 1000}, "validation-error", "less than or equal to 100"),
         ({"delta": 0}, "invalid-plan", ""),
         ({"confidence": 1.0}, "validation-error", "less than 1"),
