@@ -364,6 +364,7 @@ def test_the_dashboard_lists_audits_with_bound_and_ceiling(
     white = _post(client, keys.admin, canaries=30, canary_kind="gradient").json()["id"]
     lira = _post(client, keys.admin, **LIRA).json()["id"]
     lira_queued = _post(client, keys.admin, **{**LIRA, "shadow_models": 4}).json()["id"]
+    mcmc = _post(client, keys.admin, **MCMC).json()["id"]  # queued: its sampler is shown
     assert execute_audit(done, settings) == AuditOutcome.done
     assert execute_audit(lira, settings) == AuditOutcome.done
     assert client.get("/dashboard/audits", follow_redirects=False).status_code == 303
@@ -391,6 +392,8 @@ def test_the_dashboard_lists_audits_with_bound_and_ceiling(
     assert f"<td>8 models; {tprs}; {lira_figures['auc']:.3f}; {bound} ({up})</td>" in text
     assert lira_queued[:8] in text and "<td>4 models, not yet</td>" in text
     assert "LiRA" in text and "not evidence of privacy" in text
+    # ExpM's audits name their sampler (an HMC audit never reads as a Langevin one).
+    assert mcmc[:8] in text and "<td>expm (mcmc)</td>" in text
 
 
 def test_the_migration_adds_and_removes_the_table(settings: Any) -> None:
