@@ -1,7 +1,8 @@
 """The one-run privacy audit (Steinke, Nasr & Jagielski 2023, arXiv:2305.08846) of every
 auditable configuration, as `enclave admin audit` and POST /v1/admin/audits run it
 (worker/audits.py): on public Adult, logistic regression by DP-SGD (engines exact, ghost,
-jl), by ExpM (proven Langevin sampler) and by ExpM+NF (nominal, δ = 0); on the bundled
+jl), by ExpM (proven Langevin sampler; the HMC sampler, asymptotic, as expm_mcmc) and by
+ExpM+NF (nominal, δ = 0), the default MLP by DP-SGD (mlp, mlp_ghost); on the bundled
 synthetic ICU sample, GRU-D by DP-SGD and by ExpM+NF (slow: left out unless named). For
 each, the ε lower bound at each claimed ε, the ceiling the test can show with its m
 canaries, and the time per audit (data, one training run, scoring; CPU, one torch thread).
@@ -14,6 +15,8 @@ canaries, and the time per audit (data, one training run, scoring; CPU, one torc
         --tag sanity_eps100
     .venv/bin/python benchmarks/one_run_audit.py --configs dpsgd dpsgd_gradient \
         dpsgd_gradient_q1 --repeats 3 --tag gradient      # white-box gradient canaries
+    .venv/bin/python benchmarks/one_run_audit.py --configs dpsgd mlp mlp_ghost expm_mcmc_2 \
+        --epsilons 1 --tag mlp_mcmc       # the MLP and the HMC sampler beside DP-SGD's anchor
 
 Gradient canaries (canary_kind "gradient", worker/gradient_canaries.py): m Dirac canary
 gradients in the real DP-SGD run (--gradient-canaries, default 100 of logistic regression's
@@ -46,10 +49,11 @@ sys.path.insert(0, str(REPO))
 
 from enclave.audit_cli import audit_sentence  # noqa: E402
 from service.audits import PUBLIC_DATASETS  # noqa: E402
-from service.modelspec import GrudSpec, LogisticSpec, ModelSpec  # noqa: E402
+from service.modelspec import GrudSpec, LogisticSpec, MlpSpec, ModelSpec  # noqa: E402
 from service.privacy.one_run_audit import epsilon_lower_bound  # noqa: E402
 from service.schemas import DpsgdOptions  # noqa: E402
 from service.schemas.audits import CanaryKind  # noqa: E402
+from service.schemas.expm import ExpmOptions  # noqa: E402
 from worker.audits import run_one_run_audit  # noqa: E402
 
 RESULTS = REPO / "benchmarks" / "results"
@@ -66,6 +70,7 @@ class Config:
     options: DpsgdOptions | None = None
     canary_kind: CanaryKind = "input"
     full_batch: bool = False  # expected batch = n̂ (q = 1), 3 epochs; set per m at run time
+    expm: ExpmOptions | None = None  # ExpM's options (its sampler); None: its defaults
 
     def options_for(self, canaries: int) -> DpsgdOptions | None:
         if not self.full_batch:
@@ -76,7 +81,7 @@ class Config:
     @property
     def engine(self) -> str:
         if self.method != "dpsgd":
-            return ""
+            return "" if self.expm is None else self.expm.sampler
         return "exact" if self.options is None else self.options.engine
 
 
@@ -91,6 +96,15 @@ CONFIGS: dict[str, Config] = {
     ),
     "expm": Config("adult", "expm", LogisticSpec()),  # its default sampler: Langevin (proven)
     "expm_nf": Config("adult", "expm_nf", LogisticSpec()),
+    # The exact mechanism's HMC sampler (asymptotic) at its defaults: 8 chains, 500 + 500.
+    "expm_mcmc": Config("adult", "expm", LogisticSpec(), expm=ExpmOptions(sampler="mcmc")),
+    # The same with 2 chains (the audit releases one): a quarter of the time (~45 min at
+    # the defaults by the service's estimate, ~11 min with 2 chains).
+    "expm_mcmc_2": Config(
+        "adult", "expm", LogisticSpec(), expm=ExpmOptions(sampler="mcmc", chains=2)
+    ),
+    "mlp": Config("adult", "dpsgd", MlpSpec()),  # the product's default MLP: 16 tanh units
+    "mlp_ghost": Config("adult", "dpsgd", MlpSpec(), DpsgdOptions(engine="ghost")),
     "dpsgd_gradient": Config("adult", "dpsgd", LogisticSpec(), canary_kind="gradient"),
     "dpsgd_gradient_q1": Config(
         "adult", "dpsgd", LogisticSpec(), canary_kind="gradient", full_batch=True
@@ -100,8 +114,9 @@ CONFIGS: dict[str, Config] = {
 }
 """Every (dataset, method, model, engine) the audit door accepts (service/audits.py's
 AUDITABLE), each at the service's defaults."""
-SLOW = ("grud_icu_expm_nf",)
-"""Left out by default: ExpM+NF on GRU-D took 8-11 min per audit on the shared 2 cores."""
+SLOW = ("grud_icu_expm_nf", "expm_mcmc", "expm_mcmc_2")
+"""Left out by default: ExpM+NF on GRU-D took 8-11 min per audit on the shared 2 cores; the
+HMC sampler on Adult is estimated at ~45 min (8 chains) and ~11 min (2 chains)."""
 
 
 def main() -> None:
@@ -147,6 +162,7 @@ def main() -> None:
                     options=config.options_for(canaries),
                     model=config.model,
                     canary_kind=config.canary_kind,
+                    expm=config.expm,
                 )
                 b = a.bound
                 row = {
