@@ -39,7 +39,7 @@ by worker/mechanisms/expm_nf.py's run_expm_nf with the plan's parameters
 enclave-only diagnostics (the flow's importance weights on all rows, the MCMC fidelity
 reference) are switched off (diagnostic_samples = 0): they never reach the release and do
 not change its distribution, and the reference chains would cost more than the flow. A
-release at the defaults (1,500 steps) took 21-43 s here (load 1-5).
+release at the defaults (1,500 steps) took 21-43 s here at load 1-5, 90-140 s at load 6-12.
 
 ``--methods dpsgd,expm,auto`` adds ``method: "auto"`` (issue 21, point 3;
 service/methods/auto.py): R releases of the request ``auto`` plans (the chosen method at its
@@ -95,7 +95,8 @@ two medians. Torch
 runs on 1 thread (a shared machine).
 
 Results: benchmarks/results/defaults_study.{md,json} (``--out`` changes the stem).
-``--merge a.json,b.json --out STEM`` writes one result from runs on disjoint datasets.
+``--merge a.json,b.json --out STEM [--note TEXT]`` writes one result from runs on disjoint
+datasets (each run's command, load and wall time listed).
 """
 
 from __future__ import annotations
@@ -523,14 +524,19 @@ def _spread(m: dict[str, Any]) -> str:
 
 def write(results: dict[str, Any], stem: Path) -> None:
     Path(f"{stem}.json").write_text(json.dumps(results, indent=1) + "\n")
+    runs = results.get("parts", [results])  # --merge: each run's own line
     lines = [
         "# Defaults study: default settings against a grid, several datasets (issue 21, point 2)",
         "",
-        f"Command: `{results['command']}`",
+        *(
+            f"Command: `{r['command']}`: load average (1 min) {r['load_start']:.1f} at the "
+            f"start, {r['load_end']:.1f} at the end; {r['wall_s'] / 60:.1f} min in all."
+            for r in runs
+        ),
         "",
-        f"Machine: {results['machine']}; load average (1 min) {results['load_start']:.1f} at the "
-        f"start, {results['load_end']:.1f} at the end; {results['wall_s'] / 60:.1f} min in all.",
+        f"Machine: {results['machine']}.",
         "",
+        *([results["note"], ""] if results.get("note") else []),
         f"ε = {EPSILON[0]:g}, δ = {DELTA:g}{_pure(results)}, {_models(results)}. Default: "
         "median test AUC of R releases of the request without method options. Grid best: "
         "the best median of R "
@@ -633,18 +639,15 @@ def _auto_table(results: dict[str, Any]) -> list[str]:
 
 
 def merge(parts: list[dict[str, Any]]) -> dict[str, Any]:
-    """One result of several runs of the study on disjoint datasets, run side by side
-    (``--merge a.json,b.json``): their rows and datasets, their commands joined, the wall
-    time of the longest, the highest load seen."""
+    """One result of several runs of the study on disjoint datasets (``--merge
+    a.json,b.json``): their rows and datasets, and each run's command, load and wall time."""
     out = dict(parts[0])
     for key in ("repeats", "small_repeats", "top", "grid_from"):
         if any(p[key] != out[key] for p in parts):
             raise SystemExit(f"the runs differ in {key}")
-    # inside the table's `...`: each command in its own code span
-    out["command"] = "` and, side by side, `".join(p["command"] for p in parts)
-    out["load_start"] = max(p["load_start"] for p in parts)
-    out["load_end"] = max(p["load_end"] for p in parts)
-    out["wall_s"] = max(p["wall_s"] for p in parts)
+    out["parts"] = [
+        {k: p[k] for k in ("command", "load_start", "load_end", "wall_s")} for p in parts
+    ]
     out["datasets"] = {k: v for p in parts for k, v in p["datasets"].items()}
     out["rows"] = [r for p in parts for r in p["rows"]]
     return out
@@ -663,11 +666,16 @@ def main() -> None:
     parser.add_argument("--no-grid", action="store_true")
     parser.add_argument("--epsilon", type=float, default=1.0)
     parser.add_argument("--merge", default=None)
+    parser.add_argument("--note", default=None, help="with --merge: a paragraph for the table")
     parser.add_argument("--out", default=str(ROOT / "benchmarks/results/defaults_study"))
     args = parser.parse_args()
     if args.merge:
         parts = [json.loads(Path(p).read_text()) for p in args.merge.split(",")]
-        write(merge(parts), Path(args.out))
+        merged = merge(parts)
+        merged["command"] = "python benchmarks/defaults_study.py " + shlex.join(sys.argv[1:])
+        if args.note:
+            merged["note"] = args.note
+        write(merged, Path(args.out))
         return
     torch.set_num_threads(1)
     EPSILON[0] = args.epsilon

@@ -29,7 +29,9 @@ from service.privacy.events import DpEvent, ExponentialMechanismEvent
 from service.schemas import ExpmNfOptions, JobRequest, PrivacyPlan
 
 # ExpM+NF's sampler defaults per model family: (steps, θ samples per step, rows per step).
-# Tabular: tuned on Adult (benchmarks/expm_adult.py). GRU-D keeps T hidden states per
+# Tabular: tuned on Adult (benchmarks/expm_adult.py); at ε = 1 within 0.012 AUC of a grid's
+# best (steps × l2) on the five sets of benchmarks/results/defaults_study_expm_nf.md, so
+# they stay constants (issue 21, point 2). GRU-D keeps T hidden states per
 # (θ, row) pair (≈ 55 KiB at T = 48, H = 16, benchmarks/results/grud_memory.md): 32 × 64
 # pairs a step, ≈ 0.35 s on one CPU thread for the bundled ICU sample (8 variables, 48 h);
 # the whole default job at ε = 1 took 228 s on a shared 2-core machine (one run, holdout
