@@ -12,6 +12,7 @@ is not a proof of privacy."""
 from __future__ import annotations
 
 import enum
+import json
 import math
 import time
 from collections.abc import Iterator
@@ -23,9 +24,15 @@ from pydantic import ValidationError
 
 from enclave.errors import fail
 from enclave.jobs_cli import DEFAULT_URL, Api, Url
-from service.audits import LIRA_DEFAULT_MODELS, LIRA_DEFAULT_POOL, round_down, round_up
+from service.audits import (
+    LIRA_DEFAULT_MODELS,
+    LIRA_DEFAULT_POOL,
+    default_model,
+    round_down,
+    round_up,
+)
 from service.privacy.one_run_audit import OneRunBound
-from service.schemas.audits import LiraFigures
+from service.schemas.audits import AuditRequest, LiraFigures
 
 
 def audit_sentence(bound: OneRunBound) -> str:
@@ -71,6 +78,67 @@ class CanaryChoice(enum.StrEnum):
     gradient = "gradient"
 
 
+def json_object(flag: str, text: str) -> dict[str, Any]:
+    """A JSON-object option (--model's spec, --dpsgd, --expm) as the request field's value;
+    text that is not a JSON object is the command's one-line error. The API (in-process:
+    its schema, service/schemas/audits.py) checks the fields inside."""
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        fail(f"{flag} must be a JSON object: {exc}")
+    if not isinstance(value, dict):
+        fail(f"{flag} must be a JSON object, got {text!r}")
+    return value
+
+
+def request_body(
+    *,
+    method: str,
+    epsilon: float,
+    delta: float,
+    dataset: str,
+    model: str | None,
+    confidence: float,
+    canary_kind: str,
+    attack: str,
+    canaries: int | None = None,
+    guesses: int | None = None,
+    dpsgd: str | None = None,
+    expm: str | None = None,
+    shadow_models: int | None = None,
+    pool: int | None = None,
+) -> dict[str, Any]:
+    """The body of POST /v1/admin/audits (service.schemas.audits.AuditRequest), one flag
+    per field: --model is a kind (logistic, mlp, grud) or a JSON model spec, default the
+    dataset's model (service.audits.default_model); --dpsgd and --expm are the JSON
+    options objects; the optional fields not given are left out (the API's defaults)."""
+    if model is None:
+        spec: dict[str, Any] = {"kind": default_model(dataset).kind}
+    elif model.lstrip().startswith("{"):
+        spec = json_object("--model", model)
+    else:
+        spec = {"kind": model}
+    given = {
+        "canaries": canaries,
+        "guesses": guesses,
+        "dpsgd": None if dpsgd is None else json_object("--dpsgd", dpsgd),
+        "expm": None if expm is None else json_object("--expm", expm),
+        "shadow_models": shadow_models,
+        "pool": pool,
+    }
+    return {
+        "method": method,
+        "epsilon": epsilon,
+        "delta": delta,
+        "dataset": dataset,
+        "model": spec,
+        "confidence": confidence,
+        "canary_kind": canary_kind,
+        "attack": attack,
+        **{k: v for k, v in given.items() if v is not None},
+    }
+
+
 def admin_audit(
     method: Annotated[
         str,
@@ -91,6 +159,31 @@ def admin_audit(
             "or icu (the synthetic ICU sample, GRU-D)."
         ),
     ] = "adult",
+    model: Annotated[
+        str | None,
+        typer.Option(
+            help="The request's model: a kind (logistic; mlp: dpsgd on adult; grud) or a "
+            'JSON model spec, e.g. \'{"kind": "mlp", "hidden": [32]}\'. Default: the '
+            "dataset's (GRU-D on icu, else logistic regression).",
+            show_default=False,
+        ),
+    ] = None,
+    dpsgd: Annotated[
+        str | None,
+        typer.Option(
+            help="The request's dpsgd options as JSON (method dpsgd, one-run audits), e.g. "
+            '\'{"engine": "ghost", "epochs": 1}\'.',
+            show_default=False,
+        ),
+    ] = None,
+    expm: Annotated[
+        str | None,
+        typer.Option(
+            help="The request's expm options as JSON (method expm, one-run audits), e.g. "
+            '\'{"sampler": "mcmc", "chains": 2}\' for its HMC sampler (default: Langevin).',
+            show_default=False,
+        ),
+    ] = None,
     guesses: Annotated[
         int | None, typer.Option(help="r: guesses made (top r/2 and bottom r/2). Default m/5.")
     ] = None,
@@ -151,18 +244,22 @@ def admin_audit(
         fail(f"--delta must be a number ≥ 0, got {delta!r}")
     if not 0 < confidence < 1:
         fail(f"--confidence must be in (0, 1), got {confidence!r}")
-    given = {"canaries": canaries, "guesses": guesses, "shadow_models": shadow_models, "pool": pool}
-    body = {
-        "method": method,
-        "epsilon": epsilon,
-        "delta": delta,
-        "dataset": dataset,
-        "model": {"kind": "grud" if dataset == "icu" else "logistic"},
-        "confidence": confidence,
-        "canary_kind": canary_kind.value,
-        "attack": attack.value,
-        **{k: v for k, v in given.items() if v is not None},
-    }
+    body = request_body(
+        method=method,
+        epsilon=epsilon,
+        delta=delta,
+        dataset=dataset,
+        model=model,
+        confidence=confidence,
+        canary_kind=canary_kind.value,
+        attack=attack.value,
+        canaries=canaries,
+        guesses=guesses,
+        dpsgd=dpsgd,
+        expm=expm,
+        shadow_models=shadow_models,
+        pool=pool,
+    )
     if via_api:
         _audit_via_api(Api(url, key), body, timeout)
         return
@@ -173,27 +270,40 @@ def admin_audit(
         fail("--canaries is required by a one-run audit")
     if shadow_models is not None or pool is not None:
         fail("--shadow-models and --pool are for LiRA audits (--attack lira) only")
+    _one_run_here(body)
+
+
+def _one_run_here(body: dict[str, Any]) -> None:
+    """A one-run audit in-process: the request checked as the API checks it (without the
+    worker's time limit), then worker/audits.py's run of it, as the worker's task runs it."""
+    from service.audits import validated
     from worker.audits import run_one_run_audit
 
     with _refusals():
+        request, _ = validated(AuditRequest.model_validate(body))
+        if request.canaries is None:  # validated refuses it: a one-run audit needs m
+            fail("--canaries is required by a one-run audit")
         audit = run_one_run_audit(
-            method=method,
-            epsilon=epsilon,
-            delta=delta,
-            canaries=canaries,
-            dataset=dataset,
-            guesses=guesses,
-            confidence=confidence,
-            canary_kind=canary_kind.value,
+            method=request.method,
+            epsilon=request.epsilon,
+            delta=request.delta,
+            canaries=request.canaries,
+            dataset=request.dataset,
+            guesses=request.guesses,
+            confidence=request.confidence,
+            options=request.dpsgd,
+            model=request.model,
+            canary_kind=request.canary_kind,
+            expm=request.expm,
         )
     _report(
         audit.bound,
-        method=audit.method,
+        method=method_words(audit.method, None if request.expm is None else request.expm.sampler),
         model=audit.model,
         dataset=audit.dataset,
         rows=audit.rows,
-        epsilon=epsilon,
-        delta=delta,
+        epsilon=request.epsilon,
+        delta=request.delta,
         noise_multiplier=audit.noise_multiplier,
         steps=audit.steps,
         sampling_rate=audit.sampling_rate,
@@ -240,7 +350,13 @@ def _report(
     )
 
 
-MODEL_WORDS = {"logistic": "logistic regression", "grud": "GRU-D"}
+MODEL_WORDS = {"logistic": "logistic regression", "mlp": "MLP", "grud": "GRU-D"}
+
+
+def method_words(method: str, sampler: str | None) -> str:
+    """The method as the report names it: ExpM with its sampler (``expm (mcmc)``), as the
+    dashboard's audit list does, so an HMC audit never reads as a Langevin one."""
+    return method if sampler is None else f"{method} ({sampler})"
 
 
 @contextmanager
@@ -265,7 +381,6 @@ def _lira_here(body: dict[str, Any]) -> None:
     """A LiRA audit in-process: the request checked as the API checks it (without the
     worker's time limit), then worker/lira.py's run."""
     from service.audits import validated
-    from service.schemas.audits import AuditRequest
     from worker.lira import audit_figures, run_lira_audit
 
     start = time.perf_counter()
@@ -312,7 +427,7 @@ def _audit_via_api(api: Api, body: dict[str, Any], timeout: float) -> None:
     )
     _report(
         bound,
-        method=config["method"],
+        method=method_words(config["method"], (config.get("expm") or {}).get("sampler")),
         model=config["model"]["kind"],
         dataset=config["dataset"],
         rows=r["rows"],

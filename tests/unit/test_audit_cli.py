@@ -1,5 +1,6 @@
 """`enclave admin audit` (enclave/audit_cli.py): the sentence that puts the figure beside
-its ceiling, a real audit run through the command, and its refusals."""
+its ceiling, a real audit run through the command, and its refusals; its flags, one per
+field of POST /v1/admin/audits (--model, --dpsgd and --expm included)."""
 
 from __future__ import annotations
 
@@ -7,9 +8,13 @@ import re
 
 from typer.testing import CliRunner
 
-from enclave.audit_cli import audit_sentence
+from enclave.audit_cli import audit_sentence, request_body
 from enclave.cli import app
+from service.modelspec import GrudSpec, LogisticSpec, MlpSpec
 from service.privacy.one_run_audit import epsilon_lower_bound
+from service.schemas.audits import AuditRequest
+from service.schemas.dpsgd import DpsgdOptions
+from service.schemas.expm import ExpmOptions
 
 runner = CliRunner()
 
@@ -133,3 +138,100 @@ def test_lira_command_refusals() -> None:
     assert r.exit_code == 1 and "--canaries is required" in r.output
     r = runner.invoke(app, [*base[:-2], "--method", "dpsgd", "--attack", "mia"])
     assert r.exit_code == 2 and "'one_run', 'lira'" in r.output
+
+
+REQUIRED = {"method": "dpsgd", "epsilon": 1.0, "delta": 1e-5, "confidence": 0.9}
+FLAGS = {**REQUIRED, "dataset": "adult", "canary_kind": "input", "attack": "one_run"}
+
+
+def test_the_flags_name_every_field_of_the_audit_request() -> None:
+    """One flag per field the API declares for an audit, no other: --model (a kind or a
+    JSON spec), --dpsgd and --expm (JSON objects) become the request's objects as given."""
+    body = request_body(
+        **FLAGS,
+        model='{"kind": "mlp", "hidden": [8, 4], "activation": "relu"}',
+        canaries=40,
+        guesses=8,
+        dpsgd='{"engine": "ghost", "epochs": 1}',
+        expm='{"sampler": "mcmc", "chains": 2}',
+        shadow_models=8,
+        pool=200,
+    )
+    assert set(body) == set(AuditRequest.model_fields)
+    request = AuditRequest.model_validate(body)
+    assert request.model == MlpSpec(hidden=[8, 4], activation="relu")
+    assert request.dpsgd == DpsgdOptions(engine="ghost", epochs=1)
+    assert request.expm == ExpmOptions(sampler="mcmc", chains=2)
+    assert (request.canaries, request.guesses, request.shadow_models, request.pool) == (
+        40,
+        8,
+        8,
+        200,
+    )
+    assert (request.confidence, request.canary_kind, request.attack) == (0.9, "input", "one_run")
+    # A kind alone; no --model: the dataset's model; optional fields not given: left out.
+    assert request_body(**FLAGS, model="mlp")["model"] == {"kind": "mlp"}
+    assert AuditRequest.model_validate(request_body(**FLAGS, model=None)).model == LogisticSpec()
+    icu = request_body(**{**FLAGS, "dataset": "icu"}, model=None)
+    assert AuditRequest.model_validate(icu).model == GrudSpec()
+    assert set(icu) == set(FLAGS) | {"model"}
+
+
+def test_command_runs_an_mlp_audit_on_adult() -> None:
+    """DP-SGD on an MLP with the ghost engine, one epoch (kept short), through the command."""
+    base = ["admin", "audit", "--method", "dpsgd", "--epsilon", "1", "--delta", "1e-5"]
+    dpsgd = '{"engine": "ghost", "epochs": 1}'
+    r = runner.invoke(app, [*base, "--model", "mlp", "--dpsgd", dpsgd, "--canaries", "40"])
+    assert r.exit_code == 0, r.output
+    first, second = r.output.strip().splitlines()
+    assert first.endswith("with 40 canaries): a lower bound, not a proof")
+    assert "of 8 guesses right on 40 canaries; dpsgd MLP on adult (30,162 rows)" in second
+    assert "σ = " in second and " steps, q = " in second
+
+
+def test_command_runs_an_audit_of_expm_hmc_sampler() -> None:
+    """ExpM's HMC sampler (short chains, as tests/unit/test_worker_audits.py's): the
+    report names the sampler."""
+    mcmc = '{"sampler": "mcmc", "chains": 2, "steps": 10, "warmup": 10, "leapfrog_steps": 4}'
+    base = ["admin", "audit", "--method", "expm", "--epsilon", "1", "--delta", "1e-5"]
+    r = runner.invoke(app, [*base, "--expm", mcmc, "--canaries", "30"])
+    assert r.exit_code == 0, r.output
+    second = r.output.strip().splitlines()[1]
+    assert "of 6 guesses right on 30 canaries; expm (mcmc) logistic regression on adult" in second
+    assert "; 10 steps; " in second and "σ" not in second
+
+
+def test_model_and_options_refusals() -> None:
+    """What the request's schema or the audit refuses is the API's 422 text on one line
+    (exit 1); text that is not a JSON object is refused before any request."""
+    base = ["admin", "audit", "--epsilon", "1", "--delta", "1e-5", "--canaries", "40"]
+
+    def refusal(*args: str) -> str:
+        r = runner.invoke(app, [*base, *args])
+        assert r.exit_code == 1, r.output
+        (line,) = r.output.strip().splitlines()
+        return line
+
+    assert "expm options are for method 'expm' only" in refusal(
+        "--method", "dpsgd", "--expm", '{"sampler": "mcmc"}'
+    )
+    assert "dpsgd options are for method 'dpsgd' only" in refusal(
+        "--method", "expm", "--dpsgd", '{"epochs": 1}'
+    )
+    assert "model 'mlp' cannot be audited with expm on adult" in refusal(
+        "--method", "expm", "--model", "mlp"
+    )
+    assert "model.mlp.hidden: List should have at least 1 item" in refusal(
+        "--method", "dpsgd", "--model", '{"kind": "mlp", "hidden": []}'
+    )
+    assert "expm.sampler" in refusal("--method", "expm", "--expm", '{"sampler": "gibbs"}')
+    assert "--dpsgd must be a JSON object, got '[1]'" in refusal(
+        "--method", "dpsgd", "--dpsgd", "[1]"
+    )
+    assert "--model must be a JSON object: Expecting" in refusal(
+        "--method", "dpsgd", "--model", '{"kind": "mlp"'
+    )
+    base = base[:-2]  # LiRA: no canaries
+    assert "dpsgd is for one-run audits only, not for LiRA" in refusal(
+        "--attack", "lira", "--method", "dpsgd", "--dpsgd", '{"epochs": 1}'
+    )
