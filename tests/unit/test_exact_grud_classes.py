@@ -14,7 +14,7 @@ import torch
 from torch.func import functional_call, grad, vmap
 
 from service.datasets.timeseries import deltas_from_masks, pack_grud_inputs
-from service.modelspec import GrudSpec, parameter_count
+from service.modelspec import MAX_CLASSES, GrudSpec, parameter_count
 from service.privacy.sampling import GRID_BITS
 from worker.mechanisms import grad_engines as ge
 from worker.mechanisms.base import PlanMismatch
@@ -147,3 +147,24 @@ def test_ghost_refuses_grud() -> None:
         ge.exact_clipper(module, grid_bits=GRID_BITS, max_grad_norm=1.0, parameters=p),
         GrudExactClipper,
     )
+
+
+def test_a_head_of_the_most_classes_keeps_every_stay() -> None:
+    """K up to MAX_CLASSES is admitted by the plan (GrudSpec.classes); the exactness check on
+    dh = d·W_int must not drop stays for K > 2^11. With K = MAX_CLASSES every residual of a
+    fresh model has |d_y| ≈ 2^20, so the old check K·max|d|·2^20 ≤ 2^51 failed every row
+    (all contributions 0); the bound on every partial sum, Σ_k |d_k|·2^20 ≤ 2^51, holds."""
+    k = MAX_CLASSES
+    module = _model(k, seed=11)
+    x, y = _stays(40, k, seed=12)
+    y[:4] = torch.tensor([0.0, k - 1.0, 1.5, float(k)])  # the two ends and two non-classes
+    full = grud_row_gradients(module, x, y)
+    assert full.valid.tolist() == [True, True, False, False] + [True] * 36
+    for i in (0, 1, 17, 39):  # each stay alone: the same bits
+        alone = grud_row_gradients(module, x[i : i + 1], y[i : i + 1])
+        for a, b in zip(full.blocks, alone.blocks, strict=True):
+            assert torch.equal(a[i : i + 1], b)
+    clip = _clipper(module, k)
+    total = clip(x, y)
+    assert torch.equal(total, sum(clip(x[i : i + 1], y[i : i + 1]) for i in range(40)))
+    assert int((total != 0).sum()) > 0

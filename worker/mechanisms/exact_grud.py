@@ -40,8 +40,11 @@ worker/mechanisms/exact_softmax.py and exact_net's K-logit head use it):
   row alone; the residual d_k = round((p̃_k − [k = y])·2^20), |d_k| ≤ 2^20 (p̃_k ∈ [0, 1]);
 * the head's gradients d ⊗ h (grid 2^-(20 + 16), each an exact product ≤ 2^36) and d
   (bias, 2^-20); the signal into the recurrence dh = (d·W_int)·2^-(20 + b), an integer
-  product of K terms, exact when K·max|d|·2^20 ≤ 2^51, checked per row like every other
-  reduction (true for every row when K ≤ 2^11);
+  product of K terms d_k·W_int[k, j] (each ≤ 2^40, exact), exact when Σ_k |d_k|·2^20 ≤ 2^51:
+  every partial sum, in any order, is an integer no larger than that. Checked per row
+  (Σ_k |d_k| is itself an exact sum of K ≤ 2^12 integers ≤ 2^20); it holds for every row
+  and every K ≤ MAX_CLASSES, as Σ_k |p̃_k − [k = y]| ≤ 2 (+ rounding), so Σ_k |d_k| ≲
+  2^21 + K/2. (K·max|d|·2^20 ≤ 2^51, the per-reduction form below, fails for K > 2^11);
 * a label that is not an integer in [0, K) (exact_net.class_labels_valid: NaN, ±inf,
   −1, K, 1.5) makes its row invalid, as a non-finite label does for the binary head.
 
@@ -211,7 +214,8 @@ def grud_row_gradients(module: Grud, x: torch.Tensor, y: torch.Tensor) -> RowGra
         else:  # K logits: the module docstring's "K classes"
             logits = head_numerators * pow2(-(c + g_head.bits))
             d_k = softmax_residuals(logits, y64, valid)  # (rows, K) on 2^-20, |·| ≤ 2^20
-            valid &= _fits(d_k, classes)  # dh's integer product below: exact
+            # dh's integer product below: every partial sum ≤ Σ_k |d_k|·2^20 ≤ 2^51, exact
+            valid &= d_k.abs().sum(dim=1) * pow2(WEIGHT_BITS) <= _FIT  # NaN: false
             head_w = (d_k.unsqueeze(2) * h_int.unsqueeze(1)).reshape(rows, -1)  # ≤ 2^36
             head_b = d_k
             dh = (d_k @ g_head.weight) * pow2(-(GRAD_BITS + g_head.bits))
