@@ -162,8 +162,8 @@ def admin_audit(
     model: Annotated[
         str | None,
         typer.Option(
-            help="The request's model: a kind (logistic; mlp: dpsgd on adult; grud) or a "
-            'JSON model spec, e.g. \'{"kind": "mlp", "hidden": [32]}\'. Default: the '
+            help="The request's model: a kind (logistic; mlp: dpsgd or expm_nf on adult; grud) "
+            'or a JSON model spec, e.g. \'{"kind": "mlp", "hidden": [32]}\'. Default: the '
             "dataset's (GRU-D on icu, else logistic regression).",
             show_default=False,
         ),

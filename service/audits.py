@@ -19,9 +19,12 @@ opens a release gate (service/audit_gate.py reads one-run audits only).
 Which (dataset, method, model) the one-run audit can run (:data:`AUDITABLE`): on public Adult
 (tabular), logistic regression and MLPs by DP-SGD (any engine the job door takes for them),
 logistic regression by ``expm`` (either sampler, as the request's ``expm`` options name it:
-the proven Langevin one, the default, or the asymptotic HMC one, ``mcmc``) and by
-``expm_nf`` (nominal; δ = 0 as for its jobs); on the bundled synthetic ICU sample (time
-series), GRU-D by DP-SGD (exact engine) and by ``expm_nf``.
+the proven Langevin one, the default, or the asymptotic HMC one, ``mcmc``), logistic
+regression and MLPs by ``expm_nf`` (nominal; δ = 0 as for its jobs; the request names no
+flow sizes, so the flow's defaults: for the default MLP on all of Adult that is ~1.7e4 s by
+the service's estimate, past the worker's default 1 h task time limit, a 422 from
+:func:`validated`); on the bundled synthetic ICU sample (time series), GRU-D by DP-SGD
+(exact engine) and by ``expm_nf``.
 The canaries' scores are minus their loss under the released model, so a model family the
 worker cannot score, or a method whose release is not one model of that family, is
 refused. A registered dataset is never
@@ -123,7 +126,14 @@ PUBLIC_DATASETS: dict[str, PublicDataset] = {
     "icu": PublicDataset(REPO / "examples" / "icu", rows=2_000, features=8, kind="timeseries"),
 }
 AUDITABLE: dict[str, dict[str, tuple[str, ...]]] = {
-    "tabular": {"dpsgd": ("logistic", "mlp"), "expm": ("logistic",), "expm_nf": ("logistic",)},
+    "tabular": {
+        "dpsgd": ("logistic", "mlp"),
+        "expm": ("logistic",),
+        # ExpM+NF's utility −Σ(ŷ − y)² takes ŷ = sigmoid of the model's one logit for any
+        # binary model (worker/mechanisms/expm_nf.py), its release a state dict of the
+        # model: an MLP's is scored as DP-SGD's is.
+        "expm_nf": ("logistic", "mlp"),
+    },
     "timeseries": {"dpsgd": ("grud",), "expm_nf": ("grud",)},
 }
 """Dataset kind → method → the model kinds the audit can run and score (module text)."""

@@ -109,7 +109,7 @@ class AuditRequest(ApiInput):
         max_length=64,
         description="A public dataset bundled with the product (no budget is charged): "
         "adult (logistic regression by dpsgd, expm with either sampler or expm_nf; an MLP "
-        "by dpsgd) or icu, the synthetic ICU sample (GRU-D by dpsgd or expm_nf). "
+        "by dpsgd or expm_nf) or icu, the synthetic ICU sample (GRU-D by dpsgd or expm_nf). "
         "Registered datasets are not audited.",
     )
     guesses: Canaries | None = Field(

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 from sqlalchemy import inspect, select, update
 
+import service.methods.expm_nf as expm_nf
 from service.audits import PUBLIC_DATASETS, Audit
 from service.db import engine_for, transaction
 from service.migrate import downgrade, upgrade
@@ -44,6 +45,8 @@ MCMC = {
     "expm": {"sampler": "mcmc", "chains": 2, "steps": 10, "warmup": 10, "leapfrog_steps": 4},
 }
 """ExpM's HMC sampler (the exact mechanism's), short chains: seconds on Adult."""
+NF_MLP = {"method": "expm_nf", "model": {"kind": "mlp"}, "dpsgd": None, "delta": 0.0}
+"""ExpM+NF (nominal, δ = 0) on the product's default MLP (one hidden layer of 16 units)."""
 LIRA = {"attack": "lira", "shadow_models": 8, "pool": 200, "canaries": None, "dpsgd": None}
 """SMALL made a tiny LiRA audit (DP-SGD at ε = 1, logistic regression, 8 models, 200 rows)."""
 
@@ -116,10 +119,13 @@ LIRA_REFUSALS = [
         ({"dataset": "icu", **GRUD, "canaries": 201}, "validation-error", "out of range for icu"),
         ({**GRUD}, "validation-error", "model 'grud' cannot be audited with dpsgd on adult"),
         ({"dataset": "icu", **GRUD, "dpsgd": {"engine": "ghost"}}, "invalid-plan", "'exact'"),
+        # ExpM+NF on the default MLP with its flow's default sizes (the request names
+        # none): ~1.7e4 s by the service's estimate on all of Adult, past the worker's
+        # task time limit (3,600 s by default); accepted below with smaller defaults.
         (
-            {**MLP, "method": "expm_nf", "dpsgd": None, "delta": 0},
+            {**NF_MLP, "canaries": 40},
             "validation-error",
-            "model 'mlp' cannot be audited with expm_nf on adult",
+            "past the worker's 3600 s task time limit",
         ),
         ({**MLP, "method": "expm", "dpsgd": None}, "validation-error", "model 'mlp' cannot"),
         ({**MLP, "canary_kind": "gradient"}, "validation-error", "input canaries only"),
@@ -305,6 +311,42 @@ def test_audits_of_the_other_auditable_pairs_run_end_to_end(
         assert done["configuration"]["expm"]["sampler"] == "mcmc"
     else:
         assert result["noise_multiplier"] == planned["noise_multiplier"] > 0
+
+
+def test_an_expm_nf_audit_of_the_default_mlp_is_accepted_and_runs(
+    client: Any, keys: Any, settings: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ExpM+NF on the default MLP on public Adult: accepted (202) with the plan's flow
+    steps and the ceiling of m = 40 at δ = 0, then the worker's task runs the job's
+    run_expm_nf once and stores the bound. The request names no flow sizes, so the
+    method's defaults are made small here (50 steps, 8 θ draws and 64 rows a step), as
+    the service and the worker both read them: seconds, and under the task time limit."""
+    monkeypatch.setattr(expm_nf, "EXPM_NF_DEFAULTS", {"tabular": (50, 8, 64), "grud": (1, 1, 1)})
+    r = _post(client, keys.admin, **NF_MLP, canaries=40)
+    assert r.status_code == 202, r.text
+    queued = r.json()
+    config = queued["configuration"]
+    assert (config["method"], config["model"]["kind"], config["guesses"]) == ("expm_nf", "mlp", 8)
+    assert config["model"]["hidden"] == [16] and config["dpsgd"] is None
+    assert queued["ceiling"] == pytest.approx(ceiling(canaries=40, confidence=0.95, delta=0.0))
+    assert execute_audit(queued["id"], settings) == AuditOutcome.done
+    done = client.get(f"/v1/admin/audits/{queued['id']}", headers=auth(keys.admin)).json()
+    assert done["status"] == "done" and done["failure"] is None, done
+    result = done["result"]
+    assert (result["canaries"], result["guesses"]) == (40, 8)
+    assert result["rows"] == PUBLIC_DATASETS["adult"].rows
+    assert 0 <= result["correct"] <= 8
+    assert (
+        0.0 <= result["epsilon_lower_bound"] <= result["ceiling"] == pytest.approx(done["ceiling"])
+    )
+    # The flow's steps as planned; no σ, no Poisson sampling.
+    assert (result["steps"], result["noise_multiplier"], result["sampling_rate"]) == (
+        50,
+        None,
+        None,
+    )
+    with transaction(engine_for(settings.resolved_database_url)) as s:
+        assert s.scalars(select(Audit.planned)).one() == {"steps": 50}
 
 
 def test_a_running_audit_is_taken_again_only_after_the_time_limit(

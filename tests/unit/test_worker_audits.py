@@ -1,6 +1,7 @@
 """worker/audits.py: the one-run audit's guesser, its refusals, and real audit runs (DP-SGD
-on logistic regression and the default MLP, ExpM's Langevin and HMC samplers, GRU-D, on the
-bundled public data), with a broken DP-SGD (its noise divided by 100) that the audit catches."""
+on logistic regression and the default MLP, ExpM's Langevin and HMC samplers, ExpM+NF on
+the default MLP, GRU-D, on the bundled public data), with a broken DP-SGD (its noise
+divided by 100) that the audit catches."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+import service.methods.expm_nf as expm_nf
 from service.modelspec import GrudSpec, LogisticSpec, MlpSpec, ModelSpec
 from service.privacy.one_run_audit import ceiling
 from service.schemas import DpsgdOptions
@@ -15,6 +17,7 @@ from service.schemas.expm import ExpmOptions
 from worker import audits
 from worker.audits import (
     MAX_CANARY_FRACTION,
+    PUBLIC_DATASETS,
     AuditRefused,
     _scores,
     correct_guesses,
@@ -138,6 +141,22 @@ def test_one_audit_of_dpsgd_on_the_default_mlp() -> None:
     assert 0.0 <= a.bound.epsilon <= a.bound.ceiling
     assert a.noise_multiplier is not None and a.noise_multiplier > 0
     assert a.sampling_rate is not None and 0 < a.sampling_rate < 1
+
+
+def test_one_audit_of_expm_nf_on_the_default_mlp(monkeypatch: pytest.MonkeyPatch) -> None:
+    """ExpM+NF (nominal, δ = 0) on the product's default MLP: the job's run_expm_nf through
+    run_mechanism, its one draw scored like DP-SGD's MLP. The audit request names no flow
+    sizes (the method's defaults: ~1.7e4 s by the service's estimate for this MLP on all of
+    public Adult), so the defaults are made small here (50 steps, 8 draws of θ a step, 64
+    rows a step): seconds."""
+    monkeypatch.setattr(expm_nf, "EXPM_NF_DEFAULTS", {"tabular": (50, 8, 64), "grud": (1, 1, 1)})
+    a = run_one_run_audit(method="expm_nf", epsilon=1.0, delta=0.0, canaries=40, model=MlpSpec())
+    assert (a.method, a.model, a.rows) == ("expm_nf", "mlp", PUBLIC_DATASETS["adult"].rows)
+    assert (a.bound.canaries, a.bound.guesses) == (40, 8)
+    assert a.bound.ceiling == pytest.approx(ceiling(canaries=40, confidence=0.95, delta=0.0))
+    assert 0 <= a.bound.correct <= 8 and 0.0 <= a.bound.epsilon <= a.bound.ceiling
+    # The flow's steps, as planned; no σ, no Poisson sampling.
+    assert a.steps == 50 and a.noise_multiplier is None and a.sampling_rate is None
 
 
 MEMORISING = DpsgdOptions(batch_size=32, epochs=100, learning_rate=4.0)
