@@ -79,9 +79,9 @@ class CanaryChoice(enum.StrEnum):
 
 
 def json_object(flag: str, text: str) -> dict[str, Any]:
-    """A JSON-object option (--model's spec, --dpsgd, --expm) as the request field's value;
-    text that is not a JSON object is the command's one-line error. The API (in-process:
-    its schema, service/schemas/audits.py) checks the fields inside."""
+    """A JSON-object option (--model's spec, --dpsgd, --expm, --expm-nf) as the request
+    field's value; text that is not a JSON object is the command's one-line error. The API
+    (in-process: its schema, service/schemas/audits.py) checks the fields inside."""
     try:
         value = json.loads(text)
     except ValueError as exc:
@@ -105,12 +105,13 @@ def request_body(
     guesses: int | None = None,
     dpsgd: str | None = None,
     expm: str | None = None,
+    expm_nf: str | None = None,
     shadow_models: int | None = None,
     pool: int | None = None,
 ) -> dict[str, Any]:
     """The body of POST /v1/admin/audits (service.schemas.audits.AuditRequest), one flag
     per field: --model is a kind (logistic, mlp, grud) or a JSON model spec, default the
-    dataset's model (service.audits.default_model); --dpsgd and --expm are the JSON
+    dataset's model (service.audits.default_model); --dpsgd, --expm and --expm-nf are the JSON
     options objects; the optional fields not given are left out (the API's defaults)."""
     if model is None:
         spec: dict[str, Any] = {"kind": default_model(dataset).kind}
@@ -123,6 +124,7 @@ def request_body(
         "guesses": guesses,
         "dpsgd": None if dpsgd is None else json_object("--dpsgd", dpsgd),
         "expm": None if expm is None else json_object("--expm", expm),
+        "expm_nf": None if expm_nf is None else json_object("--expm-nf", expm_nf),
         "shadow_models": shadow_models,
         "pool": pool,
     }
@@ -181,6 +183,15 @@ def admin_audit(
         typer.Option(
             help="The request's expm options as JSON (method expm, one-run audits), e.g. "
             '\'{"sampler": "mcmc", "chains": 2}\' for its HMC sampler (default: Langevin).',
+            show_default=False,
+        ),
+    ] = None,
+    expm_nf: Annotated[
+        str | None,
+        typer.Option(
+            "--expm-nf",
+            help="The request's expm_nf options as JSON (method expm_nf, one-run audits), "
+            'e.g. \'{"steps": 200, "n_samples_per_step": 16}\' for a smaller flow run.',
             show_default=False,
         ),
     ] = None,
@@ -257,6 +268,7 @@ def admin_audit(
         guesses=guesses,
         dpsgd=dpsgd,
         expm=expm,
+        expm_nf=expm_nf,
         shadow_models=shadow_models,
         pool=pool,
     )
@@ -295,6 +307,7 @@ def _one_run_here(body: dict[str, Any]) -> None:
             model=request.model,
             canary_kind=request.canary_kind,
             expm=request.expm,
+            expm_nf=request.expm_nf,
         )
     _report(
         audit.bound,

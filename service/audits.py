@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import math
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from functools import cache
@@ -71,6 +72,7 @@ from service.schemas.audits import (
 )
 from service.schemas.dpsgd import DpsgdOptions
 from service.schemas.expm import ExpmOptions
+from service.schemas.expm_nf import ExpmNfOptions
 
 __all__ = [
     "AUDITABLE",
@@ -87,9 +89,9 @@ __all__ = [
     "PublicDataset",
     "audit_plan",
     "audit_view",
-    "check_expm_options",
     "check_gradient_canaries",
     "check_lira",
+    "check_method_options",
     "check_request",
     "claim_audit",
     "count_audits",
@@ -325,11 +327,12 @@ def lira_audit_plan(*, method: str, epsilon: float, delta: float, pool: int) -> 
     )
 
 
-def check_expm_options(method: str, expm: ExpmOptions | None) -> None:
-    """ExpM's options (its sampler) go with method ``expm`` only (raises
-    :class:`AuditRefused`)."""
-    if expm is not None and method != "expm":
-        raise AuditRefused("expm options are for method 'expm' only", "expm")
+def check_method_options(method: str, options: Mapping[str, object | None]) -> None:
+    """Each method's options (the request fields ``dpsgd``, ``expm``, ``expm_nf``, named as
+    the method they belong to) go with that method only (raises :class:`AuditRefused`)."""
+    for name, value in options.items():
+        if value is not None and method != name:
+            raise AuditRefused(f"{name} options are for method {name!r} only", name)
 
 
 def check_gradient_canaries(plan: PrivacyPlan, canaries: int) -> None:
@@ -357,13 +360,15 @@ def audit_plan(
     model: ModelSpec | None = None,
     canary_kind: CanaryKind = "input",
     expm: ExpmOptions | None = None,
+    expm_nf: ExpmNfOptions | None = None,
 ) -> PrivacyPlan:
     """The plan of the audited run, built as for a job from public values: the expected
     number of rows trained on (input canaries: n − m/2, the m canaries being rows each in
     with probability 1/2; gradient canaries: n + m/2, each an extra row w.p. 1/2), the
     encoded width, the dataset's kind and its schema's row-norm bound. DP-SGD's options
-    apply to DP-SGD only, ExpM's (``expm``: its sampler and its options) to ExpM only; the
-    other methods run with their defaults. Raises PlanError."""
+    apply to DP-SGD only, ExpM's (``expm``: its sampler and its options) to ExpM only,
+    ExpM+NF's (``expm_nf``: the flow and its sizes) to ExpM+NF only; a method without options
+    runs with its defaults. Raises PlanError."""
     try:
         request = JobRequest(
             dataset="audit",
@@ -373,6 +378,7 @@ def audit_plan(
             delta=delta,
             dpsgd=(options or DpsgdOptions()) if method == "dpsgd" else None,
             expm=expm if method == "expm" else None,
+            expm_nf=expm_nf if method == "expm_nf" else None,
         )
     except ValidationError as exc:  # a combination the job door refuses: a plan error
         first = exc.errors()[0]
@@ -398,7 +404,7 @@ def planned_figures(plan: PrivacyPlan) -> dict[str, Any]:
     return {k: kinds[k](mech[k]) for k in PLANNED_KEYS if mech.get(k) is not None}
 
 
-ONE_RUN_ONLY = ("canaries", "guesses", "dpsgd", "expm")
+ONE_RUN_ONLY = ("canaries", "guesses", "dpsgd", "expm", "expm_nf")
 """Request fields a LiRA audit refuses (its canaries are its pool rows, its guesses the
 default for them, its plans the method's defaults)."""
 LIRA_ONLY = ("shadow_models", "pool")
@@ -428,9 +434,9 @@ def validated(
         model=body.model.kind,
         canary_kind=body.canary_kind,
     )
-    if body.dpsgd is not None and body.method != "dpsgd":
-        raise AuditRefused("dpsgd options are for method 'dpsgd' only", "dpsgd")
-    check_expm_options(body.method, body.expm)
+    check_method_options(
+        body.method, {"dpsgd": body.dpsgd, "expm": body.expm, "expm_nf": body.expm_nf}
+    )
     public = PUBLIC_DATASETS[body.dataset]
     plan = audit_plan(
         method=body.method,
@@ -444,6 +450,7 @@ def validated(
         model=body.model,
         canary_kind=body.canary_kind,
         expm=body.expm,
+        expm_nf=body.expm_nf,
     )
     if body.canary_kind == "gradient":
         check_gradient_canaries(plan, body.canaries)
@@ -454,7 +461,7 @@ def validated(
                 f"the audited training run takes about {estimate.seconds:.3g} s (the "
                 f"service's estimate for this plan), past the worker's {time_limit_s:g} s "
                 f"task time limit: {estimate.time_hint}",
-                body.method if body.method in ("dpsgd", "expm") else "method",
+                body.method,
             )
     return body.model_copy(update={"guesses": guesses}), planned_figures(plan)
 

@@ -84,6 +84,7 @@ def _run(request: AuditRequest) -> tuple[OneRunBound, dict[str, Any], LiraFigure
         model=request.model,
         canary_kind=request.canary_kind,
         expm=request.expm,
+        expm_nf=request.expm_nf,
     )
     run = {
         "rows": audit.rows,

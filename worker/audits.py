@@ -49,8 +49,8 @@ from service.audits import (
     PUBLIC_DATASETS,
     AuditRefused,
     audit_plan,
-    check_expm_options,
     check_gradient_canaries,
+    check_method_options,
     check_request,
     default_guesses,
     default_model,
@@ -63,6 +63,7 @@ from service.privacy.one_run_audit import OneRunBound, epsilon_lower_bound
 from service.schemas import DpsgdOptions, PrivacyPlan
 from service.schemas.audits import CanaryKind
 from service.schemas.expm import ExpmOptions
+from service.schemas.expm_nf import ExpmNfOptions
 from worker.data import prepare_series
 from worker.gradient_canaries import CanaryScores, gradient_canary_run
 from worker.mechanisms.base import TabularTrainingSet
@@ -169,11 +170,13 @@ def run_one_run_audit(
     model: ModelSpec | None = None,
     canary_kind: CanaryKind = "input",
     expm: ExpmOptions | None = None,
+    expm_nf: ExpmNfOptions | None = None,
 ) -> OneRunAudit:
     """One training run, m canaries, the bound and its ceiling (module text). ``model``:
     default the dataset's (logistic regression; GRU-D on a time series). ``canary_kind``:
     input rows (black box) or white-box gradient canaries (DP-SGD only). ``expm``: ExpM's
-    options as a job gives them (its sampler: Langevin by default, or ``mcmc``)."""
+    options as a job gives them (its sampler: Langevin by default, or ``mcmc``); ``expm_nf``:
+    ExpM+NF's (the flow and its sizes), likewise."""
     start = time.perf_counter()
     r = default_guesses(canaries) if guesses is None else guesses
     spec = model or default_model(dataset)
@@ -186,7 +189,7 @@ def run_one_run_audit(
         model=spec.kind,
         canary_kind=canary_kind,
     )
-    check_expm_options(method, expm)
+    check_method_options(method, {"expm": expm, "expm_nf": expm_nf})
     data = load_public(dataset)
     n = data.n
     check_request(method=method, canaries=canaries, guesses=r, dataset=dataset, rows=n)
@@ -204,6 +207,7 @@ def run_one_run_audit(
         model=spec,
         canary_kind=canary_kind,
         expm=expm,
+        expm_nf=expm_nf,
     )
     rng = secure_rng()
     planned_spec = MODEL_SPEC.validate_python(plan.model)

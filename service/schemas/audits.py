@@ -27,6 +27,7 @@ from service.params import Delta, Epsilon, Probability, not_bool
 from service.schemas.common import ApiInput, TrainingMethod
 from service.schemas.dpsgd import DpsgdOptions
 from service.schemas.expm import ExpmOptions
+from service.schemas.expm_nf import ExpmNfOptions
 
 AuditStatus = Literal["queued", "running", "done", "failed"]
 """queued: sent to the worker; running: a worker took it; done: the bound is in; failed:
@@ -131,6 +132,14 @@ class AuditRequest(ApiInput):
             "chains; the release audited is the final state of its first chain)."
         ),
     )
+    expm_nf: ExpmNfOptions | None = Field(
+        default=None,
+        description=(
+            "Method expm_nf only, one-run audits only: its options as a job gives them (the "
+            "flow, steps, samples per step, batch size...): smaller flow sizes bring an "
+            "audit the service estimates past the worker's time limit within it."
+        ),
+    )
     canary_kind: CanaryKind = Field(
         default="input",
         description=(
@@ -150,7 +159,8 @@ class AuditRequest(ApiInput):
             "canaries. 'lira': LiRA membership inference (Carlini et al. 2022) with "
             "shadow_models models trained on random halves of a pool of public Adult rows "
             "(methods dpsgd, expm with its Langevin sampler, expm_nf; logistic regression; "
-            "no dpsgd or expm options, canaries, guesses or gradient canaries: 422 otherwise); "
+            "no dpsgd, expm or expm_nf options, canaries, guesses or gradient canaries: 422 "
+            "otherwise); "
             "reported as TPR at 0.1% and 1% FPR, AUC and an ε lower bound beside its ceiling, "
             "with the one-run bound of one held-out target."
         ),

@@ -17,7 +17,6 @@ from typing import Any
 import pytest
 from sqlalchemy import inspect, select, update
 
-import service.methods.expm_nf as expm_nf
 from service.audits import PUBLIC_DATASETS, Audit
 from service.db import engine_for, transaction
 from service.migrate import downgrade, upgrade
@@ -314,18 +313,23 @@ def test_audits_of_the_other_auditable_pairs_run_end_to_end(
 
 
 def test_an_expm_nf_audit_of_the_default_mlp_is_accepted_and_runs(
-    client: Any, keys: Any, settings: Any, monkeypatch: pytest.MonkeyPatch
+    client: Any, keys: Any, settings: Any
 ) -> None:
     """ExpM+NF on the default MLP on public Adult: accepted (202) with the plan's flow
     steps and the ceiling of m = 40 at δ = 0, then the worker's task runs the job's
-    run_expm_nf once and stores the bound. The request names no flow sizes, so the
-    method's defaults are made small here (50 steps, 8 θ draws and 64 rows a step), as
-    the service and the worker both read them: seconds, and under the task time limit."""
-    monkeypatch.setattr(expm_nf, "EXPM_NF_DEFAULTS", {"tabular": (50, 8, 64), "grud": (1, 1, 1)})
-    r = _post(client, keys.admin, **NF_MLP, canaries=40)
+    run_expm_nf once and stores the bound. The request's expm_nf options name small flow
+    sizes (50 steps, 8 θ draws and 64 rows a step; the defaults are estimated past the task
+    time limit on an MLP): seconds. The same options with another method: 422."""
+    small = {"steps": 50, "n_samples_per_step": 8, "batch_size": 64}
+    refused = _post(
+        client, keys.admin, method="dpsgd", epsilon=1.0, delta=1e-5, canaries=40, expm_nf=small
+    )
+    assert refused.status_code == 422 and "expm_nf options" in refused.json()["detail"]
+    r = _post(client, keys.admin, **NF_MLP, canaries=40, expm_nf=small)
     assert r.status_code == 202, r.text
     queued = r.json()
     config = queued["configuration"]
+    assert config["expm_nf"]["steps"] == 50
     assert (config["method"], config["model"]["kind"], config["guesses"]) == ("expm_nf", "mlp", 8)
     assert config["model"]["hidden"] == [16] and config["dpsgd"] is None
     assert queued["ceiling"] == pytest.approx(ceiling(canaries=40, confidence=0.95, delta=0.0))

@@ -15,6 +15,7 @@ from service.privacy.one_run_audit import epsilon_lower_bound
 from service.schemas.audits import AuditRequest
 from service.schemas.dpsgd import DpsgdOptions
 from service.schemas.expm import ExpmOptions
+from service.schemas.expm_nf import ExpmNfOptions
 
 runner = CliRunner()
 
@@ -146,7 +147,8 @@ FLAGS = {**REQUIRED, "dataset": "adult", "canary_kind": "input", "attack": "one_
 
 def test_the_flags_name_every_field_of_the_audit_request() -> None:
     """One flag per field the API declares for an audit, no other: --model (a kind or a
-    JSON spec), --dpsgd and --expm (JSON objects) become the request's objects as given."""
+    JSON spec), --dpsgd, --expm and --expm-nf (JSON objects) become the request's objects
+    as given."""
     body = request_body(
         **FLAGS,
         model='{"kind": "mlp", "hidden": [8, 4], "activation": "relu"}',
@@ -154,6 +156,7 @@ def test_the_flags_name_every_field_of_the_audit_request() -> None:
         guesses=8,
         dpsgd='{"engine": "ghost", "epochs": 1}',
         expm='{"sampler": "mcmc", "chains": 2}',
+        expm_nf='{"steps": 50, "n_samples_per_step": 8}',
         shadow_models=8,
         pool=200,
     )
@@ -162,6 +165,7 @@ def test_the_flags_name_every_field_of_the_audit_request() -> None:
     assert request.model == MlpSpec(hidden=[8, 4], activation="relu")
     assert request.dpsgd == DpsgdOptions(engine="ghost", epochs=1)
     assert request.expm == ExpmOptions(sampler="mcmc", chains=2)
+    assert request.expm_nf == ExpmNfOptions(steps=50, n_samples_per_step=8)
     assert (request.canaries, request.guesses, request.shadow_models, request.pool) == (
         40,
         8,
