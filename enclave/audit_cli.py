@@ -289,26 +289,11 @@ def _one_run_here(body: dict[str, Any]) -> None:
     """A one-run audit in-process: the request checked as the API checks it (without the
     worker's time limit), then worker/audits.py's run of it, as the worker's task runs it."""
     from service.audits import validated
-    from worker.audits import run_one_run_audit
+    from worker.audits import run_requested_audit
 
     with _refusals():
         request, _ = validated(AuditRequest.model_validate(body))
-        if request.canaries is None:  # validated refuses it: a one-run audit needs m
-            fail("--canaries is required by a one-run audit")
-        audit = run_one_run_audit(
-            method=request.method,
-            epsilon=request.epsilon,
-            delta=request.delta,
-            canaries=request.canaries,
-            dataset=request.dataset,
-            guesses=request.guesses,
-            confidence=request.confidence,
-            options=request.dpsgd,
-            model=request.model,
-            canary_kind=request.canary_kind,
-            expm=request.expm,
-            expm_nf=request.expm_nf,
-        )
+        audit = run_requested_audit(request)
     _report(
         audit.bound,
         method=method_words(audit.method, None if request.expm is None else request.expm.sampler),

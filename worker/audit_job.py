@@ -22,7 +22,7 @@ from service.config import Settings, get_settings
 from service.db import engine_for, transaction
 from service.privacy.one_run_audit import OneRunBound
 from service.schemas.audits import AuditRequest, LiraFigures
-from worker.audits import AuditRefused, run_one_run_audit
+from worker.audits import AuditRefused, run_requested_audit
 from worker.lira import audit_figures, run_lira_audit
 
 log = logging.getLogger("enclave.worker")
@@ -70,22 +70,7 @@ def _run(request: AuditRequest) -> tuple[OneRunBound, dict[str, Any], LiraFigure
             k: result.plan.get(k) for k in ("noise_multiplier", "steps", "sampling_rate")
         }
         return result.one_run, run, audit_figures(result)
-    if request.canaries is None:
-        raise AuditRefused("a one-run audit needs canaries (m)")
-    audit = run_one_run_audit(
-        method=request.method,
-        epsilon=request.epsilon,
-        delta=request.delta,
-        canaries=request.canaries,
-        dataset=request.dataset,
-        guesses=request.guesses,
-        confidence=request.confidence,
-        options=request.dpsgd,
-        model=request.model,
-        canary_kind=request.canary_kind,
-        expm=request.expm,
-        expm_nf=request.expm_nf,
-    )
+    audit = run_requested_audit(request)
     run = {
         "rows": audit.rows,
         "noise_multiplier": audit.noise_multiplier,

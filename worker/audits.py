@@ -61,7 +61,7 @@ from service.datasets.timeseries import TimeSeriesSchema, encode_series
 from service.modelspec import MODEL_SPEC, ModelSpec
 from service.privacy.one_run_audit import OneRunBound, epsilon_lower_bound
 from service.schemas import DpsgdOptions, PrivacyPlan
-from service.schemas.audits import CanaryKind
+from service.schemas.audits import AuditRequest, CanaryKind
 from service.schemas.expm import ExpmOptions
 from service.schemas.expm_nf import ExpmNfOptions
 from worker.data import prepare_series
@@ -80,6 +80,7 @@ __all__ = [
     "correct_guesses",
     "load_public",
     "run_one_run_audit",
+    "run_requested_audit",
 ]
 
 
@@ -239,6 +240,28 @@ def run_one_run_audit(
         seconds=time.perf_counter() - start,
         model=spec.kind,
         canary_kind=canary_kind,
+    )
+
+
+def run_requested_audit(request: AuditRequest) -> OneRunAudit:
+    """:func:`run_one_run_audit` of a one-run audit request, its fields mapped once for the
+    worker's task (worker/audit_job.py) and the CLI's in-process run (enclave/audit_cli.py).
+    Raises :class:`AuditRefused` for a request without canaries (m)."""
+    if request.canaries is None:
+        raise AuditRefused("a one-run audit needs canaries (m)")
+    return run_one_run_audit(
+        method=request.method,
+        epsilon=request.epsilon,
+        delta=request.delta,
+        canaries=request.canaries,
+        dataset=request.dataset,
+        guesses=request.guesses,
+        confidence=request.confidence,
+        options=request.dpsgd,
+        model=request.model,
+        canary_kind=request.canary_kind,
+        expm=request.expm,
+        expm_nf=request.expm_nf,
     )
 
 
