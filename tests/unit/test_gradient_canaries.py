@@ -142,10 +142,14 @@ def test_only_an_admin_audit_can_insert_canaries() -> None:
                 users.setdefault("audit", set()).add(rel)
             if "run_one_run_audit" in names:
                 users.setdefault("audits", set()).add(rel)
+            if "run_requested_audit" in names:
+                users.setdefault("requests", set()).add(rel)
     assert users["hook"] == {"worker/mechanisms/dpsgd.py", "worker/gradient_canaries.py"}
     assert users["audit"] == {"worker/audits.py"}
-    # and the audit itself is run by the admin's audit task and the admin's command only
-    assert users["audits"] == {"worker/audit_job.py", "enclave/audit_cli.py"}
+    # and the audit itself is run, through its request (worker/audits.py's own wrapper), by
+    # the admin's audit task and the admin's command only
+    assert users["audits"] == {"worker/audits.py"}
+    assert users["requests"] == {"worker/audit_job.py", "enclave/audit_cli.py"}
     # In dpsgd.py, _train_one gets canaries from run_dpsgd_with_canaries only.
     tree = ast.parse((REPO / "worker/mechanisms/dpsgd.py").read_text())
     passing = {
