@@ -5,12 +5,16 @@ When the admin turns the gate on for a dataset (a maximum audit age in days), a 
 job on it (quote and submission) is refused at planning, with a 422 that charges nothing,
 unless an audit (service/audits.py) of the same configuration passed within that age:
 
-* same configuration: the plan's method, the model family (``model.kind``), the DP-SGD
-  engine and noise schedule, and the sampler (``mechanism.sampler``; DP-SGD has one, its
-  Poisson sampler; ExpM is audited with the sampler its ``expm`` options name, Langevin by
-  default; a job of ExpM's HMC sampler has no σ, so no audit covers it), with the job's
-  noise multiplier σ at least the audited one (ExpM+NF, which has none: the job's ε at
-  most the audited claim). Why σ ≥:
+* same configuration: the plan's method, the model family (``model.kind``) and its
+  architecture (the model spec as a request states it: an MLP's hidden widths and
+  activation, GRU-D's hidden size, a CNN's convolutions and norm; less ``classes`` and
+  ``image``, which the service fills in from a dataset's schema, so they are the audited
+  public dataset's on one side and the job's on the other: an audit of a width-8 MLP
+  covers no width-256 MLP job), the DP-SGD engine and noise schedule, and the sampler
+  (``mechanism.sampler``; DP-SGD has one, its Poisson sampler; ExpM is audited with the
+  sampler its ``expm`` options name, Langevin by default; a job of ExpM's HMC sampler has
+  no σ, so no audit covers it), with the job's noise multiplier σ at least the audited
+  one (ExpM+NF, which has none: the job's ε at most the audited claim). Why σ ≥:
   a Gaussian step with noise σ' ≥ σ at the same clip norm is the step with noise σ
   followed by independent N(0, σ'² − σ²) noise, i.e. post-processing of it, so per step
   the job's mechanism is no less private than the one audited. The sampling rate and the
@@ -38,6 +42,7 @@ gate is on: a selection trains many configurations, which no single audit covers
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, cast
@@ -59,6 +64,7 @@ from service.jobs import as_utc
 from service.ledger.chain import _zero_cost_entry
 from service.ledger.locks import lock_dataset
 from service.ledger.tables import Base, Dataset, EntryKind, utcnow
+from service.modelspec import MODEL_SPEC
 from service.schemas import JobRequest, PrivacyPlan
 from service.schemas.audits import READING
 from service.schemas.expm import ExpmOptions
@@ -155,13 +161,29 @@ def set_audit_gate(s: Session, *, dataset: Dataset, max_age_days: float | None) 
     return ds
 
 
+DATASET_FILLED = frozenset({"classes", "image"})
+"""Model spec fields the service fills in from a dataset's schema (service/modelspec.py):
+not part of the architecture an audit and a job must share (module text)."""
+
+
+def _architecture(model: dict[str, Any]) -> str | None:
+    """The model's architecture as a canonical string (None: nothing beyond its kind, as
+    logistic regression): the spec validated as a request's model is (so a stored audit's
+    dict gains the defaults of fields it predates), dumped, less its kind and
+    :data:`DATASET_FILLED`."""
+    spec = MODEL_SPEC.validate_python(model).model_dump(mode="json")
+    shape = {k: v for k, v in spec.items() if k != "kind" and k not in DATASET_FILLED}
+    return json.dumps(shape, sort_keys=True, separators=(",", ":")) if shape else None
+
+
 def _configuration(request: JobRequest, plan: PrivacyPlan) -> dict[str, Any]:
-    """The keys an audit must share with the job (method, model family, engine, noise
-    schedule, sampler)."""
+    """The keys an audit must share with the job (method, model family and architecture,
+    engine, noise schedule, sampler)."""
     options = request.dpsgd
     return {
         "method": plan.method,
         "model": request.model.kind,
+        "architecture": _architecture(request.model.model_dump(mode="json")),
         "engine": options.engine if options is not None else "exact",
         "noise_schedule": options.noise_schedule if options is not None else "constant",
         "sampler": plan.mechanism.get("sampler"),
@@ -174,6 +196,7 @@ def _audit_configuration(audit: Any) -> dict[str, Any]:
     return {
         "method": request["method"],
         "model": request["model"]["kind"],
+        "architecture": _architecture(request["model"]),
         "engine": options.get("engine", "exact"),
         "noise_schedule": options.get("noise_schedule", "constant"),
         # The sampler the audit ran, named as a job's plan names it: ExpM's options' (its

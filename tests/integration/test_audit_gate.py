@@ -59,6 +59,7 @@ def _audit(
     method: str = "dpsgd",
     attack: str = "one_run",
     expm: dict[str, Any] | None = None,
+    hidden: list[int] | None = None,
 ) -> str:
     """A finished audit row of the configuration given, as finish_audit writes one."""
     finished = datetime.now(UTC) - timedelta(days=age_days)
@@ -71,7 +72,9 @@ def _audit(
             requested_by=admin.id,
             request={
                 "method": method,
-                "model": {"kind": model} if model == "logistic" else {"kind": model, "hidden": [8]},
+                "model": {"kind": model}
+                if model == "logistic"
+                else {"kind": model, "hidden": hidden or [8]},
                 "epsilon": claimed,
                 "delta": 1e-5,
                 "canaries": 1000,
@@ -391,3 +394,37 @@ def test_an_audit_of_the_hmc_sampler_does_not_open_the_gate_for_langevin_jobs(
     r = _quote(client, keys, EXPM_JOB)
     assert r.status_code == 200 and r.json()["admitted"], r.text
     assert _quote(client, keys, mcmc).status_code == 422
+
+
+MLP_JOB = {**JOB, "model": {"kind": "mlp", "hidden": [256]}}
+
+
+@pytest.mark.parametrize("db_url", ["sqlite", "postgres"], indirect=True)
+def test_an_audit_of_one_mlp_width_does_not_open_the_gate_for_another(
+    client: Any, keys: Any, settings: Any
+) -> None:
+    """The gate matches the model's architecture, not only its kind: a passing audit of a
+    width-8 MLP leaves a width-256 MLP job refused at quote and submission (422, nothing
+    charged); an audit of the width-256 MLP (its activation by default, as the job's)
+    admits it, and covers no width-8 job in turn."""
+    r = client.post("/v1/quote", json=MLP_JOB, headers=auth(keys.alice))
+    assert r.status_code == 200, r.text
+    sigma = float(r.json()["plan"]["mechanism"]["noise_multiplier"])
+    _audit(settings, sigma=sigma, model="mlp", hidden=[8])
+    _gate(client, keys, 30)
+    before, jobs = _spent(client, keys), _jobs(settings)
+    for path in ("/v1/quote", "/v1/jobs"):
+        r = client.post(path, json=MLP_JOB, headers=auth(keys.alice))
+        assert r.status_code == 422 and r.headers["content-type"] == PROBLEM_JSON, r.text
+        assert r.json()["type"].endswith("audit-gate"), r.text
+        assert "no done audit matches it" in r.json()["detail"]
+        assert '"hidden":[256]' in r.json()["detail"]
+    assert _spent(client, keys) == before and _jobs(settings) == jobs  # nothing charged
+    _audit(settings, sigma=sigma, model="mlp", hidden=[256])
+    quote = client.post("/v1/quote", json=MLP_JOB, headers=auth(keys.alice))
+    assert quote.status_code == 200 and quote.json()["admitted"], quote.text
+    assert client.post("/v1/jobs", json=MLP_JOB, headers=auth(keys.alice)).status_code == 202
+    relu = {**MLP_JOB, "model": {"kind": "mlp", "hidden": [256], "activation": "relu"}}
+    assert client.post("/v1/quote", json=relu, headers=auth(keys.alice)).status_code == 422
+    narrow = {**MLP_JOB, "model": {"kind": "mlp", "hidden": [16]}}
+    assert client.post("/v1/quote", json=narrow, headers=auth(keys.alice)).status_code == 422

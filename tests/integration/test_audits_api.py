@@ -463,14 +463,15 @@ def test_an_icu_audit_opens_the_release_gate_of_a_registered_time_series(
 ) -> None:
     """A registered time-series dataset is never audited itself; its release gate is
     opened by a passing audit of the same configuration (GRU-D by DP-SGD, exact engine) on
-    the bundled ICU sample at a noise multiplier no larger than the job's."""
+    the bundled ICU sample at a noise multiplier no larger than the job's (and of the
+    same architecture: a job of another hidden size stays refused)."""
     from tests.integration.test_timeseries import _register_tiny
 
     _register_tiny(settings, tmp_path)
     job = {
         "dataset": "tiny-icu",
         "method": "dpsgd",
-        "model": {"kind": "grud", "hidden": 3},
+        "model": GRUD["model"],
         "epsilon": 2.0,
         "delta": 1e-5,
         "dpsgd": {"epochs": 1, "batch_size": 10},
@@ -502,6 +503,9 @@ def test_an_icu_audit_opens_the_release_gate_of_a_registered_time_series(
     assert done["result"]["epsilon_lower_bound"] <= 4.0
     quote = client.post("/v1/quote", json=job, headers=auth(keys.alice))
     assert quote.status_code == 200 and quote.json()["admitted"], quote.text
+    other = {**job, "model": {"kind": "grud", "hidden": 3}}
+    refused = client.post("/v1/quote", json=other, headers=auth(keys.alice))
+    assert refused.status_code == 422 and refused.json()["type"].endswith("audit-gate")
 
 
 @pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)

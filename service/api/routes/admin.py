@@ -161,8 +161,8 @@ def put_audit_gate(
 ) -> AuditGatePolicy:
     """Turn the dataset's release gate on or off: while on, a training job is refused at
     quote time (422 audit-gate, nothing charged) unless an audit of its configuration
-    (method, model family, engine, sampler, σ at most the job's) passed within
-    ``max_age_days``. Written to the ledger as budget changes are."""
+    (method, model family and architecture, engine, sampler, σ at most the job's) passed
+    within ``max_age_days``. Written to the ledger as budget changes are."""
     with problems(), transaction(engine) as s:
         ds = set_audit_gate(s, dataset=ops.dataset_named(s, name), max_age_days=body.max_age_days)
         return AuditGatePolicy(dataset=ds.name, max_age_days=body.max_age_days)
