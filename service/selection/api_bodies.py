@@ -24,7 +24,7 @@ from pydantic import ConfigDict, Field, RootModel, ValidationError, model_valida
 
 from service.datasets.kinds import DEFAULT_KIND
 from service.methods.dpsgd import resolve_dpsgd_options
-from service.modelspec import CnnSpec, LogisticSpec, MlpSpec, ModelSpec
+from service.modelspec import CnnSpec, GrudSpec, LogisticSpec, MlpSpec, ModelSpec
 from service.params import (
     BatchSize,
     ClipNorm,
@@ -278,9 +278,11 @@ def job_request(body: Body, *, n_rows: int, public_schema: dict[str, Any]) -> Jo
     if isinstance(request, ArchitectureRequest):
         # Stored fitted: the space's model (CNNs on images), a CNN's image shape and classes.
         request = fit_space(request, public_schema)
-    if isinstance(request, HyperparameterRequest) and isinstance(request.model, CnnSpec):
-        # A tuned CNN is stored fitted too (image shape, classes): the job's model, its
-        # plan's and its estimate's. Other models are stored as sent (digests unchanged).
+    if isinstance(request, HyperparameterRequest) and isinstance(request.model, CnnSpec | GrudSpec):
+        # A tuned CNN is stored fitted too (image shape, classes), and a tuned GRU-D (its
+        # classes: K logits on a K-class outcome; a binary one is unchanged): the job's
+        # model, its plan's and its estimate's. Other models are stored as sent (digests
+        # unchanged).
         request = fit_to_dataset(body.kind, request, public_schema)
     if body.training_epsilon is None and request.budget is not None:
         request = with_total_epsilon(

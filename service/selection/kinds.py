@@ -318,7 +318,8 @@ def fit_to_classes(
     classes (a kind without classes is binary: unchanged). For K ≥ 3 classes only the
     ``hyperparameters`` kind plans, on a model that K-class DP-SGD trains with the exact
     engine (multinomial logistic regression, a K-logit MLP or, on an image dataset, a
-    K-logit CNN: :func:`service.plans.with_classes`, whose refusal names what is supported); every
+    K-logit CNN, or on a time-series dataset a K-logit GRU-D:
+    :func:`service.plans.with_classes`, whose refusal names what is supported); every
     candidate is then scored by its noisy validation accuracy (argmax of the K scores), as
     a binary one is. The ``architecture`` kind takes K classes with a CNN space (image
     datasets; :func:`~service.selection.architecture.fit_space` gave the space K, and its
@@ -326,6 +327,9 @@ def fit_to_classes(
     the ``features`` kind's DP-CFS histograms are binary-target statistics: those are
     refused."""
     if n_classes < 3:
+        given = request.model.classes if isinstance(request, HyperparameterRequest) else None
+        if given is not None:  # as service.plans.with_classes refuses it for a DP-SGD job
+            raise PlanError(f"the dataset's target is binary; model.classes {given} does not fit")
         return request
     if isinstance(request, ArchitectureRequest) and request.space.model == "cnn":
         if request.space.classes != n_classes:
@@ -334,16 +338,11 @@ def fit_to_classes(
     if kind != "hyperparameters" or not isinstance(request, HyperparameterRequest):
         raise PlanError(
             f"the dataset's target has {n_classes} classes; of the selection kinds only "
-            "'hyperparameters' takes multi-class targets on a tabular or time-series "
-            "dataset, on models 'logistic' and 'mlp' (and 'cnn' on an image dataset; "
+            "'hyperparameters' takes multi-class targets, on models 'logistic' and 'mlp' "
+            "(tabular), 'grud' (time series) and 'cnn' (images; "
             "'architecture' takes them with a CNN space on an image dataset; its MLP and "
             "GRU-D searches are binary only for now, and 'features' scores binary-target "
             "histograms)"
-        )
-    if request.model.kind == "grud":  # a K-logit GRU-D trains by a DP-SGD job only, so far
-        raise PlanError(
-            f"the dataset's target has {n_classes} classes; a K-class GRU-D trains by a DP-SGD "
-            "job (engine 'exact'), its hyperparameter tuning is not built yet"
         )
     probe = JobRequest(dataset="-", method="dpsgd", epsilon=1.0, model=request.model)
     return request.model_copy(update={"model": with_classes(probe, n_classes).model})

@@ -4,8 +4,9 @@ on GRU-D with the exact engine is quoted (the plan's model has ``classes: 3``), 
 run by the in-process worker and released with a proven card; the analyst scores public
 stays with the release (enclave.analyst.score_series: softmax over the three classes,
 accuracy), the same accuracy as the worker's torch module loaded with the released weights.
-Ghost, JL and ExpM+NF on the K-class outcome, and K-class GRU-D tuning and architecture
-search, are refused at quote and submission (422), charging nothing."""
+Ghost, JL and ExpM+NF on the K-class outcome, and K-class GRU-D architecture search, are
+refused at quote and submission (422), charging nothing (K-class GRU-D tuning is
+tests/integration/test_grud_classes_tuning.py's)."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ import yaml
 
 from service.datasets.kinds import load_schema_yaml
 from service.modelspec import GrudSpec, parameter_count
-from tests.integration.test_multiclass import HYPER, _release, _remaining
+from tests.integration.test_multiclass import _release, _remaining
 from tests.unit.test_timeseries import TINY
 
 CLASSES = ["low", "mid", "high"]
@@ -88,8 +89,7 @@ def test_a_three_class_grud_trains_by_exact_dpsgd_and_is_scored(
         for path in ("/v1/quote", "/v1/jobs"):
             r = client.post(path, json=request, headers=headers)
             assert r.status_code == 422 and "3 classes" in r.json()["detail"], r.text
-    selections = [  # K-class GRU-D tuning and GRU-D architecture search: not built yet
-        {**HYPER, "dataset": "tri-icu", "model": model},
+    selections = [  # K-class GRU-D architecture search: not built yet
         {"dataset": "tri-icu", "kind": "architecture", "epsilon": 4.0, "delta": 1e-5,
          "space": {"model": "grud", "depths": [1], "widths": [2, 3]},
          "search": {"algorithm": "rs", "trainings": 2},
