@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import numpy as np
 import pandas as pd
@@ -110,7 +110,46 @@ def _absent(value: Any) -> bool:
     return value is None
 
 
-class Target(_Strict):
+class DeclaredValues(_Strict):
+    """The public values of a binary or K-class label, shared by a tabular target and a
+    time-series outcome: ``positive`` and ``negative`` (binary, y = 1 for a positive value)
+    or ``classes`` (K ≥ 3 values, y = the value's index in the list), never both. A
+    subclass declares the three fields itself (its dump's field order keys the encoded
+    cache) and calls :meth:`_check_values` from its validator with its noun."""
+
+    if TYPE_CHECKING:
+        positive: list[str] | None
+        negative: list[str] | None
+        classes: list[str] | None
+
+    def _check_values(self, noun: str) -> None:
+        a_noun = f"{'an' if noun[0] in 'aeiou' else 'a'} {noun}"
+        binary = self.positive is not None or self.negative is not None
+        if self.classes is not None:
+            if binary:
+                raise ValueError(f"{a_noun} declares either positive/negative or classes, not both")
+            if len(set(self.classes)) != len(self.classes):
+                raise ValueError(f"the {noun}'s classes must be distinct")
+        elif self.positive is None or self.negative is None:
+            raise ValueError(f"{a_noun} declares positive and negative values, or classes")
+        elif set(self.positive) & set(self.negative):
+            raise ValueError(f"{a_noun} value cannot be both positive and negative")
+
+    @property
+    def values(self) -> list[str]:
+        """Every declared value."""
+        if self.classes is not None:
+            return list(self.classes)
+        assert self.positive is not None and self.negative is not None
+        return self.positive + self.negative
+
+    @property
+    def n_classes(self) -> int:
+        """K: 2 for a positive/negative label, else the number of declared classes."""
+        return 2 if self.classes is None else len(self.classes)
+
+
+class Target(DeclaredValues):
     """The target column and its public values: ``positive`` and ``negative`` (a binary
     target, y = 1 for a positive value) or ``classes`` (K ≥ 3 values, y = the value's index
     in the list), never both. An absent field is left out of every dump, so a binary
@@ -125,28 +164,8 @@ class Target(_Strict):
 
     @model_validator(mode="after")
     def _one_kind(self) -> Target:
-        binary = self.positive is not None or self.negative is not None
-        if self.classes is not None:
-            if binary:
-                raise ValueError("a target declares either positive/negative or classes, not both")
-            if len(set(self.classes)) != len(self.classes):
-                raise ValueError("the target's classes must be distinct")
-        elif self.positive is None or self.negative is None:
-            raise ValueError("a target declares positive and negative values, or classes")
+        self._check_values("target")
         return self
-
-    @property
-    def values(self) -> list[str]:
-        """Every declared target value."""
-        if self.classes is not None:
-            return list(self.classes)
-        assert self.positive is not None and self.negative is not None
-        return self.positive + self.negative
-
-    @property
-    def n_classes(self) -> int:
-        """K: 2 for a positive/negative target, else the number of declared classes."""
-        return 2 if self.classes is None else len(self.classes)
 
 
 class TabularSchema(_Strict):
@@ -176,9 +195,6 @@ class TabularSchema(_Strict):
             raise ValueError("duplicate column names")
         if self.target.column in names:
             raise ValueError("the target column must not also be a feature")
-        positive, negative = self.target.positive or [], self.target.negative or []
-        if set(positive) & set(negative):
-            raise ValueError("a target value cannot be both positive and negative")
         return self
 
     @property

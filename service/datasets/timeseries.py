@@ -39,8 +39,10 @@ from pydantic import Field, model_validator
 
 from service.datasets.tabular import (
     CsvOptions,
+    DeclaredValues,
     OnInvalid,
     ValidationReport,
+    _absent,
     _clean_text,
     _Strict,
     parse_numeric,
@@ -119,11 +121,7 @@ class LongColumns(_Strict):
         return self
 
 
-def _absent(value: object) -> bool:
-    return value is None
-
-
-class SeriesOutcome(_Strict):
+class SeriesOutcome(DeclaredValues):
     """Where each stay's outcome is written, and its public values: ``positive`` and
     ``negative`` (a binary outcome, y = 1 for a positive value) or ``classes`` (K ≥ 3
     values, y = the value's index in the list), never both, as a tabular target's. An
@@ -148,32 +146,8 @@ class SeriesOutcome(_Strict):
     def _consistent(self) -> SeriesOutcome:
         if self.stay == self.column:
             raise ValueError("the outcome column must differ from the stay column")
-        binary = self.positive is not None or self.negative is not None
-        if self.classes is not None:
-            if binary:
-                raise ValueError(
-                    "an outcome declares either positive/negative or classes, not both"
-                )
-            if len(set(self.classes)) != len(self.classes):
-                raise ValueError("the outcome's classes must be distinct")
-        elif self.positive is None or self.negative is None:
-            raise ValueError("an outcome declares positive and negative values, or classes")
-        elif set(self.positive) & set(self.negative):
-            raise ValueError("an outcome value cannot be both positive and negative")
+        self._check_values("outcome")
         return self
-
-    @property
-    def values(self) -> list[str]:
-        """Every declared outcome value."""
-        if self.classes is not None:
-            return list(self.classes)
-        assert self.positive is not None and self.negative is not None
-        return self.positive + self.negative
-
-    @property
-    def n_classes(self) -> int:
-        """K: 2 for a positive/negative outcome, else the number of declared classes."""
-        return 2 if self.classes is None else len(self.classes)
 
     def encode(self, labels: pd.Series) -> np.ndarray:
         """(n,) float32 y: 1 for a positive value and 0 otherwise, or with ``classes`` the

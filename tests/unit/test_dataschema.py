@@ -12,10 +12,18 @@ import pandas as pd
 import pytest
 import torch
 import yaml
+from pydantic import ValidationError
 
 from enclave.analyst import open_release, read_public_csv, score_csv
 from service.datasets.kinds import load_schema_yaml
-from service.datasets.tabular import SchemaError, TabularSchema, parse_schema, validate_frame
+from service.datasets.tabular import (
+    SchemaError,
+    TabularSchema,
+    Target,
+    parse_schema,
+    validate_frame,
+)
+from service.datasets.timeseries import SeriesOutcome
 from service.modelspec import LogisticSpec
 from service.plans import build_plan
 from service.releases import encode_for, encode_rows, predict_proba, sha256_bytes
@@ -228,3 +236,25 @@ def test_regex_separator_and_a_warning_when_no_public_row_passes(tmp_path: Path)
     with pytest.warns(UserWarning, match="no row passed validation"):
         rows = encode_rows(_schema(), spaced)
     assert len(rows.kept_index) == 0 and len(rows.dropped) == 3
+
+
+@pytest.mark.parametrize(
+    ("values", "why"),
+    [
+        ({"positive": ["a"], "negative": ["a"]}, "value cannot be both positive and negative"),
+        ({"positive": ["a"], "classes": ["a", "b", "c"]}, "either positive/negative or classes"),
+        ({"classes": ["a", "a", "c"]}, "classes must be distinct"),
+        ({"positive": ["a"]}, "declares positive and negative values, or classes"),
+    ],
+)
+def test_a_target_and_an_outcome_check_their_values_alike(values: dict, why: str) -> None:
+    """One check of declared label values (service.datasets.tabular.DeclaredValues) for a
+    tabular target and a time-series outcome, each naming itself."""
+    for model, noun in ((Target, "target"), (SeriesOutcome, "outcome")):
+        with pytest.raises(ValidationError, match=why) as caught:
+            model(column="y", **values)
+        assert noun in str(caught.value)
+    target = Target(column="y", classes=["a", "b", "c"])
+    outcome = SeriesOutcome(column="y", positive=["p"], negative=["n", "m"])
+    assert (target.values, target.n_classes) == (["a", "b", "c"], 3)
+    assert (outcome.values, outcome.n_classes) == (["p", "n", "m"], 2)
