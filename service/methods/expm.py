@@ -379,10 +379,16 @@ def _hidden_langevin_plan(
     Φ(T) ≤ 1.02·√(2/(1 − c)) + (small): it converges in T instead of growing like √T
     (service/privacy/lattice_langevin.py states the chain, the constants and the proof,
     which assumes only IEEE-754 correct rounding; the worker runs exactly that chain,
-    worker/mechanisms/langevin_hidden.py). That bound is on Rényi divergences, so the
-    charge is the RDP curve of a Gaussian with σ_eff (accountant 'rdp'), with the integer
-    sampler's slack over the P·T draws beside it. The contraction constant needs a public
-    cap on the rows: the schema's ``max_rows``, checked at registration and by the worker.
+    worker/mechanisms/langevin_hidden.py). The bound holds as Gaussian DP: the last
+    iterate is μ-GDP with μ = Φ(T)/σ = 1/σ_eff (lattice_langevin.py, "Theorem (lattice
+    version, Gaussian DP)": the lattice proof redone with trade-off functions, the f-DP
+    form of amplification by iteration of Bok, Su & Altschuler 2024, arXiv:2403.00278).
+    So σ_eff is calibrated by the exact Gaussian profile, i.e. the PLD of one q = 1
+    Gaussian step (accountant 'pld', as the exact mechanism's μ-GDP in
+    :func:`_expm_mcmc_plan`), with the integer sampler's slack over the P·T draws beside it;
+    the event's RDP curve α/(2σ_eff²) is also a valid bound (μ-GDP implies it, and the
+    lattice RDP theorem proves it directly). The contraction constant needs a public cap
+    on the rows: the schema's ``max_rows``, checked at registration and by the worker.
     """
 
     def refuse(why: str) -> MethodPlan | None:
@@ -409,7 +415,9 @@ def _hidden_langevin_plan(
     except ValueError as exc:
         return refuse(str(exc))
     slack = noise_slack(draws=parameters * steps)
-    accountant: Accountant = "rdp"  # the bound is on Rényi divergences (not on the PLD)
+    # μ-GDP with μ = 1/σ_eff: the PLD of one q = 1 Gaussian step is its exact profile
+    # (up to the PLD's pessimistic discretisation).
+    accountant: Accountant = "pld"
     try:
         sigma_eff = calibrate_with_slack(
             request,
@@ -448,9 +456,9 @@ def _hidden_langevin_plan(
         / (options.learning_rate * sigma**2 * chain.residual_norm_sq * norm_sq_bound),
         "target": "π(θ) ∝ exp(−k·(Σ logistic loss + l2·‖θ‖²/2)), k = inverse_temperature",
         "proof": (
-            "hidden iterates: the last of T contracting noisy steps is one Gaussian "
-            "mechanism with noise multiplier effective_noise_multiplier = σ/inflation "
-            "(service/privacy/lattice_langevin.py)"
+            "hidden iterates: the last of T contracting noisy steps is μ-GDP with "
+            "μ = 1/effective_noise_multiplier = inflation/σ, one Gaussian mechanism "
+            "(service/privacy/lattice_langevin.py, Gaussian-DP theorem)"
         ),
         "noise": "rounded Gaussian on θ's lattice 2^-theta_bits, exact integer gradient sum",
         **({} if classes == 1 else {"classes": classes, "residual_norm_sq_bound": 2}),

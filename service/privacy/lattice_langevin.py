@@ -120,6 +120,68 @@ the shifted divergence D_α^{(z)}(μ ‖ ν) = inf{D_α(μ' ‖ ν): μ' on ℤ^
    all, needing no rounding: its cost α·â_K²/(2ς²) is below the bound used). By
    Minkowski's inequality Σ(â_k + r)² ≤ (√(Σ â_k²) + r√K)² = (s_c√A + r√K)². ∎
 
+**Theorem (lattice version, Gaussian DP).** Under the same conditions the exact-noise chain
+(N = round(ςZ) exactly) is μ-GDP with
+
+    μ = (s_c·√A(c, K) + r·√K)/ς = Φ/σ = 1/σ_eff,
+
+i.e. T(x_K^D, x_K^{D'}) ≥ G_μ = T(N(0, 1), N(μ, 1)) for neighbours D, D' in both orders:
+the same σ_eff as above, now as a trade-off function, so its (ε, δ) is the exact Gaussian
+profile δ(ε) = Φ_N(−ε/μ + μ/2) − e^ε·Φ_N(−ε/μ − μ/2) (Dong, Roth & Su 2022, "Gaussian
+differential privacy", JRSS-B, Cor. 2.13) instead of an RDP conversion; the integer
+sampler's slack τ is charged beside as for the RDP bound ((ε' + 2τ, e^τ·δ'), pointwise).
+
+*Source.* The f-DP form of privacy amplification by iteration is Bok, Su & Altschuler 2024
+("Shifted interpolation for differential privacy", ICML, arXiv:2403.00278): for contractive
+noisy iterations θ_{k+1} = Π_C(φ_k(θ_k) + N(0, ς²I)) and θ'_{k+1} = Π_C(φ'_k(θ'_k) +
+N(0, ς²I)) from one start, every φ_k, φ'_k c-Lipschitz with sup‖φ_k − φ'_k‖ ≤ s_k, C closed
+convex, T(θ_K, θ'_K) ≥ G(√(Σ_k a_k²)/ς) for every γ_k ∈ [0, 1] with γ_K = 1, where
+a_{k+1} = γ_{k+1}(c·b_k + s_{k+1}), b_{k+1} = (1 − γ_{k+1})(c·b_k + s_{k+1}), b_0 = 0 (their
+Lemma C.3, read in the restatement of Li, Su, Long, Wang & Su 2025, "Mitigating
+privacy-utility trade-off in decentralized federated learning via f-differential privacy",
+Lemma B.3: the paper's own text could not be read here); with s_k = s their optimum is
+μ = (s/ς)·√((1 + c)(1 − c^K)/((1 − c)(1 + c^K))) = (s/ς)·√A(c, K) (the closed form in the
+authors' code, github.com/jinhobok/shifted_interpolation_dp, plot_table_ngd_fdp.py), exact
+for quadratics. b_k is z_k and a_k is â_k of the proof above. That lemma assumes exact
+Gaussian noise and exactly c-Lipschitz maps, which the lattice chain does not have, so it
+is not applied as stated: the lattice proof above is redone with trade-off functions.
+
+*Proof.* Every step of the RDP proof used only (a) data processing, (b) the chain rule for
+a pair whose second part is drawn from a kernel of the first, (c) the Gaussian shift cost,
+(d) that a mixture of shifted Gaussians is no more distinguishable than its largest shift,
+(e) additivity of the costs. Their trade-off-function forms (T(P, Q) ≥ f pointwise means
+"at least as hard to test as f"):
+
+(a) T(M#P, M#Q) ≥ T(P, Q) for any kernel M that does not depend on the data (Dong, Roth &
+    Su 2022, §2: post-processing; a test of M#P against M#Q is a test of P against Q).
+(b) Adaptive composition (ibid., Theorem 3.2): if T(P₁, Q₁) ≥ f and T(K_P(y), K_Q(y)) ≥ g
+    for every y, the pairs (Y, K_P(Y)), Y ~ P₁, and (Y', K_Q(Y')), Y' ~ Q₁, have trade-off
+    ≥ f ⊗ g; with G_a ⊗ G_b = G_√(a² + b²) (ibid., Corollary 3.3).
+(c) For an integer vector u, N + u = round(ςZ + u) and N = round(ςZ): by (a)
+    T(N + u, N) ≥ T(N(u, ς²I), N(0, ς²I)) = G_{‖u‖/ς} (rotate u onto one axis: the other
+    coordinates are the same in both laws).
+(d) If T(P_j, Q) ≥ G_m for every component of a mixture P = Σ p_j P_j (Q fixed), then
+    T(P, Q) ≥ G_m: a test φ has type II error β = 1 − E_Q φ ≥ G_m(E_{P_j} φ) for every j,
+    so β ≥ Σ p_j G_m(E_{P_j} φ) ≥ G_m(E_P φ) by Jensen (G_m is convex).
+(e) G_m is decreasing in m, so costs compose by (b) and the total is G_{√(Σ m_k²)}.
+
+The recursion, with couplings instead of shifted divergences: let X_k, X'_k be the two
+chains' states (D and D'). Induction hypothesis after step k: there is a lattice random
+variable X̃_k, on one probability space with X_k, with ‖X_k − X̃_k‖ ≤ z_k + r (z_0 + r
+replaced by 0 at k = 0: X̃_0 = X_0 = 0) and T(X̃_k, X'_k) ≥ G_{m_k}, m_k² = Σ_{j≤k}
+((â_j + r)/ς)², m_0 = 0. Step k + 1: Y = ψ_D(X_k) and Y' = ψ_D'(X̃_k) are lattice points
+with ‖Y − Y'‖ ≤ c(z_k + r) + s + 2E ≤ c·z_k + s_c =: z' (proof step 1, c ≤ 1), and
+T(Y', ψ_D'(X'_k)) ≥ G_{m_k} by (a). With w = Y − Y' and a = â_{k+1}, let u = w if a ≥ z',
+else u = round(w·a/z') coordinatewise: ‖u‖ ≤ a + r and ‖w − u‖ ≤ z' − a + r = z_{k+1} + r.
+With one noise draw N for both, X_{k+1} = clamp(Y + N) and X̃_{k+1} = clamp(Y' + u + N):
+‖X_{k+1} − X̃_{k+1}‖ ≤ ‖w − u‖ (the clamp is 1-Lipschitz). Given Y' = y, Y' + u + N is a
+mixture over u (u depends on (Y, Y') only, N is independent of both) of laws y + u + N,
+each at trade-off ≥ G_{(â_{k+1} + r)/ς} against y + N by (a), (c); so by (d) the kernel
+meets that bound for every y, and by (b) and then (a) (keep the second part, clamp it)
+T(X̃_{k+1}, X'_{k+1}) ≥ G_{m_k} ⊗ G_{(â_{k+1} + r)/ς} = G_{m_{k+1}}. At k + 1 = K, z_K = 0
+gives a = â_K ≥ z', so u = w and X̃_K = X_K exactly: T(X_K, X'_K) ≥ G_{m_K}, and
+m_K ≤ (s_c√A + r√K)/ς by Minkowski as above. ∎
+
 The worker refuses (fails closed, before any step) a dataset of more rows than n_max,
 whose contraction constant the plan did not cover; n_max is the schema's public
 ``max_rows``, which registration checks against the rows (a public statement of the
@@ -295,6 +357,14 @@ class LatticeLangevin:
         factor = _amplification(self.contraction, self.contraction_gap, steps)
         phi = (1.0 + (2.0 * self.error + self.split) / s) * math.sqrt(factor)
         return (phi + self.split / s * math.sqrt(steps)) * (1.0 + _ROUND_UP)
+
+    def gdp_mu(self, *, noise_multiplier: float, steps: int) -> float:
+        """μ = Φ/σ (rounded up): the exact-noise chain's last iterate is μ-GDP (module
+        docstring, "Theorem (lattice version, Gaussian DP)"), the sampler's slack aside."""
+        sigma = float(noise_multiplier)
+        if not (math.isfinite(sigma) and sigma > 0):
+            raise ValueError(f"noise_multiplier must be finite and > 0, got {noise_multiplier!r}")
+        return self.inflation(steps) / sigma * (1.0 + _ROUND_UP)
 
     def noise_scale(self, noise_multiplier: float) -> float:
         """ς = σ·s, the integer noise's scale in lattice units (≤ 2^40, the sampler's range)."""

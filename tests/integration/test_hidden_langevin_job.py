@@ -86,8 +86,9 @@ def test_a_hidden_job_at_epsilon_1e_3_is_quoted_charged_and_released(
 ) -> None:
     """ε = 1e-3 (refused before issue 24's large orders: the RDP conversion stopped at order
     1024, where a Gaussian cannot go below ε ≈ 0.011 at δ = 1e-5): admitted, the plan's
-    event is (1e-3, 1e-5)-DP by the same conversion, the ledger is charged, the job
-    releases a proven model."""
+    event is (1e-3, 1e-5)-DP by its accountant, the exact Gaussian profile of its μ-GDP
+    bound ('pld'; the RDP conversion of the same event says more), the ledger is charged,
+    the job releases a proven model."""
     from service.privacy.calibrate import epsilon_for
     from service.privacy.events import event_from_json
 
@@ -98,7 +99,9 @@ def test_a_hidden_job_at_epsilon_1e_3_is_quoted_charged_and_released(
     plan = quote["plan"]
     assert plan["guarantee"] == "proven" and plan["mechanism"]["accounting"] == "hidden"
     event = event_from_json(plan["event"])
-    assert epsilon_for(event=event, delta=1e-5, accountant="rdp") <= 1e-3
+    assert plan["accountant"] == "pld"
+    assert epsilon_for(event=event, delta=1e-5, accountant="pld") <= 1e-3
+    assert epsilon_for(event=event, delta=1e-5, accountant="rdp") > 1e-3
     before = _remaining(client, keys, "capped")
     r = client.post("/v1/jobs", json=body, headers=auth(keys.alice))
     assert r.status_code == 202, r.text

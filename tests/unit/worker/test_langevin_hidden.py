@@ -119,7 +119,7 @@ def test_plans_auto_keeps_composition_where_it_is_cheaper_and_hidden_needs_a_row
     m = hidden.mechanism
     assert m["accounting"] == "hidden" and m["max_rows"] == CAP and m["l2"] == 30.0
     assert m["noise_multiplier"] > m["effective_noise_multiplier"]
-    assert hidden.accountant == "rdp" and mechanism_key(hidden) == ("expm", "langevin")
+    assert hidden.accountant == "pld" and mechanism_key(hidden) == ("expm", "langevin")
     # Auto picks the hidden bound where composition would need more noise (many steps).
     long = _plan(_request(steps=m["steps"], learning_rate=m["learning_rate"], l2=30.0))
     assert long.mechanism.get("accounting") == "hidden"
