@@ -14,6 +14,7 @@ from service.app import _WARM_UP_QUOTES, create_app
 from service.config import Settings
 from service.db import engine_for, transaction
 from service.ledger.tables import Dataset, Job, LedgerEntry
+from service.selection import kinds
 from tests.conftest import Keys, auth
 
 
@@ -33,14 +34,17 @@ def _ledger_state(settings: Settings) -> tuple[Any, ...]:
 
 def test_warm_up_quotes_every_family_and_changes_nothing(settings: Settings, keys: Keys) -> None:
     before = _ledger_state(settings)
+    kinds._COSTS.clear()
     app = create_app(settings, run_sweeper=False)
     assert not hasattr(app.state, "warm_up")  # at start-up, not at creation
     with TestClient(app, raise_server_exceptions=False) as c:
         done = app.state.warm_up
+        # the calibrated selections ran their per-training ε's search: its memo is filled
+        assert kinds._COSTS._items
         # every family was quoted on the toy dataset, through routing and planning
         assert done["ledger"] == done["tables"] == "ok"
         assert len(done) == 2 + len(_WARM_UP_QUOTES)
-        assert all(v == "ok" for v in done.values()), done
+        assert all(v == "ok" for v in done.values()), str(done)
         assert _ledger_state(settings) == before
         # nothing was counted as a request, and the caller override is gone
         metrics = c.get("/metrics").text
