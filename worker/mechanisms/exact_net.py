@@ -115,7 +115,6 @@ import torch
 
 from worker.mechanisms.base import PlanMismatch
 from worker.mechanisms.fixed_point import (
-    _BLOCK,
     MAX_GRID_BITS,
     _sigmoid_block,
     parameters_on_grid,
@@ -156,6 +155,13 @@ CHUNK: Final[int] = 1024
 _EXACT: Final[int] = 52  # partial sums of integers ≤ 2^52 < 2^53: exact in any order
 _UP: Final[float] = 1.0 + 2.0**-40  # covers ≤ 12 roundings of relative error 2^-53
 _MARGIN: Final[float] = 2.0**-20  # the weights aim at c_row·(1 − 2^-20)
+#: Values per block of rows in the MLP path (:meth:`ExactNetClipper._mlp_chunk`): 64 rows
+#: at width 1024, the whole batch of 256 at width 256. A block costs ~100 numpy calls
+#: whatever its size (plus the logit's σ̃ on a handful of values), so fixed_point._BLOCK's
+#: 16384 (16 rows at 1024) spent more in per-call cost than it saved in cache: on 20
+#: Adult batches (thread CPU time, shared machine) 65536 took 0.77x-0.93x the time of
+#: 16384 at widths 64-1024, the same sums (benchmarks/results/dpsgd_widths.md).
+_MLP_BLOCK: Final[int] = 1 << 16
 # Exact powers of two of the logistic path (ExactNetClipper._logistic_sum).
 _P_C: Final[float] = math.ldexp(1.0, FEATURE_BITS)
 _P_INV_C: Final[float] = math.ldexp(1.0, -FEATURE_BITS)
@@ -705,8 +711,8 @@ class ExactNetClipper:
         (tests/unit/test_exact_net.py compares the two paths on awkward rows and pins the
         golden sums). Why it is faster: up to the chunk's sum every quantity of a row is
         a function of that row alone (the module docstring), so a chunk is worked through
-        in blocks of rows of about fixed_point._BLOCK values (:meth:`_mlp_rows`), each
-        block's forward, backward, norms and weights in cache, with numpy's lower
+        in blocks of rows of about `_MLP_BLOCK` values (:meth:`_mlp_rows`), each
+        block's forward, backward, norms and weights in L2/L3 cache, with numpy's lower
         per-call cost; blocking changes no bit, since no value of one row enters another
         row's. Chunks, their sums and the rounding are :meth:`_general_sum`'s, and the
         refusals (PlanMismatch, GuardFailed) come from the same chunk."""
@@ -780,7 +786,7 @@ class ExactNetClipper:
         hidden = [np.empty((rows, layer.weight.shape[0])) for layer in layers[:-1]]
         scaled = [np.empty((rows, layer.weight.shape[0])) for layer in layers]
         total = np.empty(rows)
-        step = max(1, _BLOCK // max(layer.weight.shape[0] for layer in layers))
+        step = max(1, _MLP_BLOCK // max(layer.weight.shape[0] for layer in layers))
         for start in range(0, rows, step):
             block = slice(start, start + step)
             with np.errstate(all="ignore"):  # NaN/inf only on rows found invalid
@@ -838,8 +844,14 @@ class ExactNetClipper:
         numerators = []
         for index, layer in enumerate(layers):
             if index > 0:
-                # [A, 2^c]·[W_int, b_int]ᵀ as A·W_intᵀ + 2^c·b_int: the same exact integer (ii)
-                z = _matmul(inputs, layer.weight.T)
+                # [A, 2^c]·[W_int, b_int]ᵀ as A·W_intᵀ + 2^c·b_int: the same exact integer (ii);
+                # one output (the logit) as each row's dot product with the weight row, the
+                # same exact integer again (any order, (ii)), in ≈ 5 µs per block of 16 rows
+                # of 1024 instead of MKL's ≈ 18 µs for the (16, 1024)·(1024, 1) product
+                if layer.weight.shape[0] == 1:
+                    z = np.vecdot(inputs, layer.weight[0])[:, None]
+                else:
+                    z = _matmul(inputs, layer.weight.T)
                 z += layer.bias
             if index == last:
                 break
