@@ -44,7 +44,7 @@ import math
 
 import numpy as np
 
-__all__ = ["fsum_nonzero", "fsum_rows"]
+__all__ = ["fsum_nonzero", "fsum_rows", "fsum_rows_signed"]
 
 _LEVELS = 4
 """Splitting levels before the remainders go to ``math.fsum`` (speed only: each level
@@ -71,39 +71,93 @@ def fsum_rows(a: np.ndarray) -> list[float]:
         return []
     if n == 0:
         return [0.0] * rows
-    largest = np.max(np.abs(a), axis=1)
-    if not bool(np.all(np.isfinite(largest))):
+    split = _split_rows(a.copy(), None)
+    if split is None:
         return [fsum_nonzero(row) for row in a]
+    return split[0]
+
+
+def fsum_rows_signed(a: np.ndarray, signs: np.ndarray) -> tuple[list[float], list[float]] | None:
+    """``(fsum_rows(a), fsum_rows(signs * a[:r]))`` with r = len(signs), the same floats,
+    for ``signs`` of shape (r, n) whose entries are all +1.0 or −1.0 (not checked here),
+    from one splitting of ``a`` (issue 26: a series' signed and absolute sums of the same
+    terms split the same entries twice). ``a`` is overwritten (a caller's temporary).
+    None where :func:`fsum_rows` would take ``math.fsum`` row by row (a row with a NaN or
+    an infinity, or too large for the splitting): the caller sums those rows itself.
+
+    Why the signed sums are exact: ±p_i = ±q_i ± r_i level by level (multiplying by ±1
+    is exact), the ±q_i of a level are multiples of its spacing 2^(k−53) with
+    Σ|q_i| < 2^k (module docstring), so every partial sum of them, in any order, is a
+    double and their sum exact; ``math.fsum`` of the levels' signed sums and the signed
+    remainders then returns the correctly rounded Σ ±p_i, which is ``math.fsum`` of the
+    row ``signs * a`` (its zero entries change no sum; a zero sum is +0.0 either way, and
+    the levels' signed sums are made +0.0, not −0.0, by adding +0.0)."""
+    rows, n = a.shape
+    if rows == 0 or n == 0 or signs.ndim != 2 or signs.shape[1] != n or len(signs) > rows:
+        return None
+    return _split_rows(a, signs)
+
+
+def _split_rows(
+    rest: np.ndarray, signs: np.ndarray | None
+) -> tuple[list[float], list[float]] | None:
+    """The splitting of :func:`fsum_rows` on ``rest`` (2-D, at least one row and one
+    column; overwritten): its rows' sums and, with ``signs``, those of the first
+    len(signs) rows times ``signs`` (:func:`fsum_rows_signed`); None where a row is not
+    finite or 2^k would exceed 2^1000 (``math.fsum`` of each row decides)."""
+    rows, n = rest.shape
+    largest = np.max(np.abs(rest), axis=1)
+    if not bool(np.all(np.isfinite(largest))):
+        return None
     _, e = np.frexp(largest)  # |p| ≤ largest < 2^e (e = 0 for a row of zeros)
     c1 = (n - 1).bit_length() + 1  # c + 1, c = ⌈log2 n⌉ (2^c ≥ n)
     k = e.astype(np.int64) + c1
     if int(k.max()) > _MAX_EXPONENT:
-        return [fsum_nonzero(row) for row in a]
-    levels: list[np.ndarray] = []
-    rest = a.copy()
-    high = np.empty_like(rest)
-    clean = False  # no remainder left
-    for _ in range(_LEVELS):
-        if int(k.min()) < -_MAX_EXPONENT:
-            break  # 2^k near the bottom of the exponent range: the rest goes to fsum
-        split = np.ldexp(1.0, k)[:, None]  # S = 2^k per row, exact
-        np.subtract(np.add(split, rest, out=high), split, out=high)  # q_i, exact
+        return None
+    r = 0 if signs is None else len(signs)
+    # the levels' constants at once: level l splits at 2^(k − l·(53 − c1)) (|r_i| ≤ 2^(k − 53)
+    # after a level, the next level's 2^e), while 2^k stays ≥ 2^-1000
+    k_min, step = int(k.min()), 53 - c1
+    count = min(_LEVELS, max(0, (k_min + _MAX_EXPONENT) // step + 1))
+    if count == 0:
+        return None
+    splits = np.ldexp(1.0, k[None, :] - step * np.arange(count)[:, None])[:, :, None]
+    highs = np.empty((count, rows, n))  # q_i of each level
+    used, clean = 0, False  # clean: no remainder left
+    for level in range(count):
+        high = highs[level]
+        np.add(splits[level], rest, out=high)
+        np.subtract(high, splits[level], out=high)  # q_i, exact
         np.subtract(rest, high, out=rest)  # r_i = p_i − q_i, exact
-        levels.append(high.sum(axis=1))  # exact in any order
-        k = k - (53 - c1)  # |r_i| ≤ 2^(k − 53) = 2^(new e)
-        if not rest.any():
+        used += 1
+        # (after the first level a remainder is nearly always left: not looked for; a
+        # level after a clean one would only add +0.0 sums)
+        if level > 0 and not rest.any():
             clean = True
             break
-    if not levels:
-        return [fsum_nonzero(row) for row in a]
-    sums = np.stack(levels, axis=1).tolist()
+    sums = highs[:used].sum(axis=2).T.tolist()  # each exact in any order
+    signed: list[list[float]] = []
+    if signs is not None:  # Σ ±q_i: exact in any order (fsum_rows_signed); +0.0, not −0.0
+        signed = ((highs[:used, :r] * signs).sum(axis=2) + 0.0).T.tolist()
     if clean:
-        return [math.fsum(level_sums) for level_sums in sums]
+        return (
+            [math.fsum(level_sums) for level_sums in sums],
+            [math.fsum(level_sums) for level_sums in signed],
+        )
     at_row, at_col = np.nonzero(rest)  # row by row, in order
     left = rest[at_row, at_col].tolist()
+    counts = np.bincount(at_row, minlength=rows).tolist()
     out: list[float] = []
     end = 0
-    for level_sums, count in zip(sums, np.bincount(at_row, minlength=rows).tolist(), strict=True):
-        start, end = end, end + count
+    for level_sums, m in zip(sums, counts, strict=True):
+        start, end = end, end + m
         out.append(math.fsum(level_sums + left[start:end]))
-    return out
+    out_signed: list[float] = []
+    if signs is not None:  # the same entries, times ±1 (non-zero where rest is), in order
+        signed_rest = signs * rest[:r]
+        left_signed = signed_rest[signed_rest != 0.0].tolist()
+        end = 0
+        for level_sums, m in zip(signed, counts[:r], strict=True):
+            start, end = end, end + m
+            out_signed.append(math.fsum(level_sums + left_signed[start:end]))
+    return out, out_signed

@@ -33,7 +33,7 @@ from functools import lru_cache
 import numpy as np
 from scipy import special
 
-from service.privacy.exact_sum import fsum_rows
+from service.privacy.exact_sum import fsum_rows, fsum_rows_signed
 
 __all__ = [
     "IntegerOrderTable",
@@ -497,7 +497,9 @@ def _log_a_fracs(q: float, sigma: float, alphas: tuple[float, ...]) -> list[floa
     it (elementwise: the same float in any row or position; the parts that depend on i
     alone are computed once, as the same 1-D array broadcast), each row's maximum exactly,
     and the six exact sums of every row by :func:`~service.privacy.exact_sum.fsum_rows`
-    (``math.fsum``'s floats, see there). The scalar steps per row are the single order's.
+    (``math.fsum``'s floats, see there; the signed ones with the absolute ones, by
+    :func:`~service.privacy.exact_sum.fsum_rows_signed`). The scalar steps per row are the
+    single order's.
     An order whose tail bound asks for more terms continues at 2n with the others that
     do; an order past ``_MAX_FRAC_TERMS`` takes the interpolation, as before."""
     z0 = sigma * sigma * (math.log1p(-q) - math.log(q)) + 0.5
@@ -560,7 +562,19 @@ def _log_a_fracs(q: float, sigma: float, alphas: tuple[float, ...]) -> list[floa
             parts1 = tuple(p[..., :width] for p in parts1)
         rel0 = (base + sum(np.abs(p) for p in parts0)) * (16.0 * 2.0**-52)
         rel1 = (base + sum(np.abs(p) for p in parts1)) * (16.0 * 2.0**-52)
-        sums = fsum_rows(np.concatenate((sign * t0, sign * t1, t0, t1, t0 * rel0, t1 * rel1)))
+        # The six sums: of sign·t0, sign·t1, t0, t1, t0·rel0, t1·rel1. Signs all ±1 (the
+        # usual case): the signed ones from the same splitting as t0's and t1's
+        # (fsum_rows_signed: the same floats, a third less to split); otherwise, or where
+        # the splitting is not used, each row by fsum_rows as before.
+        paired = None
+        if c.unit_signs:
+            paired = fsum_rows_signed(
+                np.concatenate((t0, t1, t0 * rel0, t1 * rel1)), np.concatenate((sign, sign))
+            )
+        if paired is None:
+            sums = fsum_rows(np.concatenate((sign * t0, sign * t1, t0, t1, t0 * rel0, t1 * rel1)))
+        else:
+            sums = paired[1] + paired[0]  # signed rows first, as above
         k = len(rows)
         for row, (r, alpha) in enumerate(zip(rows, group, strict=True)):
             signed = sums[row] + sums[k + row]
@@ -609,6 +623,7 @@ class _StackedConstants:
     base: np.ndarray
     tail_binom: list[float]
     finite: bool  # every sign and table bound finite (the columns' parts)
+    unit_signs: bool  # every sign +1.0 or −1.0 (no pole of Γ: no 0, NaN)
 
 
 def _stacked_constants(alphas: tuple[float, ...], n: int) -> _StackedConstants:
@@ -631,6 +646,7 @@ def _stacked_constants(alphas: tuple[float, ...], n: int) -> _StackedConstants:
         base=full.base[:, :n],
         tail_binom=[_frac_series_constants(a, n).tail_binom for a in alphas],
         finite=full.finite,  # of all its columns: of the first n too
+        unit_signs=full.unit_signs,
     )
 
 
@@ -656,6 +672,7 @@ def _stack(alphas: tuple[float, ...], n: int) -> _StackedConstants:
         base=np.stack([c.base for c in each]),
         tail_binom=[c.tail_binom for c in each],
         finite=all(bool(np.isfinite(c.base).all() and np.isfinite(c.sign).all()) for c in each),
+        unit_signs=all(bool((np.abs(c.sign) == 1.0).all()) for c in each),
     )
     for a in (out.j, out.jj, out.log_coef, out.sign, out.base):
         a.setflags(write=False)

@@ -11,7 +11,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from service.privacy.exact_sum import fsum_rows
+from service.privacy.exact_sum import fsum_rows, fsum_rows_signed
 
 
 def _same(rows: np.ndarray) -> None:
@@ -27,6 +27,32 @@ def _same(rows: np.ndarray) -> None:
         raise AssertionError(f"math.fsum raised {exc!r}, fsum_rows did not") from None
     got = fsum_rows(rows)
     assert [g.hex() for g in got] == [w.hex() for w in want]  # the sign of a zero, NaN
+    _same_signed(rows)
+
+
+def _same_signed(rows: np.ndarray) -> None:
+    """fsum_rows_signed(rows, signs) is (math.fsum of each row's non-zero entries, of each
+    of the first len(signs) rows times signs), or None where a row is not finite (math.fsum
+    row by row then: fsum_rows' own fallback), for random signs ±1 on all or some rows."""
+    rng = np.random.default_rng(len(rows) * 1000 + rows.shape[1])
+    for r in {len(rows), max(len(rows) // 2, 1)}:
+        signs = rng.choice(np.array([-1.0, 1.0]), size=(r, rows.shape[1]))
+        if not bool(np.isfinite(rows).all()):
+            assert fsum_rows_signed(rows.copy(), signs) is None
+            continue
+        try:
+            want = [math.fsum(x[x != 0.0].tolist()) for x in rows]
+            want_signed = [math.fsum(x[x != 0.0].tolist()) for x in signs * rows[:r]]
+        except (OverflowError, ValueError):
+            continue  # then fsum_rows' own path (2^k too large) answers None
+        got = fsum_rows_signed(rows.copy(), signs)
+        if got is None:  # only where the splitting cannot start: 2^k out of [2^-1000, 2^1000]
+            c1 = (rows.shape[1] - 1).bit_length() + 1
+            k = [math.frexp(float(np.max(np.abs(x))))[1] + c1 for x in rows]
+            assert max(k) > 1000 or min(k) < -1000
+            continue
+        assert [g.hex() for g in got[0]] == [w.hex() for w in want]
+        assert [g.hex() for g in got[1]] == [w.hex() for w in want_signed]
 
 
 _finite = st.floats(allow_nan=False, allow_infinity=False)
