@@ -10,6 +10,7 @@ from typing import Any, Literal
 from pydantic import Field, ValidationError, model_validator
 
 from service.datasets.images import ImageSchema
+from service.datasets.timeseries import TimeSeriesSchema
 from service.methods.dpsgd import resolve_dpsgd_options
 from service.modelspec import ModelSpec, cnn_parameter_count
 from service.params import InputModel
@@ -101,8 +102,10 @@ def fit_space(
     activation ReLU, and every candidate's network must fit the images (checked on
     :meth:`~service.selection.search_space.ArchitectureSpace.cnn_extremes`: a candidate's
     geometry does not depend on its channels). A CNN space on another kind, or an MLP or
-    GRU-D space on images, is a :class:`PlanError`. An MLP or GRU-D space is otherwise
-    unchanged (its dump, hence its plan's digest, is what it was before CNN spaces)."""
+    GRU-D space on images, is a :class:`PlanError`. A GRU-D space on a time series whose
+    outcome declares K ≥ 3 classes gets K (:func:`_grud_classes`). An MLP or binary GRU-D
+    space is otherwise unchanged (its dump, hence its plan's digest, is what it was before
+    CNN spaces)."""
     kind = str((public_schema or {}).get("kind", "tabular"))
     space = request.space
     model = space.model or ("cnn" if kind == "images" else "mlp")
@@ -116,6 +119,8 @@ def fit_space(
             f"architecture search on an image dataset searches CNNs (space.model 'cnn', "
             f"the default there), not space.model {model!r}"
         )
+    if model == "grud" and kind == "timeseries":
+        return request.model_copy(update={"space": _grud_classes(space, public_schema or {})})
     if model != "cnn":
         return request.model_copy(update={"space": space.model_copy(update={"model": model})})
     try:
@@ -151,6 +156,25 @@ def fit_space(
                 f"a candidate of the CNN space does not fit the images: {exc}"
             ) from None
     return request.model_copy(update={"space": fitted})
+
+
+def _grud_classes(space: ArchitectureSpace, public_schema: Mapping[str, Any]) -> ArchitectureSpace:
+    """A GRU-D space fitted to the time series' outcome: ``classes`` K where the outcome
+    declares K ≥ 3 classes (every candidate then ends in K logits, as a K-class GRU-D job's
+    model, service.plans.with_classes), left out for a binary one (its dump, hence its
+    plan's digest, as before). A ``classes`` given must equal the dataset's."""
+    try:
+        n_classes = TimeSeriesSchema.model_validate(dict(public_schema)).n_classes
+    except ValidationError as exc:
+        raise PlanError(
+            f"the dataset's public schema is not valid: {exc.error_count()} error(s)"
+        ) from None
+    classes = n_classes if n_classes >= 3 else None
+    if space.classes != classes and space.classes is not None:
+        raise PlanError(f"space.classes {space.classes} differs from the dataset's {n_classes}")
+    if classes is None:
+        return space
+    return type(space).model_validate({**space.model_dump(), "classes": classes})
 
 
 def expm_candidate_plan(

@@ -322,8 +322,10 @@ def fit_to_classes(
     :func:`service.plans.with_classes`, whose refusal names what is supported); every
     candidate is then scored by its noisy validation accuracy (argmax of the K scores), as
     a binary one is. The ``architecture`` kind takes K classes with a CNN space (image
-    datasets; :func:`~service.selection.architecture.fit_space` gave the space K, and its
-    candidates train by the exact engine), its MLP and GRU-D searches are binary only, and
+    datasets) or a GRU-D space (time series; DP-SGD candidates with the exact engine:
+    ExpM+NF and the ghost and JL engines are refused by :func:`service.plans.with_classes`)
+    — :func:`~service.selection.architecture.fit_space` gave the space K, and its
+    candidates train by the exact engine —, its MLP searches are binary only, and
     the ``features`` kind's DP-CFS histograms are binary-target statistics: those are
     refused."""
     if n_classes < 3:
@@ -331,18 +333,33 @@ def fit_to_classes(
         if given is not None:  # as service.plans.with_classes refuses it for a DP-SGD job
             raise PlanError(f"the dataset's target is binary; model.classes {given} does not fit")
         return request
-    if isinstance(request, ArchitectureRequest) and request.space.model == "cnn":
+    if isinstance(request, ArchitectureRequest) and request.space.model in ("cnn", "grud"):
         if request.space.classes != n_classes:
-            raise PlanError(f"the CNN space is not fitted to the dataset's {n_classes} classes")
+            raise PlanError(
+                f"the {request.space.model.upper()} space is not fitted to the dataset's "
+                f"{n_classes} classes"
+            )
+        if request.space.model == "grud":
+            # A K-logit GRU-D trains by DP-SGD's exact engine only: with_classes refuses
+            # ExpM+NF candidates and the ghost and JL engines, naming what is supported.
+            probe = JobRequest(
+                dataset="-",
+                method=request.method,
+                epsilon=1.0,
+                delta=0.0 if request.method == "expm_nf" else 1e-5,
+                model=request.space.largest(),
+                dpsgd=request.training if request.method == "dpsgd" else None,
+            )
+            with_classes(probe, n_classes)
         return request
     if kind != "hyperparameters" or not isinstance(request, HyperparameterRequest):
         raise PlanError(
             f"the dataset's target has {n_classes} classes; of the selection kinds only "
             "'hyperparameters' takes multi-class targets, on models 'logistic' and 'mlp' "
             "(tabular), 'grud' (time series) and 'cnn' (images; "
-            "'architecture' takes them with a CNN space on an image dataset; its MLP and "
-            "GRU-D searches are binary only for now, and 'features' scores binary-target "
-            "histograms)"
+            "'architecture' takes them with a CNN space on an image dataset or a GRU-D "
+            "space on a time series; its MLP searches are binary only for now, and "
+            "'features' scores binary-target histograms)"
         )
     probe = JobRequest(dataset="-", method="dpsgd", epsilon=1.0, model=request.model)
     return request.model_copy(update={"model": with_classes(probe, n_classes).model})

@@ -53,8 +53,9 @@ class _Frozen(InputModel):
 
 
 CNN_ONLY = ("kernels", "pools", "image", "classes")
-"""The space's fields that only a CNN space has (left out of every dump when absent, so
-MLP and GRU-D requests, plans and digests are unchanged, byte for byte)."""
+"""The space's fields that only a CNN space has, but ``classes``, which a GRU-D space on a
+K-class time series has too (left out of every dump when absent, so MLP and binary GRU-D
+requests, plans and digests are unchanged, byte for byte)."""
 
 
 def _absent(value: object) -> bool:
@@ -71,7 +72,8 @@ class ArchitectureSpace(_Frozen):
     map's size before pooling). ``model`` left out: the dataset's kind decides (CNNs on
     an image dataset, MLPs otherwise; service.selection.architecture.fit_space).
     ``image`` and ``classes`` of a CNN space are the dataset's public image shape and
-    class count, filled in by the service from its schema."""
+    class count, filled in by the service from its schema; a GRU-D space's ``classes``
+    the time series' K ≥ 3 outcome classes, filled in the same way."""
 
     model: Literal["mlp", "grud", "cnn"] | None = Field(
         default=None,
@@ -114,7 +116,7 @@ class ArchitectureSpace(_Frozen):
         ge=3,
         le=MAX_CLASSES,
         exclude_if=_absent,
-        description="cnn: the dataset's class count when K ≥ 3 (filled in)",
+        description="cnn, grud: the dataset's class count when K ≥ 3 (filled in)",
     )
 
     @model_validator(mode="after")
@@ -130,7 +132,8 @@ class ArchitectureSpace(_Frozen):
             if max(self.widths) > MAX_CNN_CHANNELS:
                 raise ValueError(f"a CNN space's channels (widths) are at most {MAX_CNN_CHANNELS}")
         elif self.model is not None:
-            given = [name for name in CNN_ONLY if getattr(self, name) is not None]
+            only = [n for n in CNN_ONLY if not (n == "classes" and self.model == "grud")]
+            given = [name for name in only if getattr(self, name) is not None]
             if given:
                 raise ValueError(f"{', '.join(given)}: for a CNN space (model 'cnn') only")
         return self
@@ -150,7 +153,7 @@ class ArchitectureSpace(_Frozen):
     def spec_of(self, candidate: ArchitectureCandidate) -> ModelSpec:
         """The model a candidate of this space trains."""
         if self.model == "grud":
-            return GrudSpec(hidden=candidate.hidden[0])
+            return GrudSpec(hidden=candidate.hidden[0], classes=self.classes)
         if self.model == "cnn":
             return self._cnn(candidate.hidden, candidate.kernel or 3, candidate.pool or "avg2")
         return MlpSpec(hidden=list(candidate.hidden), activation=candidate.activation)
@@ -183,7 +186,7 @@ class ArchitectureSpace(_Frozen):
         space's: the extreme (:meth:`cnn_extremes`) with the most parameters, the first of
         them in their order on a tie (a space without its image shape raises ValueError)."""
         if self.model == "grud":
-            return GrudSpec(hidden=max(self.widths))
+            return GrudSpec(hidden=max(self.widths), classes=self.classes)
         if self.model == "cnn":
             return max(self.cnn_extremes(), key=cnn_parameter_count)
         return MlpSpec(hidden=[max(self.widths)] * max(self.depths))

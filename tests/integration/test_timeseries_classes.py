@@ -4,9 +4,9 @@ on GRU-D with the exact engine is quoted (the plan's model has ``classes: 3``), 
 run by the in-process worker and released with a proven card; the analyst scores public
 stays with the release (enclave.analyst.score_series: softmax over the three classes,
 accuracy), the same accuracy as the worker's torch module loaded with the released weights.
-Ghost, JL and ExpM+NF on the K-class outcome, and K-class GRU-D architecture search, are
-refused at quote and submission (422), charging nothing (K-class GRU-D tuning is
-tests/integration/test_grud_classes_tuning.py's)."""
+Ghost, JL and ExpM+NF on the K-class outcome are refused at quote and submission (422),
+charging nothing (K-class GRU-D tuning and architecture search are
+tests/integration/test_grud_classes_tuning.py's and test_grud_classes_architecture.py's)."""
 
 from __future__ import annotations
 
@@ -87,16 +87,6 @@ def test_a_three_class_grud_trains_by_exact_dpsgd_and_is_scored(
     ]
     for request in refused:
         for path in ("/v1/quote", "/v1/jobs"):
-            r = client.post(path, json=request, headers=headers)
-            assert r.status_code == 422 and "3 classes" in r.json()["detail"], r.text
-    selections = [  # K-class GRU-D architecture search: not built yet
-        {"dataset": "tri-icu", "kind": "architecture", "epsilon": 4.0, "delta": 1e-5,
-         "space": {"model": "grud", "depths": [1], "widths": [2, 3]},
-         "search": {"algorithm": "rs", "trainings": 2},
-         "training": {"epochs": 1, "batch_size": 10}},
-    ]  # fmt: skip
-    for request in selections:
-        for path in ("/v1/selections/quote", "/v1/selections"):
             r = client.post(path, json=request, headers=headers)
             assert r.status_code == 422 and "3 classes" in r.json()["detail"], r.text
     assert _remaining(client, headers, "tri-icu") == before

@@ -1,0 +1,126 @@
+"""Issue 20: architecture search over GRU-D hidden sizes on a small synthetic three-class
+time-series dataset (test data, not private) through the API and the in-process worker
+(SQLite): ExpM+NF candidates, the ghost and JL engines and a classes count that is not the
+outcome's are 422 problems that charge nothing; the quote's model is the space's largest
+GRU-D with K logits, its charge the search's rule rebuilt from a DP-SGD job plan
+(tests/unit/test_grud_classes_architecture.py); the job trains its two candidates by exact
+DP-SGD and releases the chosen K-logit GRU-D, scored by the analyst's scorer."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from service.datasets.kinds import load_schema_yaml
+from service.privacy.events import event_from_json
+from tests.conftest import auth
+from tests.integration.test_multiclass import _remaining
+from tests.integration.test_timeseries_classes import write_three_class_series
+from tests.unit.test_cnn_architecture import _expected_event
+from worker.runner import Outcome, execute_job
+
+SPACE = {"model": "grud", "depths": [1], "widths": [2, 3]}
+TRAINING = {"epochs": 2, "batch_size": 40, "learning_rate": 1.0}
+BODY: dict[str, Any] = {
+    "dataset": "tri-icu",
+    "kind": "architecture",
+    "epsilon": 8.0,
+    "delta": 1e-5,
+    "space": SPACE,
+    "search": {"algorithm": "rs", "trainings": 2},
+    "training": TRAINING,
+}
+REFUSED: dict[str, tuple[dict[str, Any], str]] = {
+    "ghost": ({"training": {**TRAINING, "engine": "ghost"}}, "engine 'ghost'"),
+    "jl": ({"training": {**TRAINING, "engine": "jl", "jl_projections": 4}}, "engine 'jl'"),
+    "expm_nf": (
+        {
+            "method": "expm_nf",
+            "training": {},
+            "expm_nf": {"steps": 3, "n_samples_per_step": 4, "batch_size": 8},
+        },
+        "method 'expm_nf'",
+    ),
+    "classes": ({"space": {**SPACE, "classes": 4}}, "differs from the dataset's 3"),
+}
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_a_k_class_grud_search_releases_the_chosen_grud(
+    client: Any, keys: Any, settings: Any, tmp_path: Path
+) -> None:
+    from enclave.analyst import CARD_FILE, WEIGHTS_FILE, score_series
+    from service.db import engine_for
+    from worker.registration import register_dataset
+
+    headers = auth(keys.alice)
+    private = tmp_path / "private"
+    private.mkdir()
+    obs, outcomes, schema_path = write_three_class_series(private, stays=200, seed=0)
+    schema = load_schema_yaml(schema_path.read_text())
+    register_dataset(
+        engine_for(settings.resolved_database_url),
+        settings,
+        schema=schema,
+        csv_path=obs,
+        outcomes_path=outcomes,
+        epsilon_total=20.0,
+        delta_total=1e-5,
+    )
+    before = _remaining(client, headers, "tri-icu")
+    for what, (change, text) in REFUSED.items():
+        for path in ("/v1/selections/quote", "/v1/selections"):
+            r = client.post(path, json={**BODY, **change}, headers=headers)
+            assert r.status_code == 422, (what, path, r.text)
+            assert r.headers["content-type"].startswith("application/problem+json"), what
+            assert text in r.text, (what, r.text)
+    assert _remaining(client, headers, "tri-icu") == before  # nothing charged
+
+    quote = client.post("/v1/selections/quote", json=BODY, headers=headers)
+    assert quote.status_code == 200, quote.text
+    quoted = quote.json()
+    plan = quoted["plan"]
+    assert quoted["admitted"] and plan["guarantee"] == "proven" and plan["epsilon"] <= 8.0
+    assert plan["model"] == {"kind": "grud", "hidden": 3, "classes": 3}
+    assert quoted["estimate"]["seconds"] > 0
+
+    r = client.post("/v1/selections", json=BODY, headers=headers)
+    assert r.status_code == 202, r.text
+    job_id = r.json()["id"]
+    job = client.get(f"/v1/jobs/{job_id}", headers=headers).json()
+    public_schema = schema.model_dump(mode="json")
+    expected = _expected_event(
+        {"request": job["request"], "mechanism": job["plan"]["mechanism"]}, public_schema, 200
+    )
+    assert event_from_json(job["plan"]["event"]) == expected
+    after = _remaining(client, headers, "tri-icu")
+    assert after["remaining_epsilon"] == quoted["dataset_after"]["remaining_epsilon"]
+
+    assert execute_job(job_id, settings) == Outcome.released
+    card = client.get(f"/v1/jobs/{job_id}/release", headers=headers).json()
+    assert card["privacy"]["guarantee"] == "proven"
+    model = card["selection"]["model"]
+    assert model["kind"] == "grud" and model["classes"] == 3 and model["hidden"] in (2, 3)
+    assert card["selection"]["selected"]["hidden"] == [model["hidden"]]
+    weights = client.get(f"/v1/jobs/{job_id}/release/weights", headers=headers).content
+
+    folder = tmp_path / "release"
+    folder.mkdir()
+    (folder / CARD_FILE).write_text(json.dumps(card))
+    (folder / WEIGHTS_FILE).write_bytes(weights)
+    public = tmp_path / "public"
+    public.mkdir()
+    obs, outcomes, _ = write_three_class_series(public, stays=60, seed=1)
+    scored = score_series(folder, obs, outcomes)
+    assert scored.probabilities.shape == (60, 3)
+    assert np.allclose(scored.probabilities.sum(axis=1), 1.0)
+    assert scored.accuracy is not None
+    print(
+        f"3-class GRU-D search (rs, 2 candidates), hidden {model['hidden']} chosen: "
+        f"accuracy {scored.accuracy:.3f} (one run)"
+    )
+    assert _remaining(client, headers, "tri-icu") == after  # the run charged nothing more
