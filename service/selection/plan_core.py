@@ -36,8 +36,8 @@ class SelectionPlan:
     # every candidate runs the exponential mechanism at the same ε (its sensitivity does
     # not depend on the model), so the charge is the same for all. Nominal guarantee.
     expm_mechanism: dict[str, Any] | None = None
-    # The DP-SGD trainings' guarantee (service.methods.dpsgd.dpsgd_guarantee): nominal for
-    # GRU-D and the jl engine.
+    # The DP-SGD trainings' guarantee: nominal if any candidate's job plan is not proven
+    # (service.methods.dpsgd.dpsgd_guarantee says which models and engines are).
     training_guarantee: Literal["proven", "nominal"] = "proven"
 
     @property
