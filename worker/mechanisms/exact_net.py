@@ -156,10 +156,10 @@ _EXACT: Final[int] = 52  # partial sums of integers ≤ 2^52 < 2^53: exact in an
 _UP: Final[float] = 1.0 + 2.0**-40  # covers ≤ 12 roundings of relative error 2^-53
 _MARGIN: Final[float] = 2.0**-20  # the weights aim at c_row·(1 − 2^-20)
 #: Values per block of rows in the MLP path (:meth:`ExactNetClipper._mlp_chunk`): 64 rows
-#: at width 1024, the whole batch of 256 at width 256. A block costs ~100 numpy calls
+#: at width 1024, the whole batch of 256 at width 256. A block costs well over 100 numpy calls
 #: whatever its size (plus the logit's σ̃ on a handful of values), so fixed_point._BLOCK's
 #: 16384 (16 rows at 1024) spent more in per-call cost than it saved in cache: on 20
-#: Adult batches (thread CPU time, shared machine) 65536 took 0.77x-0.93x the time of
+#: Adult batches (thread CPU time, shared machine) 65536 took 0.74x-0.93x the time of
 #: 16384 at widths 64-1024, the same sums (benchmarks/results/dpsgd_widths.md).
 _MLP_BLOCK: Final[int] = 1 << 16
 # Exact powers of two of the logistic path (ExactNetClipper._logistic_sum).
