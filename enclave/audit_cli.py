@@ -157,15 +157,17 @@ def admin_audit(
     dataset: Annotated[
         str,
         typer.Option(
-            help="A public dataset bundled with the product: adult (logistic regression) "
-            "or icu (the synthetic ICU sample, GRU-D)."
+            help="A public dataset bundled with the product: adult (logistic regression), "
+            "icu (the synthetic ICU sample, GRU-D) or digits (8 × 8 handwritten digits, a "
+            "CNN by dpsgd: --model takes its JSON spec)."
         ),
     ] = "adult",
     model: Annotated[
         str | None,
         typer.Option(
             help="The request's model: a kind (logistic; mlp: dpsgd or expm_nf on adult; grud) "
-            'or a JSON model spec, e.g. \'{"kind": "mlp", "hidden": [32]}\'. Default: the '
+            'or a JSON model spec, e.g. \'{"kind": "mlp", "hidden": [32]}\' or, on digits, '
+            '\'{"kind": "cnn", "conv": [{"channels": 4}]}\'. Default: the '
             "dataset's (GRU-D on icu, else logistic regression).",
             show_default=False,
         ),
@@ -348,7 +350,7 @@ def _report(
     )
 
 
-MODEL_WORDS = {"logistic": "logistic regression", "mlp": "MLP", "grud": "GRU-D"}
+MODEL_WORDS = {"logistic": "logistic regression", "mlp": "MLP", "grud": "GRU-D", "cnn": "CNN"}
 
 
 def method_words(method: str, sampler: str | None) -> str:

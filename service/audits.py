@@ -24,7 +24,10 @@ regression and MLPs by ``expm_nf`` (nominal; δ = 0 as for its jobs; the request
 flow sizes, so the flow's defaults: for the default MLP on all of Adult that is ~1.7e4 s by
 the service's estimate, past the worker's default 1 h task time limit, a 422 from
 :func:`validated`); on the bundled synthetic ICU sample (time series), GRU-D by DP-SGD
-(exact engine) and by ``expm_nf``.
+(exact engine) and by ``expm_nf``; on the bundled handwritten digits (examples/digits: 1,797
+8 × 8 images, 10 classes), a CNN by DP-SGD (the exact engine, the only one CNNs have; the
+request's ``model`` is the CNN spec a job gives, its image shape and classes filled in from
+the digits' public schema as a job's are from its dataset's).
 The canaries' scores are minus their loss under the released model, so a model family the
 worker cannot score, or a method whose release is not one model of that family, is
 refused. A registered dataset is never
@@ -58,7 +61,7 @@ from service.datasets.kinds import DATA_KINDS, DatasetSchema, load_schema_yaml
 from service.jobs import as_utc
 from service.ledger.tables import Analyst, Base, utcnow
 from service.modelspec import GrudSpec, LogisticSpec, ModelSpec
-from service.plans import PlanError, build_plan
+from service.plans import PlanError, build_plan, with_image_shape
 from service.privacy.one_run_audit import OneRunBound, ceiling
 from service.resources import plan_resources
 from service.schemas import JobRequest, PrivacyPlan
@@ -126,6 +129,7 @@ class PublicDataset:
 PUBLIC_DATASETS: dict[str, PublicDataset] = {
     "adult": PublicDataset(REPO / "examples" / "adult", rows=30_162, features=104),
     "icu": PublicDataset(REPO / "examples" / "icu", rows=2_000, features=8, kind="timeseries"),
+    "digits": PublicDataset(REPO / "examples" / "digits", rows=1_797, features=64, kind="images"),
 }
 AUDITABLE: dict[str, dict[str, tuple[str, ...]]] = {
     "tabular": {
@@ -137,18 +141,22 @@ AUDITABLE: dict[str, dict[str, tuple[str, ...]]] = {
         "expm_nf": ("logistic", "mlp"),
     },
     "timeseries": {"dpsgd": ("grud",), "expm_nf": ("grud",)},
+    # CNNs are trained by DP-SGD's exact engine only (service/plans.py); scored by their
+    # softmax cross-entropy over the digits' 10 classes (worker/audits.py).
+    "images": {"dpsgd": ("cnn",)},
 }
 """Dataset kind → method → the model kinds the audit can run and score (module text)."""
 AUDITABLE_METHODS = ("dpsgd", "expm", "expm_nf")
 """Methods the one-run audit can run on some bundled dataset (:data:`AUDITABLE`)."""
-AUDITABLE_MODELS = ("logistic", "mlp", "grud")
+AUDITABLE_MODELS = ("logistic", "mlp", "grud", "cnn")
 """Model kinds the audit's scoring covers (minus each canary's loss under the release)."""
 GRADIENT_CANARY_METHODS = ("dpsgd",)
 """Methods whose run sums clipped per-row gradients, where a gradient canary is a row."""
-NO_GRADIENT_CANARY_MODELS = ("mlp",)
+NO_GRADIENT_CANARY_MODELS = ("mlp", "cnn")
 """Model kinds audited with input canaries only: the gradient canaries' score
 (worker/gradient_canaries.py) takes every public row's per-example gradient at every step,
-which for the default MLP on Adult did not finish in 5 minutes (2 shared cores)."""
+which for the default MLP on Adult did not finish in 5 minutes (2 shared cores); its
+per-example loss is the binary one, which a 10-class CNN is not scored by."""
 LIRA_METHODS = ("dpsgd", "expm", "expm_nf")
 """Methods a LiRA audit runs: worker/lira.py's configurations of the same names (expm with
 its Langevin sampler; expm_nf nominal), logistic regression on public Adult."""
@@ -259,7 +267,7 @@ def check_request(
         raise AuditRefused(
             f"model {model!r} is audited with input canaries only: the gradient canaries' "
             "score takes every public row's per-example gradient at every step, too slow "
-            "for an MLP on the bundled data",
+            "for an MLP on the bundled data, and its binary loss does not score a CNN",
             "canary_kind",
         )
 
@@ -368,7 +376,9 @@ def audit_plan(
     encoded width, the dataset's kind and its schema's row-norm bound. DP-SGD's options
     apply to DP-SGD only, ExpM's (``expm``: its sampler and its options) to ExpM only,
     ExpM+NF's (``expm_nf``: the flow and its sizes) to ExpM+NF only; a method without options
-    runs with its defaults. Raises PlanError."""
+    runs with its defaults. The dataset's public schema gives the model what it gives a
+    job's (service.plans: a CNN its image shape, a K-class target its classes). Raises
+    PlanError."""
     try:
         request = JobRequest(
             dataset="audit",
@@ -384,12 +394,14 @@ def audit_plan(
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"])
         raise PlanError(f"{where}: {first['msg']}") from exc
+    schema = public_schema(dataset)
     return build_plan(
-        request,
+        with_image_shape(request, schema.model_dump(mode="json")),
         n_rows=rows - canaries // 2 if canary_kind == "input" else rows + canaries // 2,
         n_features=features,
         dataset_kind=PUBLIC_DATASETS[dataset].kind,
         norm_sq_bound=row_norm_sq_bound(dataset),
+        n_classes=int(getattr(schema, "n_classes", 2)),
     )
 
 

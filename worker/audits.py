@@ -2,24 +2,28 @@
 
 :func:`run_one_run_audit`: the one-run audit of Steinke, Nasr & Jagielski 2023 ("Privacy
 auditing with one (1) training run", arXiv:2305.08846), black-box, input-space canaries,
-on a PUBLIC dataset bundled with the product (public Adult, or the synthetic ICU sample of
-examples/icu), so nothing is charged to any dataset's budget and no private row is read:
+on a PUBLIC dataset bundled with the product (public Adult, the synthetic ICU sample of
+examples/icu, or the handwritten digits of examples/digits), so nothing is charged to any
+dataset's budget and no private row is read:
 
-1. m canaries: m rows (stays, for the ICU sample) of the public training set, drawn
-   without replacement by the enclave's secure RNG (worker.noise.secure_rng), with their
-   label FLIPPED (mislabeled examples, the kind a model memorises); the other n − m rows
-   are always trained on.
+1. m canaries: m rows (stays, for the ICU sample; images, for the digits) of the public
+   training set, drawn without replacement by the enclave's secure RNG
+   (worker.noise.secure_rng), each with a WRONG label (mislabeled examples, the kind a
+   model memorises): a binary label flipped, a label of K ≥ 3 classes replaced by one of
+   the other K − 1 drawn uniformly (:func:`canary_labels`; the flip is that draw for
+   K = 2); the other n − m rows are always trained on.
 2. Each canary is included independently with probability 1/2 (S_i, secure RNG).
 3. ONE training run, under the plan the service would build for that request (method,
    model, options, (ε, δ)) and the public row count, by the worker's own mechanism
    (worker.mechanisms.registry.run_mechanism, as a job runs it: DP-SGD with its engines on
-   logistic regression, MLPs and GRU-D, ExpM's Langevin sampler, ExpM's HMC sampler (its
-   first chain's final state is the release, as for a one-sample job), ExpM+NF);
-   service/audits.py's ``AUDITABLE`` says which pairs.
+   logistic regression, MLPs and GRU-D and with its exact engine on CNNs, ExpM's Langevin
+   sampler, ExpM's HMC sampler (its first chain's final state is the release, as for a
+   one-sample job), ExpM+NF); service/audits.py's ``AUDITABLE`` says which pairs.
 4. Each canary is scored by minus its loss under the released model (a member is fitted
-   better); ties broken by a secure random order. The auditor guesses "in" for the k₊
-   highest scores and "out" for the k₋ lowest, abstaining on the rest (the paper's
-   top-k / bottom-k guesses, §6); r = k₊ + k₋ is fixed before the run.
+   better; the logistic loss, or the softmax cross-entropy for K ≥ 3 classes); ties broken
+   by a secure random order. The auditor guesses "in" for the k₊ highest scores and "out"
+   for the k₋ lowest, abstaining on the rest (the paper's top-k / bottom-k guesses, §6);
+   r = k₊ + k₋ is fixed before the run.
 5. v = the number of right guesses; ε_lb and the test's ceiling from
    service.privacy.one_run_audit (Theorem 3.1 of the paper).
 
@@ -55,6 +59,7 @@ from service.audits import (
     default_guesses,
     default_model,
 )
+from service.datasets.images import ImageSchema
 from service.datasets.kinds import load_schema_yaml
 from service.datasets.tabular import TabularSchema, encode, validate_frame
 from service.datasets.timeseries import TimeSeriesSchema, encode_series
@@ -64,8 +69,9 @@ from service.schemas import DpsgdOptions, PrivacyPlan
 from service.schemas.audits import AuditRequest, CanaryKind
 from service.schemas.expm import ExpmOptions
 from service.schemas.expm_nf import ExpmNfOptions
-from worker.data import prepare_series
+from worker.data import image_training_set, prepare_series
 from worker.gradient_canaries import CanaryScores, gradient_canary_run
+from worker.images import check_images
 from worker.mechanisms.base import TabularTrainingSet
 from worker.mechanisms.registry import run_mechanism
 from worker.models import build_module
@@ -77,6 +83,7 @@ __all__ = [
     "PUBLIC_DATASETS",
     "AuditRefused",
     "OneRunAudit",
+    "canary_labels",
     "correct_guesses",
     "load_public",
     "run_one_run_audit",
@@ -102,7 +109,8 @@ class OneRunAudit:
 
 def load_public(dataset: str) -> TabularTrainingSet:
     """A bundled public dataset's training part, encoded as the worker encodes rows (a time
-    series as GRU-D's inputs, with the schema's public means)."""
+    series as GRU-D's inputs, with the schema's public means; images read and validated by
+    their schema and encoded as a registered image dataset's are)."""
     if dataset not in PUBLIC_DATASETS:
         raise AuditRefused(
             f"unknown public dataset {dataset!r}; bundled: {', '.join(PUBLIC_DATASETS)}"
@@ -119,8 +127,11 @@ def load_public(dataset: str) -> TabularTrainingSet:
             y=torch.from_numpy(series.y),
             public_means=schema.scaled_means,
         )
+    if isinstance(schema, ImageSchema):
+        images = check_images(schema, folder / f"{dataset}.npz")
+        return image_training_set(schema, images.pixels, images.y, torch.device("cpu"))
     if not isinstance(schema, TabularSchema):
-        raise AuditRefused(f"public dataset {dataset!r} is neither tabular nor a time series")
+        raise AuditRefused(f"public dataset {dataset!r} is neither tabular, images nor a series")
     raw = pd.read_csv(folder / f"{dataset}.data.gz", **schema.read_csv_kwargs())
     table = encode(schema, validate_frame(schema, raw).frame)
     return TabularTrainingSet(x=torch.from_numpy(table.x), y=torch.from_numpy(table.y))
@@ -133,16 +144,35 @@ def _scores(
     x: torch.Tensor,
     y: torch.Tensor,
 ) -> np.ndarray:
-    """Minus the logistic loss of each (x, y) under the released model (float64)."""
+    """Minus the loss of each (x, y) under the released model (float64): the logistic loss,
+    or for a model of K ≥ 3 classes (K logits) the softmax cross-entropy."""
     module = build_module(spec, data.n_features, public_means=data.public_means)
     module.load_state_dict(state)
     module = module.double().eval()
     with torch.no_grad():
         logits = module(x.double())
-        loss = torch.nn.functional.binary_cross_entropy_with_logits(
-            logits, y.double(), reduction="none"
-        )
+        if _classes(spec) > 2:
+            loss = torch.nn.functional.cross_entropy(logits, y.long(), reduction="none")
+        else:
+            loss = torch.nn.functional.binary_cross_entropy_with_logits(
+                logits, y.double(), reduction="none"
+            )
     return (-loss).numpy()
+
+
+def _classes(spec: ModelSpec) -> int:
+    """K: the model's classes (filled in from the schema for K ≥ 3; absent: binary)."""
+    return getattr(spec, "classes", None) or 2
+
+
+def canary_labels(y: torch.Tensor, classes: int, rng: np.random.Generator) -> torch.Tensor:
+    """The canaries' wrong labels (module text, step 1): 1 − y for a binary target; for K ≥ 3
+    classes, y + U mod K with U uniform on {1, …, K − 1} (secure RNG), i.e. a label drawn
+    uniformly from the other K − 1."""
+    if classes <= 2:
+        return 1.0 - y
+    shift = torch.from_numpy(rng.integers(1, classes, size=len(y))).to(y.dtype)
+    return torch.remainder(y + shift, classes)
 
 
 def correct_guesses(
@@ -290,7 +320,7 @@ def _input_canary_run(
     base = np.setdiff1d(np.arange(n), canary_rows)
     included = rng.random(canaries) < 0.5  # S_i: each canary in with probability 1/2
     cx = data.x[torch.from_numpy(canary_rows)]
-    cy = 1.0 - data.y[torch.from_numpy(canary_rows)]  # flipped labels
+    cy = canary_labels(data.y[torch.from_numpy(canary_rows)], _classes(spec), rng)
     inc = torch.from_numpy(np.flatnonzero(included))
     train = TabularTrainingSet(
         x=torch.cat([data.x[torch.from_numpy(base)], cx[inc]]),

@@ -566,7 +566,16 @@ def _image_set(
     with (dataset_dir(data_dir, schema.name) / file).open("rb") as fh:
         before_first_read()
         arrays = read_npz_bytes(fh.read())
-    pixels, y = arrays["pixels"], arrays["y"]
+    return image_training_set(schema, arrays["pixels"], arrays["y"], device)
+
+
+def image_training_set(
+    schema: ImageSchema, pixels: np.ndarray, y: np.ndarray, device: torch.device
+) -> TabularTrainingSet:
+    """Validated images (raw pixels (n, C, H, W), class indices y) as a training set: the
+    flattened encoded pixels (n, H·W·C) in [0, 1] and y in {0, …, K − 1} as float32. A
+    registered dataset's (:func:`_image_set`) and a bundled public one's
+    (worker/audits.py's ``load_public``)."""
     x = encode_pixels(schema, pixels).reshape(len(pixels), schema.n_features)
     if len(y) != len(x) or not np.isin(y, np.arange(schema.n_classes)).all():
         raise ValueError("stored image labels left the declared classes")

@@ -110,7 +110,9 @@ class AuditRequest(ApiInput):
         max_length=64,
         description="A public dataset bundled with the product (no budget is charged): "
         "adult (logistic regression by dpsgd, expm with either sampler or expm_nf; an MLP "
-        "by dpsgd or expm_nf) or icu, the synthetic ICU sample (GRU-D by dpsgd or expm_nf). "
+        "by dpsgd or expm_nf), icu, the synthetic ICU sample (GRU-D by dpsgd or expm_nf), or "
+        "digits, 1,797 8 × 8 handwritten digits of 10 classes (a CNN by dpsgd, exact engine; "
+        "model: the CNN spec a job gives, its image shape and classes filled in). "
         "Registered datasets are not audited.",
     )
     guesses: Canaries | None = Field(

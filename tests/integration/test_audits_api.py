@@ -15,10 +15,11 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from sqlalchemy import inspect, select, update
+from sqlalchemy import func, inspect, select, update
 
 from service.audits import PUBLIC_DATASETS, Audit
 from service.db import engine_for, transaction
+from service.ledger.tables import LedgerEntry
 from service.migrate import downgrade, upgrade
 from service.privacy.one_run_audit import ceiling
 from tests.conftest import auth
@@ -38,6 +39,11 @@ SMALL = {
 PROBLEM_JSON = "application/problem+json"
 GRUD = {"model": {"kind": "grud", "hidden": 4}}
 MLP = {"model": {"kind": "mlp", "hidden": [8]}}
+CNN = {
+    "dataset": "digits",
+    "model": {"kind": "cnn", "conv": [{"channels": 4, "kernel": 3, "pool": "avg2"}]},
+}
+"""A small CNN on the bundled digits (8 × 8, 10 classes): one epoch is about a second."""
 MCMC = {
     "method": "expm",
     "dpsgd": None,
@@ -128,6 +134,33 @@ LIRA_REFUSALS = [
         ),
         ({**MLP, "method": "expm", "dpsgd": None}, "validation-error", "model 'mlp' cannot"),
         ({**MLP, "canary_kind": "gradient"}, "validation-error", "input canaries only"),
+        ({**CNN, "canary_kind": "gradient"}, "validation-error", "input canaries only"),
+        ({**CNN, "canaries": 180}, "validation-error", "out of range for digits"),
+        ({**CNN, "dataset": "adult"}, "validation-error", "model 'cnn' cannot be audited"),
+        ({"dataset": "digits"}, "validation-error", "model 'logistic' cannot be audited"),
+        ({**CNN, "method": "expm", "dpsgd": None}, "validation-error", "cannot be audited"),
+        ({**CNN, "dpsgd": {"engine": "ghost"}}, "invalid-plan", "engine 'ghost'"),
+        (
+            {**CNN, "model": {"kind": "cnn", "conv": [{"channels": 4, "kernel": 9}]}},
+            "validation-error",
+            "less than or equal to 7",
+        ),
+        (
+            {**CNN, "model": {"kind": "cnn", "conv": [{"channels": 4, "kernel": 5}] * 2}},
+            "invalid-plan",
+            "does not fit",
+        ),
+        # Four 64-channel 5 × 5 convolutions at full resolution for 100 epochs: ~5e5 s by
+        # the service's estimate, past the worker's task time limit (3,600 s by default).
+        (
+            {
+                **CNN,
+                "model": {"kind": "cnn", "conv": [{"channels": 64, "kernel": 5, "padding": 2}] * 4},
+                "dpsgd": {"epochs": 100},
+            },
+            "validation-error",
+            "past the worker's 3600 s task time limit",
+        ),
         ({"expm": {"sampler": "mcmc"}}, "validation-error", "expm options are for method"),
         ({**MCMC, "expm": {"sampler": "mcmc", "l2": 0}}, "invalid-plan", "l2 > 0"),
         (
@@ -279,6 +312,7 @@ def test_a_small_audit_runs_end_to_end(client: Any, keys: Any, settings: Any) ->
         pytest.param({**MLP, "canaries": 40}, id="mlp-dpsgd-adult"),
         pytest.param({**MLP, "canaries": 40, "dpsgd": {"engine": "ghost"}}, id="mlp-ghost-adult"),
         pytest.param({**MCMC, "canaries": 40}, id="expm-mcmc-adult"),
+        pytest.param({**CNN, "canaries": 40}, id="cnn-dpsgd-digits"),
     ],
 )
 def test_audits_of_the_other_auditable_pairs_run_end_to_end(
@@ -286,8 +320,8 @@ def test_audits_of_the_other_auditable_pairs_run_end_to_end(
 ) -> None:
     """GRU-D by DP-SGD on the bundled ICU sample, ExpM (proven Langevin, and its HMC
     sampler) on Adult, DP-SGD with white-box gradient canaries and DP-SGD on an MLP (exact
-    and ghost engines): through the API, the worker's task and back, with the run's public
-    figures."""
+    and ghost engines), a CNN by DP-SGD on the bundled digits: through the API, the
+    worker's task and back, with the run's public figures."""
     r = _post(client, keys.admin, **changes)
     assert r.status_code == 202, r.text
     queued = r.json()
@@ -310,6 +344,37 @@ def test_audits_of_the_other_auditable_pairs_run_end_to_end(
         assert done["configuration"]["expm"]["sampler"] == "mcmc"
     else:
         assert result["noise_multiplier"] == planned["noise_multiplier"] > 0
+
+
+@pytest.mark.parametrize("db_url", ["sqlite", "postgres"], indirect=True)
+def test_a_cnn_audit_of_the_digits_runs_end_to_end_and_charges_nothing(
+    client: Any, keys: Any, settings: Any
+) -> None:
+    """A CNN by DP-SGD (exact engine) on the bundled digits, admin only, through the API,
+    the worker's task (the job's mechanism code: run_mechanism) and back: the configuration
+    keeps the CNN spec as sent, the service's plan is the one run, the bound at 99.9% is at
+    most the claimed ε for this correct mechanism, and no ledger entry is written."""
+    body = {**CNN, "canaries": 60, "guesses": 20, "confidence": 0.999, "epsilon": 2.0}
+    assert _post(client, keys.alice, **body).status_code == 403
+    with transaction(engine_for(settings.resolved_database_url)) as s:
+        entries = s.scalar(select(func.count()).select_from(LedgerEntry))
+    r = _post(client, keys.admin, **body)
+    assert r.status_code == 202, r.text
+    queued = r.json()
+    assert queued["configuration"]["model"] == {**CNN["model"], "norm": "none"} | {
+        "conv": [{"channels": 4, "kernel": 3, "stride": 1, "padding": 0, "pool": "avg2"}]
+    }
+    assert execute_audit(queued["id"], settings) == AuditOutcome.done
+    done = client.get(f"/v1/admin/audits/{queued['id']}", headers=auth(keys.admin)).json()
+    assert done["status"] == "done", done
+    result = done["result"]
+    assert (result["canaries"], result["guesses"], result["rows"]) == (60, 20, 1_797)
+    assert 0.0 <= result["epsilon_lower_bound"] <= 2.0 < result["ceiling"]
+    with transaction(engine_for(settings.resolved_database_url)) as s:
+        planned = s.scalars(select(Audit.planned)).one()
+        assert s.scalar(select(func.count()).select_from(LedgerEntry)) == entries
+    assert planned == {k: result[k] for k in ("noise_multiplier", "steps", "sampling_rate")}
+    assert planned["noise_multiplier"] > 0 and 0 < planned["sampling_rate"] < 1
 
 
 def test_an_expm_nf_audit_of_the_default_mlp_is_accepted_and_runs(
@@ -506,6 +571,44 @@ def test_an_icu_audit_opens_the_release_gate_of_a_registered_time_series(
     other = {**job, "model": {"kind": "grud", "hidden": 3}}
     refused = client.post("/v1/quote", json=other, headers=auth(keys.alice))
     assert refused.status_code == 422 and refused.json()["type"].endswith("audit-gate")
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_a_cnn_audit_opens_the_release_gate_for_the_same_cnn_only(
+    client: Any, keys: Any, settings: Any
+) -> None:
+    """A passing audit of a CNN on the bundled digits opens a registered image dataset's
+    release gate for a CNN job of the same layers at a noise multiplier no smaller (here a
+    smaller ε, same options); a CNN of other layers stays refused (422, nothing charged)."""
+    from tests.integration.test_cnn_digits import _register, _remaining
+
+    _register(settings)  # the digits, registered as a private image dataset "digits"
+    options = {"epochs": 1, "batch_size": 64}
+    audit = _post(client, keys.admin, **CNN, epsilon=2.0, canaries=40, dpsgd=options).json()
+    assert execute_audit(audit["id"], settings) == AuditOutcome.done
+    done = client.get(f"/v1/admin/audits/{audit['id']}", headers=auth(keys.admin)).json()
+    assert done["status"] == "done" and done["result"]["epsilon_lower_bound"] <= 2.0, done
+    gate = client.put(
+        "/v1/admin/datasets/digits/audit-gate",
+        json={"max_age_days": 30},
+        headers=auth(keys.admin),
+    )
+    assert gate.status_code == 200, gate.text
+    job = {**CNN, "method": "dpsgd", "epsilon": 1.0, "delta": 1e-5, "dpsgd": options}
+    quote = client.post("/v1/quote", json=job, headers=auth(keys.alice))
+    assert quote.status_code == 200 and quote.json()["admitted"], quote.text
+    sigma = quote.json()["plan"]["mechanism"]["noise_multiplier"]
+    assert sigma >= done["result"]["noise_multiplier"]
+    wider = {
+        **job,
+        "model": {"kind": "cnn", "conv": [{"channels": 8, "kernel": 3, "pool": "avg2"}]},
+    }
+    headers = auth(keys.alice)
+    before = _remaining(client, headers)
+    for path in ("/v1/quote", "/v1/jobs"):
+        r = client.post(path, json=wider, headers=headers)
+        assert r.status_code == 422 and r.json()["type"].endswith("audit-gate"), r.text
+    assert _remaining(client, headers) == before
 
 
 @pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
