@@ -519,23 +519,55 @@ def _log_a_fracs(q: float, sigma: float, alphas: tuple[float, ...]) -> list[floa
         rows = todo.pop(n)
         group = tuple(alphas[r] for r in rows)
         c = _stacked_constants(group, n)
-        # The two halves' terms (t0: first part, t1: second) in one (2, rows, n) array each
-        # step, every entry by the single order's operations: [i; j]·log q, [j; i]·log(1−q),
-        # [i²−i; j²−j]/(2σ²) and log Φ of [z0 − i; j − z0]/σ, with z0 − i = −(i − z0)
-        # exactly (round to nearest is symmetric; log Φ(±0) alike); summed from 0 as the
-        # single order's sum() does, then log|C(α, i)| added.
-        ij, ji, sq, flip = c.halves
-        parts: tuple[np.ndarray, ...] = (
-            ij * log_q,
-            ji * log_1mq,
-            sq / two_s2,
-            special.log_ndtr((ij - z0) * flip / sigma),
-        )
-        log_t = c.log_coef + sum(parts)
-        top = np.max(log_t, axis=2).tolist()  # each half's row maxima
-        m = [float(max(a, b)) for a, b in zip(top[0], top[1], strict=True)]
-        shift = np.array(m)[:, None]
-        t = np.exp(log_t - shift)  # t[0]: the terms t0, t[1]: t1
+        # Short series (n ≤ _STACKED_TERMS, the usual 256 terms): the two halves' terms
+        # (t0: first part, t1: second) in one (2, rows, n) array each step, every entry by
+        # the single order's operations: [i; j]·log q, [j; i]·log(1−q), [i²−i; j²−j]/(2σ²)
+        # and log Φ of [z0 − i; j − z0]/σ, with z0 − i = −(i − z0) exactly (round to
+        # nearest is symmetric; log Φ(±0) alike); summed from 0 as the single order's sum()
+        # does, then log|C(α, i)| added: half the numpy calls, which dominate there. Longer
+        # series (a large σ) as before, the parts that depend on i alone in 1-D (there the
+        # elementwise work counts).
+        if n <= _STACKED_TERMS:
+            ij, ji, sq, flip = c.halves
+            parts: tuple[np.ndarray, ...] = (
+                ij * log_q,
+                ji * log_1mq,
+                sq / two_s2,
+                special.log_ndtr((ij - z0) * flip / sigma),
+            )
+            log_t = c.log_coef + sum(parts)
+            top = np.max(log_t, axis=2).tolist()  # each half's row maxima
+            m = [float(max(a, b)) for a, b in zip(top[0], top[1], strict=True)]
+            t = np.exp(log_t - np.array(m)[:, None])
+            t0, t1 = t[0], t[1]
+            parts0 = tuple(p[0] for p in parts)
+            parts1 = tuple(p[1] for p in parts)
+        else:
+            i, j = c.i, c.j  # i: 1-D (every row's), j: one row per order
+            parts0 = (
+                i * log_q,
+                j * log_1mq,
+                c.ii / two_s2,
+                special.log_ndtr((z0 - i) / sigma),
+            )
+            parts1 = (
+                j * log_q,
+                i * log_1mq,
+                c.jj / two_s2,
+                special.log_ndtr((j - z0) / sigma),
+            )
+            log_t0 = c.log_coef + sum(parts0)
+            log_t1 = c.log_coef + sum(parts1)
+
+            m = [
+                float(max(a, b))
+                for a, b in zip(
+                    np.max(log_t0, axis=1).tolist(), np.max(log_t1, axis=1).tolist(), strict=True
+                )
+            ]
+            shift = np.array(m)[:, None]
+            t0 = np.exp(log_t0 - shift)
+            t1 = np.exp(log_t1 - shift)
         # Past the last column with a non-zero term (a large σ: most of the n terms
         # underflow) the six sums only add zeros, 0 times a sign ±1 or a finite rounding
         # bound: those columns are left out, with the bounds' parts (speed only). Where a
@@ -544,26 +576,24 @@ def _log_a_fracs(q: float, sigma: float, alphas: tuple[float, ...]) -> list[floa
         # arguments of log Φ), every column is kept: the sums are then what they were.
         base, sign, width = c.base, c.sign, n
         # (A non-zero term in the last column keeps every column: nothing to look for.)
-        last_alive = bool(t[:, :, -1].any())
+        last_alive = bool(t0[:, -1].any()) or bool(t1[:, -1].any())
         if not last_alive and c.finite and _bounded_parts(n + max(group), z0, sigma):
-            alive = np.flatnonzero(np.any(t != 0.0, axis=(0, 1)))
+            alive = np.flatnonzero(np.any(t0 != 0.0, axis=0) | np.any(t1 != 0.0, axis=0))
             width = int(alive[-1]) + 1 if len(alive) else 0
         if width < n:
-            t, base, sign = t[..., :width], base[:, :width], sign[:, :width]
-            parts = tuple(p[..., :width] for p in parts)
-        rel = (base + sum(np.abs(p) for p in parts)) * (16.0 * 2.0**-52)
-        t0, t1 = t[0], t[1]
-        rel0, rel1 = rel[0], rel[1]
+            t0, t1, base, sign = t0[:, :width], t1[:, :width], base[:, :width], sign[:, :width]
+            parts0 = tuple(p[..., :width] for p in parts0)
+            parts1 = tuple(p[..., :width] for p in parts1)
+        rel0 = (base + sum(np.abs(p) for p in parts0)) * (16.0 * 2.0**-52)
+        rel1 = (base + sum(np.abs(p) for p in parts1)) * (16.0 * 2.0**-52)
         # The six sums: of sign·t0, sign·t1, t0, t1, t0·rel0, t1·rel1. Signs all ±1 (the
         # usual case): the signed ones from the same splitting as t0's and t1's
         # (fsum_rows_signed: the same floats, a third less to split); otherwise, or where
         # the splitting is not used, each row by fsum_rows as before.
         paired = None
         if c.unit_signs:
-            k2 = 2 * len(rows)
             paired = fsum_rows_signed(
-                np.concatenate((t.reshape(k2, width), (t * rel).reshape(k2, width))),
-                np.concatenate((sign, sign)),
+                np.concatenate((t0, t1, t0 * rel0, t1 * rel1)), np.concatenate((sign, sign))
             )
         if paired is None:
             sums = fsum_rows(np.concatenate((sign * t0, sign * t1, t0, t1, t0 * rel0, t1 * rel1)))
@@ -588,6 +618,12 @@ def _log_a_fracs(q: float, sigma: float, alphas: tuple[float, ...]) -> list[floa
             else:
                 todo.setdefault(min(2 * n, _MAX_FRAC_TERMS), []).append(r)
     return out
+
+
+_STACKED_TERMS = 256
+"""Series of at most this many terms build both halves' parts as (2, rows, n) arrays from
+the first op (:attr:`_StackedConstants.halves`: fewer numpy calls, which dominate there);
+longer ones compute the i-only parts in 1-D (less elementwise work). Speed only."""
 
 
 def _bounded_parts(span: float, z0: float, sigma: float) -> bool:
