@@ -28,7 +28,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import cached_property, lru_cache
+from functools import lru_cache
 
 import numpy as np
 from scipy import special
@@ -519,55 +519,31 @@ def _log_a_fracs(q: float, sigma: float, alphas: tuple[float, ...]) -> list[floa
         rows = todo.pop(n)
         group = tuple(alphas[r] for r in rows)
         c = _stacked_constants(group, n)
-        # Short series (n ≤ _STACKED_TERMS, the usual 256 terms): the two halves' terms
-        # (t0: first part, t1: second) in one (2, rows, n) array each step, every entry by
-        # the single order's operations: [i; j]·log q, [j; i]·log(1−q), [i²−i; j²−j]/(2σ²)
-        # and log Φ of [z0 − i; j − z0]/σ, with z0 − i = −(i − z0) exactly (round to
-        # nearest is symmetric; log Φ(±0) alike); summed from 0 as the single order's sum()
-        # does, then log|C(α, i)| added: half the numpy calls, which dominate there. Longer
-        # series (a large σ) as before, the parts that depend on i alone in 1-D (there the
-        # elementwise work counts).
-        if n <= _STACKED_TERMS:
-            ij, ji, sq, flip = c.halves
-            parts: tuple[np.ndarray, ...] = (
-                ij * log_q,
-                ji * log_1mq,
-                sq / two_s2,
-                special.log_ndtr((ij - z0) * flip / sigma),
-            )
-            log_t = c.log_coef + sum(parts)
-            top = np.max(log_t, axis=2).tolist()  # each half's row maxima
-            m = [float(max(a, b)) for a, b in zip(top[0], top[1], strict=True)]
-            t = np.exp(log_t - np.array(m)[:, None])
-            t0, t1 = t[0], t[1]
-            parts0 = tuple(p[0] for p in parts)
-            parts1 = tuple(p[1] for p in parts)
-        else:
-            i, j = c.i, c.j  # i: 1-D (every row's), j: one row per order
-            parts0 = (
-                i * log_q,
-                j * log_1mq,
-                c.ii / two_s2,
-                special.log_ndtr((z0 - i) / sigma),
-            )
-            parts1 = (
-                j * log_q,
-                i * log_1mq,
-                c.jj / two_s2,
-                special.log_ndtr((j - z0) / sigma),
-            )
-            log_t0 = c.log_coef + sum(parts0)
-            log_t1 = c.log_coef + sum(parts1)
+        i, j = c.i, c.j  # i: 1-D (every row's), j: one row per order
+        parts0: tuple[np.ndarray, ...] = (
+            i * log_q,
+            j * log_1mq,
+            c.ii / two_s2,
+            special.log_ndtr((z0 - i) / sigma),
+        )
+        parts1: tuple[np.ndarray, ...] = (
+            j * log_q,
+            i * log_1mq,
+            c.jj / two_s2,
+            special.log_ndtr((j - z0) / sigma),
+        )
+        log_t0 = c.log_coef + sum(parts0)
+        log_t1 = c.log_coef + sum(parts1)
 
-            m = [
-                float(max(a, b))
-                for a, b in zip(
-                    np.max(log_t0, axis=1).tolist(), np.max(log_t1, axis=1).tolist(), strict=True
-                )
-            ]
-            shift = np.array(m)[:, None]
-            t0 = np.exp(log_t0 - shift)
-            t1 = np.exp(log_t1 - shift)
+        m = [
+            float(max(a, b))
+            for a, b in zip(
+                np.max(log_t0, axis=1).tolist(), np.max(log_t1, axis=1).tolist(), strict=True
+            )
+        ]
+        shift = np.array(m)[:, None]
+        t0 = np.exp(log_t0 - shift)
+        t1 = np.exp(log_t1 - shift)
         # Past the last column with a non-zero term (a large σ: most of the n terms
         # underflow) the six sums only add zeros, 0 times a sign ±1 or a finite rounding
         # bound: those columns are left out, with the bounds' parts (speed only). Where a
@@ -620,12 +596,6 @@ def _log_a_fracs(q: float, sigma: float, alphas: tuple[float, ...]) -> list[floa
     return out
 
 
-_STACKED_TERMS = 256
-"""Series of at most this many terms build both halves' parts as (2, rows, n) arrays from
-the first op (:attr:`_StackedConstants.halves`: fewer numpy calls, which dominate there);
-longer ones compute the i-only parts in 1-D (less elementwise work). Speed only."""
-
-
 def _bounded_parts(span: float, z0: float, sigma: float) -> bool:
     """The σ-dependent parts of the series' terms are finite and below 1e100 in magnitude
     for every i < n and |j| ≤ ``span`` = n + α: i·log q, j·log(1 − q) (|log| ≤ 745 for
@@ -654,19 +624,6 @@ class _StackedConstants:
     tail_binom: list[float]
     finite: bool  # every sign and table bound finite (the columns' parts)
     unit_signs: bool  # every sign +1.0 or −1.0 (no pole of Γ: no 0, NaN)
-
-    @cached_property
-    def halves(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """[i; j], [j; i], [i²−i; j²−j] (each (2, rows, n), the same floats, i repeated per
-        row) and [−1; +1] (2, 1, 1): the two halves of :func:`_log_a_fracs`' series in one
-        array (built on first use, kept with the cached tables)."""
-        i = np.broadcast_to(self.i, self.j.shape)
-        ij, ji = np.stack((i, self.j)), np.stack((self.j, i))
-        sq = np.stack((np.broadcast_to(self.ii, self.jj.shape), self.jj))
-        flip = np.array([-1.0, 1.0])[:, None, None]
-        for a in (ij, ji, sq, flip):
-            a.setflags(write=False)
-        return ij, ji, sq, flip
 
 
 def _stacked_constants(alphas: tuple[float, ...], n: int) -> _StackedConstants:
