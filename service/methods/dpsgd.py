@@ -31,9 +31,19 @@ grid, again 31 releases); on three sets run only after the rule was chosen (1,50
 (benchmarks/results/defaults_study_mlp_confirm_rule.md). Where
 n̂ ≥ 5,120 both rules give the same plan (batch 256, about 300 steps), so MLP plans on
 Adult-sized data are unchanged. K-class MLPs take it too, as K-class logistic regression
-does; the study measured binary targets only. Other models (GRU-D, CNN, and callers that
-name no model) keep the previous rule (batch ⌊n̂/20⌋ in [16, 256], about 300 steps, 3 to
-100 epochs): the study did not measure them."""
+does; the study measured binary targets only.
+
+GRU-D (model ``grud``) takes the same rule too. benchmarks/results/defaults_study_grud.md
+(the synthetic ICU generator at 250–2,000 stays, ε = 1, δ = 1e-5, a learning rate × epochs
+grid, scored on 4,000 fresh stays) found the previous rule (⌊n̂/20⌋, about 300 steps) within
+0.02 of the grid's best on the 2,000-stay sample only and 0.09–0.20 AUC below it on the
+smaller sets (500 stays: 0.534 against 0.731); this rule, chosen on tabular data before
+that study (so out-of-sample there), scored 0.870 / 0.803 / 0.813 / 0.852 on the 2,000,
+500, 1,000 (24 h) and 1,000-stay sets, at or within 0.02 of each grid best
+(benchmarks/results/defaults_study_grud_candidates.md, medians of 3–5 releases). Not met:
+250 stays, where every rule tried scores 0.55–0.59 and the grid reaches 0.698 with 32
+steps. Other models (CNN, and callers that name no model) keep the previous rule (batch
+⌊n̂/20⌋ in [16, 256], about 300 steps, 3 to 100 epochs): the study did not measure them."""
 
 from __future__ import annotations
 
@@ -113,15 +123,15 @@ DEFAULT_MIN_EPOCHS = 3
 LOGISTIC_DEFAULTS = (4, 20)
 OTHER_MODEL_DEFAULTS = (20, 100)
 # The model kinds that take LOGISTIC_DEFAULTS (the module docstring has the evidence).
-LOGISTIC_RULE_MODELS = ("logistic", "mlp")
+LOGISTIC_RULE_MODELS = ("logistic", "mlp", "grud")
 
 
 def resolve_dpsgd_options(
     options: DpsgdOptions, *, n_rows: int, model_kind: str | None = None
 ) -> DpsgdOptions:
     """Fill batch_size and epochs the request left out, from public values only: the public
-    row count n̂ and the model's kind. Logistic regression and MLPs (``model_kind``
-    ``"logistic"`` or ``"mlp"``): batch n̂/4 clamped to [16, 256] (never above n̂), epochs
+    row count n̂ and the model's kind. Logistic regression, MLPs and GRU-D (``model_kind``
+    ``"logistic"``, ``"mlp"`` or ``"grud"``): batch n̂/4 clamped to [16, 256] (never above n̂), epochs
     for ≈ 300 steps (≥ 3, ≤ 20). Other models (and callers that name none): batch n̂/20
     clamped the same way, epochs ≥ 3, ≤ 100. Values the request sent are kept as sent."""
     rule = model_kind in LOGISTIC_RULE_MODELS
