@@ -15,11 +15,14 @@ from typing import Any
 import numpy as np
 import pytest
 
-from service.datasets.kinds import load_schema_yaml
 from service.privacy.events import event_from_json
 from tests.conftest import auth
 from tests.integration.test_multiclass import _remaining
-from tests.integration.test_timeseries_classes import write_three_class_series
+from tests.integration.test_timeseries_classes import (
+    register_three_class_series,
+    selection_refusals_charge_nothing,
+    write_three_class_series,
+)
 from tests.unit.test_cnn_architecture import _expected_event
 from worker.runner import Outcome, execute_job
 
@@ -54,31 +57,10 @@ def test_a_k_class_grud_search_releases_the_chosen_grud(
     client: Any, keys: Any, settings: Any, tmp_path: Path
 ) -> None:
     from enclave.analyst import CARD_FILE, WEIGHTS_FILE, score_series
-    from service.db import engine_for
-    from worker.registration import register_dataset
 
     headers = auth(keys.alice)
-    private = tmp_path / "private"
-    private.mkdir()
-    obs, outcomes, schema_path = write_three_class_series(private, stays=200, seed=0)
-    schema = load_schema_yaml(schema_path.read_text())
-    register_dataset(
-        engine_for(settings.resolved_database_url),
-        settings,
-        schema=schema,
-        csv_path=obs,
-        outcomes_path=outcomes,
-        epsilon_total=20.0,
-        delta_total=1e-5,
-    )
-    before = _remaining(client, headers, "tri-icu")
-    for what, (change, text) in REFUSED.items():
-        for path in ("/v1/selections/quote", "/v1/selections"):
-            r = client.post(path, json={**BODY, **change}, headers=headers)
-            assert r.status_code == 422, (what, path, r.text)
-            assert r.headers["content-type"].startswith("application/problem+json"), what
-            assert text in r.text, (what, r.text)
-    assert _remaining(client, headers, "tri-icu") == before  # nothing charged
+    schema = register_three_class_series(settings, tmp_path, stays=200)
+    selection_refusals_charge_nothing(client, headers, BODY, REFUSED)
 
     quote = client.post("/v1/selections/quote", json=BODY, headers=headers)
     assert quote.status_code == 200, quote.text

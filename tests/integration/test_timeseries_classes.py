@@ -52,29 +52,56 @@ def write_three_class_series(folder: Path, *, stays: int, seed: int) -> tuple[Pa
     return paths
 
 
-@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
-def test_a_three_class_grud_trains_by_exact_dpsgd_and_is_scored(
-    client: Any, keys: Any, settings: Any, tmp_path: Path
-) -> None:
-    from enclave.analyst import CARD_FILE, WEIGHTS_FILE, open_release, score_series
+def register_three_class_series(settings: Any, tmp_path: Path, *, stays: int) -> Any:
+    """Writes the series (seed 0) under ``tmp_path/private`` and registers it as 'tri-icu'
+    (ε 20, δ 1e-5) the way an admin does; returns its public schema."""
     from service.db import engine_for
-    from tests.conftest import auth
-    from worker.models import build_module
     from worker.registration import register_dataset
 
-    headers = auth(keys.alice)
     private = tmp_path / "private"
     private.mkdir()
-    obs, outcomes, schema_path = write_three_class_series(private, stays=300, seed=0)
+    obs, outcomes, schema_path = write_three_class_series(private, stays=stays, seed=0)
+    schema = load_schema_yaml(schema_path.read_text())
     register_dataset(
         engine_for(settings.resolved_database_url),
         settings,
-        schema=load_schema_yaml(schema_path.read_text()),
+        schema=schema,
         csv_path=obs,
         outcomes_path=outcomes,
         epsilon_total=20.0,
         delta_total=1e-5,
     )
+    return schema
+
+
+def selection_refusals_charge_nothing(
+    client: Any,
+    headers: dict[str, str],
+    body: dict[str, Any],
+    refused: dict[str, tuple[dict[str, Any], str]],
+) -> None:
+    """Each change of ``body`` in ``refused`` is a problem+json 422 naming its text, at the
+    selection quote and at submission, and the dataset's budget is unchanged after them."""
+    before = _remaining(client, headers, body["dataset"])
+    for what, (change, text) in refused.items():
+        for path in ("/v1/selections/quote", "/v1/selections"):
+            r = client.post(path, json={**body, **change}, headers=headers)
+            assert r.status_code == 422, (what, path, r.text)
+            assert r.headers["content-type"].startswith("application/problem+json"), what
+            assert text in r.text, (what, r.text)
+    assert _remaining(client, headers, body["dataset"]) == before  # nothing charged
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_a_three_class_grud_trains_by_exact_dpsgd_and_is_scored(
+    client: Any, keys: Any, settings: Any, tmp_path: Path
+) -> None:
+    from enclave.analyst import CARD_FILE, WEIGHTS_FILE, open_release, score_series
+    from tests.conftest import auth
+    from worker.models import build_module
+
+    headers = auth(keys.alice)
+    register_three_class_series(settings, tmp_path, stays=300)
     model = {"kind": "grud", "hidden": 4}
     options = {"epochs": 20, "batch_size": 60, "learning_rate": 1.0}
     body = {"dataset": "tri-icu", "method": "dpsgd", "epsilon": 8.0, "delta": 1e-5,
