@@ -224,30 +224,41 @@ MEMORISING = DpsgdOptions(batch_size=32, epochs=100, learning_rate=4.0)
 each row in about 100 of them): measured 34 to 36 of 40 guesses right with the noise off."""
 
 
-@pytest.fixture
-def small_adult(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The audit's data hook: 1,000 rows of public Adult (seeded) instead of its 30,162, so
-    m = 100 canaries are a tenth of the rows, as the audit allows at most; the plan is then
-    built for 1,000 rows, as for a job on them."""
-    full = load_public("adult")
-    idx = torch.from_numpy(np.random.default_rng(0).choice(full.n, 1_000, replace=False))
+def _audit_a_public_subset(monkeypatch: pytest.MonkeyPatch, dataset: str, rows: int) -> None:
+    """The audit's data hook: ``rows`` rows (seeded) of a bundled public dataset."""
+    full = load_public(dataset)
+    idx = torch.from_numpy(np.random.default_rng(0).choice(full.n, rows, replace=False))
     subset = TabularTrainingSet(x=full.x[idx], y=full.y[idx])
     monkeypatch.setattr(audits, "load_public", lambda dataset: subset)
 
 
-def test_the_audit_catches_an_mlp_whose_noise_is_divided_by_100(
-    small_adult: None, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The broken configuration: the job's DP-SGD on the default MLP with every noise draw at
-    σ/100 (the test-only control of tests/unit/test_dpsgd.py, scaled instead of zeroed).
-    The black-box audit's bound is then above 0: a violation of the claimed ε = 1 shown at
-    95% (the bound at 34 of 40 right is 0.97; above 0 from about 29)."""
+@pytest.fixture
+def noise_divided_by_100(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The broken configuration of the audits below: every DP-SGD noise draw at σ/100 (the
+    test-only control of tests/unit/test_dpsgd.py, scaled instead of zeroed)."""
     exact = dpsgd.rounded_gaussian
     monkeypatch.setattr(
         dpsgd,
         "rounded_gaussian",
         lambda rng, *, scale, size: exact(rng, scale=scale / 100, size=size),
     )
+
+
+@pytest.fixture
+def small_adult(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The audit's data hook: 1,000 rows of public Adult (seeded) instead of its 30,162, so
+    m = 100 canaries are a tenth of the rows, as the audit allows at most; the plan is then
+    built for 1,000 rows, as for a job on them."""
+    _audit_a_public_subset(monkeypatch, "adult", 1_000)
+
+
+def test_the_audit_catches_an_mlp_whose_noise_is_divided_by_100(
+    small_adult: None, noise_divided_by_100: None
+) -> None:
+    """The broken configuration: the job's DP-SGD on the default MLP with every noise draw at
+    σ/100 (the test-only control of tests/unit/test_dpsgd.py, scaled instead of zeroed).
+    The black-box audit's bound is then above 0: a violation of the claimed ε = 1 shown at
+    95% (the bound at 34 of 40 right is 0.97; above 0 from about 29)."""
     a = run_one_run_audit(
         method="dpsgd",
         epsilon=1.0,
@@ -345,24 +356,15 @@ parameters, room to memorise 80 mislabeled images."""
 def small_digits(monkeypatch: pytest.MonkeyPatch) -> None:
     """800 of the bundled digits (seeded) instead of the 1,797, so m = 80 canaries are a
     tenth of them, as the audit allows at most (small_adult's design)."""
-    full = load_public("digits")
-    idx = torch.from_numpy(np.random.default_rng(0).choice(full.n, 800, replace=False))
-    subset = TabularTrainingSet(x=full.x[idx], y=full.y[idx])
-    monkeypatch.setattr(audits, "load_public", lambda dataset: subset)
+    _audit_a_public_subset(monkeypatch, "digits", 800)
 
 
 def test_the_audit_catches_a_cnn_whose_noise_is_divided_by_100(
-    small_digits: None, monkeypatch: pytest.MonkeyPatch
+    small_digits: None, noise_divided_by_100: None
 ) -> None:
     """The job's DP-SGD (exact convolution engine) on a CNN with every noise draw at σ/100,
     as for the MLP above: the black-box audit's bound is above 0, a violation of the
     claimed ε = 1 shown at 95% (above 0 from 20 of 30 right)."""
-    exact = dpsgd.rounded_gaussian
-    monkeypatch.setattr(
-        dpsgd,
-        "rounded_gaussian",
-        lambda rng, *, scale, size: exact(rng, scale=scale / 100, size=size),
-    )
     a = run_one_run_audit(
         method="dpsgd",
         epsilon=1.0,
