@@ -8,11 +8,9 @@ DP-SGD and releases the chosen K-logit GRU-D, scored by the analyst's scorer."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 
 from service.privacy.events import event_from_json
@@ -20,8 +18,8 @@ from tests.conftest import auth
 from tests.integration.test_multiclass import _remaining
 from tests.integration.test_timeseries_classes import (
     register_three_class_series,
+    score_released_series,
     selection_refusals_charge_nothing,
-    write_three_class_series,
 )
 from tests.unit.test_cnn_architecture import _expected_event
 from worker.runner import Outcome, execute_job
@@ -56,8 +54,6 @@ REFUSED: dict[str, tuple[dict[str, Any], str]] = {
 def test_a_k_class_grud_search_releases_the_chosen_grud(
     client: Any, keys: Any, settings: Any, tmp_path: Path
 ) -> None:
-    from enclave.analyst import CARD_FILE, WEIGHTS_FILE, score_series
-
     headers = auth(keys.alice)
     schema = register_three_class_series(settings, tmp_path, stays=200)
     selection_refusals_charge_nothing(client, headers, BODY, REFUSED)
@@ -90,17 +86,7 @@ def test_a_k_class_grud_search_releases_the_chosen_grud(
     assert card["selection"]["selected"]["hidden"] == [model["hidden"]]
     weights = client.get(f"/v1/jobs/{job_id}/release/weights", headers=headers).content
 
-    folder = tmp_path / "release"
-    folder.mkdir()
-    (folder / CARD_FILE).write_text(json.dumps(card))
-    (folder / WEIGHTS_FILE).write_bytes(weights)
-    public = tmp_path / "public"
-    public.mkdir()
-    obs, outcomes, _ = write_three_class_series(public, stays=60, seed=1)
-    scored = score_series(folder, obs, outcomes)
-    assert scored.probabilities.shape == (60, 3)
-    assert np.allclose(scored.probabilities.sum(axis=1), 1.0)
-    assert scored.accuracy is not None
+    *_, scored = score_released_series(card, weights, tmp_path, stays=60)
     print(
         f"3-class GRU-D search (rs, 2 candidates), hidden {model['hidden']} chosen: "
         f"accuracy {scored.accuracy:.3f} (one run)"

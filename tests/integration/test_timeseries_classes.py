@@ -74,6 +74,28 @@ def register_three_class_series(settings: Any, tmp_path: Path, *, stays: int) ->
     return schema
 
 
+def score_released_series(
+    card: dict[str, Any], weights: bytes, tmp_path: Path, *, stays: int
+) -> tuple[Path, Path, Path, Any]:
+    """Saves a released 3-class GRU-D as an analyst does and scores ``stays`` fresh public
+    stays (seed 1) with enclave.analyst.score_series: one softmax row per stay, every stay
+    kept, an accuracy. Returns the release folder, the public files and the scores."""
+    from enclave.analyst import CARD_FILE, WEIGHTS_FILE, score_series
+
+    folder = tmp_path / "release"
+    folder.mkdir()
+    (folder / CARD_FILE).write_text(json.dumps(card))
+    (folder / WEIGHTS_FILE).write_bytes(weights)
+    public = tmp_path / "public"
+    public.mkdir()
+    obs, outcomes, _ = write_three_class_series(public, stays=stays, seed=1)
+    scored = score_series(folder, obs, outcomes)
+    assert scored.probabilities.shape == (stays, 3) and scored.report.stays.rows_kept == stays
+    assert np.allclose(scored.probabilities.sum(axis=1), 1.0)
+    assert scored.accuracy is not None
+    return folder, obs, outcomes, scored
+
+
 def selection_refusals_charge_nothing(
     client: Any,
     headers: dict[str, str],
@@ -96,7 +118,7 @@ def selection_refusals_charge_nothing(
 def test_a_three_class_grud_trains_by_exact_dpsgd_and_is_scored(
     client: Any, keys: Any, settings: Any, tmp_path: Path
 ) -> None:
-    from enclave.analyst import CARD_FILE, WEIGHTS_FILE, open_release, score_series
+    from enclave.analyst import open_release
     from tests.conftest import auth
     from worker.models import build_module
 
@@ -130,17 +152,7 @@ def test_a_three_class_grud_trains_by_exact_dpsgd_and_is_scored(
     assert "softmax" in card["output"] and "low, mid, high" in card["output"]
     assert "index in the declared classes" in card["preprocessing"]["description"]
 
-    folder = tmp_path / "release"
-    folder.mkdir()
-    (folder / CARD_FILE).write_text(json.dumps(card))
-    (folder / WEIGHTS_FILE).write_bytes(weights)
-    public = tmp_path / "public"
-    public.mkdir()
-    obs, outcomes, _ = write_three_class_series(public, stays=90, seed=1)
-    scored = score_series(folder, obs, outcomes)
-    assert scored.probabilities.shape == (90, 3) and scored.report.stays.rows_kept == 90
-    assert np.allclose(scored.probabilities.sum(axis=1), 1.0)
-    assert scored.accuracy is not None
+    folder, obs, outcomes, scored = score_released_series(card, weights, tmp_path, stays=90)
     print(f"3-class GRU-D, DP-SGD exact ε = 8 (one run): accuracy {scored.accuracy:.3f}")
     # The worker's torch module with the released weights: the same argmax accuracy.
     module = build_module(GrudSpec.model_validate(card["model"]), 2)
