@@ -1,8 +1,9 @@
 """ExactRowSums' one-hot storage (worker/mechanisms/langevin.py): the same exact integer
 numerators, residuals and gradient sums as the dense products, bit for bit, on rows with
 numeric columns, one-hot blocks (some rows with an all-zero block: a level outside the
-declared ones), binary and K-class residuals, one part or several; a block that is not
-one-hot in the rows is refused."""
+declared ones), binary and K-class residuals, one part or several, blocks in one group or
+in several (one wider than a group's table); a block that is not one-hot in the rows is
+refused."""
 
 from __future__ import annotations
 
@@ -13,32 +14,47 @@ import torch
 from service.datasets.tabular import parse_schema
 from tests.conftest import SMALL_SCHEMA
 from worker.mechanisms.base import PlanMismatch
-from worker.mechanisms.langevin import ExactRowSums, quantised_features
+from worker.mechanisms.langevin import (
+    _TABLE_CELLS,
+    ExactRowSums,
+    _block_groups,
+    quantised_features,
+)
 
 BLOCKS = ((2, 3), (6, 4))  # columns: 2 numeric, a 3-level block, 1 numeric, a 4-level block
 D = 10
+# Three groups: 71·61 and 61·4101 joint states exceed a table, 71·4 does not; the 4,100-level
+# block is wider than a table and forms a group alone.
+WIDE_BLOCKS = ((6, 70), (76, 3), (79, 60), (139, 4100))
+WIDE_D = 4240
 FEATURE_BITS, RESIDUAL_BITS, THETA_BITS = 8, 16, 20
 
 
-def _rows(n: int, seed: int) -> torch.Tensor:
+def _rows(
+    n: int, seed: int, blocks: tuple[tuple[int, int], ...] = BLOCKS, d: int = D
+) -> torch.Tensor:
     rng = np.random.default_rng(seed)
-    x = np.zeros((n, D), dtype=np.float32)
+    x = np.zeros((n, d), dtype=np.float32)
     x[:, [0, 1, 5]] = rng.random((n, 3))
-    for start, length in BLOCKS:
+    for start, length in blocks:
         level = rng.integers(0, length + 1, n)  # == length: no level (all zeros)
         hit = level < length
         x[np.nonzero(hit)[0], start + level[hit]] = 1.0
     return torch.from_numpy(x)
 
 
+@pytest.mark.parametrize("wide", [False, True])
 @pytest.mark.parametrize("classes", [1, 3])
 @pytest.mark.parametrize("parts", [1, 3])
-def test_one_hot_storage_gives_the_dense_products_bits(classes: int, parts: int) -> None:
+def test_one_hot_storage_gives_the_dense_products_bits(
+    classes: int, parts: int, wide: bool
+) -> None:
     n = 500
-    x_int = quantised_features(_rows(n, 1), feature_bits=FEATURE_BITS, norm_sq_bound=D + 1)
+    blocks, d = (WIDE_BLOCKS, WIDE_D) if wide else (BLOCKS, D)
+    x_int = quantised_features(_rows(n, 1, blocks, d), feature_bits=FEATURE_BITS, norm_sq_bound=d)
     rng = np.random.default_rng(2)
     y = torch.from_numpy(rng.integers(0, max(classes, 2), n).astype(np.float32))
-    shape = (D + 1,) if classes == 1 else (D + 1, classes)
+    shape = (d + 1,) if classes == 1 else (d + 1, classes)
     theta = torch.from_numpy(np.round(rng.standard_normal(shape) * 2.0**THETA_BITS))
     kw = {
         "feature_bits": FEATURE_BITS,
@@ -48,10 +64,21 @@ def test_one_hot_storage_gives_the_dense_products_bits(classes: int, parts: int)
         "classes": classes,
     }
     dense = ExactRowSums(x_int, y, **kw)
-    structured = ExactRowSums(x_int, y, one_hot=BLOCKS, **kw)
+    structured = ExactRowSums(x_int, y, one_hot=blocks, **kw)
     assert torch.equal(dense.residuals(theta), structured.residuals(theta))
     assert torch.equal(dense.gradient_sum(theta), structured.gradient_sum(theta))
     assert bool((dense.gradient_sum(theta) != 0).any())
+
+
+def test_blocks_are_grouped_by_their_public_lengths_within_a_table() -> None:
+    assert _block_groups(BLOCKS) == ((0, 1),)
+    assert _block_groups(WIDE_BLOCKS) == ((3,), (0, 1), (2,))
+    # Adult's schema: 8 categorical columns in 3 groups of at most _TABLE_CELLS states.
+    adult = ((1, 8), (9, 16), (26, 7), (33, 14), (47, 6), (53, 5), (58, 2), (63, 41))
+    groups = _block_groups(adult)
+    assert sorted(b for g in groups for b in g) == list(range(8))
+    assert len(groups) == 3
+    assert all(np.prod([adult[b][1] + 1 for b in g]) <= _TABLE_CELLS for g in groups)
 
 
 def test_a_block_that_is_not_one_hot_is_refused() -> None:
