@@ -36,8 +36,9 @@ batches, and every int64 sum is compared bit for bit: the before/after of a spee
 under the same load.
 
 With ``--product-baseline REV`` the product's whole epoch also runs with worker/mechanisms'
-dpsgd.py, exact_net.py and fixed_point.py as of REV (imported as a separate package, its
-``exact`` engine the baseline ExactNetClipper; the rest of the tree is today's) as a fourth
+dpsgd.py, exact_net.py and fixed_point.py, and worker/noise.py's ``rounded_gaussian``, as of
+REV (imported as a separate package, its ``exact`` engine the baseline ExactNetClipper; the
+rest of the tree is today's) as a fourth
 interleaved run, ``product@REV``; once per model both run on the same seeded ChaCha stream
 (instead of secure_rng) and their releases are compared bit for bit. ``--noise-baseline
 REV`` does the same with only worker/noise.py as of REV (this tree's dpsgd.py calling that
@@ -260,10 +261,14 @@ def load_baseline_clipper(rev: str) -> Any:
 def load_baseline_dpsgd(rev: str) -> Any:
     """dpsgd.py, exact_net.py and fixed_point.py as of ``rev`` (:func:`load_baseline`),
     the baseline's ``exact`` engine being its own ExactNetClipper (logistic regression and
-    MLPs, the models timed here), for the whole epoch's before/after."""
+    MLPs, the models timed here), and its noise draws worker/noise.py's ``rounded_gaussian``
+    as of ``rev`` (benchmarks/noise_speed.py's loader), for the whole epoch's before/after."""
+    from noise_speed import load_baseline as load_noise  # benchmarks/noise_speed.py
+
     mods = load_baseline(rev, "dpsgd_baseline", ("fixed_point", "exact_net", "dpsgd"))
     dpsgd, exact_net = mods["dpsgd"], mods["exact_net"]
     dpsgd.exact_clipper = lambda module, **kw: exact_net.ExactNetClipper(module, **kw)
+    dpsgd.rounded_gaussian = load_noise(rev).rounded_gaussian
     return dpsgd
 
 
@@ -397,7 +402,8 @@ def main() -> None:
         "--product-baseline",
         default=None,
         help="a git revision: also time the product's epoch with that revision's dpsgd.py, "
-        "exact_net.py and fixed_point.py, interleaved, and compare releases on a seeded stream",
+        "exact_net.py, fixed_point.py and noise sampler, interleaved, and compare releases on "
+        "a seeded stream",
     )
     ap.add_argument(
         "--noise-baseline",
@@ -532,7 +538,7 @@ def main() -> None:
     if baseline is not None:
         rev = args.product_baseline or f"noise@{args.noise_baseline}"
         swapped = (
-            "dpsgd.py, exact_net.py and fixed_point.py"
+            "dpsgd.py, exact_net.py, fixed_point.py and worker/noise.py's rounded_gaussian"
             if args.product_baseline
             else "worker/noise.py (the rest this tree's)"
         )

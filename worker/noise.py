@@ -140,8 +140,10 @@ fast test brackets) and lo_x, hi_x its floats:
   Like the exact path, the screen makes the time depend on the noise values, never on the
   data.
   Fast path (`_accepted_chunk`; min_abs = 0, 2^j ≤ 2^31, the interval checked once): the
-  same computation on the same words with fewer numpy passes: R looked up by V, |k|·|k|
-  and the tests in place on preallocated arrays, the sign applied as (|k| ⊕ m) − m. Its
+  same computation on the same words in two compiled loops (`_lead_v_kernel`,
+  `_screen_kernel`; worker/ieee_jit.py: the same IEEE operations, no FMA, so the same
+  bits): R looked up by V, |k|·|k| and the tests per entry, the sign applied as
+  (|k| ⊕ m) − m. Its
   random reads are those of `_propose_chunk` in the same order (the chunk's words, V's
   extra bits for the whole chunk, then the exact path in stream order), so it returns the
   same values and leaves the generator at the same position (test_noise_golden: digests,
@@ -254,7 +256,7 @@ from dataclasses import dataclass, replace
 from decimal import Decimal, localcontext
 from fractions import Fraction
 from functools import lru_cache
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 import numpy as np
 import numpy.typing as npt
@@ -262,6 +264,7 @@ from randomgen import ChaCha
 
 from service.privacy.sampling import PMF_RELATIVE_ERROR as _CHARGED_PMF_RELATIVE_ERROR
 from worker import ieee_math
+from worker.ieee_jit import ieee_njit
 
 if TYPE_CHECKING:  # torch is only needed by `to_torch`
     import torch
@@ -1237,13 +1240,81 @@ class _Workspace:
     def __init__(self, size: int) -> None:
         self.v = np.empty(size, dtype=np.int16)
         self.x = np.empty(size, dtype=np.int64)
+        self.signed = np.empty(size, dtype=np.int64)
         self.accept = np.empty(size, dtype=np.bool_)
         self.open = np.empty(size, dtype=np.bool_)
-        self.field = np.empty(size, dtype=np.uint64)
-        self.y = np.empty(size, dtype=np.float64)
-        self.rest = np.empty(size, dtype=np.float64)
-        self.scratch = np.empty(size, dtype=np.float64)
-        self.bound = np.empty(size, dtype=np.float64)
+
+
+_U16: Final = np.uint64(0xFFFF)
+_SIXTEEN: Final = np.uint64(16)
+_THIRTY_TWO: Final = np.uint64(32)
+_ONE: Final = np.uint64(1)
+
+
+@ieee_njit
+def _lead_v_kernel(
+    words: npt.NDArray[np.uint64], lead_v: npt.NDArray[np.int16], v: npt.NDArray[np.int16]
+) -> bool:  # pragma: no cover - compiled (numba runs this source as machine code)
+    """v[i] = lead_v[(words[i] >> 16) & 0xFFFF] (−1: V needs more bits); whether any is −1.
+    Integer operations only."""
+    short = False
+    for i in range(words.shape[0]):
+        value = lead_v[(words[i] >> _SIXTEEN) & _U16]
+        v[i] = value
+        short = short or value < 0
+    return short
+
+
+@ieee_njit
+def _screen_kernel(
+    words: npt.NDArray[np.uint64],
+    v: npt.NDArray[np.int16],
+    shift: int,
+    half_inverse_square: float,
+    rest: npt.NDArray[np.float64],
+    table: npt.NDArray[np.float64],
+    accept_shift: float,
+    reject_shift: float,
+    limit: int,
+    x: npt.NDArray[np.int64],
+    signed: npt.NDArray[np.int64],
+    accept: npt.NDArray[np.bool_],
+    open_: npt.NDArray[np.bool_],
+) -> int:  # pragma: no cover - compiled (numba runs this source as machine code)
+    """`_accepted_chunk`'s screen for every entry, in one compiled loop (worker/ieee_jit.py:
+    the same IEEE operations as the numpy passes it replaced, so the same bits): |k| =
+    2^j·V + U (U the word's top j bits, 0 for j = 0), Y = fl(fl(fl(k)·fl(k))·a) + R[V] (R
+    looked up with V clipped to the table, as ``np.take(mode="clip")``), accept ←
+    fl(Y + a') ≤ lg[lead + 1], open ← (fl(Y − r') < lg[lead]) ⊕ accept (`_screen_decide`),
+    then accept ← accept ∧ ¬(|k| > limit ∨ (negative ∧ |k| = 0)), and the signed value
+    |k|·(1 − 2·[bit 32]) as (|k| ⊕ m) − m with m = −[bit 32]. Returns how many are open."""
+    top = rest.shape[0] - 1
+    opened = 0
+    up = np.uint64(64 - shift) if shift > 0 else np.uint64(0)
+    for i in range(words.shape[0]):
+        word = words[i]
+        index = np.int64(v[i])
+        magnitude = index << shift
+        if shift > 0:
+            magnitude += np.int64(word >> up)
+        index = np.int64(min(max(int(index), 0), top))
+        y = float(magnitude)
+        y = y * y
+        y = y * half_inverse_square
+        y = y + rest[index]
+        lead = np.int64(word & _U16)
+        ok = y + accept_shift <= table[lead + 1]
+        still = (y - reject_shift < table[lead]) != ok
+        opened += still
+        negative = np.int64((word >> _THIRTY_TWO) & _ONE)
+        if magnitude > limit or (negative == 1 and magnitude == 0):
+            ok = False
+        x[i] = magnitude
+        mask = -negative
+        signed[i] = (magnitude ^ mask) - mask
+        accept[i] = ok
+        open_[i] = still
+    return opened
 
 
 def _accepted_chunk(
@@ -1259,48 +1330,43 @@ def _accepted_chunk(
     for min_abs = 0 at scales with `_fast_tables`: the same words, values and decisions, and
     the same random reads in the same order (V's extra bits for the whole chunk first, then
     the exact path in stream order), so the same output and generator position (tests:
-    test_noise_golden, and the comparison with `_propose_chunk`). Faster by fewer passes (R
-    looked up by V, the screen's tests on y shifted once) and no temporaries. (Blocks of
-    4096-16384 that stay in cache measured no faster: numpy's per-call cost outweighs it.)"""
+    test_noise_golden, and the comparison with `_propose_chunk`). Faster: V and the screen in
+    two compiled loops over the chunk (`_lead_v_kernel`, `_screen_kernel`; issue 25: they
+    replace ≈ 25 numpy passes with the same operations, the same bits) and no temporaries."""
     words = rng.bit_generator.random_raw(size)
     j = prop.shift
-    v, x, accept, open_ = work.v[:size], work.x[:size], work.accept[:size], work.open[:size]
-    field, y, rest = work.field[:size], work.y[:size], work.rest[:size]
-    lead_v = np.right_shift(words, np.uint64(16), out=field)
-    lead_v &= np.uint64(0xFFFF)
-    np.take(prop.lead_v, lead_v.view(np.int64), out=v, mode="clip")  # −1: V needs more bits
-    if int(v.min()) < 0:  # drawn for the whole chunk, before the exact path (as before)
+    v, x, signed = work.v[:size], work.x[:size], work.signed[:size]
+    accept, open_ = work.accept[:size], work.open[:size]
+    if _lead_v_kernel(words, prop.lead_v, v):  # drawn for the whole chunk, before the exact path
         tail = np.flatnonzero(v < 0)
-        v[tail] = _geometric_tail(rng, prop, lead_v[tail].view(np.int64))
-    x[...] = v
-    x <<= j
-    x += np.right_shift(words, np.uint64(64 - j), out=field).view(np.int64)  # |k| = 2^j·V + U
-    y[...] = x  # Y = fl(fl(k·k)·a) + R
-    y *= y
-    y *= fast.half_inverse_square
-    y += np.take(fast.rest, v, out=rest, mode="clip")
-    lead = np.bitwise_and(words, np.uint64(0xFFFF), out=field).view(np.int64)
-    _screen_decide(y, lead, fast.shifts, accept, open_, work.scratch[:size], work.bound[:size])
-    cands = np.flatnonzero(open_) if open_.any() else None
-    sign_bit = np.uint64(1 << 32)
-    if int(x.min()) == 0 or int(x.max()) > prop.limit:  # −0 and |k| > limit are rejected
-        accept &= ~((x > prop.limit) | (((words & sign_bit) != 0) & (x == 0)))
-    if cands is not None:
+        lead_v = ((words[tail] >> np.uint64(16)) & np.uint64(0xFFFF)).view(np.int64)
+        v[tail] = _geometric_tail(rng, prop, lead_v)
+    opened = _screen_kernel(
+        words,
+        v,
+        j,
+        fast.half_inverse_square,
+        fast.rest,
+        _neg_log_table(),
+        fast.shifts[0],
+        fast.shifts[1],
+        prop.limit,
+        x,
+        signed,
+        accept,
+        open_,
+    )
+    if opened:
+        cands = np.flatnonzero(open_)
         wc, kc = words[cands], x[cands]
+        sign_bit = np.uint64(1 << 32)
         needed = (kc <= prop.limit) & ~(((wc & sign_bit) != 0) & (kc == 0))
         uc = (wc >> np.uint64(64 - j)).view(np.int64)
         lead_c = (wc & np.uint64(0xFFFF)).view(np.int64)
         kc = np.minimum(kc, plan.cap)
         accept[cands] = _accept_full(rng, plan, lead_c, uc, kc, plan.offset, needed) & needed
-    # |k|·(1 − 2·[negative]) as (|k| ⊕ m) − m, m = −[negative] (bit 32 moved to the top, then
-    # shifted back arithmetically): exact in int64 and branch-free.
-    mask = field.view(np.int64)
-    np.left_shift(words.view(np.int64), np.int64(31), out=mask)
-    mask >>= np.int64(63)
-    x ^= mask
-    x -= mask
     kept = np.flatnonzero(accept)
-    np.take(x, kept, out=out[: kept.size])
+    np.take(signed, kept, out=out[: kept.size])
     return kept.size
 
 

@@ -1,0 +1,103 @@
+"""The compiled kernels of worker/ieee_jit.py perform IEEE-754 basic operations only: no
+fast-math flag on any floating-point instruction of their LLVM code, no FMA intrinsic, and
+no fused multiply-add in the machine code built for this host. (Their bits are compared
+with the numpy passes they replace in test_exact_net.py's tanh tests and
+test_noise_golden.py's fast-chunk and golden tests.)"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from typing import Any
+
+import numba
+import numpy as np
+import pytest
+from randomgen import ChaCha
+
+from worker import noise
+from worker.ieee_jit import IEEE_OPTIONS
+from worker.mechanisms import fixed_point as fp
+
+_FAST_FLAG = re.compile(
+    r"\b(fadd|fsub|fmul|fdiv|frem|fneg|fcmp)\s+(fast|contract|reassoc|nnan|ninf|nsz|arcp|afn)\b"
+)
+_FMA_INTRINSIC = re.compile(r"@llvm\.(fma|fmuladd)\.")
+_FMA_INSTRUCTION = re.compile(r"\bv?f(n)?m(add|sub)(132|213|231)?[sp][sd]\b", re.IGNORECASE)
+
+
+def _tanh_args() -> tuple[Any, ...]:
+    z = np.round(np.random.default_rng(3).standard_normal((4, 33)) * 2.0**30)
+    return z, fp.pow2(-35), fp.pow2(17), fp.pow2(16), np.empty_like(z)
+
+
+def _screen_args() -> tuple[Any, ...]:
+    scale = 1107296.256
+    plan = noise._gaussian_plan(scale)
+    prop = noise._proposal_plan(plan.t, plan.cap)
+    fast = noise._fast_tables(scale, noise._ACCEPT_MARGIN)
+    assert fast is not None
+    words = np.random.Generator(ChaCha(key=7, rounds=20)).bit_generator.random_raw(999)
+    v = np.maximum(prop.lead_v[(words >> np.uint64(16)) & np.uint64(0xFFFF)], 0)
+    work = noise._Workspace(words.size)
+    return (
+        words,
+        v,
+        prop.shift,
+        fast.half_inverse_square,
+        fast.rest,
+        noise._neg_log_table(),
+        *fast.shifts,
+        prop.limit,
+        work.x,
+        work.signed,
+        work.accept,
+        work.open,
+    )
+
+
+def _lead_args() -> tuple[Any, ...]:
+    words = np.random.Generator(ChaCha(key=8, rounds=20)).bit_generator.random_raw(99)
+    prop = noise._proposal_plan(1107297, 10**9)
+    return words, prop.lead_v, np.empty(words.size, dtype=np.int16)
+
+
+@pytest.mark.parametrize(
+    ("kernel", "args"),
+    [
+        (fp._tanh_grid_kernel, _tanh_args),
+        (noise._screen_kernel, _screen_args),
+        (noise._lead_v_kernel, _lead_args),
+    ],
+)
+def test_kernels_compile_to_ieee_operations_only(
+    kernel: Any, args: Callable[[], tuple[Any, ...]]
+) -> None:
+    # an uncached copy with the same options (numba does not show cached code)
+    fresh = numba.njit(**IEEE_OPTIONS)(kernel.py_func)
+    fresh(*args())
+    llvm = "".join(fresh.inspect_llvm().values())
+    asm = "".join(fresh.inspect_asm().values())
+    assert len(llvm) > 1000 and len(asm) > 1000  # the code was there to read
+    assert not _FAST_FLAG.search(llvm)
+    assert not _FMA_INTRINSIC.search(llvm)
+    assert not _FMA_INSTRUCTION.search(asm)
+    if kernel is fp._tanh_grid_kernel:  # the checks read real floating-point code
+        assert re.search(r"\bfmul\b", llvm) and re.search(r"\bfdiv\b", llvm)
+
+
+def test_fast_flag_pattern_would_see_contraction() -> None:
+    """The patterns above match what fast-math code contains (so they can fail)."""
+    assert _FAST_FLAG.search("%.5 = fmul contract double %.3, %.4")
+    assert _FAST_FLAG.search("%.5 = fadd fast <4 x double> %.3, %.4")
+    assert _FMA_INTRINSIC.search("call double @llvm.fmuladd.f64(double %a")
+    assert _FMA_INSTRUCTION.search("\tvfmadd231pd\t%ymm1, %ymm2, %ymm0")
+    assert not _FMA_INSTRUCTION.search("\tvmulpd\t%ymm1, %ymm2, %ymm0")
+
+
+def test_a_fast_math_kernel_is_caught() -> None:
+    """The same tanh kernel compiled with fastmath=True is flagged by the checks."""
+    fast = numba.njit(fastmath=True, error_model="numpy")(fp._tanh_grid_kernel.py_func)
+    fast(*_tanh_args())
+    llvm = "".join(fast.inspect_llvm().values())
+    assert _FAST_FLAG.search(llvm)
