@@ -158,8 +158,9 @@ def admin_audit(
         str,
         typer.Option(
             help="A public dataset bundled with the product: adult (logistic regression), "
-            "icu (the synthetic ICU sample, GRU-D) or digits (8 × 8 handwritten digits, a "
-            "CNN by dpsgd: --model takes its JSON spec)."
+            "icu (the synthetic ICU sample, GRU-D) or digits (8 × 8 handwritten digits, 10 "
+            "classes: a CNN by dpsgd, --model taking its JSON spec, or logistic regression "
+            "or an MLP by dpsgd)."
         ),
     ] = "adult",
     model: Annotated[

@@ -27,7 +27,11 @@ the service's estimate, past the worker's default 1 h task time limit, a 422 fro
 (exact engine) and by ``expm_nf``; on the bundled handwritten digits (examples/digits: 1,797
 8 × 8 images, 10 classes), a CNN by DP-SGD (the exact engine, the only one CNNs have; the
 request's ``model`` is the CNN spec a job gives, its image shape and classes filled in from
-the digits' public schema as a job's are from its dataset's).
+the digits' public schema as a job's are from its dataset's), and multinomial logistic
+regression (the default there) and MLPs by DP-SGD on the 64 flattened pixels, as a job on
+an image dataset trains them (engines as for their K-class jobs: service/plans.py's
+``MULTICLASS_MODELS``). ExpM is not audited on the digits (a K-class ExpM job exists,
+its audit does not yet).
 The canaries' scores are minus their loss under the released model, so a model family the
 worker cannot score, or a method whose release is not one model of that family, is
 refused. A registered dataset is never
@@ -141,9 +145,11 @@ AUDITABLE: dict[str, dict[str, tuple[str, ...]]] = {
         "expm_nf": ("logistic", "mlp"),
     },
     "timeseries": {"dpsgd": ("grud",), "expm_nf": ("grud",)},
-    # CNNs are trained by DP-SGD's exact engine only (service/plans.py); scored by their
-    # softmax cross-entropy over the digits' 10 classes (worker/audits.py).
-    "images": {"dpsgd": ("cnn",)},
+    # CNNs are trained by DP-SGD's exact engine only (service/plans.py); logistic
+    # regression (multinomial) and MLPs on the flattened pixels, as a job on an image
+    # dataset trains them (service/datasets/kinds.py's model kinds for images). All are
+    # scored by their softmax cross-entropy over the digits' 10 classes (worker/audits.py).
+    "images": {"dpsgd": ("cnn", "logistic", "mlp")},
 }
 """Dataset kind → method → the model kinds the audit can run and score (module text)."""
 AUDITABLE_METHODS = ("dpsgd", "expm", "expm_nf")
@@ -156,7 +162,8 @@ NO_GRADIENT_CANARY_MODELS = ("mlp", "cnn")
 """Model kinds audited with input canaries only: the gradient canaries' score
 (worker/gradient_canaries.py) takes every public row's per-example gradient at every step,
 which for the default MLP on Adult did not finish in 5 minutes (2 shared cores); its
-per-example loss is the binary one, which a 10-class CNN is not scored by."""
+per-example loss is the binary one, which a 10-class CNN is not scored by (nor any model
+on a K-class dataset: :func:`check_request` refuses gradient canaries there)."""
 LIRA_METHODS = ("dpsgd", "expm", "expm_nf")
 """Methods a LiRA audit runs: worker/lira.py's configurations of the same names (expm with
 its Langevin sampler; expm_nf nominal), logistic regression on public Adult."""
@@ -178,7 +185,8 @@ REGISTERED_REFUSAL = (
 
 
 def default_model(dataset: str) -> ModelSpec:
-    """The model audited when a request names none: GRU-D on a time series, else logistic."""
+    """The model audited when a request names none: GRU-D on a time series, else logistic
+    (multinomial on the digits' 10 classes)."""
     public = PUBLIC_DATASETS.get(dataset)
     return GrudSpec() if public is not None and public.kind == "timeseries" else LogisticSpec()
 
@@ -225,7 +233,8 @@ def check_request(
     dataset (a registered one included), a method it cannot audit on that dataset's kind, a
     model kind it cannot run or score with that method (``model``: None skips this check),
     m outside [1, 10% of the rows], r outside [1, m], gradient canaries for a method
-    other than DP-SGD or for a model in :data:`NO_GRADIENT_CANARY_MODELS`. ``rows``: the
+    other than DP-SGD, for a model in :data:`NO_GRADIENT_CANARY_MODELS` or on a dataset
+    of K ≥ 3 classes (the digits). ``rows``: the
     rows counted (the worker's count); default the dataset's public count."""
     if dataset not in PUBLIC_DATASETS:
         raise AuditRefused(
@@ -268,6 +277,13 @@ def check_request(
             f"model {model!r} is audited with input canaries only: the gradient canaries' "
             "score takes every public row's per-example gradient at every step, too slow "
             "for an MLP on the bundled data, and its binary loss does not score a CNN",
+            "canary_kind",
+        )
+    classes = int(getattr(public_schema(dataset), "n_classes", 2))
+    if canary_kind == "gradient" and classes > 2:
+        raise AuditRefused(
+            f"{dataset} has {classes} classes: gradient canaries are scored by the binary "
+            "loss's per-example gradients (worker/gradient_canaries.py); use input canaries",
             "canary_kind",
         )
 

@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import uuid
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
+import yaml
 from sqlalchemy import inspect, select
 from typer.testing import CliRunner
 
@@ -21,12 +24,14 @@ from enclave.cli import app
 from service.api.routes import jobs as routes
 from service.audit_gate import GateCheck, recheck_under_lock, set_audit_gate
 from service.audits import Audit
+from service.datasets.kinds import parse_dataset_schema
 from service.db import engine_for, transaction
 from service.ledger.tables import Analyst, Dataset, EntryKind, Job, LedgerEntry, Role
 from service.migrate import downgrade, upgrade
 from tests.conftest import auth
 from tests.integration.test_dashboard_forms import ledger_rows, post, signed_in
 from tests.integration.test_selections import ARCH
+from worker.registration import register_dataset
 from worker.runner import Outcome, execute_job
 
 JOB = {
@@ -60,8 +65,11 @@ def _audit(
     attack: str = "one_run",
     expm: dict[str, Any] | None = None,
     hidden: list[int] | None = None,
+    dataset: str = "adult",
+    spec: dict[str, Any] | None = None,
 ) -> str:
-    """A finished audit row of the configuration given, as finish_audit writes one."""
+    """A finished audit row of the configuration given, as finish_audit writes one
+    (``spec``: the request's model, instead of the one ``model`` and ``hidden`` name)."""
     finished = datetime.now(UTC) - timedelta(days=age_days)
     with transaction(engine_for(settings.resolved_database_url)) as s:
         admin = s.scalars(select(Analyst).where(Analyst.role == Role.admin)).first()
@@ -72,13 +80,16 @@ def _audit(
             requested_by=admin.id,
             request={
                 "method": method,
-                "model": {"kind": model}
-                if model == "logistic"
-                else {"kind": model, "hidden": hidden or [8]},
+                "model": spec
+                or (
+                    {"kind": model}
+                    if model == "logistic"
+                    else {"kind": model, "hidden": hidden or [8]}
+                ),
                 "epsilon": claimed,
                 "delta": 1e-5,
                 "canaries": 1000,
-                "dataset": "adult",
+                "dataset": dataset,
                 "guesses": 200,
                 "confidence": 0.95,
                 "attack": attack,
@@ -428,3 +439,110 @@ def test_an_audit_of_one_mlp_width_does_not_open_the_gate_for_another(
     assert client.post("/v1/quote", json=relu, headers=auth(keys.alice)).status_code == 422
     narrow = {**MLP_JOB, "model": {"kind": "mlp", "hidden": [16]}}
     assert client.post("/v1/quote", json=narrow, headers=auth(keys.alice)).status_code == 422
+
+
+DIGITS = Path(__file__).resolve().parents[2] / "examples" / "digits"
+CNN = {"kind": "cnn", "conv": [{"channels": 4, "kernel": 3, "pool": "avg2"}]}
+
+
+def _register_digits(settings: Any, folder: Path, name: str, **change: Any) -> None:
+    """The bundled digits registered as the private image dataset ``name``: as they are
+    (no ``change``), 2× larger (``scale``), as 3 equal channels (``channels``), or only
+    the classes 0-4 (``classes``)."""
+    with np.load(DIGITS / "digits.npz") as npz:
+        images, labels = npz["images"], npz["labels"]
+    schema = yaml.safe_load((DIGITS / "schema.yaml").read_text())
+    if "scale" in change:
+        images = images.repeat(change["scale"], axis=1).repeat(change["scale"], axis=2)
+        schema.update(height=images.shape[1], width=images.shape[2])
+    if "channels" in change:
+        images = np.repeat(images[..., None], change["channels"], axis=3)  # n × H × W × C
+        schema.update(channels=change["channels"])
+        schema["source"]["layout"] = "nhwc"
+    if "classes" in change:
+        keep = labels < change["classes"]
+        images, labels = images[keep], labels[keep]
+        schema.update(classes=[str(k) for k in range(change["classes"])])
+    np.savez(folder / f"{name}.npz", images=images, labels=labels)
+    schema.update(name=name)
+    register_dataset(
+        engine_for(settings.resolved_database_url),
+        settings,
+        schema=parse_dataset_schema(schema),
+        csv_path=folder / f"{name}.npz",
+        epsilon_total=40.0,
+        delta_total=1e-4,
+    )
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_an_audit_on_the_digits_opens_the_gate_for_images_of_their_shape_and_classes_only(
+    client: Any, keys: Any, settings: Any, tmp_path: Path
+) -> None:
+    """The spec leaves ``image`` and ``classes`` out (the schema fills them in): a passing
+    audit of a CNN on the bundled digits (8 × 8, 1 channel, 10 classes) opens the gate of
+    a registered image dataset of that shape and those classes, and of no other (16 × 16,
+    3 channels, 5 classes: 422, nothing charged) though its σ is at most each job's. The
+    same for logistic regression on the flattened pixels, whose audit on Adult (tabular,
+    binary) covers no job on images, nor its audit on the digits a job on a tabular one."""
+    datasets = {
+        "digits": {},
+        "digits-16": {"scale": 2},
+        "digits-rgb": {"channels": 3},
+        "digits-5": {"classes": 5},
+    }
+    for name, change in datasets.items():
+        _register_digits(settings, tmp_path, name, **change)
+    cnn = {**JOB, "model": CNN, "dpsgd": {"epochs": 1, "batch_size": 64}}
+    logistic = {**JOB, "model": {"kind": "logistic"}}
+    sigmas = []
+    for name in datasets:
+        for job in (cnn, logistic):
+            r = _quote(client, keys, {**job, "dataset": name})
+            assert r.status_code == 200, r.text
+            sigmas.append(float(r.json()["plan"]["mechanism"]["noise_multiplier"]))
+    mlp = {**JOB, "model": {"kind": "mlp", "hidden": [8]}}
+    sigmas.append(_sigma(client, keys))  # the logistic job on the tabular toy
+    r = _quote(client, keys, mlp)
+    assert r.status_code == 200, r.text
+    sigmas.append(float(r.json()["plan"]["mechanism"]["noise_multiplier"]))
+    sigma = min(sigmas)  # the audits' σ: no job below it, so only the data's shape decides
+    _audit(settings, sigma=sigma, dataset="digits", spec=CNN)
+    _audit(settings, sigma=sigma, dataset="adult", spec={"kind": "logistic"})
+    _audit(settings, sigma=sigma, dataset="digits", spec=mlp["model"])
+    for name in [*datasets, "toy"]:
+        r = client.put(
+            f"/v1/admin/datasets/{name}/audit-gate",
+            json={"max_age_days": 30},
+            headers=auth(keys.admin),
+        )
+        assert r.status_code == 200, r.text
+    shapes = {
+        "digits-16": "16×16 with 1 channel(s), 10 classes",
+        "digits-rgb": "8×8 with 3 channel(s), 10 classes",
+        "digits-5": "8×8 with 1 channel(s), 5 classes",
+    }
+
+    def refused(body: dict[str, Any], words: str) -> None:
+        for path in ("/v1/quote", "/v1/jobs"):
+            r = client.post(path, json=body, headers=auth(keys.alice))
+            assert r.status_code == 422 and r.headers["content-type"] == PROBLEM_JSON, r.text
+            assert r.json()["type"].endswith("audit-gate"), r.text
+            assert "no done audit matches it" in r.json()["detail"] and words in r.json()["detail"]
+
+    for name, words in shapes.items():
+        refused({**cnn, "dataset": name}, words)
+    refused({**logistic, "dataset": "digits"}, "8×8 with 1 channel(s), 10 classes")
+    refused(mlp, 'architecture {"activation":"tanh","hidden":[8]}')  # its audit: on digits
+    quote = _quote(client, keys, {**logistic, "dataset": "toy"})  # Adult's audit covers it
+    assert quote.status_code == 200 and quote.json()["admitted"], quote.text
+    quote = _quote(client, keys, {**cnn, "dataset": "digits"})
+    assert quote.status_code == 200 and quote.json()["admitted"], quote.text
+    _audit(settings, sigma=sigma, dataset="digits", spec={"kind": "logistic"})
+    quote = _quote(client, keys, {**logistic, "dataset": "digits"})
+    assert quote.status_code == 200 and quote.json()["admitted"], quote.text
+    for name, words in shapes.items():
+        refused({**logistic, "dataset": name}, words)
+    with transaction(engine_for(settings.resolved_database_url)) as s:
+        jobs = s.scalars(select(Job)).all()
+    assert jobs == []  # every refusal charged nothing: no job was admitted

@@ -137,7 +137,8 @@ LIRA_REFUSALS = [
         ({**CNN, "canary_kind": "gradient"}, "validation-error", "input canaries only"),
         ({**CNN, "canaries": 180}, "validation-error", "out of range for digits"),
         ({**CNN, "dataset": "adult"}, "validation-error", "model 'cnn' cannot be audited"),
-        ({"dataset": "digits"}, "validation-error", "model 'logistic' cannot be audited"),
+        ({"dataset": "digits", **GRUD}, "validation-error", "model 'grud' cannot be audited"),
+        ({"dataset": "digits", "canary_kind": "gradient"}, "validation-error", "10 classes"),
         ({**CNN, "method": "expm", "dpsgd": None}, "validation-error", "cannot be audited"),
         ({**CNN, "dpsgd": {"engine": "ghost"}}, "invalid-plan", "engine 'ghost'"),
         (
@@ -313,6 +314,8 @@ def test_a_small_audit_runs_end_to_end(client: Any, keys: Any, settings: Any) ->
         pytest.param({**MLP, "canaries": 40, "dpsgd": {"engine": "ghost"}}, id="mlp-ghost-adult"),
         pytest.param({**MCMC, "canaries": 40}, id="expm-mcmc-adult"),
         pytest.param({**CNN, "canaries": 40}, id="cnn-dpsgd-digits"),
+        pytest.param({"dataset": "digits", "canaries": 40}, id="logistic-dpsgd-digits"),
+        pytest.param({"dataset": "digits", **MLP, "canaries": 40}, id="mlp-dpsgd-digits"),
     ],
 )
 def test_audits_of_the_other_auditable_pairs_run_end_to_end(
@@ -320,8 +323,9 @@ def test_audits_of_the_other_auditable_pairs_run_end_to_end(
 ) -> None:
     """GRU-D by DP-SGD on the bundled ICU sample, ExpM (proven Langevin, and its HMC
     sampler) on Adult, DP-SGD with white-box gradient canaries and DP-SGD on an MLP (exact
-    and ghost engines), a CNN by DP-SGD on the bundled digits: through the API, the
-    worker's task and back, with the run's public figures."""
+    and ghost engines), a CNN, multinomial logistic regression and an MLP by DP-SGD on the
+    bundled digits: through the API, the worker's task and back, with the run's public
+    figures."""
     r = _post(client, keys.admin, **changes)
     assert r.status_code == 202, r.text
     queued = r.json()
