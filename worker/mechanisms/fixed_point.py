@@ -209,25 +209,28 @@ def softmax_basic(logits: torch.Tensor) -> torch.Tensor:
 
 
 def _sigmoid_block(z: np.ndarray, out: np.ndarray) -> np.ndarray:
-    """out = σ̃(z) for one block: e = exp_neg(|z|), then (z ≥ 0 ? 1 : e)/(1 + e), the
-    same quotient as 1/(1 + e) or e/(1 + e) (selecting the numerator first changes no
-    operation on any element)."""
-    magnitude = np.abs(z)
-    e = _exp_neg_block(magnitude, magnitude)
-    one_plus = np.add(e, 1.0)  # 1 + e: IEEE addition commutes
-    numerator = np.where(z >= 0, 1.0, e)
-    return np.divide(numerator, one_plus, out=out)
+    """out = σ̃(z) for 1-D z and out of one shape (``out`` may be ``z``; any strides):
+    e = exp_neg(|z|), then (z ≥ 0 ? 1 : e)/(1 + e), the same quotient as 1/(1 + e) or
+    e/(1 + e) (selecting the numerator first changes no operation on any element), in one
+    compiled loop (:func:`_sigmoid_kernel`; until issue 24's speed work, one numpy pass per
+    operation over blocks of :data:`_BLOCK`: the same operations, the same bits)."""
+    if z.shape != out.shape or z.ndim != 1:
+        raise ValueError("_sigmoid_block needs 1-D z and out of one shape")
+    if z.size and _sigmoid_kernel(z, out):
+        # A NaN z, which the kernel copied to out as it is: the numpy sequence's value,
+        # −(|z|·2^-6) (each later operation returns its one NaN operand unchanged). LLVM
+        # need not keep a NaN's sign through arithmetic (it may turn p·(−v) + c into
+        # c − p·v), so the kernel leaves it to these numpy operations.
+        nan = np.isnan(out)
+        out[nan] = np.negative(np.multiply(np.abs(out[nan]), 1.0 / 64.0))
+    return out
 
 
 def _sigmoid_basic_numpy(z: np.ndarray) -> np.ndarray:
-    """:func:`sigmoid_basic` on the CPU, the same sequence of IEEE operations (each ufunc
-    one correctly rounded operation per element; numpy contracts nothing into an FMA),
-    block by block (:data:`_BLOCK`)."""
+    """:func:`sigmoid_basic` on the CPU, the same sequence of IEEE operations (the compiled
+    loop of :func:`_sigmoid_block`, one IEEE operation per source operation, no FMA)."""
     flat, out = _blocks(z)
-    for start in range(0, flat.shape[0], _BLOCK):
-        stop = start + _BLOCK
-        _sigmoid_block(flat[start:stop], out[start:stop])
-    return out.reshape(z.shape)
+    return _sigmoid_block(flat, out).reshape(z.shape)
 
 
 def tanh_grid_block(
@@ -304,6 +307,42 @@ def _tanh_grid_kernel(
             q = top / one_plus
             q = q - half
             out[r, k] = np.rint(q)
+
+
+@ieee_njit
+def _sigmoid_kernel(z: np.ndarray, out: np.ndarray) -> bool:  # pragma: no cover - compiled
+    """:func:`_sigmoid_block`'s operations, element by element in one compiled loop
+    (worker/ieee_jit.py: each line below one IEEE operation, no FMA, the same bits as one
+    numpy pass per operation; tests/unit/test_exact_net.py compares them with that
+    sequence, ±0, NaN and ±inf included): |z|, min(·, 64) (NaN kept: the comparison is
+    false, as np.minimum keeps it), × 2^-6, −v, Horner p = 1/18!, then p·(−v) + 1/j! for
+    j = 17 … 0, six squarings, 1 + e, the numerator 1 where z ≥ 0 else e, the quotient.
+    :func:`exp_neg_basic`'s max(p, 0) after the squarings is left out: a square is +0,
+    positive, +inf or NaN, which max(·, 0) returns unchanged (np.maximum propagates NaN),
+    so no bit changes. The coefficients are :data:`_TANH_COEFFICIENTS` (1/j!, j ≤ 18).
+    A NaN z is copied to out unchanged (a load and a store) and the return value says
+    there was one: :func:`_sigmoid_block` then writes its value."""
+    c = _TANH_COEFFICIENTS
+    nan = False
+    for i in range(z.shape[0]):
+        x = z[i]
+        is_nan = x != x
+        nan |= is_nan
+        v = abs(x)
+        if v > 64.0:
+            v = 64.0
+        v = v * 0.015625  # × 2^-6, exact
+        neg = -v
+        p = c[18]
+        for j in range(17, -1, -1):
+            p = p * neg
+            p = p + c[j]
+        for _ in range(6):
+            p = p * p
+        one_plus = p + 1.0
+        top = 1.0 if x >= 0.0 else p
+        out[i] = x if is_nan else top / one_plus
+    return nan
 
 
 def tanh_basic(z: torch.Tensor) -> torch.Tensor:

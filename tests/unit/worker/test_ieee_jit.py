@@ -31,6 +31,11 @@ def _tanh_args() -> tuple[Any, ...]:
     return z, fp.pow2(-35), fp.pow2(17), fp.pow2(16), np.empty_like(z)
 
 
+def _sigmoid_args() -> tuple[Any, ...]:
+    z = np.random.default_rng(4).standard_normal(67) * 30.0
+    return z, np.empty_like(z)
+
+
 def _screen_args() -> tuple[Any, ...]:
     scale = 1107296.256
     plan = noise._gaussian_plan(scale)
@@ -66,6 +71,7 @@ def _lead_args() -> tuple[Any, ...]:
     ("kernel", "args"),
     [
         (fp._tanh_grid_kernel, _tanh_args),
+        (fp._sigmoid_kernel, _sigmoid_args),
         (noise._screen_kernel, _screen_args),
         (noise._lead_v_kernel, _lead_args),
     ],
@@ -82,7 +88,7 @@ def test_kernels_compile_to_ieee_operations_only(
     assert not _FAST_FLAG.search(llvm)
     assert not _FMA_INTRINSIC.search(llvm)
     assert not _FMA_INSTRUCTION.search(asm)
-    if kernel is fp._tanh_grid_kernel:  # the checks read real floating-point code
+    if kernel in (fp._tanh_grid_kernel, fp._sigmoid_kernel):  # real floating-point code
         assert re.search(r"\bfmul\b", llvm) and re.search(r"\bfdiv\b", llvm)
 
 
