@@ -48,6 +48,11 @@ IEEE_OPTIONS: Final[dict[str, Any]] = {
 
 
 def ieee_njit(function: F) -> F:
-    """``numba.njit`` with :data:`IEEE_OPTIONS` (module docstring), cached."""
-    compiled: F = numba.njit(cache=True, **IEEE_OPTIONS)(function)
+    """``numba.njit`` with :data:`IEEE_OPTIONS` (module docstring), cached where numba finds
+    a writable cache directory (beside the module, else the user's cache folder); without
+    one it compiles once per process instead of refusing to import."""
+    try:
+        compiled: F = numba.njit(cache=True, **IEEE_OPTIONS)(function)
+    except RuntimeError:  # numba: "cannot cache function ...: no locator available"
+        compiled = numba.njit(**IEEE_OPTIONS)(function)
     return compiled
