@@ -10,8 +10,8 @@ unless an audit (service/audits.py) of the same configuration passed within that
   activation, GRU-D's hidden size, a CNN's convolutions and norm; less ``classes`` and
   ``image``, which the service fills in from a dataset's schema, so they are the audited
   public dataset's on one side and the job's on the other: an audit of a width-8 MLP
-  covers no width-256 MLP job), on an image dataset the images' shape and classes (below),
-  the DP-SGD engine and noise schedule, and the sampler
+  covers no width-256 MLP job), the data's classes and, on an image dataset, the images'
+  shape (below), the DP-SGD engine and noise schedule, and the sampler
   (``mechanism.sampler``; DP-SGD has one, its Poisson sampler; ExpM is audited with the
   sampler its ``expm`` options name, Langevin by default; a job of ExpM's HMC sampler has
   no σ, so no audit covers it), with the job's noise multiplier σ at least the audited
@@ -21,21 +21,42 @@ unless an audit (service/audits.py) of the same configuration passed within that
   the job's mechanism is no less private than the one audited. The sampling rate and the
   number of steps may differ, so this is a statement about the code path at a noise
   level no lower than the audited one, not a transfer of the audit's figure to the job.
-* same images: where the job's dataset or the audit's is an image dataset, both are, with
-  the same height, width and channels and the same number of classes K (the audit's from
-  its bundled dataset's public schema, the job's from its dataset's). The model spec
-  leaves both out (``image`` and ``classes`` are filled in from the schema), yet they
-  make the network: a CNN's convolutions run over maps of the image's size, its head's
-  fan-in is the last map's size and its width K, so the same ``conv`` layers on 28 × 28
-  or 3-channel images are another network (another parameter count, other per-row
-  gradient sizes in the exact engine's fixed-point sums) than on the digits' 8 × 8; a
-  logistic regression or MLP on the flattened pixels likewise has H·W·C inputs and K
-  outputs. Classes must match too: K = 2 is a sigmoid head scored by the logistic loss,
-  K ≥ 3 a softmax head of K logits (another code path), and K sets the head's parameter
-  count as the image's size sets the body's; requiring equality is the narrow reading
-  the gate can defend (an audit of the code path that ran), not a claim that K changes
-  the privacy of a step. On tabular and time-series datasets neither is compared, as
-  before (their encoded width and classes are not checked by the gate).
+* same data shape: the same number of classes K on both sides (the audit's from its
+  bundled dataset's public schema, the job's from its dataset's), and where the job's
+  dataset or the audit's is an image dataset, both are, with the same height, width and
+  channels. The model spec leaves both out (``image`` and ``classes`` are filled in from
+  the schema), yet they make the network. Classes, on every kind of dataset: K = 2 is a
+  sigmoid head scored by the logistic loss, K ≥ 3 a softmax head of K logits (another
+  code path: a binary Adult logistic audit ran no multinomial step, nor a binary ICU
+  GRU-D audit a K-class one), and K sets the head's parameter count; requiring equality
+  is the narrow reading the gate can defend (an audit of the code path that ran), not a
+  claim that K changes the privacy of a step. The bundled tabular and time-series
+  datasets (Adult, the ICU sample) are binary, so today no audit opens the gate of a
+  K-class tabular or time-series dataset (its jobs are refused while the gate is on).
+  Images: a CNN's convolutions run over maps of the image's size, its head's fan-in is
+  the last map's size, so the same ``conv`` layers on 28 × 28 or 3-channel images are
+  another network (another parameter count, other per-row gradient sizes in the exact
+  engine's fixed-point sums) than on the digits' 8 × 8; a logistic regression or MLP on
+  the flattened pixels is held to the same rule on that kind (one rule per kind).
+  The encoded width of a tabular or time-series dataset (its one-hot encoded columns,
+  its variables) is not compared, though it sets the first layer's fan-in, hence the
+  parameter count, as an image's size does. An audit runs only on a bundled public
+  dataset (service/audits.py refuses registered ones: the audit's figure would be an
+  uncharged statistic of their private rows), so a gate requiring the same width could
+  be opened only for data of exactly Adult's 104 encoded columns or the ICU sample's 8
+  variables: for every other registered dataset it would refuse all jobs, whatever was
+  audited. Not comparing it stays sound for what the gate claims: DP-SGD clips each
+  row's whole gradient to norm C and adds N(0, σ²C²I), whose guarantee is a function of
+  the sampling rate and σ alone, whatever the dimension (the sampled Gaussian
+  mechanism's Rényi DP, Mironov, Talwar & Zhang 2019, arXiv:1908.10530: a row enters
+  only through the L2 sensitivity C), and the width changes no step of the audited
+  mechanism, only the length of the vectors it runs over, as the row count and sampling
+  rate (which may differ, above) change only how often it runs. ExpM's row-norm bound B
+  is computed from each side's schema by the same function, and its exact row sums
+  group the one-hot blocks by the schema's block lengths (worker/mechanisms/langevin.py,
+  ``_block_groups``: the same exact integers in any grouping). What the audit does not
+  cover is a fault that shows only at the job's width (say an overflow of a wider sum);
+  the card's reading already says a pass is not a proof.
 * passed: the audit is done and its ε lower bound is at most the ε its configuration
   claimed. Passing is not a proof: the one-run audit can only ever show a violation (and
   never more than its ceiling); a pass means this test found none.
@@ -194,26 +215,26 @@ def _architecture(model: dict[str, Any]) -> str | None:
     return json.dumps(shape, sort_keys=True, separators=(",", ":")) if shape else None
 
 
-def _images(schema: DatasetSchema) -> str | None:
-    """An image dataset's shape and classes, as the gate compares them (module text), in
-    words for its refusal; None for a dataset of another kind."""
-    if not isinstance(schema, ImageSchema):
-        return None
-    return (
-        f"{schema.height}×{schema.width} with {schema.channels} channel(s), "
-        f"{schema.n_classes} classes"
-    )
+def _data(schema: DatasetSchema) -> str:
+    """The dataset's shape as the gate compares it (module text), in words for its
+    refusal: its classes K, and an image dataset's height, width and channels."""
+    if isinstance(schema, ImageSchema):
+        return (
+            f"{schema.height}×{schema.width} with {schema.channels} channel(s), "
+            f"{schema.n_classes} classes"
+        )
+    return f"{schema.n_classes} classes"
 
 
-def _configuration(request: JobRequest, plan: PrivacyPlan, images: str | None) -> dict[str, Any]:
+def _configuration(request: JobRequest, plan: PrivacyPlan, data: str) -> dict[str, Any]:
     """The keys an audit must share with the job (method, model family and architecture,
-    the images' shape and classes, engine, noise schedule, sampler)."""
+    the data's classes and image shape, engine, noise schedule, sampler)."""
     options = request.dpsgd
     return {
         "method": plan.method,
         "model": request.model.kind,
         "architecture": _architecture(request.model.model_dump(mode="json")),
-        "images": images,
+        "data": data,
         "engine": options.engine if options is not None else "exact",
         "noise_schedule": options.noise_schedule if options is not None else "constant",
         "sampler": plan.mechanism.get("sampler"),
@@ -227,7 +248,7 @@ def _audit_configuration(audit: Any) -> dict[str, Any]:
         "method": request["method"],
         "model": request["model"]["kind"],
         "architecture": _architecture(request["model"]),
-        "images": _images(public_schema(request["dataset"])),
+        "data": _data(public_schema(request["dataset"])),
         "engine": options.get("engine", "exact"),
         "noise_schedule": options.get("noise_schedule", "constant"),
         # The sampler the audit ran, named as a job's plan names it: ExpM's options' (its
@@ -273,7 +294,7 @@ def check_gate(
     if days is None:
         return GateCheck(None), None
     dataset = s.get_one(Dataset, dataset_id)
-    wanted = _configuration(request, plan, _images(parse_dataset_schema(dataset.public_schema)))
+    wanted = _configuration(request, plan, _data(parse_dataset_schema(dataset.public_schema)))
     job_sigma = _sigma(plan.mechanism)
     since = datetime.now(UTC) - timedelta(days=days)
     seen = {"matching": 0, "failed": 0, "expired": 0}

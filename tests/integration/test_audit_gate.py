@@ -546,3 +546,66 @@ def test_an_audit_on_the_digits_opens_the_gate_for_images_of_their_shape_and_cla
     with transaction(engine_for(settings.resolved_database_url)) as s:
         jobs = s.scalars(select(Job)).all()
     assert jobs == []  # every refusal charged nothing: no job was admitted
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_a_binary_audit_opens_no_gate_of_a_three_class_tabular_or_series_dataset(
+    client: Any, keys: Any, settings: Any, tmp_path: Path
+) -> None:
+    """Classes are compared on every kind of dataset: a passing audit of logistic
+    regression on Adult (binary) leaves a 3-class tabular dataset's logistic job refused,
+    and one of GRU-D on the ICU sample (binary) a 3-class series' GRU-D job (quote and
+    submission: 422 naming the job's 3 classes, nothing charged, no job admitted), though
+    each audit's σ is at most the job's. The same audits still open the gate of a binary
+    tabular dataset (the toy: 5 encoded columns to Adult's 104, the width not compared)
+    and of a binary series (TINY)."""
+    from tests.integration.test_multiclass import _register, _three_classes
+    from tests.integration.test_timeseries import _register_tiny
+    from tests.integration.test_timeseries_classes import register_three_class_series
+
+    _register(settings, *_three_classes(tmp_path))  # "tri": 3 classes, tabular
+    register_three_class_series(settings, tmp_path, stays=60)  # "tri-icu": 3 classes
+    (tmp_path / "tiny").mkdir()
+    _register_tiny(settings, tmp_path / "tiny")  # "tiny-icu": binary
+    grud = {"kind": "grud", "hidden": 3}
+    jobs = {
+        "toy": JOB,
+        "tri": {**JOB, "dataset": "tri"},
+        "tiny-icu": {**JOB, "dataset": "tiny-icu", "model": grud, "dpsgd": {"epochs": 1}},
+        "tri-icu": {**JOB, "dataset": "tri-icu", "model": grud, "dpsgd": {"epochs": 1}},
+    }
+    sigmas = []
+    for body in jobs.values():
+        r = _quote(client, keys, body)
+        assert r.status_code == 200, r.text
+        sigmas.append(float(r.json()["plan"]["mechanism"]["noise_multiplier"]))
+    sigma = min(sigmas)  # no job's σ below the audits': only the data's classes decide
+    _audit(settings, sigma=sigma, dataset="adult", spec={"kind": "logistic"})
+    _audit(settings, sigma=sigma, dataset="icu", spec=grud)
+    for name in jobs:
+        r = client.put(
+            f"/v1/admin/datasets/{name}/audit-gate",
+            json={"max_age_days": 30},
+            headers=auth(keys.admin),
+        )
+        assert r.status_code == 200, r.text
+    for name in ("tri", "tri-icu"):
+        before = client.get(f"/v1/datasets/{name}", headers=auth(keys.alice)).json()
+        for path in ("/v1/quote", "/v1/jobs"):
+            r = client.post(path, json=jobs[name], headers=auth(keys.alice))
+            assert r.status_code == 422 and r.headers["content-type"] == PROBLEM_JSON, r.text
+            assert r.json()["type"].endswith("audit-gate"), r.text
+            assert "no done audit matches it" in r.json()["detail"]
+            assert "data 3 classes" in r.json()["detail"], r.text
+        after = client.get(f"/v1/datasets/{name}", headers=auth(keys.alice)).json()
+        assert (after["budget"], after["analyst_budget"]) == (
+            before["budget"],
+            before["analyst_budget"],
+        )  # nothing charged
+    with transaction(engine_for(settings.resolved_database_url)) as s:
+        assert s.scalars(select(Job)).all() == []  # no job admitted
+    for name in ("toy", "tiny-icu"):
+        quote = _quote(client, keys, jobs[name])
+        assert quote.status_code == 200 and quote.json()["admitted"], quote.text
+        r = client.post("/v1/jobs", json=jobs[name], headers=auth(keys.alice))
+        assert r.status_code == 202, r.text
