@@ -39,7 +39,11 @@ from torch import Tensor
 from service.modelspec import ModelSpec
 from worker.mechanisms.base import MechanismOutput, PlanMismatch, ProgressFn, TabularTrainingSet
 from worker.mechanisms.guards import nonnegative_finite, positive_finite
-from worker.mechanisms.mcmc_diagnostics import ess_bulk, split_rhat
+from worker.mechanisms.mcmc_diagnostics import (
+    ess_bulk,
+    rhat_and_ess_by_coordinate,
+    split_rhat,
+)
 from worker.models import build_module
 from worker.rng import secure_generator
 
@@ -348,9 +352,9 @@ def diagnostics(run: HmcRun) -> dict[str, float]:
         "draws_per_chain_kept": float(run.draws.shape[1]),
     }
     if run.draws.shape[1] >= 4:
-        coords = [run.draws[:, :, j] for j in range(run.draws.shape[2])]
-        out["rhat_max"] = max(split_rhat(c) for c in coords)
-        out["ess_bulk_min"] = min(ess_bulk(c) for c in coords)
+        rhats, esses = rhat_and_ess_by_coordinate(run.draws)
+        out["rhat_max"] = max(rhats)
+        out["ess_bulk_min"] = min(esses)
         out["rhat_log_density"] = split_rhat(run.log_density)
         out["ess_bulk_log_density"] = ess_bulk(run.log_density)
     return out

@@ -27,7 +27,11 @@ from worker.mechanisms.mcmc import (
     run_expm_mcmc,
     sample_hmc,
 )
-from worker.mechanisms.mcmc_diagnostics import ess_bulk, split_rhat
+from worker.mechanisms.mcmc_diagnostics import (
+    ess_bulk,
+    rhat_and_ess_by_coordinate,
+    split_rhat,
+)
 
 
 @pytest.fixture(autouse=True)
@@ -194,6 +198,30 @@ def test_rhat_and_ess_on_known_chains() -> None:
     # A chain drifting within itself: split-R̂ sees it though all chains agree.
     drift = rng.normal(size=(4, 1000)) + np.linspace(0, 4, 1000)
     assert split_rhat(drift) > 1.2
+
+
+def test_diagnostics_of_every_coordinate_at_once_equal_the_one_scalar_functions() -> None:
+    """rhat_and_ess_by_coordinate gives, bit for bit, split_rhat and ess_bulk of each
+    coordinate: odd and even draw counts, ties (rounded draws, a constant coordinate),
+    stuck chains; and refuses what the one-scalar functions refuse."""
+    rng = np.random.default_rng(3)
+    cases = [
+        rng.normal(size=(2, 40, 7)),
+        np.round(rng.normal(size=(4, 33, 5)), 1),  # ties across chains and halves
+        rng.normal(size=(3, 9, 4)) + np.arange(3)[:, None, None],
+        np.concatenate([rng.normal(size=(2, 12, 2)), np.ones((2, 12, 1))], axis=2),
+    ]
+    for draws in cases:
+        rhats, esses = rhat_and_ess_by_coordinate(draws)
+        for j in range(draws.shape[2]):
+            one = np.ascontiguousarray(draws[:, :, j])
+            assert np.array_equal(
+                [rhats[j], esses[j]], [split_rhat(one), ess_bulk(one)], equal_nan=True
+            ), (draws.shape, j)
+    with pytest.raises(ValueError):
+        rhat_and_ess_by_coordinate(rng.normal(size=(2, 3, 4)))
+    with pytest.raises(ValueError):
+        rhat_and_ess_by_coordinate(rng.normal(size=(2, 30)))
 
 
 # ---------------------------------------------------------------------- the job
