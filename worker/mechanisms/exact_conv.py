@@ -240,45 +240,63 @@ def _per_row_gradient(
     p: torch.Tensor,
     b_largest: torch.Tensor | None = None,
     p_largest: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(G', s): Σ_pos B[pos] ⊗ P[pos] per row as an exact integer matrix G' (rows, c_out,
     fan_in + 1) times 2^-s (rows,), for B (rows, c_out, L) and P (rows, fan_in + 1, L)
     grid values (positions last; any strides: views of the channel-major maps), with
-    their rows' max |·| where the caller has them (:func:`_row_shift`)."""
+    their rows' max |·| where the caller has them (:func:`_row_shift`); G' is written
+    into ``out`` (rows, c_out, fan_in + 1) where given."""
     budget = _EXACT - _ceil_log2(b.shape[2])
     b2, s_b = _row_shift(b, budget // 2, b_largest)
     p2, s_p = _row_shift(p, budget - budget // 2, p_largest)
-    g = torch.bmm(b2, p2.transpose(1, 2))  # exact: partial sums ≤ L·2^budget-ish ≤ 2^52
+    g = torch.bmm(b2, p2.transpose(1, 2), out=out)  # exact: partial sums ≤ L·2^budget ≤ 2^52
     return g, s_b + s_p
+
+
+def _positive(z: torch.Tensor) -> torch.Tensor:
+    """[Z > 0] as float64 1.0/0.0 (a comparison written straight into a float64 tensor):
+    the values a bool mask takes when a float64 product promotes it, so t·[Z > 0] is the
+    same elementwise product (i), signed zeros included, without the promoting copy."""
+    return torch.gt(z, 0.0, out=torch.empty_like(z))
 
 
 def _unpool(t: torch.Tensor, relu: torch.Tensor) -> torch.Tensor:
     """Pooling's backward: each entry of t (c, rows, h, w) copied to its 2 × 2 inputs, +0
-    on an edge the pooling dropped, times [Z > 0] (relu, the layer's pre-activations'
-    sign: ×1 or ×0 elementwise, i)."""
-    _, _, ph, pw = t.shape
+    on an edge the pooling dropped, times [Z > 0] (relu, :func:`_positive` of the layer's
+    pre-activations: ×1 or ×0 elementwise, i). The copies are two broadcast copies
+    (columns, then rows, the second fused into the product with the mask), not
+    F.interpolate, whose nearest kernel converts (c, rows, ·, ·) to channels-last and
+    back (two extra copies of the map)."""
+    c, rows, ph, pw = t.shape
     height, width = relu.shape[2], relu.shape[3]
-    up = F.interpolate(t, size=(2 * ph, 2 * pw), mode="nearest")  # copies (source ⌊i/2⌋)
-    if (2 * ph, 2 * pw) != (height, width):
-        up = F.pad(up, (0, width - 2 * pw, 0, height - 2 * ph))
+    wide = t.unsqueeze(4).expand(c, rows, ph, pw, 2).reshape(c, rows, ph, 2 * pw)
+    tall = wide.unsqueeze(3).expand(c, rows, ph, 2, 2 * pw)  # (source ⌊i/2⌋, ⌊j/2⌋)
+    if (2 * ph, 2 * pw) == (height, width):
+        return (tall * relu.view(c, rows, ph, 2, 2 * pw)).view(c, rows, height, width)
+    up = F.pad(tall.reshape(c, rows, 2 * ph, 2 * pw), (0, width - 2 * pw, 0, height - 2 * ph))
     return up * relu
 
 
-def _patches(a: torch.Tensor, grid: LayerGrid) -> tuple[torch.Tensor, int, int]:
+def _patches(
+    a: torch.Tensor, grid: LayerGrid, space: _Workspace, index: int
+) -> tuple[torch.Tensor, int, int]:
     """im2col in the channel-major layout: a (C, rows, H, W) → (P, h, w) with P (C·k² + 1,
     rows, h, w): entry (c, i, j) of row n's patch at (y, x) is the zero-padded
     a[c, n, y·s + i, x·s + j], in Conv2d's weight order (c, i, j), and the last plane is
-    2^c_l (the bias column). Copies and zeros only, no arithmetic."""
+    2^c_l (the bias column). Copies and zeros only, no arithmetic; the padded maps and the
+    patches are buffers of ``space`` (layer ``index``), wholly rewritten here."""
     channels, rows, height, width = a.shape
     k, s, p = grid.kernel, grid.stride, grid.padding
     if p:
-        padded = a.new_zeros(channels, rows, height + 2 * p, width + 2 * p)
+        padded = space.get(f"padded{index}", (channels, rows, height + 2 * p, width + 2 * p), a)
+        padded.zero_()
         padded[:, :, p : p + height, p : p + width] = a
     else:
         padded = a
     windows = padded.unfold(2, k, s).unfold(3, k, s)  # (C, rows, h, w, k, k), a view
     h, w = windows.shape[2], windows.shape[3]
-    patch = a.new_empty(channels * k * k + 1, rows, h, w)
+    patch = space.get(f"patches{index}", (channels * k * k + 1, rows, h, w), a)
     patch[:-1].view(channels, k, k, rows, h, w).copy_(windows.permute(0, 4, 5, 1, 2, 3))
     patch[-1].fill_(pow2(grid.in_bits))
     return patch, h, w
@@ -303,22 +321,53 @@ def _patch_largest(a: torch.Tensor, grid: LayerGrid, h: int, w: int) -> torch.Te
     return torch.clamp(covered.amax(dim=(0, 2, 3)), min=pow2(grid.in_bits))
 
 
-def _fold(below: torch.Tensor, grid: LayerGrid, size: tuple[int, int]) -> torch.Tensor:
+def _fold(
+    below: torch.Tensor, grid: LayerGrid, size: tuple[int, int], out: torch.Tensor
+) -> torch.Tensor:
     """col2im in the channel-major layout: below (C·k², rows, h, w) → (C, rows, H, W), each
     input position the sum of the ≤ k² patch entries that cover it (k² shifted adds into a
-    zeroed padded map, then the padding cut off): sums of exact integers, exact (ii)."""
+    zeroed padded map, ``out`` (C, rows, H + 2p, W + 2p), then the padding cut off): sums of
+    exact integers, exact (ii)."""
     k, s, p = grid.kernel, grid.stride, grid.padding
     _, rows, h, w = below.shape
     channels = below.shape[0] // (k * k)
     parts = below.view(channels, k, k, rows, h, w)
-    out = below.new_zeros(channels, rows, size[0] + 2 * p, size[1] + 2 * p)
+    out.zero_()
     for i in range(k):
         for j in range(k):
             out[:, :, i : i + s * (h - 1) + 1 : s, j : j + s * (w - 1) + 1 : s] += parts[:, i, j]
     return out[:, :, p : p + size[0], p : p + size[1]]
 
 
-def conv_rows(module: Cnn, x: torch.Tensor, y: torch.Tensor, *, grids: list[LayerGrid]) -> ConvRows:
+class _Workspace:
+    """Float64 buffers a clipper reuses from batch to batch (the patches, the padded maps,
+    the backward's product and fold, the per-row gradients, scratch): writing into memory
+    already mapped instead of fresh multi-MB allocations, which glibc hands back to the
+    kernel and faults in again every step.
+    Each request is a contiguous view of the first entries of one growing buffer per name;
+    every caller overwrites all of it (or zeroes it) before reading, so no value depends
+    on what a previous batch left there."""
+
+    def __init__(self) -> None:
+        self._buffers: dict[str, torch.Tensor] = {}
+
+    def get(self, name: str, shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
+        size = math.prod(shape)
+        buffer = self._buffers.get(name)
+        if buffer is None or buffer.numel() < size or buffer.device != like.device:
+            buffer = torch.empty(size, dtype=torch.float64, device=like.device)
+            self._buffers[name] = buffer
+        return buffer[:size].view(shape)
+
+
+def conv_rows(
+    module: Cnn,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    *,
+    grids: list[LayerGrid],
+    workspace: _Workspace | None = None,
+) -> ConvRows:
     """The forward, backward and per-row gradients of the module docstring for a batch
     (x (rows, C·H·W) in [0, 1], y the label: 0/1 or a class index).
 
@@ -326,11 +375,14 @@ def conv_rows(module: Cnn, x: torch.Tensor, y: torch.Tensor, *, grids: list[Laye
     order, ii): the feature maps are channel-major (C, rows, H, W) and the patches
     (fan_in + 1, rows, L), so a layer's convolution is one matrix product θ·P over all
     rows and positions (c_out, rows·L), already the next maps' layout, and the backward's
-    Wᵀ·B is one product (fan_in, rows·L); the per-row gradients read the same buffers as
-    (rows, ·, L) views. A mask whose rows are all valid is not applied (a fill of
-    nothing)."""
+    Wᵀ·B is one product (fan_in, rows·L) then folded (:func:`_fold`); the per-row
+    gradients read the same buffers as (rows, ·, L) views. A mask whose rows are all
+    valid is not applied (a fill of nothing). ``workspace`` (the clipper's) holds the
+    patches, scratch and the convolutions' G' between batches (so the result is valid
+    until the next call with that workspace); none gives fresh buffers."""
     rows = x.shape[0]
     classes = module.classes
+    space = workspace if workspace is not None else _Workspace()
     with torch.no_grad():
         a = torch.trunc(x.double().clamp(0.0, 1.0) * pow2(FEATURE_BITS))
         label = y.double()
@@ -342,16 +394,16 @@ def conv_rows(module: Cnn, x: torch.Tensor, y: torch.Tensor, *, grids: list[Laye
         patches: list[torch.Tensor] = []  # (fan_in + 1, rows, L)
         patch_largest: list[torch.Tensor | None] = []  # (rows,) max |P_row|
         numerators: list[torch.Tensor] = []  # conv pre-activations (c_out, rows, h, w)
-        for grid in grids[:-1]:
-            patch, h, w = _patches(a, grid)
+        for index, grid in enumerate(grids[:-1]):
+            patch, h, w = _patches(a, grid, space, index)
             patch_largest.append(_patch_largest(a, grid, h, w))
             patches.append(patch.view(patch.shape[0], rows, h * w))
             z = torch.matmul(grid.theta, patch.view(patch.shape[0], -1))  # exact (ii)
             z = z.view(-1, rows, h, w)
             numerators.append(z)
-            act = torch.round(
-                torch.clamp(z, min=0.0) * pow2(HIDDEN_BITS - grid.in_bits - grid.bits)
-            )
+            # round(max(Z, 0)·2^(16 − c − b)), the same operations in place on one buffer
+            act = torch.clamp(z, min=0.0).mul_(pow2(HIDDEN_BITS - grid.in_bits - grid.bits))
+            act.round_()
             valid &= act.amax(dim=(0, 2, 3)) <= pow2(HIDDEN_BITS + RELU_RANGE_BITS)
             if not bool(valid.all()):
                 act.masked_fill_(~valid.reshape(1, rows, 1, 1), 0.0)
@@ -381,33 +433,37 @@ def conv_rows(module: Cnn, x: torch.Tensor, y: torch.Tensor, *, grids: list[Laye
             shift = upper.bits
             if grid.pool:  # each pooled gradient to its four inputs, × 1/4 in the rounding
                 # (elementwise, i: rounded before the copies, the same values)
-                t = torch.round(t * pow2(-(shift + POOL_BITS)))
-                delta = _unpool(t, z > 0)  # on 2^-20
+                t = (t * pow2(-(shift + POOL_BITS))).round_()
+                delta = _unpool(t, _positive(z))  # on 2^-20
             else:
-                delta = torch.round(t * pow2(-shift)) * (z > 0)  # on 2^-20
+                delta = (t * pow2(-shift)).round_().mul_(_positive(z))  # on 2^-20
             largest = _largest_magnitude(delta, dim=1)
             valid &= largest <= limit  # NaN compares false: invalid
             if not bool(valid.all()):
                 delta.masked_fill_(~valid.reshape(1, rows, 1, 1), 0.0)
                 largest = torch.where(valid, largest, 0.0)  # the zeroed rows' max |·|
             positions = delta.reshape(delta.shape[0], rows, -1)  # (c, rows, L)
+            shape = (rows, positions.shape[0], patches[index].shape[0])
             grads.append(
                 _per_row_gradient(
                     positions.transpose(0, 1),
                     patches[index].transpose(0, 1),
                     largest,
                     patch_largest[index],
+                    space.get(f"grads{index}", shape, positions),
                 )
             )
             if index > 0:
-                below = torch.matmul(  # exact (ii): (fan_in, rows·L)
-                    grid.theta[:, :-1].T, positions.reshape(positions.shape[0], -1)
-                )
                 size = (numerators[index - 1].shape[2], numerators[index - 1].shape[3])
                 if grids[index - 1].pool:
                     size = (size[0] // 2, size[1] // 2)
+                flat = positions.reshape(positions.shape[0], -1)
+                below = space.get("below", (grid.theta.shape[1] - 1, flat.shape[1]), flat)
+                torch.matmul(grid.theta[:, :-1].T, flat, out=below)  # exact (ii)
                 below = below.view(-1, rows, delta.shape[2], delta.shape[3])
-                t = _fold(below, grid, size)  # col2im: sums of ≤ k² exact integers (ii)
+                c, pad = below.shape[0] // grid.kernel**2, 2 * grid.padding
+                folded = space.get("folded", (c, rows, size[0] + pad, size[1] + pad), below)
+                t = _fold(below, grid, size, folded)  # col2im: sums of ≤ k² exact integers (ii)
             upper = grid
         grads.reverse()
         if not bool(valid.all()):
@@ -465,30 +521,37 @@ class ExactConvClipper:
         if self._target <= 0:
             raise PlanMismatch("the grid is too coarse for this many parameters")
         self._chunk = max(1, CHUNK_ELEMENTS // module.row_floats)
+        self._workspace = _Workspace()  # patches and scratch, reused from batch to batch
 
     def contributions(
         self, x: torch.Tensor, y: torch.Tensor, *, grids: list[LayerGrid] | None = None
     ) -> torch.Tensor:
         """(rows, P) integer-valued float64: each row's clipped contribution z_i in
         noise-grid units, a function of that row and the public parameters alone, checked
-        ‖z_i‖ ≤ 2^k exactly (GuardFailed otherwise)."""
+        ‖z_i‖ ≤ 2^k exactly (GuardFailed otherwise). A fresh tensor."""
         grids = grids if grids is not None else conv_grids(self.module)
-        r = conv_rows(self.module, x, y, grids=grids)
+        return self._contributions(x, y, grids, reuse=False)
+
+    def _contributions(
+        self, x: torch.Tensor, y: torch.Tensor, grids: list[LayerGrid], *, reuse: bool
+    ) -> torch.Tensor:
+        """:meth:`contributions`, written into the workspace where ``reuse`` (then valid
+        until the next call: :meth:`__call__` sums it at once)."""
+        space = self._workspace
+        r = conv_rows(self.module, x, y, grids=grids, workspace=space)
         with torch.no_grad():
             n_sq = torch.zeros(x.shape[0], dtype=torch.float64, device=x.device)
             for index, g in enumerate(r.grads):
-                u = norm_sq_upper(g.reshape(g.shape[0], -1))  # ≥ ‖G'‖², exact sums
+                flat = g.reshape(g.shape[0], -1)
+                scratch = space.get("scratch", tuple(flat.shape), flat)
+                u = norm_sq_upper(flat, scratch=scratch)  # ≥ ‖G'‖², exact sums
                 n_sq = n_sq + u * r.scales(index, power=2)
             norm = torch.sqrt(n_sq) * _UP  # ≥ ‖g_i‖ (gradient units)
             w = torch.clamp(self._target / norm, max=self._units)  # 0/0 → NaN: zeroed below
             w = torch.where(r.valid & ~torch.isnan(w), w, 0.0)
             # round(G'·factor) in parameters() order, written in place (_flatten's layout)
-            z = torch.empty(
-                x.shape[0],
-                sum(g.shape[1] * g.shape[2] for g in r.grads),
-                dtype=torch.float64,
-                device=x.device,
-            )
+            shape = (x.shape[0], sum(g.shape[1] * g.shape[2] for g in r.grads))
+            z = space.get("z", shape, x) if reuse else x.new_empty(shape, dtype=torch.float64)
             offset = 0
             for index, g in enumerate(r.grads):
                 c_out, width = g.shape[1], g.shape[2] - 1
@@ -499,30 +562,33 @@ class ExactConvClipper:
                 torch.mul(g[:, :, -1], factor[:, :, 0], out=z[:, offset : offset + c_out])
                 offset += c_out
             z.round_()
-            self._check(z)
+            self._check(z, space.get("scratch", (z.numel(),), z))
             return z
 
-    def _check(self, z: torch.Tensor) -> None:
+    def _check(self, z: torch.Tensor, scratch: torch.Tensor | None = None) -> None:
         """‖z_i‖ ≤ 2^k for every row, decided exactly: max |z_ij| ≤ 2^k (as max z ≤ 2^k and
         min z ≥ −2^k: NaN compares false and fails), then Σ_j z_ij² ≤ 2^2k, the sum exact:
         in column blocks of width 2^(52 − 2k) (≥ 2^12 for k ≤ 20), each block's Σ z² is a
-        float64 dot product of the block's rows with themselves (torch.linalg.vecdot: its
-        kernel may fuse z·z into the running sum, FMA): every product is an exact square
-        (an integer ≤ 2^2k) and every partial sum an integer ≤ 2^52, exact in any order and
+        row sum of the block's squares (written into ``scratch``, ≥ z.numel() float64, the
+        workspace's; a fresh one where none is given): every product is an exact square (an
+        integer ≤ 2^2k) and every partial sum an integer ≤ 2^52, exact in any order and
         association (ii), and the ≤ 2^8 block sums (P ≤ 2^20) are added in int64 (≤ 2^60,
-        iv): the same integer as the int64 sum of squares, without converting z or writing
-        the squares."""
+        iv): the same integer as the int64 sum of squares, without converting z."""
         if z.shape[0] == 0:
             return
         top = pow2(self.grid_bits)
-        low, high = torch.aminmax(z, dim=1)  # one pass; NaN propagates to both
+        high, low = z.amax(dim=1), z.amin(dim=1)  # NaN propagates to both (torch's
+        # aminmax is one pass but about 8× slower than the two on (89, 6090), 1 thread)
         if not bool(((high <= top) & (low >= -top)).all()):
             raise GuardFailed(f"{self.label}: a row's contribution exceeds its bound")
         width = 1 << (_EXACT - 2 * self.grid_bits)
         squares = torch.zeros(z.shape[0], dtype=torch.int64, device=z.device)
+        if scratch is None:
+            scratch = z.new_empty(z.numel())
         for start in range(0, z.shape[1], width):
             block = z[:, start : start + width]
-            squares += torch.linalg.vecdot(block, block).to(torch.int64)
+            sq = torch.mul(block, block, out=scratch[: block.numel()].view(block.shape))
+            squares += sq.sum(dim=1).to(torch.int64)
         if not bool((squares <= (1 << (2 * self.grid_bits))).all()):
             raise GuardFailed(f"{self.label}: a row's contribution exceeds its bound")
 
@@ -537,7 +603,7 @@ class ExactConvClipper:
         total = torch.zeros(self.parameters, dtype=torch.int64, device=x.device)
         for start in range(0, x.shape[0], self._chunk):
             stop = start + self._chunk
-            z = self.contributions(x[start:stop], y[start:stop], grids=grids)
+            z = self._contributions(x[start:stop], y[start:stop], grids, reuse=True)
             if z.shape[1] != self.parameters:
                 raise PlanMismatch("the model's parameter count differs from the plan's")
             total += z.sum(dim=0).to(torch.int64)

@@ -357,24 +357,24 @@ def _with_bias(grid: LayerGrid) -> torch.Tensor:
     return torch.cat((grid.weight, grid.bias.unsqueeze(1)), dim=1)
 
 
-def norm_sq_upper(v: torch.Tensor) -> torch.Tensor:
+def norm_sq_upper(v: torch.Tensor, *, scratch: torch.Tensor | None = None) -> torch.Tensor:
     """(rows,) float64 U with U ≥ Σ_j v_ij² for grid values v (rows, width), from exact
     operations only: per row, s = max(0, e − h) with max_j |v_ij| < 2^e (frexp) and
     h = ⌊(52 − ⌈log₂ width⌉)/2⌋; q = ⌈|v|·2^-s⌉ ≤ 2^h (exact scaling and ceiling), so
     Σ q² ≤ width·2^2h ≤ 2^52 is an exact integer sum (ii) and U = Σ q²·4^s (exact). The
-    sum is a dot product (torch.linalg.vecdot): its kernel may fuse q·q into the running
-    sum (FMA), which changes nothing, as every product and partial sum is an integer
-    below 2^53."""
+    squares are written over q (each q·q an exact integer) and summed per row: every
+    partial sum is an integer below 2^53, the same value in any order. ``scratch``, a
+    float64 tensor of v's shape, receives |v| (then q, then q²) instead of a fresh one."""
     width = v.shape[1]
     half = _half_bits(width)
-    magnitude = v.abs()
+    magnitude = torch.abs(v, out=scratch) if scratch is not None else v.abs()
     largest = magnitude.amax(dim=1) if width else v.new_zeros(v.shape[0])
     _, exponent = torch.frexp(largest)
     shift = torch.clamp(exponent.to(torch.int64) - half, min=0)
     if v.shape[0] and int(shift.max()) > 31:  # 4^s must stay an exact int64 shift
         raise PlanMismatch("a value exceeded the exact engine's range")
     q = magnitude.mul_(pow2_tensor(-shift).unsqueeze(1)).ceil_()  # exact scaling, ceiling
-    return torch.linalg.vecdot(q, q) * pow2_tensor(2 * shift)
+    return q.mul_(q).sum(dim=1) * pow2_tensor(2 * shift)
 
 
 def _half_bits(width: int) -> int:
