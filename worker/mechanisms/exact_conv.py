@@ -254,26 +254,30 @@ def _per_row_gradient(
     return g, s_b + s_p
 
 
-def _positive(z: torch.Tensor) -> torch.Tensor:
-    """[Z > 0] as float64 1.0/0.0 (a comparison written straight into a float64 tensor):
-    the values a bool mask takes when a float64 product promotes it, so t·[Z > 0] is the
-    same elementwise product (i), signed zeros included, without the promoting copy."""
-    return torch.gt(z, 0.0, out=torch.empty_like(z))
+def _positive(z: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """[Z > 0] as float64 1.0/0.0 (a comparison written straight into ``out``, float64 of
+    z's shape): the values a bool mask takes when a float64 product promotes it, so
+    t·[Z > 0] is the same elementwise product (i), signed zeros included, without the
+    promoting copy."""
+    return torch.gt(z, 0.0, out=out)
 
 
-def _unpool(t: torch.Tensor, relu: torch.Tensor) -> torch.Tensor:
+def _unpool(t: torch.Tensor, relu: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
     """Pooling's backward: each entry of t (c, rows, h, w) copied to its 2 × 2 inputs, +0
     on an edge the pooling dropped, times [Z > 0] (relu, :func:`_positive` of the layer's
     pre-activations: ×1 or ×0 elementwise, i). The copies are two broadcast copies
     (columns, then rows, the second fused into the product with the mask), not
     F.interpolate, whose nearest kernel converts (c, rows, ·, ·) to channels-last and
-    back (two extra copies of the map)."""
+    back (two extra copies of the map). Written into ``out`` (relu's shape) where the
+    pooling dropped no edge."""
     c, rows, ph, pw = t.shape
     height, width = relu.shape[2], relu.shape[3]
     wide = t.unsqueeze(4).expand(c, rows, ph, pw, 2).reshape(c, rows, ph, 2 * pw)
     tall = wide.unsqueeze(3).expand(c, rows, ph, 2, 2 * pw)  # (source ⌊i/2⌋, ⌊j/2⌋)
     if (2 * ph, 2 * pw) == (height, width):
-        return (tall * relu.view(c, rows, ph, 2, 2 * pw)).view(c, rows, height, width)
+        shape = (c, rows, ph, 2, 2 * pw)
+        torch.mul(tall, relu.view(shape), out=out.view(shape))
+        return out
     up = F.pad(tall.reshape(c, rows, 2 * ph, 2 * pw), (0, width - 2 * pw, 0, height - 2 * ph))
     return up * relu
 
@@ -398,11 +402,13 @@ def conv_rows(
             patch, h, w = _patches(a, grid, space, index)
             patch_largest.append(_patch_largest(a, grid, h, w))
             patches.append(patch.view(patch.shape[0], rows, h * w))
-            z = torch.matmul(grid.theta, patch.view(patch.shape[0], -1))  # exact (ii)
+            z = space.get(f"numerators{index}", (grid.theta.shape[0], rows * h * w), patch)
+            torch.matmul(grid.theta, patch.view(patch.shape[0], -1), out=z)  # exact (ii)
             z = z.view(-1, rows, h, w)
             numerators.append(z)
             # round(max(Z, 0)·2^(16 − c − b)), the same operations in place on one buffer
-            act = torch.clamp(z, min=0.0).mul_(pow2(HIDDEN_BITS - grid.in_bits - grid.bits))
+            act = torch.clamp(z, min=0.0, out=space.get(f"act{index}", tuple(z.shape), z))
+            act.mul_(pow2(HIDDEN_BITS - grid.in_bits - grid.bits))
             act.round_()
             valid &= act.amax(dim=(0, 2, 3)) <= pow2(HIDDEN_BITS + RELU_RANGE_BITS)
             if not bool(valid.all()):
@@ -434,9 +440,11 @@ def conv_rows(
             if grid.pool:  # each pooled gradient to its four inputs, × 1/4 in the rounding
                 # (elementwise, i: rounded before the copies, the same values)
                 t = (t * pow2(-(shift + POOL_BITS))).round_()
-                delta = _unpool(t, _positive(z))  # on 2^-20
+                mask = _positive(z, space.get("mask", tuple(z.shape), z))
+                delta = _unpool(t, mask, space.get("delta", tuple(z.shape), z))  # on 2^-20
             else:
-                delta = (t * pow2(-shift)).round_().mul_(_positive(z))  # on 2^-20
+                mask = _positive(z, space.get("mask", tuple(z.shape), z))
+                delta = (t * pow2(-shift)).round_().mul_(mask)  # on 2^-20
             largest = _largest_magnitude(delta, dim=1)
             valid &= largest <= limit  # NaN compares false: invalid
             if not bool(valid.all()):
