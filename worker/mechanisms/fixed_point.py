@@ -39,6 +39,7 @@ __all__ = [
     "pow2_tensor",
     "quantised_theta",
     "sigmoid_basic",
+    "sigmoid_element",
     "softmax_basic",
     "tanh_basic",
     "tanh_on_grid",
@@ -322,27 +323,37 @@ def _sigmoid_kernel(z: np.ndarray, out: np.ndarray) -> bool:  # pragma: no cover
     so no bit changes. The coefficients are :data:`_TANH_COEFFICIENTS` (1/j!, j ≤ 18).
     A NaN z is copied to out unchanged (a load and a store) and the return value says
     there was one: :func:`_sigmoid_block` then writes its value."""
-    c = _TANH_COEFFICIENTS
     nan = False
     for i in range(z.shape[0]):
         x = z[i]
         is_nan = x != x
         nan |= is_nan
-        v = abs(x)
-        if v > 64.0:
-            v = 64.0
-        v = v * 0.015625  # × 2^-6, exact
-        neg = -v
-        p = c[18]
-        for j in range(17, -1, -1):
-            p = p * neg
-            p = p + c[j]
-        for _ in range(6):
-            p = p * p
-        one_plus = p + 1.0
-        top = 1.0 if x >= 0.0 else p
-        out[i] = x if is_nan else top / one_plus
+        out[i] = x if is_nan else sigmoid_element(x)
     return nan
+
+
+@ieee_njit
+def sigmoid_element(x: float) -> float:  # pragma: no cover - compiled
+    """σ̃(x) of one float64 that is not NaN, the operations :func:`_sigmoid_kernel` lists
+    (|x|, min(·, 64), × 2^-6, −v, Horner from 1/18! down to 1/0!, six squarings, 1 + e, the
+    numerator 1 where x ≥ 0 else e, the quotient), each one IEEE operation (no FMA:
+    worker/ieee_jit.py), for compiled loops to call (numba inlines it): the one copy of
+    these operations in compiled code. A NaN's value is the caller's to write."""
+    c = _TANH_COEFFICIENTS
+    v = abs(x)
+    if v > 64.0:
+        v = 64.0
+    v = v * 0.015625  # × 2^-6, exact
+    neg = -v
+    p = c[18]
+    for j in range(17, -1, -1):
+        p = p * neg
+        p = p + c[j]
+    for _ in range(6):
+        p = p * p
+    one_plus = p + 1.0
+    top = 1.0 if x >= 0.0 else p
+    return top / one_plus
 
 
 def tanh_basic(z: torch.Tensor) -> torch.Tensor:

@@ -110,10 +110,16 @@ import numpy as np
 import torch
 
 from service.modelspec import ModelSpec
+from worker.ieee_jit import ieee_njit
 from worker.mechanisms.base import MechanismOutput, PlanMismatch, ProgressFn, TabularTrainingSet
 from worker.mechanisms.dpsgd import NoiseStream
 from worker.mechanisms.exact_softmax import MAX_CLASSES, softmax_basic
-from worker.mechanisms.fixed_point import quantised_theta, sigmoid_basic, theta_bits
+from worker.mechanisms.fixed_point import (
+    quantised_theta,
+    sigmoid_basic,
+    sigmoid_element,
+    theta_bits,
+)
 from worker.mechanisms.guards import GuardFailed, nonnegative_finite, positive_finite
 from worker.models import build_module
 from worker.noise import secure_rng
@@ -382,6 +388,21 @@ class ExactRowSums:
         # Per group, (blocks, cells): the θ column of each block at each joint state (P for
         # none), made once: every step's tables and their transposes read them.
         self._table_columns = [self._group_columns(members) for members in self._groups]
+        self._group_shapes = [
+            tuple(self._blocks[b][1] + 1 for b in members) for members in self._groups
+        ]
+        self._group_sizes = [math.prod(shape) for shape in self._group_shapes]
+        self._cells = max(self._group_sizes, default=0)  # ≤ _TABLE_CELLS but a wide block's
+        # The same, as one (groups, blocks, cells) array for the compiled binary step, P
+        # (θ_ext's 0, the discarded column) where a group has fewer blocks or cells.
+        self._packed_columns = np.full(
+            (len(self._groups), max(map(len, self._groups), default=0), self._cells),
+            self.parameters,
+            dtype=np.intp,
+        )
+        for g, table_columns in enumerate(self._table_columns):
+            members, size = table_columns.shape
+            self._packed_columns[g, :members, :size] = table_columns
         # One index tensor, made once: the steps' products read it every time.
         self._dense_columns = torch.tensor(_dense_columns(self.parameters, self._blocks))
         self._unit = 2.0**feature_bits
@@ -470,27 +491,40 @@ class ExactRowSums:
     def _backward(self, part: int, r_int: torch.Tensor) -> torch.Tensor:
         """Σ over one part's rows of r_int,i·x_int,i, float64 integers below 2^53: the dense
         product for the other columns; per group, a bincount of the residuals by cell, then
-        each cell's sum added to its blocks' θ columns (the transpose of the numerators'
-        table), scaled by 2^c: each row adds 2^c·r to one column per block."""
+        :meth:`_from_cells`."""
         backward = self._chunks[part][1]
         if not self._blocks:
             return backward @ r_int
         r = r_int.numpy()
         cells = self._structured[part]
         columns = r.reshape(r.shape[0], -1)
-        sums = np.zeros((self.parameters + 1, columns.shape[1]), dtype=np.float64)
-        for g, table_columns in enumerate(self._table_columns):
-            members, size = table_columns.shape
+        counts = np.empty((len(self._groups), self._cells, columns.shape[1]))
+        for g, size in enumerate(self._group_sizes):
             for k in range(columns.shape[1]):
-                counts = np.bincount(cells[g], weights=columns[:, k], minlength=size)
-                sums[:, k] += np.bincount(
-                    table_columns.ravel(),
-                    weights=np.tile(counts, members),  # member by member, as the ravel
-                    minlength=self.parameters + 1,
-                )
-        out = (sums[: self.parameters] * self._unit).reshape((self.parameters, *r.shape[1:]))
-        out[self._dense_columns.numpy()] = (backward @ r_int).numpy()
-        return torch.from_numpy(out)
+                counts[g, :size, k] = np.bincount(cells[g], weights=columns[:, k], minlength=size)
+        out = self._from_cells(counts, (backward @ r_int).numpy())
+        return torch.from_numpy(out.reshape((self.parameters, *r.shape[1:])))
+
+    def _from_cells(self, counts: np.ndarray, dense: np.ndarray) -> np.ndarray:
+        """(P, K) float64: the gradient sum from each group's sums of the residuals by cell
+        (``counts`` (groups, ≥ cells, K), integers below 2^53) and the dense columns' sums
+        (``dense`` (dense columns, K)). A block's column for level l sums the cells whose
+        state of that block is l (the numerators' table, transposed): the group's cells as
+        an array of its blocks' states (:meth:`_prepare_blocks`' row-major order) summed over
+        the other blocks' axes, the last state (none) dropped, then scaled by 2^c (exact:
+        integer partial sums below 2^53, a power of two), so each row adds 2^c·r to one
+        column per block."""
+        trailing = counts.shape[2]
+        out = np.empty((self.parameters, trailing), dtype=np.float64)
+        for g, (members, shape) in enumerate(zip(self._groups, self._group_shapes, strict=True)):
+            cube = counts[g, : self._group_sizes[g]].reshape((*shape, trailing))
+            for axis, b in enumerate(members):
+                start, length = self._blocks[b]
+                others = tuple(i for i in range(len(shape)) if i != axis)
+                level_sums = cube.sum(axis=others) if others else cube
+                out[start : start + length] = level_sums[:length] * self._unit
+        out[self._dense_columns.numpy()] = dense.reshape(-1, trailing)
+        return out
 
     def residuals(self, theta_int: torch.Tensor) -> torch.Tensor:
         """r_int of every row (float64), as :func:`row_residuals` gives them."""
@@ -505,9 +539,50 @@ class ExactRowSums:
 
     def _part_sum(self, part: int, theta_int: torch.Tensor) -> torch.Tensor:
         ys = self._chunks[part][2]
+        if self._blocks and self.classes == 1 and ys.dtype == torch.float64:
+            fused = self._binary_part_sum(part, theta_int)
+            if fused is not None:
+                return fused
         r_int = self._residuals(self._numerators(part, theta_int), ys, **self._kw)
         # Integers below 2^53 throughout: exact in any order.
         return self._backward(part, r_int).round().to(torch.int64)
+
+    def _binary_part_sum(self, part: int, theta_int: torch.Tensor) -> torch.Tensor | None:
+        """:meth:`_part_sum` for a binary target with one-hot blocks in one compiled call
+        (:func:`_binary_cells_kernel`: the tables, the numerators, the residuals, their sums
+        by cell and the cells' sums by column), then the dense columns' product: the same
+        exact integers and, per row, the same IEEE operations as :meth:`_numerators`,
+        :func:`_residuals` and :meth:`_backward`, so the same bits. None where a numerator
+        was NaN (a NaN θ_int): the caller then takes the numpy path, whose NaN handling this
+        does not repeat."""
+        _, backward, ys = self._chunks[part]
+        theta = theta_int.numpy()
+        extended = np.concatenate([theta, np.zeros_like(theta[:1])])  # θ_ext[P] = 0
+        extended *= self._unit  # exact: a power of two
+        columns = backward.numpy()
+        residuals = np.empty(columns.shape[1], dtype=np.float64)
+        sums = np.zeros(self.parameters + 1, dtype=np.float64)
+        b = self._kw
+        if _binary_cells_kernel(
+            columns,
+            theta[self._dense_columns.numpy()],
+            extended,
+            self._packed_columns,
+            self._structured[part],
+            ys.numpy(),
+            2.0 ** -(b["feature_bits"] + b["theta_bits"]),
+            2.0 ** b["residual_bits"],
+            residuals,
+            np.empty(self._packed_columns[:, 0].shape, dtype=np.float64),
+            np.zeros(self._packed_columns[:, 0].shape, dtype=np.float64),
+            sums,
+        ):
+            return None
+        out = sums[: self.parameters]
+        out *= self._unit  # exact: a power of two
+        out[self._dense_columns.numpy()] = columns @ residuals
+        # Integers below 2^53 throughout: exact in any order.
+        return torch.from_numpy(out).round().to(torch.int64)
 
     def gradient_sum(
         self, theta_int: torch.Tensor, *, pool: ThreadPoolExecutor | None = None
@@ -525,6 +600,65 @@ class ExactRowSums:
         for part in sums:
             total += part
         return total
+
+
+@ieee_njit
+def _binary_cells_kernel(
+    columns: np.ndarray,
+    theta: np.ndarray,
+    extended: np.ndarray,
+    table_columns: np.ndarray,
+    cells: np.ndarray,
+    y: np.ndarray,
+    logit_scale: float,
+    residual_scale: float,
+    r: np.ndarray,
+    tables: np.ndarray,
+    counts: np.ndarray,
+    sums: np.ndarray,
+) -> bool:  # pragma: no cover - compiled (numba runs this source as machine code)
+    """One part's step for a binary target with one-hot blocks (:class:`ExactRowSums`), as
+    simple loops: each group's table (the sum of 2^c·θ_ext over its blocks' columns at each
+    cell, ``table_columns`` (groups, blocks, cells) padded with P, θ_ext[P] = 0); the rows'
+    numerators into ``r`` (the dense columns' products, then each group's table entry at
+    the row's cell); in place r_int = trunc((σ̃(num·2^-(c+b)) − y)·2^a) (worker/ieee_jit.py:
+    one IEEE operation per source operation, no FMA;
+    :func:`~worker.mechanisms.fixed_point.sigmoid_element`, then :func:`_residuals`'
+    subtraction, exact scaling and truncation); the residuals' sums by cell per group into
+    ``counts`` (zeros on entry); each cell's sum added to its blocks' columns of ``sums``
+    (P + 1, zeros on entry; column P discarded), unscaled. Every value but σ̃'s is an exact
+    integer below 2^53 (the class docstring), the same in any order. Returns whether a
+    numerator was NaN (``counts`` and ``sums`` are then left unfilled)."""
+    groups, members, size = table_columns.shape
+    for g in range(groups):
+        for c in range(size):
+            total = 0.0
+            for m in range(members):
+                total += extended[table_columns[g, m, c]]
+            tables[g, c] = total
+    rows = r.shape[0]
+    r[:] = 0.0
+    for j in range(columns.shape[0]):
+        t = theta[j]
+        for i in range(rows):
+            r[i] += columns[j, i] * t
+    for g in range(groups):
+        for i in range(rows):
+            r[i] += tables[g, cells[g, i]]
+    nan = False
+    for i in range(rows):
+        x = r[i]
+        nan |= x != x
+        r[i] = np.trunc((sigmoid_element(x * logit_scale) - y[i]) * residual_scale)
+    if nan:
+        return True
+    for g in range(groups):
+        for i in range(rows):
+            counts[g, cells[g, i]] += r[i]
+        for m in range(members):
+            for c in range(size):
+                sums[table_columns[g, m, c]] += counts[g, c]
+    return False
 
 
 _TABLE_CELLS = 4096

@@ -18,6 +18,7 @@ from randomgen import ChaCha
 from worker import noise
 from worker.ieee_jit import IEEE_OPTIONS
 from worker.mechanisms import fixed_point as fp
+from worker.mechanisms import langevin
 
 _FAST_FLAG = re.compile(
     r"\b(fadd|fsub|fmul|fdiv|frem|fneg|fcmp)\s+(fast|contract|reassoc|nnan|ninf|nsz|arcp|afn)\b"
@@ -34,6 +35,25 @@ def _tanh_args() -> tuple[Any, ...]:
 def _sigmoid_args() -> tuple[Any, ...]:
     z = np.random.default_rng(4).standard_normal(67) * 30.0
     return z, np.empty_like(z)
+
+
+def _binary_cells_args() -> tuple[Any, ...]:
+    rng = np.random.default_rng(5)
+    rows, parameters = 45, 9
+    return (
+        np.round(rng.random((3, rows)) * 2.0**8),  # dense columns
+        np.round(rng.standard_normal(3) * 2.0**20),
+        np.round(rng.standard_normal(parameters + 1) * 2.0**28),  # 2^c·θ_ext
+        rng.integers(0, parameters + 1, (2, 2, 12)),  # two groups' table columns
+        rng.integers(0, 12, (2, rows)),  # cells
+        rng.integers(0, 2, rows).astype(np.float64),
+        2.0**-28,
+        2.0**16,
+        np.empty(rows),
+        np.empty((2, 12)),
+        np.zeros((2, 12)),
+        np.zeros(parameters + 1),
+    )
 
 
 def _screen_args() -> tuple[Any, ...]:
@@ -72,6 +92,7 @@ def _lead_args() -> tuple[Any, ...]:
     [
         (fp._tanh_grid_kernel, _tanh_args),
         (fp._sigmoid_kernel, _sigmoid_args),
+        (langevin._binary_cells_kernel, _binary_cells_args),
         (noise._screen_kernel, _screen_args),
         (noise._lead_v_kernel, _lead_args),
     ],
@@ -88,7 +109,8 @@ def test_kernels_compile_to_ieee_operations_only(
     assert not _FAST_FLAG.search(llvm)
     assert not _FMA_INTRINSIC.search(llvm)
     assert not _FMA_INSTRUCTION.search(asm)
-    if kernel in (fp._tanh_grid_kernel, fp._sigmoid_kernel):  # real floating-point code
+    # real floating-point code (the σ̃ operations, inlined)
+    if kernel in (fp._tanh_grid_kernel, fp._sigmoid_kernel, langevin._binary_cells_kernel):
         assert re.search(r"\bfmul\b", llvm) and re.search(r"\bfdiv\b", llvm)
 
 

@@ -70,6 +70,31 @@ def test_one_hot_storage_gives_the_dense_products_bits(
     assert bool((dense.gradient_sum(theta) != 0).any())
 
 
+@pytest.mark.parametrize("wide", [False, True])
+def test_the_compiled_binary_step_is_the_numpy_steps_bits(wide: bool) -> None:
+    """The binary one-hot step's compiled loops (_binary_part_sum) against the numpy path
+    of the same storage (_numerators, _residuals, _backward), labels fractional as well as
+    0/1, logits up to the σ̃ clamp and beyond; a NaN θ is left to the numpy path."""
+    n = 700
+    blocks, d = (WIDE_BLOCKS, WIDE_D) if wide else (BLOCKS, D)
+    x_int = quantised_features(_rows(n, 4, blocks, d), feature_bits=FEATURE_BITS, norm_sq_bound=d)
+    rng = np.random.default_rng(5)
+    y = torch.from_numpy(np.where(rng.random(n) < 0.5, rng.random(n), rng.integers(0, 2, n)))
+    kw = {"feature_bits": FEATURE_BITS, "residual_bits": RESIDUAL_BITS, "theta_bits": THETA_BITS}
+    sums = ExactRowSums(x_int, y.float(), one_hot=blocks, parts=2, **kw)
+    for spread in (2.0**THETA_BITS, 2.0 ** (THETA_BITS + 6)):
+        theta = torch.from_numpy(np.round(rng.standard_normal(d + 1) * spread))
+        for part in range(2):
+            ys = sums._chunks[part][2]
+            r_int = sums._residuals(sums._numerators(part, theta), ys, **kw)
+            expected = sums._backward(part, r_int).round().to(torch.int64)
+            got = sums._binary_part_sum(part, theta)
+            assert got is not None and torch.equal(got, expected)
+            assert bool((expected != 0).any())
+    theta[3] = float("nan")
+    assert sums._binary_part_sum(0, theta) is None
+
+
 def test_blocks_are_grouped_by_their_public_lengths_within_a_table() -> None:
     assert _block_groups(BLOCKS) == ((0, 1),)
     assert _block_groups(WIDE_BLOCKS) == ((3,), (0, 1), (2,))
