@@ -26,7 +26,9 @@ and the 2^{j/32} table is built from exact integer 32nd roots at import.
 
 Speed: both are ~10-15x slower than numpy's (≈ 8 and 10 ns per element against 0.6), which
 the sampler pays when it builds a plan's table (scales up to ~3276) and, above that, only
-for the few proposals its screen leaves to Γ̂ (worker/noise.py, "Screen").
+for the few proposals its screen leaves to Γ̂ (worker/noise.py, "Screen"). `exp_one` and
+`log_one` are the same operations on one float, compiled (worker/ieee_jit.py), for the
+sampler's compiled fast path, where ~25 numpy passes on one or two elements cost ~50 µs.
 """
 
 from __future__ import annotations
@@ -37,13 +39,17 @@ from collections.abc import Callable
 import numpy as np
 import numpy.typing as npt
 
+from worker.ieee_jit import ieee_njit
+
 __all__ = [
     "EXP_RELATIVE_ERROR",
     "LOG_ABSOLUTE_ERROR",
     "LOG_RELATIVE_ERROR",
     "LOG_RELATIVE_ERROR_NEAR_ONE",
     "exp",
+    "exp_one",
     "log",
+    "log_one",
 ]
 
 FloatArray = npt.NDArray[np.float64]
@@ -211,6 +217,36 @@ def _exp_block(x: FloatArray) -> FloatArray:
     return out
 
 
+_EXP_COEFF_ARRAY = np.array(_EXP_COEFFS)
+_EXP_COEFF_ARRAY.flags.writeable = False
+
+
+@ieee_njit
+def exp_one(x: float) -> float:  # pragma: no cover - compiled (numba runs this source)
+    """`exp` of one float x ∈ [−745, 709] (issue 25: called from compiled kernels, where the
+    ~25 numpy passes of `exp` cost ~50 µs per call on a handful of elements): the same IEEE
+    operations in the same order as `_exp_block` (worker/ieee_jit.py: no FMA), so the same
+    bits (test_ieee_math compares them). n is read as fl(t − 1.5·2^52), which is the integer
+    `_exp_block` reads from the encodings (t ∈ [2^52, 2^53), spacing 1); 2^k by `ldexp`.
+    Outside [−745, 709] (and for NaN) the caller must use `exp`."""
+    t = x * INV_STEP
+    t += _SHIFTER
+    t -= _SHIFTER  # n as a float, exact
+    ni = np.int64(t)
+    r = x - t * _STEP_HI  # the product is exact (proof step 1)
+    r -= t * _STEP_LO
+    coeffs = _EXP_COEFF_ARRAY
+    p = r * coeffs[0]
+    for i in range(1, coeffs.shape[0]):
+        p += coeffs[i]
+        p *= r
+    table = _EXP2_HI[ni & (_EXP_N - 1)]
+    p *= table
+    p += _EXP2_LO[ni & (_EXP_N - 1)]
+    p += table
+    return math.ldexp(p, int(ni >> _EXP_BITS))
+
+
 # ------------------------------------------------------------------------------------ log
 
 #: the double nearest to 1/√2 (0x1.6a09e667f3bcdp-1 = 0.70710678118654757 > 1/√2)
@@ -221,6 +257,8 @@ _SQRT_HALF_FRACTION = int(np.float64(SQRT_HALF).view(np.int64)) & _FRACTION_MASK
 #: Q(w) = Σ_{i=0}^{9} 2w^i/(2i+3), highest first (2/(2i+3) correctly rounded), so that
 #: 2·atanh(s) = 2s + s·R, R = s²·Q(s²) + (truncation).
 _LOG_COEFFS: tuple[float, ...] = tuple(2.0 / (2 * i + 3) for i in range(9, -1, -1))
+_LOG_COEFF_ARRAY = np.array(_LOG_COEFFS)
+_LOG_COEFF_ARRAY.flags.writeable = False
 #: Proven bound on |log(x) − ln x| / |ln x| for x ∈ [SQRT_HALF, 2·SQRT_HALF), in units of u.
 LOG_RELATIVE_ERROR_NEAR_ONE = 1.91 * U
 #: Proven bound for every positive finite x: |log(x) − ln x| ≤ u·|ln x| + LOG_ABSOLUTE_ERROR.
@@ -323,3 +361,34 @@ def _log_block(given: FloatArray) -> FloatArray:
         special = given[bad]
         out[bad] = np.where(special == 0.0, -np.inf, np.where(special > 0.0, np.inf, np.nan))
     return out
+
+
+@ieee_njit
+def log_one(x: float) -> float:  # pragma: no cover - compiled (numba runs this source)
+    """`log` of one positive normal finite float (2^-1022 ≤ x < inf; the caller must use
+    `log` otherwise): the same IEEE operations in the same order as `_log_block`
+    (worker/ieee_jit.py: no FMA), so the same bits (test_ieee_math compares them).
+    (m0, e0) = frexp(x) is exact, m0 ∈ [½, 1) carries x's fraction bits, so m0 < C exactly
+    when `_log_block`'s fraction test says so, and (m, e) = (2m0, e0 − 1) or (m0, e0) are
+    its m and e."""
+    m, e = math.frexp(x)
+    if m < SQRT_HALF:
+        m *= 2.0  # exact
+        e -= 1
+    ef = float(e)
+    f = m - 1.0  # exact
+    s = f / (f + 2.0)
+    w = s * s
+    coeffs = _LOG_COEFF_ARRAY
+    q = w * coeffs[0]
+    for i in range(1, coeffs.shape[0] - 1):
+        q += coeffs[i]
+        q *= w
+    q += coeffs[coeffs.shape[0] - 1]
+    q *= w  # R̂
+    q = f - q
+    q *= s
+    q = f - q  # ℓ = log m
+    lo = ef * LN2_LO
+    lo += q
+    return ef * LN2_HI + lo

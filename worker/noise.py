@@ -140,14 +140,23 @@ fast test brackets) and lo_x, hi_x its floats:
   Like the exact path, the screen makes the time depend on the noise values, never on the
   data.
   Fast path (`_accepted_chunk`; min_abs = 0, 2^j ≤ 2^31, the interval checked once): the
-  same computation on the same words in two compiled loops (`_lead_v_kernel`,
-  `_screen_kernel`; worker/ieee_jit.py: the same IEEE operations, no FMA, so the same
-  bits): R looked up by V, |k|·|k| and the tests per entry, the sign applied as
-  (|k| ⊕ m) − m. Its
-  random reads are those of `_propose_chunk` in the same order (the chunk's words, V's
-  extra bits for the whole chunk, then the exact path in stream order), so it returns the
-  same values and leaves the generator at the same position (test_noise_golden: digests,
-  and the two chunk functions on words that take every branch).
+  same computation on the same words in compiled loops (`_lead_v_kernel`, `_tail_kernel`
+  for V's extra bits, `_screen_kernel`, and `_open_kernel` for the entries the screen
+  leaves open: Γ̂ with `ieee_math.exp_one`/`log_one` and the fast test, in the operation
+  order of `_exponent_block` and `_lead_bounds`; worker/ieee_jit.py: the same IEEE
+  operations, no FMA, so the same bits): R looked up by V, |k|·|k| and the tests per
+  entry, the sign applied as (|k| ⊕ m) − m, accepted and open values written to the output
+  in stream order and the rejected open ones removed (`_drop_kernel`). Its random reads
+  are those of `_propose_chunk` in the same order (the chunk's words, V's extra bits for
+  the whole chunk with its ties in order, then the exact path in stream order), so it
+  returns the same values and leaves the generator at the same position
+  (test_noise_golden: digests, and the two chunk functions on words that take every
+  branch; test_noise_fast_path: whole calls against the general path, a tie in V's bits).
+  Batching the open entries of several chunks into one Γ̂ evaluation would not pay: ≈ 40%
+  of chunks read exact-path words (nearly every open entry is also undecided by the fast
+  test on Γ̂) and the next chunk's words start after them, so a batch would have to guess
+  past those reads and redo the chunks after a wrong guess (measured at s = 1.1e6 and 1e5:
+  122 of 300 chunks).
 
 Support cap. Proposals with |k| > K = ⌈40·s⌉ are rejected, so the output law is p restricted
 to |k| ≤ K and renormalised. The removed mass is P(|Z| > (K+½)/s) ≤ P(|Z| > 40) < e^{-800}
@@ -1209,6 +1218,9 @@ class _FastTables:
     rest: FloatArray
     half_inverse_square: float
     shifts: tuple[float, float]
+    alpha_nodes_sq: FloatArray  # α·v_i², as `_log_weight` rounds it
+    ascending64: npt.NDArray[np.uint64]  # the proposal plan's floor64 reversed, contiguous
+    lead_factors: tuple[float, float]  # `_lead_bounds`' (1 ∓ margin)·2^16
 
 
 @lru_cache(maxsize=16)
@@ -1229,7 +1241,14 @@ def _fast_tables(scale: float, margin: float) -> _FastTables | None:
     rest = _screen_rest(plan, v << prop.shift, plan.offset)
     rest.flags.writeable = False
     shifts = _screen_shifts(screen[1], screen[2])
-    return _FastTables(rest, _half_inverse_square(scale), shifts)
+    alpha_nodes_sq = plan.alpha * plan.nodes_sq
+    alpha_nodes_sq.flags.writeable = False
+    ascending64 = np.ascontiguousarray(prop.floor64[::-1])
+    ascending64.flags.writeable = False
+    factors = ((1.0 - margin) * _LEAD, (1.0 + margin) * _LEAD)
+    return _FastTables(
+        rest, _half_inverse_square(scale), shifts, alpha_nodes_sq, ascending64, factors
+    )
 
 
 class _Workspace:
@@ -1239,30 +1258,60 @@ class _Workspace:
 
     def __init__(self, size: int) -> None:
         self.v = np.empty(size, dtype=np.int16)
-        self.x = np.empty(size, dtype=np.int64)
-        self.signed = np.empty(size, dtype=np.int64)
-        self.accept = np.empty(size, dtype=np.bool_)
-        self.open = np.empty(size, dtype=np.bool_)
+        self.pending = np.empty(size, dtype=np.int64)  # open entries: index in the chunk
+        self.place = np.empty(size, dtype=np.int64)  # and place in ``out``
 
 
 _U16: Final = np.uint64(0xFFFF)
 _SIXTEEN: Final = np.uint64(16)
 _THIRTY_TWO: Final = np.uint64(32)
 _ONE: Final = np.uint64(1)
+_FORTY_EIGHT: Final = np.uint64(48)
 
 
 @ieee_njit
 def _lead_v_kernel(
     words: npt.NDArray[np.uint64], lead_v: npt.NDArray[np.int16], v: npt.NDArray[np.int16]
-) -> bool:  # pragma: no cover - compiled (numba runs this source as machine code)
-    """v[i] = lead_v[(words[i] >> 16) & 0xFFFF] (−1: V needs more bits); whether any is −1.
+) -> int:  # pragma: no cover - compiled (numba runs this source as machine code)
+    """v[i] = lead_v[(words[i] >> 16) & 0xFFFF] (−1: V needs more bits); how many are −1.
     Integer operations only."""
-    short = False
+    short = 0
     for i in range(words.shape[0]):
         value = lead_v[(words[i] >> _SIXTEEN) & _U16]
         v[i] = value
-        short = short or value < 0
+        short += value < 0
     return short
+
+
+@ieee_njit
+def _tail_kernel(
+    words: npt.NDArray[np.uint64],
+    v: npt.NDArray[np.int16],
+    extra: npt.NDArray[np.uint64],
+    ascending: npt.NDArray[np.uint64],
+    v_stop: int,
+    ties: IntArray,
+    prefixes: npt.NDArray[np.uint64],
+) -> int:  # pragma: no cover - compiled (numba runs this source as machine code)
+    """`_geometric_tail` for the entries with v[i] < 0, the n-th of them with the extra word
+    extra[n] (integers only): the 64-bit prefix (lead << 48) | (extra >> 16), V = v_stop −
+    #{ascending ≤ prefix}; where the prefix equals an entry of ``ascending`` (its left and
+    right insertion points differ) i and the prefix go to ``ties`` (the exact path, in this
+    order). Returns how many did."""
+    n = 0
+    tied = 0
+    for i in range(words.shape[0]):
+        if v[i] >= 0:
+            continue
+        prefix = (((words[i] >> _SIXTEEN) & _U16) << _FORTY_EIGHT) | (extra[n] >> _SIXTEEN)
+        n += 1
+        right = np.searchsorted(ascending, prefix, side="right")
+        v[i] = v_stop - right
+        if np.searchsorted(ascending, prefix, side="left") != right:
+            ties[tied] = i
+            prefixes[tied] = prefix
+            tied += 1
+    return tied
 
 
 @ieee_njit
@@ -1276,20 +1325,24 @@ def _screen_kernel(
     accept_shift: float,
     reject_shift: float,
     limit: int,
-    x: npt.NDArray[np.int64],
-    signed: npt.NDArray[np.int64],
-    accept: npt.NDArray[np.bool_],
-    open_: npt.NDArray[np.bool_],
-) -> int:  # pragma: no cover - compiled (numba runs this source as machine code)
+    out: npt.NDArray[np.int64],
+    pending: npt.NDArray[np.int64],
+    place: npt.NDArray[np.int64],
+) -> tuple[int, int]:  # pragma: no cover - compiled (numba runs this source as machine code)
     """`_accepted_chunk`'s screen for every entry, in one compiled loop (worker/ieee_jit.py:
     the same IEEE operations as the numpy passes it replaced, so the same bits): |k| =
     2^j·V + U (U the word's top j bits, 0 for j = 0), Y = fl(fl(fl(k)·fl(k))·a) + R[V] (R
     looked up with V clipped to the table, as ``np.take(mode="clip")``), accept ←
     fl(Y + a') ≤ lg[lead + 1], open ← (fl(Y − r') < lg[lead]) ⊕ accept (`_screen_decide`),
     then accept ← accept ∧ ¬(|k| > limit ∨ (negative ∧ |k| = 0)), and the signed value
-    |k|·(1 − 2·[bit 32]) as (|k| ⊕ m) − m with m = −[bit 32]. Returns how many are open."""
+    |k|·(1 − 2·[bit 32]) as (|k| ⊕ m) − m with m = −[bit 32]. The accepted and the open
+    entries' signed values go to ``out`` in stream order (``values[ok]`` once the open ones
+    are settled: `_decide_open`, `_drop_kernel`); the n-th open entry's index goes to
+    pending[n] and its place in ``out`` to place[n]. Returns (how many written, how many
+    open)."""
     top = rest.shape[0] - 1
     opened = 0
+    filled = 0
     up = np.uint64(64 - shift) if shift > 0 else np.uint64(0)
     for i in range(words.shape[0]):
         word = words[i]
@@ -1305,16 +1358,19 @@ def _screen_kernel(
         lead = np.int64(word & _U16)
         ok = y + accept_shift <= table[lead + 1]
         still = (y - reject_shift < table[lead]) != ok
-        opened += still
         negative = np.int64((word >> _THIRTY_TWO) & _ONE)
         if magnitude > limit or (negative == 1 and magnitude == 0):
             ok = False
-        x[i] = magnitude
         mask = -negative
-        signed[i] = (magnitude ^ mask) - mask
-        accept[i] = ok
-        open_[i] = still
-    return opened
+        out[filled] = (magnitude ^ mask) - mask  # kept only if counted below
+        if still:
+            pending[opened] = i
+            place[opened] = filled
+            opened += 1
+            filled += 1
+        elif ok:
+            filled += 1
+    return filled, opened
 
 
 def _accepted_chunk(
@@ -1330,18 +1386,25 @@ def _accepted_chunk(
     for min_abs = 0 at scales with `_fast_tables`: the same words, values and decisions, and
     the same random reads in the same order (V's extra bits for the whole chunk first, then
     the exact path in stream order), so the same output and generator position (tests:
-    test_noise_golden, and the comparison with `_propose_chunk`). Faster: V and the screen in
-    two compiled loops over the chunk (`_lead_v_kernel`, `_screen_kernel`; issue 25: they
-    replace ≈ 25 numpy passes with the same operations, the same bits) and no temporaries."""
+    test_noise_golden, and the comparison with `_propose_chunk`). Faster: V, its extra bits,
+    the screen and the open entries' test in compiled loops (`_lead_v_kernel`,
+    `_tail_kernel`, `_screen_kernel`, `_open_kernel`; issue 25: they replace numpy passes
+    with the same operations, the same bits), the values written once into ``out`` (which
+    must hold ``size`` values)."""
     words = rng.bit_generator.random_raw(size)
     j = prop.shift
-    v, x, signed = work.v[:size], work.x[:size], work.signed[:size]
-    accept, open_ = work.accept[:size], work.open[:size]
-    if _lead_v_kernel(words, prop.lead_v, v):  # drawn for the whole chunk, before the exact path
-        tail = np.flatnonzero(v < 0)
-        lead_v = ((words[tail] >> np.uint64(16)) & np.uint64(0xFFFF)).view(np.int64)
-        v[tail] = _geometric_tail(rng, prop, lead_v)
-    opened = _screen_kernel(
+    if out.shape[0] < size:  # the kernels write without bounds checks
+        raise ValueError("out is shorter than the chunk")
+    v = work.v[:size]
+    short = _lead_v_kernel(words, prop.lead_v, v)
+    if short:  # V's extra words, drawn for the whole chunk, before the exact path
+        ties = np.empty(short, dtype=np.int64)
+        prefixes = np.empty(short, dtype=np.uint64)
+        extra = rng.bit_generator.random_raw(short)
+        tied = _tail_kernel(words, v, extra, fast.ascending64, prop.v_stop, ties, prefixes)
+        for i, prefix in zip(ties[:tied].tolist(), prefixes[:tied].tolist(), strict=True):
+            v[i] = _exact_geometric(rng, prop, [prefix, 64])  # in `_geometric_tail`'s order
+    filled, opened = _screen_kernel(
         words,
         v,
         j,
@@ -1351,23 +1414,205 @@ def _accepted_chunk(
         fast.shifts[0],
         fast.shifts[1],
         prop.limit,
-        x,
-        signed,
-        accept,
-        open_,
+        out,
+        work.pending,
+        work.place,
     )
     if opened:
-        cands = np.flatnonzero(open_)
-        wc, kc = words[cands], x[cands]
-        sign_bit = np.uint64(1 << 32)
-        needed = (kc <= prop.limit) & ~(((wc & sign_bit) != 0) & (kc == 0))
-        uc = (wc >> np.uint64(64 - j)).view(np.int64)
-        lead_c = (wc & np.uint64(0xFFFF)).view(np.int64)
-        kc = np.minimum(kc, plan.cap)
-        accept[cands] = _accept_full(rng, plan, lead_c, uc, kc, plan.offset, needed) & needed
-    kept = np.flatnonzero(accept)
-    np.take(signed, kept, out=out[: kept.size])
-    return kept.size
+        keep = _decide_open(rng, plan, prop, fast, words, out, work.pending, work.place, opened)
+        filled = _drop_kernel(out, filled, work.place[:opened], keep)
+    return int(filled)
+
+
+def _decide_open(
+    rng: np.random.Generator,
+    plan: _GaussianPlan,
+    prop: _ProposalPlan,
+    fast: _FastTables,
+    words: npt.NDArray[np.uint64],
+    out: IntArray,
+    pending: IntArray,
+    place: IntArray,
+    opened: int,
+) -> BoolArray:
+    """Whether each of the ``opened`` entries the screen left open is accepted:
+    `_accept_full` & needed (needed: |k| ≤ limit and not −0), as `_accepted_chunk` computed
+    it before issue 25's step 8, with Γ̂ and the fast test in one compiled loop
+    (`_open_kernel`: microseconds instead of ~60 numpy passes, ~250 µs, for the one or two
+    open entries of a chunk) and the exact path in stream order, where it was (the same
+    `_below_exp_neg` calls, the same random reads)."""
+    keep = np.empty(opened, dtype=np.bool_)
+    exact = np.empty(opened, dtype=np.int64)
+    whole = np.empty(opened, dtype=np.int64)
+    frac = np.empty(opened, dtype=np.int64)
+    constants = _open_constants(plan, prop, fast)
+    count = _open_kernel(
+        words, out, pending[:opened], place[:opened], *constants, keep, exact, whole, frac
+    )
+    if count < 0:  # as `_exponent_parts`: excluded by the margin in F
+        raise RuntimeError("rounded Gaussian: negative acceptance exponent")
+    den = plan.t << 53
+    exact_list, whole_list, frac_list = (a[:count].tolist() for a in (exact, whole, frac))
+    for n, w, f in zip(exact_list, whole_list, frac_list, strict=True):
+        word = int(words[pending[n]])
+        num = ((word >> (64 - prop.shift)) << 53) + f * plan.t + w * den
+        keep[n] = _below_exp_neg(rng, [word & 0xFFFF, _LEAD_BITS], num, den)
+    return keep
+
+
+_OpenConstants = tuple[
+    int, int, int, float, float, FloatArray, FloatArray, FloatArray, float, FloatArray,
+    FloatArray, float, float,
+]  # fmt: skip
+
+
+def _open_constants(plan: _GaussianPlan, prop: _ProposalPlan, fast: _FastTables) -> _OpenConstants:
+    """`_open_kernel`'s arguments from ``shift`` to ``hi_factor``."""
+    lo_table, hi_table = _exp_table()
+    return (
+        prop.shift,
+        prop.limit,
+        plan.cap,
+        plan.scale,
+        float(plan.t),
+        plan.shifted_nodes,
+        fast.alpha_nodes_sq,
+        plan.weights,
+        plan.offset,
+        lo_table,
+        hi_table,
+        fast.lead_factors[0],
+        fast.lead_factors[1],
+    )
+
+
+@ieee_njit
+def _open_kernel(
+    words: npt.NDArray[np.uint64],
+    out: IntArray,
+    pending: IntArray,
+    place: IntArray,
+    shift: int,
+    limit: int,
+    cap: int,
+    scale: float,
+    t: float,
+    shifted_nodes: FloatArray,
+    alpha_nodes_sq: FloatArray,
+    weights: FloatArray,
+    offset: float,
+    lo_table: FloatArray,
+    hi_table: FloatArray,
+    lo_factor: float,
+    hi_factor: float,
+    keep: BoolArray,
+    exact: IntArray,
+    whole_out: IntArray,
+    frac_out: IntArray,
+) -> int:  # pragma: no cover - compiled (numba runs this source as machine code)
+    """For the n-th open entry (i = pending[n], its signed value at out[place[n]]), in
+    order: needed = |k| ≤ limit ∧ ¬(−0), u, lead and k = min(|k|, K) from the word and the
+    value as `_accepted_chunk` read them; Γ̂(k) = whole + frac/2^53
+    with `_log_weight`'s and `_exponent_block`'s operations in their order (exp and log by
+    `ieee_math.exp_one`/`log_one`, the same bits); lo, hi with `_lead_bounds`' operations;
+    then `_accept_exp_neg`'s decision: keep[n] = needed ∧ lead + 1 ≤ lo, and where needed ∧
+    ¬keep[n] ∧ lead < hi, n goes to ``exact`` (with its whole and frac; keep[n] False until
+    the exact path decides). Returns how many went there, or −1 if any Γ̂ < 0
+    (before any is decided, as `_exponent_parts` raised before the exact path ran).
+    Worker/ieee_jit.py: the same IEEE operations, no FMA, so the same bits."""
+    count = 0
+    nodes = shifted_nodes.shape[0]
+    up = np.uint64(64 - shift) if shift > 0 else np.uint64(0)
+    for n in range(pending.shape[0]):
+        word = words[pending[n]]
+        k = abs(out[place[n]])  # |k| < 2^62
+        negative = (word >> _THIRTY_TWO) & _ONE
+        needed = k <= limit and not (negative == 1 and k == 0)
+        u = np.int64(word >> up) if shift > 0 else np.int64(0)
+        lead = float(np.int64(word & _U16))
+        k = min(k, cap)
+        # `_log_weight`
+        kf = float(k)
+        z = kf / scale
+        b = z / scale
+        z = z * z
+        z = z * 0.5  # h
+        total = 0.0
+        for node in range(nodes):
+            term = b * shifted_nodes[node]
+            term = term - alpha_nodes_sq[node]
+            term = ieee_math.exp_one(term)
+            term = term * weights[node]
+            total = term if node == 0 else total + term
+        total = ieee_math.log_one(total)
+        b = b * 0.5
+        b = b + total  # L
+        kf = kf / t
+        kf = kf + b
+        # `_exponent_block`
+        h_whole = np.floor(z)
+        z = z - h_whole
+        kf = kf - offset
+        z = z - kf
+        f_whole = np.floor(z)
+        z = z - f_whole
+        z = z * 9007199254740992.0  # 2^53
+        frac = np.floor(z)
+        h_whole = h_whole + f_whole
+        if h_whole < 0:
+            return -1
+        # `_lead_bounds`
+        y = float(u) / t
+        y = y + frac * 2.0**-53
+        y = y * 64.0
+        step = np.floor(y)
+        y = y - step
+        y = y * (1.0 / 64.0)
+        step = step + h_whole * 64.0
+        step = min(step, 4096.0)
+        poly = y * -_ONE_SIXTH
+        poly = poly + 0.5
+        poly = poly * y
+        poly = poly - 1.0
+        poly = poly * y
+        poly = poly + 1.0
+        index = int(step)
+        lo = lo_table[index] * poly
+        lo = lo * lo_factor
+        hi = poly * hi_table[index]
+        hi = hi * hi_factor
+        ok = lead + 1.0 <= lo
+        keep[n] = needed and ok
+        if needed and not ok and lead < hi:
+            exact[count] = n
+            whole_out[count] = np.int64(h_whole)
+            frac_out[count] = np.int64(frac)
+            count += 1
+    return count
+
+
+@ieee_njit
+def _drop_kernel(
+    out: IntArray, filled: int, place: IntArray, keep: BoolArray
+) -> int:  # pragma: no cover - compiled (numba runs this source as machine code)
+    """Removes out[place[n]] where not keep[n] from out[:filled] (places ascending), keeping
+    the order; returns the new length. Integers only."""
+    write = filled
+    for n in range(place.shape[0]):
+        if not keep[n]:
+            write = place[n]
+            break
+    read = write
+    for n in range(place.shape[0]):
+        if place[n] < write or keep[n]:
+            continue
+        out[write : write + place[n] - read] = out[read : place[n]]
+        write += place[n] - read
+        read = place[n] + 1
+    if read <= filled:
+        out[write : write + filled - read] = out[read:filled]
+        write += filled - read
+    return write
 
 
 def _sample_rounded_gaussian(

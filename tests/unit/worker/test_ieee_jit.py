@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from randomgen import ChaCha
 
-from worker import noise
+from worker import ieee_math, noise
 from worker.ieee_jit import IEEE_OPTIONS
 from worker.mechanisms import fixed_point as fp
 from worker.mechanisms import langevin
@@ -56,12 +56,17 @@ def _binary_cells_args() -> tuple[Any, ...]:
     )
 
 
-def _screen_args() -> tuple[Any, ...]:
+def _fast_plans() -> tuple[Any, Any, Any]:
     scale = 1107296.256
     plan = noise._gaussian_plan(scale)
     prop = noise._proposal_plan(plan.t, plan.cap)
     fast = noise._fast_tables(scale, noise._ACCEPT_MARGIN)
     assert fast is not None
+    return plan, prop, fast
+
+
+def _screen_args() -> tuple[Any, ...]:
+    _, prop, fast = _fast_plans()
     words = np.random.Generator(ChaCha(key=7, rounds=20)).bit_generator.random_raw(999)
     v = np.maximum(prop.lead_v[(words >> np.uint64(16)) & np.uint64(0xFFFF)], 0)
     work = noise._Workspace(words.size)
@@ -74,11 +79,34 @@ def _screen_args() -> tuple[Any, ...]:
         noise._neg_log_table(),
         *fast.shifts,
         prop.limit,
-        work.x,
-        work.signed,
-        work.accept,
-        work.open,
+        np.empty(words.size, dtype=np.int64),
+        work.pending,
+        work.place,
     )
+
+
+def _open_args() -> tuple[Any, ...]:
+    words = np.random.Generator(ChaCha(key=9, rounds=20)).bit_generator.random_raw(9)
+    out = np.arange(9, dtype=np.int64) * 1000 - 4000
+    return (
+        words,
+        out,
+        np.arange(9),
+        np.arange(9),
+        *noise._open_constants(*_fast_plans()),
+        np.empty(9, dtype=np.bool_),
+        *(np.empty(9, dtype=np.int64) for _ in range(3)),
+    )
+
+
+def _tail_args() -> tuple[Any, ...]:
+    prop = noise._proposal_plan(1107297, 10**9)
+    words = np.random.Generator(ChaCha(key=10, rounds=20)).bit_generator.random_raw(99)
+    v = np.full(words.size, -1, dtype=np.int16)
+    extra = np.random.Generator(ChaCha(key=11, rounds=20)).bit_generator.random_raw(99)
+    ascending = np.ascontiguousarray(prop.floor64[::-1])
+    ties = np.empty(99, dtype=np.int64)
+    return words, v, extra, ascending, prop.v_stop, ties, np.empty(99, dtype=np.uint64)
 
 
 def _lead_args() -> tuple[Any, ...]:
@@ -95,6 +123,10 @@ def _lead_args() -> tuple[Any, ...]:
         (langevin._binary_cells_kernel, _binary_cells_args),
         (noise._screen_kernel, _screen_args),
         (noise._lead_v_kernel, _lead_args),
+        (noise._open_kernel, _open_args),
+        (noise._tail_kernel, _tail_args),
+        (ieee_math.exp_one, lambda: (-3.25,)),
+        (ieee_math.log_one, lambda: (0.37,)),
     ],
 )
 def test_kernels_compile_to_ieee_operations_only(
@@ -110,7 +142,12 @@ def test_kernels_compile_to_ieee_operations_only(
     assert not _FMA_INTRINSIC.search(llvm)
     assert not _FMA_INSTRUCTION.search(asm)
     # real floating-point code (the σ̃ operations, inlined)
-    if kernel in (fp._tanh_grid_kernel, fp._sigmoid_kernel, langevin._binary_cells_kernel):
+    if kernel in (
+        fp._tanh_grid_kernel,
+        fp._sigmoid_kernel,
+        langevin._binary_cells_kernel,
+        noise._open_kernel,
+    ):
         assert re.search(r"\bfmul\b", llvm) and re.search(r"\bfdiv\b", llvm)
 
 
