@@ -39,11 +39,7 @@ from torch import Tensor
 from service.modelspec import ModelSpec
 from worker.mechanisms.base import MechanismOutput, PlanMismatch, ProgressFn, TabularTrainingSet
 from worker.mechanisms.guards import nonnegative_finite, positive_finite
-from worker.mechanisms.mcmc_diagnostics import (
-    ess_bulk,
-    rhat_and_ess_by_coordinate,
-    split_rhat,
-)
+from worker.mechanisms.mcmc_diagnostics import rhat_and_ess_by_coordinate
 from worker.models import build_module
 from worker.rng import secure_generator
 
@@ -355,8 +351,9 @@ def diagnostics(run: HmcRun) -> dict[str, float]:
         rhats, esses = rhat_and_ess_by_coordinate(run.draws)
         out["rhat_max"] = max(rhats)
         out["ess_bulk_min"] = min(esses)
-        out["rhat_log_density"] = split_rhat(run.log_density)
-        out["ess_bulk_log_density"] = ess_bulk(run.log_density)
+        (rhat,), (ess,) = rhat_and_ess_by_coordinate(run.log_density[:, :, None])
+        out["rhat_log_density"] = rhat
+        out["ess_bulk_log_density"] = ess
     return out
 
 

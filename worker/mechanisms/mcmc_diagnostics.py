@@ -39,17 +39,12 @@ def _split(x: Draws) -> Draws:
     return np.concatenate([x[:, :half], x[:, x.shape[1] - half :]], axis=0)
 
 
-def _z_scale(x: Draws) -> Draws:
-    """Normal scores of the pooled ranks (Blom's offset 3/8, as Vehtari et al. 2021)."""
-    ranks = stats.rankdata(x, method="average").reshape(x.shape)
-    return np.asarray(stats.norm.ppf((ranks - 0.375) / (x.size + 0.25)), dtype=np.float64)
-
-
 def _z_scale_columns(x: Draws) -> Draws:
-    """:func:`_z_scale` of each ``x[:, :, j]`` at once, ``x`` shaped (chains, n, coords):
-    ranks pooled over (chains, n) per coordinate (``rankdata`` along one axis ranks each
-    column alone; averaged ties are exact halves) and one ``ndtri`` pass, which is
-    elementwise, so every value is the one :func:`_z_scale` gives that coordinate."""
+    """Normal scores of the pooled ranks (Blom's offset 3/8, as Vehtari et al. 2021) of
+    each coordinate ``x[:, :, j]`` at once, ``x`` shaped (chains, n, coords): ranks pooled
+    over (chains, n) per coordinate (``rankdata`` along one axis ranks each column alone;
+    averaged ties are exact halves) and one elementwise ``ndtri`` pass, so a coordinate's
+    scores do not depend on the others."""
     pooled = x.reshape(-1, x.shape[2])
     ranks = stats.rankdata(pooled, method="average", axis=0)
     z = stats.norm.ppf((ranks - 0.375) / (pooled.shape[0] + 0.25))
@@ -69,21 +64,17 @@ def _rhat(x: Draws) -> float:
 def split_rhat(draws: Draws) -> float:
     """Rank-normalised split-R̂ of one scalar, ``draws`` shaped (chains, draws): the max of
     the bulk and the folded (tail) R̂. About 1 for chains that agree; ≥ 1.01 is the usual
-    warning."""
-    x = _check(draws)
-    bulk = _rhat(_z_scale(_split(x)))
-    folded = np.abs(x - np.median(x))
-    tail = _rhat(_z_scale(_split(folded)))
-    return max(bulk, tail)
+    warning. (:func:`rhat_and_ess_by_coordinate` of the one coordinate.)"""
+    return rhat_and_ess_by_coordinate(_check(draws)[:, :, None])[0][0]
 
 
 def rhat_and_ess_by_coordinate(draws: Draws) -> tuple[list[float], list[float]]:
-    """:func:`split_rhat` and :func:`ess_bulk` of every coordinate of ``draws`` shaped
-    (chains, draws, coords), the same values as calling them on each ``draws[:, :, j]``
-    (the normal scores of all coordinates come from one ranking and one ``ndtri`` pass;
-    R̂ and ESS then read each coordinate's scores as a contiguous copy, as the one-scalar
-    functions do). A chain's diagnostics rank every coordinate: one call per coordinate
-    spent three quarters of a small HMC release in scipy's per-call overheads."""
+    """:func:`split_rhat` (the max of the bulk and the folded R̂) and :func:`ess_bulk` of
+    every coordinate of ``draws`` shaped (chains, draws, coords): the normal scores of all
+    coordinates from one ranking and one ``ndtri`` pass, then each coordinate's R̂ and ESS
+    from a contiguous copy of its scores. A chain's diagnostics rank every coordinate: one
+    ranking per coordinate spent three quarters of a small HMC release in scipy's per-call
+    overheads."""
     x = np.asarray(draws, dtype=np.float64)
     if x.ndim != 3:
         raise ValueError(f"draws must be (chains, draws, coords), got shape {x.shape}")
@@ -145,5 +136,6 @@ def _ess(x: Draws) -> float:
 
 def ess_bulk(draws: Draws) -> float:
     """Bulk effective sample size of one scalar, ``draws`` shaped (chains, draws): about
-    chains × draws for independent draws, less for autocorrelated chains."""
-    return _ess(_z_scale(_split(_check(draws))))
+    chains × draws for independent draws, less for autocorrelated chains.
+    (:func:`rhat_and_ess_by_coordinate` of the one coordinate.)"""
+    return rhat_and_ess_by_coordinate(_check(draws)[:, :, None])[1][0]

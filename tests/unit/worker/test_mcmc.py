@@ -202,8 +202,9 @@ def test_rhat_and_ess_on_known_chains() -> None:
 
 def test_diagnostics_of_every_coordinate_at_once_equal_the_one_scalar_functions() -> None:
     """rhat_and_ess_by_coordinate gives, bit for bit, split_rhat and ess_bulk of each
-    coordinate: odd and even draw counts, ties (rounded draws, a constant coordinate),
-    stuck chains; and refuses what the one-scalar functions refuse."""
+    coordinate alone (no coordinate's ranks or scores depend on another's): odd and even
+    draw counts, ties (rounded draws, a constant coordinate), stuck chains; and refuses
+    what the one-scalar functions refuse."""
     rng = np.random.default_rng(3)
     cases = [
         rng.normal(size=(2, 40, 7)),
