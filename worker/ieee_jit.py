@@ -24,6 +24,11 @@ tests/unit/test_exact_net.py and tests/unit/worker/test_noise_golden.py compare 
 with the numpy sequence it replaces bit for bit (NaN's sign included) and pin golden sha256
 digests; tests/unit/worker/test_ieee_jit.py checks the compiled code of the kernels for FMA
 instructions.
+
+Every function compiled here is listed by :func:`compiled_kernels` (in the order their
+modules defined them): worker/kernel_warm_up.py calls each once when a worker process
+starts, so that a release does not pay numba's first call (~0.5-0.7 s: its runtime, then
+the machine code loaded from the cache), and refuses to start without an example for one.
 """
 
 from __future__ import annotations
@@ -35,7 +40,7 @@ import numba
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-__all__ = ["IEEE_OPTIONS", "ieee_njit"]
+__all__ = ["IEEE_OPTIONS", "compiled_kernels", "ieee_njit"]
 
 IEEE_OPTIONS: Final[dict[str, Any]] = {
     "fastmath": False,
@@ -47,12 +52,24 @@ IEEE_OPTIONS: Final[dict[str, Any]] = {
 :func:`ieee_njit` (the tests compile uncached copies with these options to read the code)."""
 
 
+_COMPILED: list[Any] = []
+"""Every numba dispatcher :func:`ieee_njit` returned in this process (its registry)."""
+
+
 def ieee_njit(function: F) -> F:
     """``numba.njit`` with :data:`IEEE_OPTIONS` (module docstring), cached where numba finds
     a writable cache directory (beside the module, else the user's cache folder); without
-    one it compiles once per process instead of refusing to import."""
+    one it compiles once per process instead of refusing to import. The result is added to
+    :func:`compiled_kernels`."""
     try:
         compiled: F = numba.njit(cache=True, **IEEE_OPTIONS)(function)
     except RuntimeError:  # numba: "cannot cache function ...: no locator available"
         compiled = numba.njit(**IEEE_OPTIONS)(function)
+    _COMPILED.append(compiled)
     return compiled
+
+
+def compiled_kernels() -> tuple[Any, ...]:
+    """The dispatchers :func:`ieee_njit` has made so far, in order (those of the modules
+    imported in this process: worker/kernel_warm_up.py imports every module that has one)."""
+    return tuple(_COMPILED)
