@@ -31,7 +31,14 @@ the digits' public schema as a job's are from its dataset's), and multinomial lo
 regression (the default there) and MLPs by DP-SGD on the 64 flattened pixels, as a job on
 an image dataset trains them (engines as for their K-class jobs: service/plans.py's
 ``MULTICLASS_MODELS``). ExpM is not audited on the digits (a K-class ExpM job exists,
-its audit does not yet).
+its audit does not yet). On the two bundled tabular sets of K ≥ 3 classes
+(:data:`MULTICLASS_TABULAR`; both ship inside scikit-learn): examples/wine (178 rows, 13
+numeric columns, 3 classes) and examples/digits-table (the digits as 1,797 rows of 64
+numeric columns, 10 classes), multinomial logistic regression (the default) and MLPs by
+DP-SGD, as on the digits' pixels; their passing audits open the release gate of a
+registered tabular dataset of 3, respectively 10, classes (service/audit_gate.py compares
+K). Wine's 178 rows allow at most 17 canaries (ceiling ≈ 1.65 at 95%, δ = 1e-5), the
+digits-table's 179 (≈ 4.08).
 The canaries' scores are minus their loss under the released model, so a model family the
 worker cannot score, or a method whose release is not one model of that family, is
 refused. A registered dataset is never
@@ -90,12 +97,14 @@ __all__ = [
     "LIRA_DEFAULT_POOL",
     "LIRA_METHODS",
     "MAX_CANARY_FRACTION",
+    "MULTICLASS_TABULAR",
     "PUBLIC_DATASETS",
     "Audit",
     "AuditRefused",
     "PublicDataset",
     "audit_plan",
     "audit_view",
+    "auditable",
     "check_gradient_canaries",
     "check_lira",
     "check_method_options",
@@ -134,7 +143,14 @@ PUBLIC_DATASETS: dict[str, PublicDataset] = {
     "adult": PublicDataset(REPO / "examples" / "adult", rows=30_162, features=104),
     "icu": PublicDataset(REPO / "examples" / "icu", rows=2_000, features=8, kind="timeseries"),
     "digits": PublicDataset(REPO / "examples" / "digits", rows=1_797, features=64, kind="images"),
+    # Tabular with K ≥ 3 classes (both ship inside scikit-learn): the only bundled data
+    # whose audits open the release gate of a K-class tabular dataset (service/audit_gate.py
+    # compares K). Wine covers K = 3 (m ≤ 17); the digits as 64 columns K = 10 (m ≤ 179).
+    "wine": PublicDataset(REPO / "examples" / "wine", rows=178, features=13),
+    "digits-table": PublicDataset(REPO / "examples" / "digits-table", rows=1_797, features=64),
 }
+MULTICLASS_TABULAR = "tabular, K ≥ 3 classes"
+"""The :data:`AUDITABLE` row of a bundled tabular dataset whose target has K ≥ 3 classes."""
 AUDITABLE: dict[str, dict[str, tuple[str, ...]]] = {
     "tabular": {
         "dpsgd": ("logistic", "mlp"),
@@ -144,6 +160,11 @@ AUDITABLE: dict[str, dict[str, tuple[str, ...]]] = {
         # model: an MLP's is scored as DP-SGD's is.
         "expm_nf": ("logistic", "mlp"),
     },
+    # A tabular target of K ≥ 3 classes (wine, digits-table): DP-SGD on multinomial
+    # logistic regression and MLPs, scored by their softmax cross-entropy, as on the
+    # digits' images; ExpM+NF's utility is binary, and ExpM's K-class audit does not exist
+    # yet (as on the digits).
+    MULTICLASS_TABULAR: {"dpsgd": ("logistic", "mlp")},
     "timeseries": {"dpsgd": ("grud",), "expm_nf": ("grud",)},
     # CNNs are trained by DP-SGD's exact engine only (service/plans.py); logistic
     # regression (multinomial) and MLPs on the flattened pixels, as a job on an image
@@ -151,7 +172,8 @@ AUDITABLE: dict[str, dict[str, tuple[str, ...]]] = {
     # scored by their softmax cross-entropy over the digits' 10 classes (worker/audits.py).
     "images": {"dpsgd": ("cnn", "logistic", "mlp")},
 }
-"""Dataset kind → method → the model kinds the audit can run and score (module text)."""
+"""Dataset kind (or :data:`MULTICLASS_TABULAR`) → method → the model kinds the audit can run
+and score (module text; :func:`auditable`)."""
 AUDITABLE_METHODS = ("dpsgd", "expm", "expm_nf")
 """Methods the one-run audit can run on some bundled dataset (:data:`AUDITABLE`)."""
 AUDITABLE_MODELS = ("logistic", "mlp", "grud", "cnn")
@@ -199,6 +221,15 @@ def row_norm_sq_bound(dataset: str) -> int | None:
     return None if bound is None else bound(public_schema(dataset))
 
 
+def auditable(dataset: str) -> tuple[str, dict[str, tuple[str, ...]]]:
+    """A bundled dataset's row of :data:`AUDITABLE` and its name: its kind's, or for a
+    tabular dataset of K ≥ 3 classes (public: its schema's) :data:`MULTICLASS_TABULAR`'s."""
+    kind = PUBLIC_DATASETS[dataset].kind
+    if kind == "tabular" and int(getattr(public_schema(dataset), "n_classes", 2)) > 2:
+        kind = MULTICLASS_TABULAR
+    return kind, AUDITABLE[kind]
+
+
 class AuditRefused(ValueError):
     """The audit cannot run as asked (a method it cannot audit, m too large, ...): a 422.
     ``field`` names the request field at fault."""
@@ -234,7 +265,7 @@ def check_request(
     model kind it cannot run or score with that method (``model``: None skips this check),
     m outside [1, 10% of the rows], r outside [1, m], gradient canaries for a method
     other than DP-SGD, for a model in :data:`NO_GRADIENT_CANARY_MODELS` or on a dataset
-    of K ≥ 3 classes (the digits). ``rows``: the
+    of K ≥ 3 classes (digits, wine, digits-table). ``rows``: the
     rows counted (the worker's count); default the dataset's public count."""
     if dataset not in PUBLIC_DATASETS:
         raise AuditRefused(
@@ -243,11 +274,11 @@ def check_request(
             "dataset",
         )
     public = PUBLIC_DATASETS[dataset]
-    methods = AUDITABLE[public.kind]
+    kind, methods = auditable(dataset)
     if method not in methods:
         raise AuditRefused(
             f"method {method!r} cannot be audited by the one-run audit on {dataset} "
-            f"({public.kind}); auditable there: {', '.join(methods)}",
+            f"({kind}); auditable there: {', '.join(methods)}",
             "method",
         )
     if model is not None and model not in methods[method]:

@@ -3,8 +3,9 @@
 :func:`run_one_run_audit`: the one-run audit of Steinke, Nasr & Jagielski 2023 ("Privacy
 auditing with one (1) training run", arXiv:2305.08846), black-box, input-space canaries,
 on a PUBLIC dataset bundled with the product (public Adult, the synthetic ICU sample of
-examples/icu, or the handwritten digits of examples/digits), so nothing is charged to any
-dataset's budget and no private row is read:
+examples/icu, the handwritten digits of examples/digits, or the 3-class wine and 10-class
+digits-table of examples/wine and examples/digits-table, tabular), so nothing is charged
+to any dataset's budget and no private row is read:
 
 1. m canaries: m rows (stays, for the ICU sample; images, for the digits) of the public
    training set, drawn without replacement by the enclave's secure RNG

@@ -114,7 +114,9 @@ class AuditRequest(ApiInput):
         "digits, 1,797 8 × 8 handwritten digits of 10 classes (a CNN by dpsgd, exact engine, "
         "model: the CNN spec a job gives, its image shape and classes filled in; or "
         "multinomial logistic regression, the default there, or an MLP, by dpsgd on the "
-        "flattened pixels). "
+        "flattened pixels), or a tabular target of K ≥ 3 classes: wine, 178 rows of 13 "
+        "columns, 3 classes, or digits-table, the digits as 1,797 rows of 64 columns, 10 "
+        "classes (multinomial logistic regression, the default, or an MLP, by dpsgd). "
         "Registered datasets are not audited.",
     )
     guesses: Canaries | None = Field(

@@ -31,6 +31,7 @@ from service.migrate import downgrade, upgrade
 from tests.conftest import auth
 from tests.integration.test_dashboard_forms import ledger_rows, post, signed_in
 from tests.integration.test_selections import ARCH
+from worker.audit_job import AuditOutcome, execute_audit
 from worker.registration import register_dataset
 from worker.runner import Outcome, execute_job
 
@@ -608,4 +609,110 @@ def test_a_binary_audit_opens_no_gate_of_a_three_class_tabular_or_series_dataset
         quote = _quote(client, keys, jobs[name])
         assert quote.status_code == 200 and quote.json()["admitted"], quote.text
         r = client.post("/v1/jobs", json=jobs[name], headers=auth(keys.alice))
+        assert r.status_code == 202, r.text
+
+
+TABLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+def _register_digits_table(settings: Any, folder: Path, name: str, classes: int) -> None:
+    """The bundled digits-table (examples/digits-table) registered as the private tabular
+    dataset ``name``, keeping the digits 0 … classes − 1 (10: all of it)."""
+    import pandas as pd
+
+    from service.datasets.kinds import load_schema_yaml
+
+    schema = yaml.safe_load((TABLES / "digits-table" / "schema.yaml").read_text())
+    frame = pd.read_csv(TABLES / "digits-table" / "digits-table.data.gz")
+    frame = frame[frame["digit"] < classes]
+    frame.to_csv(folder / f"{name}.csv", index=False)
+    schema.update(name=name)
+    schema["target"]["classes"] = [str(k) for k in range(classes)]
+    register_dataset(
+        engine_for(settings.resolved_database_url),
+        settings,
+        schema=load_schema_yaml(yaml.safe_dump(schema)),
+        csv_path=folder / f"{name}.csv",
+        epsilon_total=40.0,
+        delta_total=1e-4,
+    )
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_audits_on_the_bundled_k_class_tables_open_the_gate_of_that_k_only(
+    client: Any, keys: Any, settings: Any, tmp_path: Path
+) -> None:
+    """Real one-run audits through the API and the worker's task (no row written by hand):
+    multinomial logistic regression by DP-SGD on the bundled wine (tabular, 3 classes) and
+    an 8-unit MLP on the bundled digits-table (tabular, 10 classes), each at ε = 4, above
+    the ceiling its canaries allow (m = 17: 1.65; m = 40: 2.55), so both pass whatever
+    their bound. Then, with the gate on everywhere, the 3-class "tri" admits the logistic
+    job and the 10-class "ten" the MLP job (same configuration, each job's σ at least the
+    audit's), while the same jobs are refused (422, nothing charged) on the 4-class "four"
+    (digits 0-3 of the same table), the binary toy, and with the other model on "tri" and
+    "ten"."""
+    from tests.integration.test_multiclass import _register, _three_classes
+
+    _register(settings, *_three_classes(tmp_path))  # "tri": 3 classes, 3 columns
+    _register_digits_table(settings, tmp_path, "ten", 10)
+    _register_digits_table(settings, tmp_path, "four", 4)
+    mlp = {"kind": "mlp", "hidden": [8]}
+    options = {"epochs": 1, "batch_size": 50}
+    audits = {
+        "wine": {"model": {"kind": "logistic"}, "canaries": 17},
+        "digits-table": {"model": mlp, "canaries": 40},
+    }
+    sigmas = {}
+    for dataset, changes in audits.items():
+        body = {"method": "dpsgd", "epsilon": 4.0, "delta": 1e-5, "dataset": dataset}
+        r = client.post(
+            "/v1/admin/audits", json={**body, **changes, "dpsgd": options}, headers=auth(keys.admin)
+        )
+        assert r.status_code == 202, r.text
+        assert execute_audit(r.json()["id"], settings) == AuditOutcome.done
+        done = client.get(f"/v1/admin/audits/{r.json()['id']}", headers=auth(keys.admin)).json()
+        assert done["status"] == "done", done
+        assert done["result"]["epsilon_lower_bound"] <= done["result"]["ceiling"] < 4.0
+        sigmas[dataset] = done["result"]["noise_multiplier"]
+    logistic = {**JOB, "dataset": "tri", "model": {"kind": "logistic"}, "dpsgd": options}
+    wide = {**JOB, "dataset": "ten", "model": mlp, "dpsgd": options}
+    for body, audited in ((logistic, "wine"), (wide, "digits-table")):
+        r = _quote(client, keys, body)
+        assert r.status_code == 200, r.text
+        # The precondition of the admissions below: no job σ under its audit's.
+        assert r.json()["plan"]["mechanism"]["noise_multiplier"] >= sigmas[audited], r.text
+    for name in ("tri", "ten", "four", "toy"):
+        r = client.put(
+            f"/v1/admin/datasets/{name}/audit-gate",
+            json={"max_age_days": 30},
+            headers=auth(keys.admin),
+        )
+        assert r.status_code == 200, r.text
+
+    def refused(body: dict[str, Any], words: str) -> None:
+        name = body["dataset"]
+        before = client.get(f"/v1/datasets/{name}", headers=auth(keys.alice)).json()
+        for path in ("/v1/quote", "/v1/jobs"):
+            r = client.post(path, json=body, headers=auth(keys.alice))
+            assert r.status_code == 422 and r.headers["content-type"] == PROBLEM_JSON, r.text
+            assert r.json()["type"].endswith("audit-gate"), r.text
+            assert "no done audit matches it" in r.json()["detail"], r.text
+            assert words in r.json()["detail"], r.text
+        after = client.get(f"/v1/datasets/{name}", headers=auth(keys.alice)).json()
+        assert (after["budget"], after["analyst_budget"]) == (
+            before["budget"],
+            before["analyst_budget"],
+        )  # nothing charged
+
+    refused({**logistic, "dataset": "four"}, "data 4 classes")
+    refused({**wide, "dataset": "four"}, "data 4 classes")
+    refused({**logistic, "dataset": "toy"}, "data 2 classes")
+    refused({**logistic, "dataset": "ten"}, "data 10 classes")  # its audit: K = 3
+    refused({**wide, "dataset": "tri"}, "data 3 classes")  # its audit: K = 10
+    with transaction(engine_for(settings.resolved_database_url)) as s:
+        assert s.scalars(select(Job)).all() == []  # no job admitted
+    for body in (logistic, wide):
+        quote = _quote(client, keys, body)
+        assert quote.status_code == 200 and quote.json()["admitted"], quote.text
+        r = client.post("/v1/jobs", json=body, headers=auth(keys.alice))
         assert r.status_code == 202, r.text

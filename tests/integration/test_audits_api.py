@@ -140,6 +140,29 @@ LIRA_REFUSALS = [
         ({"dataset": "digits", **GRUD}, "validation-error", "model 'grud' cannot be audited"),
         ({"dataset": "digits", "canary_kind": "gradient"}, "validation-error", "10 classes"),
         ({**CNN, "method": "expm", "dpsgd": None}, "validation-error", "cannot be audited"),
+        # The bundled K-class tables: DP-SGD only (input canaries), m ≤ 10% of the rows.
+        (
+            {"dataset": "wine", "method": "expm", "dpsgd": None},
+            "validation-error",
+            "on wine (tabular, K ≥ 3 classes); auditable there: dpsgd",
+        ),
+        (
+            {"dataset": "digits-table", "method": "expm_nf", "dpsgd": None, "delta": 0},
+            "validation-error",
+            "cannot be audited by the one-run audit on digits-table",
+        ),
+        ({"dataset": "wine", "canaries": 18}, "validation-error", "out of range for wine"),
+        ({**CNN, "dataset": "wine"}, "validation-error", "model 'cnn' cannot be audited"),
+        (
+            {"dataset": "digits-table", "canary_kind": "gradient"},
+            "validation-error",
+            "digits-table has 10 classes",
+        ),
+        (
+            {"dataset": "wine", "canaries": 10, "dpsgd": {"engine": "ghost"}},
+            "invalid-plan",
+            "not by method 'dpsgd', model 'logistic', engine 'ghost'",
+        ),
         ({**CNN, "dpsgd": {"engine": "ghost"}}, "invalid-plan", "engine 'ghost'"),
         (
             {**CNN, "model": {"kind": "cnn", "conv": [{"channels": 4, "kernel": 9}]}},
@@ -316,6 +339,13 @@ def test_a_small_audit_runs_end_to_end(client: Any, keys: Any, settings: Any) ->
         pytest.param({**CNN, "canaries": 40}, id="cnn-dpsgd-digits"),
         pytest.param({"dataset": "digits", "canaries": 40}, id="logistic-dpsgd-digits"),
         pytest.param({"dataset": "digits", **MLP, "canaries": 40}, id="mlp-dpsgd-digits"),
+        pytest.param({"dataset": "wine", "canaries": 17}, id="logistic-dpsgd-wine"),
+        pytest.param({"dataset": "wine", **MLP, "canaries": 17}, id="mlp-dpsgd-wine"),
+        pytest.param({"dataset": "digits-table", "canaries": 40}, id="logistic-dpsgd-digits-table"),
+        pytest.param(
+            {"dataset": "digits-table", **MLP, "canaries": 40, "dpsgd": {"engine": "ghost"}},
+            id="mlp-ghost-digits-table",
+        ),
     ],
 )
 def test_audits_of_the_other_auditable_pairs_run_end_to_end(
@@ -324,8 +354,9 @@ def test_audits_of_the_other_auditable_pairs_run_end_to_end(
     """GRU-D by DP-SGD on the bundled ICU sample, ExpM (proven Langevin, and its HMC
     sampler) on Adult, DP-SGD with white-box gradient canaries and DP-SGD on an MLP (exact
     and ghost engines), a CNN, multinomial logistic regression and an MLP by DP-SGD on the
-    bundled digits: through the API, the worker's task and back, with the run's public
-    figures."""
+    bundled digits, and the same two on the bundled K-class tables (wine: 3 classes, 178
+    rows, so at most 17 canaries; digits-table: 10 classes): through the API, the worker's
+    task and back, with the run's public figures."""
     r = _post(client, keys.admin, **changes)
     assert r.status_code == 202, r.text
     queued = r.json()
@@ -333,7 +364,8 @@ def test_audits_of_the_other_auditable_pairs_run_end_to_end(
     done = client.get(f"/v1/admin/audits/{queued['id']}", headers=auth(keys.admin)).json()
     assert done["status"] == "done", done
     result = done["result"]
-    assert result["canaries"] == 40 and result["guesses"] == 8
+    m = changes["canaries"]
+    assert result["canaries"] == m and result["guesses"] == max(2, m // 5)  # 8 of 40, 3 of 17
     assert 0.0 <= result["epsilon_lower_bound"] <= result["ceiling"]
     dataset = changes.get("dataset", "adult")
     assert result["rows"] == PUBLIC_DATASETS[dataset].rows
