@@ -15,10 +15,16 @@ beside the modules), which a worker host pays once.
 
     .venv/bin/python benchmarks/hidden_langevin_speed.py --baseline /tmp/h24base
         [--current /tmp/h24cur] [--rounds 3] [--epsilons 1,0.01] [--threads 1,2] [--profile]
+        [--warm-up-current]
 
 ``--profile``: one cProfile of a release per (ε, threads) in the current tree, its top
 functions by own time printed (cProfile sees the main thread only: at 2 threads the parts
 computed on the pool's threads are missing from the split).
+
+``--warm-up-current``: the current tree's processes run worker/kernel_warm_up.py's warm-up
+(what a worker process does at start) before the timed release, its seconds reported apart
+(``warm_up``); the baseline's do not. With ``--baseline .`` (the working tree twice) this
+times one tree's release with and without numba's first calls in it.
 """
 
 from __future__ import annotations
@@ -36,8 +42,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def release(tree: Path, epsilon: float, threads: int, profile: bool) -> dict[str, object]:
-    """One timed release in this process, with ``tree`` first on the import path."""
+def release(
+    tree: Path, epsilon: float, threads: int, profile: bool, warm: bool = False
+) -> dict[str, object]:
+    """One timed release in this process, with ``tree`` first on the import path (after
+    worker/kernel_warm_up.py's warm-up, untimed, where ``warm``)."""
     sys.path.insert(0, str(tree))  # before any import of worker/ or service/
     import cProfile
     import hashlib
@@ -85,6 +94,11 @@ def release(tree: Path, epsilon: float, threads: int, profile: bool) -> dict[str
         max_rows=n + n // 20,
     )
     hidden.secure_rng = lambda: np.random.Generator(ChaCha(key=24, rounds=20))
+    warm_up_s = None
+    if warm:
+        from worker.kernel_warm_up import warm_up
+
+        warm_up_s = warm_up().seconds
     profiler = cProfile.Profile() if profile else None
     t0, c0 = time.perf_counter(), time.process_time()
     if profiler is not None:
@@ -110,13 +124,16 @@ def release(tree: Path, epsilon: float, threads: int, profile: bool) -> dict[str
         "cpu": cpu,
         "sha": digest.hexdigest()[:16],
         "steps": plan.mechanism["steps"],
+        "warm_up": warm_up_s,
     }
 
 
-def run(tree: Path, epsilon: float, threads: int, profile: bool = False) -> dict[str, object]:
+def run(
+    tree: Path, epsilon: float, threads: int, profile: bool = False, warm: bool = False
+) -> dict[str, object]:
     args = [sys.executable, __file__, "--one", str(tree), str(epsilon), str(threads)]
     done = subprocess.run(
-        [*args, *(["--profile"] if profile else [])],
+        [*args, *(["--profile"] if profile else []), *(["--warm"] if warm else [])],
         check=False,
         capture_output=True,
         text=True,
@@ -142,7 +159,9 @@ def _spread(values: list[float]) -> str:
 def main() -> None:
     if sys.argv[1:2] == ["--one"]:
         tree, eps, threads = Path(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4])
-        print(json.dumps(release(tree, eps, threads, "--profile" in sys.argv)))
+        print(
+            json.dumps(release(tree, eps, threads, "--profile" in sys.argv, "--warm" in sys.argv))
+        )
         return
     ap = argparse.ArgumentParser()
     ap.add_argument("--baseline", type=Path, required=True)
@@ -151,7 +170,9 @@ def main() -> None:
     ap.add_argument("--epsilons", default="1,0.01")
     ap.add_argument("--threads", default="1,2")
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--warm-up-current", action="store_true", help="module docstring")
     args = ap.parse_args()
+    warm = {"baseline": False, "current": args.warm_up_current}
     epsilons = [float(e) for e in args.epsilons.split(",")]
     thread_counts = [int(t) for t in args.threads.split(",")]
     trees = {"baseline": args.baseline.resolve(), "current": args.current.resolve()}
@@ -159,9 +180,9 @@ def main() -> None:
         for eps in epsilons:
             for threads in thread_counts:
                 print(f"== profile: current tree, ε = {eps:g}, {threads} thread(s)", flush=True)
-                run(trees["current"], eps, threads, profile=True)
+                run(trees["current"], eps, threads, profile=True, warm=warm["current"])
     for name, tree in trees.items():  # untimed: fills numba's on-disk cache of each tree
-        print(f"warm-up {name}: {run(tree, epsilons[0], 1)}", flush=True)
+        print(f"warm-up {name}: {run(tree, epsilons[0], 1, warm=warm[name])}", flush=True)
     results: dict[tuple[str, float, int], list[dict[str, object]]] = {}
     loads = []
     for r in range(args.rounds):
@@ -169,7 +190,7 @@ def main() -> None:
         for eps in epsilons:
             for threads in thread_counts:
                 for name, tree in trees.items():
-                    out = run(tree, eps, threads)
+                    out = run(tree, eps, threads, warm=warm[name])
                     results.setdefault((name, eps, threads), []).append(out)
                     print(f"round {r + 1} {name} ε={eps:g} {threads}t: {out}", flush=True)
     loads.append(os.getloadavg()[0])
@@ -200,6 +221,9 @@ def main() -> None:
                 f"{'yes' if len(digests) == 1 else 'NO'} ({cur[0]['sha']})",
             ]
             lines.append("| " + " | ".join(cells) + " |")
+    warm_ups = [float(str(o["warm_up"])) for v in results.values() for o in v if o["warm_up"]]
+    if warm_ups:
+        lines.append(f"\nThe warm-up before the current release, s: {_spread(warm_ups)}")
     print("\n".join(lines))
 
 
