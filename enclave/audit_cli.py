@@ -158,7 +158,8 @@ def admin_audit(
         str,
         typer.Option(
             help="A public dataset bundled with the product: adult (logistic regression), "
-            "icu (the synthetic ICU sample, GRU-D), digits (8 × 8 handwritten digits, 10 "
+            "icu (the synthetic ICU sample, GRU-D), icu3 (its stays with a 3-class outcome, "
+            "GRU-D by dpsgd), digits (8 × 8 handwritten digits, 10 "
             "classes: a CNN by dpsgd, --model taking its JSON spec, or logistic regression "
             "or an MLP by dpsgd), or wine (3 classes) or digits-table (the digits as 64 "
             "columns, 10 classes), tabular: logistic regression or an MLP by dpsgd."

@@ -31,10 +31,11 @@ unless an audit (service/audits.py) of the same configuration passed within that
   GRU-D audit a K-class one), and K sets the head's parameter count; requiring equality
   is the narrow reading the gate can defend (an audit of the code path that ran), not a
   claim that K changes the privacy of a step. The bundled tabular datasets have K = 2
-  (Adult), 3 (wine) and 10 (digits-table, the digits as 64 columns), so an audit opens
-  the gate of a tabular dataset of those K only: one of K = 4 to 9 or K ≥ 11 has no
-  audit that opens it, nor has a time series of K ≥ 3 (the bundled ICU sample is
-  binary); their jobs are refused while the gate is on.
+  (Adult), 3 (wine) and 10 (digits-table, the digits as 64 columns), the bundled time
+  series K = 2 (the ICU sample) and 3 (icu3, its stays with a 3-class outcome), so an
+  audit opens the gate of a dataset of those K only: a tabular dataset of K = 4 to 9 or
+  K ≥ 11, or a time series of K ≥ 4, has no audit that opens it (its jobs are refused
+  while the gate is on).
   Images: a CNN's convolutions run over maps of the image's size, its head's fan-in is
   the last map's size, so the same ``conv`` layers on 28 × 28 or 3-channel images are
   another network (another parameter count, other per-row gradient sizes in the exact
@@ -46,7 +47,7 @@ unless an audit (service/audits.py) of the same configuration passed within that
   dataset (service/audits.py refuses registered ones: the audit's figure would be an
   uncharged statistic of their private rows), so a gate requiring the same width could
   be opened only for data of exactly a bundled set's width (Adult's 104 encoded columns,
-  wine's 13, digits-table's 64, the ICU sample's 8 variables): for every other
+  wine's 13, digits-table's 64, the ICU samples' 8 variables): for every other
   registered dataset it would refuse all jobs, whatever was audited. Not comparing it
   stays sound for what the gate claims: DP-SGD clips each row's whole gradient to norm C
   and adds N(0, σ²C²I), whose guarantee is a function of the sampling rate and σ alone,

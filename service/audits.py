@@ -38,7 +38,9 @@ numeric columns, 10 classes), multinomial logistic regression (the default) and 
 DP-SGD, as on the digits' pixels; their passing audits open the release gate of a
 registered tabular dataset of 3, respectively 10, classes (service/audit_gate.py compares
 K). Wine's 178 rows allow at most 17 canaries (ceiling ≈ 1.65 at 95%, δ = 1e-5), the
-digits-table's 179 (≈ 4.08).
+digits-table's 179 (≈ 4.08). On examples/icu3 (the ICU sample's 2,000 stays with a
+synthetic 3-class outcome, :data:`MULTICLASS_SERIES`), K-logit GRU-D by DP-SGD (exact
+engine), whose pass opens the gate of a registered 3-class time series.
 The canaries' scores are minus their loss under the released model, so a model family the
 worker cannot score, or a method whose release is not one model of that family, is
 refused. A registered dataset is never
@@ -97,6 +99,7 @@ __all__ = [
     "LIRA_DEFAULT_POOL",
     "LIRA_METHODS",
     "MAX_CANARY_FRACTION",
+    "MULTICLASS_SERIES",
     "MULTICLASS_TABULAR",
     "PUBLIC_DATASETS",
     "Audit",
@@ -137,6 +140,8 @@ class PublicDataset:
     rows: int
     features: int
     kind: str = "tabular"
+    observations: str = "observations.csv.gz"
+    """A time series' observations file, relative to ``folder`` (icu3 shares icu's)."""
 
 
 PUBLIC_DATASETS: dict[str, PublicDataset] = {
@@ -148,9 +153,20 @@ PUBLIC_DATASETS: dict[str, PublicDataset] = {
     # compares K). Wine covers K = 3 (m ≤ 17); the digits as 64 columns K = 10 (m ≤ 179).
     "wine": PublicDataset(REPO / "examples" / "wine", rows=178, features=13),
     "digits-table": PublicDataset(REPO / "examples" / "digits-table", rows=1_797, features=64),
+    # The ICU sample's stays with a 3-class outcome (examples/icu3/make.py): the only
+    # bundled series whose audits open the gate of a K-class (K = 3) time series.
+    "icu3": PublicDataset(
+        REPO / "examples" / "icu3",
+        rows=2_000,
+        features=8,
+        kind="timeseries",
+        observations="../icu/observations.csv.gz",
+    ),
 }
 MULTICLASS_TABULAR = "tabular, K ≥ 3 classes"
 """The :data:`AUDITABLE` row of a bundled tabular dataset whose target has K ≥ 3 classes."""
+MULTICLASS_SERIES = "timeseries, K ≥ 3 classes"
+"""The :data:`AUDITABLE` row of a bundled time series whose outcome has K ≥ 3 classes."""
 AUDITABLE: dict[str, dict[str, tuple[str, ...]]] = {
     "tabular": {
         "dpsgd": ("logistic", "mlp"),
@@ -166,14 +182,17 @@ AUDITABLE: dict[str, dict[str, tuple[str, ...]]] = {
     # yet (as on the digits).
     MULTICLASS_TABULAR: {"dpsgd": ("logistic", "mlp")},
     "timeseries": {"dpsgd": ("grud",), "expm_nf": ("grud",)},
+    # A K-class outcome (icu3): K-logit GRU-D by DP-SGD (its exact engine, the only one
+    # K-class GRU-D has: service/plans.py); ExpM+NF's utility is binary.
+    MULTICLASS_SERIES: {"dpsgd": ("grud",)},
     # CNNs are trained by DP-SGD's exact engine only (service/plans.py); logistic
     # regression (multinomial) and MLPs on the flattened pixels, as a job on an image
     # dataset trains them (service/datasets/kinds.py's model kinds for images). All are
     # scored by their softmax cross-entropy over the digits' 10 classes (worker/audits.py).
     "images": {"dpsgd": ("cnn", "logistic", "mlp")},
 }
-"""Dataset kind (or :data:`MULTICLASS_TABULAR`) → method → the model kinds the audit can run
-and score (module text; :func:`auditable`)."""
+"""Dataset kind (or :data:`MULTICLASS_TABULAR`, :data:`MULTICLASS_SERIES`) → method → the
+model kinds the audit can run and score (module text; :func:`auditable`)."""
 AUDITABLE_METHODS = ("dpsgd", "expm", "expm_nf")
 """Methods the one-run audit can run on some bundled dataset (:data:`AUDITABLE`)."""
 AUDITABLE_MODELS = ("logistic", "mlp", "grud", "cnn")
@@ -223,10 +242,11 @@ def row_norm_sq_bound(dataset: str) -> int | None:
 
 def auditable(dataset: str) -> tuple[str, dict[str, tuple[str, ...]]]:
     """A bundled dataset's row of :data:`AUDITABLE` and its name: its kind's, or for a
-    tabular dataset of K ≥ 3 classes (public: its schema's) :data:`MULTICLASS_TABULAR`'s."""
+    tabular dataset or time series of K ≥ 3 classes (public: its schema's)
+    :data:`MULTICLASS_TABULAR`'s or :data:`MULTICLASS_SERIES`'s."""
     kind = PUBLIC_DATASETS[dataset].kind
-    if kind == "tabular" and int(getattr(public_schema(dataset), "n_classes", 2)) > 2:
-        kind = MULTICLASS_TABULAR
+    if int(getattr(public_schema(dataset), "n_classes", 2)) > 2:
+        kind = {"tabular": MULTICLASS_TABULAR, "timeseries": MULTICLASS_SERIES}.get(kind, kind)
     return kind, AUDITABLE[kind]
 
 

@@ -3,9 +3,10 @@
 :func:`run_one_run_audit`: the one-run audit of Steinke, Nasr & Jagielski 2023 ("Privacy
 auditing with one (1) training run", arXiv:2305.08846), black-box, input-space canaries,
 on a PUBLIC dataset bundled with the product (public Adult, the synthetic ICU sample of
-examples/icu, the handwritten digits of examples/digits, or the 3-class wine and 10-class
-digits-table of examples/wine and examples/digits-table, tabular), so nothing is charged
-to any dataset's budget and no private row is read:
+examples/icu and its 3-class variant examples/icu3, the handwritten digits of
+examples/digits, or the 3-class wine and 10-class digits-table of examples/wine and
+examples/digits-table, tabular), so nothing is charged to any dataset's budget and no
+private row is read:
 
 1. m canaries: m rows (stays, for the ICU sample; images, for the digits) of the public
    training set, drawn without replacement by the enclave's secure RNG
@@ -116,12 +117,11 @@ def load_public(dataset: str) -> TabularTrainingSet:
         raise AuditRefused(
             f"unknown public dataset {dataset!r}; bundled: {', '.join(PUBLIC_DATASETS)}"
         )
-    folder = PUBLIC_DATASETS[dataset].folder
+    public = PUBLIC_DATASETS[dataset]
+    folder = public.folder
     schema = load_schema_yaml((folder / "schema.yaml").read_text())
     if isinstance(schema, TimeSeriesSchema):
-        prepared = prepare_series(
-            schema, folder / "observations.csv.gz", folder / "outcomes.csv.gz"
-        )
+        prepared = prepare_series(schema, folder / public.observations, folder / "outcomes.csv.gz")
         series = encode_series(schema, prepared.validated)
         return TabularTrainingSet(
             x=torch.from_numpy(series.x),

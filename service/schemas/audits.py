@@ -110,7 +110,8 @@ class AuditRequest(ApiInput):
         max_length=64,
         description="A public dataset bundled with the product (no budget is charged): "
         "adult (logistic regression by dpsgd, expm with either sampler or expm_nf; an MLP "
-        "by dpsgd or expm_nf), icu, the synthetic ICU sample (GRU-D by dpsgd or expm_nf), or "
+        "by dpsgd or expm_nf), icu, the synthetic ICU sample (GRU-D by dpsgd or expm_nf), "
+        "icu3, its stays with a 3-class outcome (GRU-D by dpsgd, exact engine), or "
         "digits, 1,797 8 × 8 handwritten digits of 10 classes (a CNN by dpsgd, exact engine, "
         "model: the CNN spec a job gives, its image shape and classes filled in; or "
         "multinomial logistic regression, the default there, or an MLP, by dpsgd on the "

@@ -716,3 +716,65 @@ def test_audits_on_the_bundled_k_class_tables_open_the_gate_of_that_k_only(
         assert quote.status_code == 200 and quote.json()["admitted"], quote.text
         r = client.post("/v1/jobs", json=body, headers=auth(keys.alice))
         assert r.status_code == 202, r.text
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_an_audit_on_the_bundled_three_class_series_opens_the_gate_of_k_3_series_only(
+    client: Any, keys: Any, settings: Any, tmp_path: Path
+) -> None:
+    """A real one-run audit through the API and the worker's task of 3-logit GRU-D by
+    DP-SGD on the bundled icu3 (the ICU sample's stays, a 3-class outcome), at ε = 4, above
+    the ceiling of its 40 canaries (2.55), so it passes whatever its bound. With the gate
+    on, the 3-class series "tri-icu" then admits the GRU-D job of that configuration (its
+    σ at least the audit's), while the binary series "tiny-icu" refuses it (422 naming its
+    2 classes, nothing charged): the binary ICU sample's audit would be needed there."""
+    from tests.integration.test_timeseries import _register_tiny
+    from tests.integration.test_timeseries_classes import register_three_class_series
+
+    register_three_class_series(settings, tmp_path, stays=60)  # "tri-icu": 3 classes
+    (tmp_path / "tiny").mkdir()
+    _register_tiny(settings, tmp_path / "tiny")  # "tiny-icu": binary
+    grud = {"kind": "grud", "hidden": 3}
+    options = {"epochs": 1}
+    body = {"method": "dpsgd", "epsilon": 4.0, "delta": 1e-5, "dataset": "icu3"}
+    r = client.post(
+        "/v1/admin/audits",
+        json={**body, "model": grud, "canaries": 40, "dpsgd": options},
+        headers=auth(keys.admin),
+    )
+    assert r.status_code == 202, r.text
+    assert execute_audit(r.json()["id"], settings) == AuditOutcome.done
+    done = client.get(f"/v1/admin/audits/{r.json()['id']}", headers=auth(keys.admin)).json()
+    assert done["status"] == "done", done
+    assert done["result"]["epsilon_lower_bound"] <= done["result"]["ceiling"] < 4.0
+    job = {**JOB, "dataset": "tri-icu", "model": grud, "dpsgd": options}
+    r = _quote(client, keys, job)
+    assert r.status_code == 200, r.text
+    # The precondition of the admission below: the job's σ no lower than the audit's.
+    assert r.json()["plan"]["mechanism"]["noise_multiplier"] >= done["result"]["noise_multiplier"]
+    for name in ("tri-icu", "tiny-icu"):
+        r = client.put(
+            f"/v1/admin/datasets/{name}/audit-gate",
+            json={"max_age_days": 30},
+            headers=auth(keys.admin),
+        )
+        assert r.status_code == 200, r.text
+    binary = {**job, "dataset": "tiny-icu"}
+    before = client.get("/v1/datasets/tiny-icu", headers=auth(keys.alice)).json()
+    for path in ("/v1/quote", "/v1/jobs"):
+        r = client.post(path, json=binary, headers=auth(keys.alice))
+        assert r.status_code == 422 and r.headers["content-type"] == PROBLEM_JSON, r.text
+        assert r.json()["type"].endswith("audit-gate"), r.text
+        assert "no done audit matches it" in r.json()["detail"], r.text
+        assert "data 2 classes" in r.json()["detail"], r.text
+    after = client.get("/v1/datasets/tiny-icu", headers=auth(keys.alice)).json()
+    assert (after["budget"], after["analyst_budget"]) == (
+        before["budget"],
+        before["analyst_budget"],
+    )  # nothing charged
+    with transaction(engine_for(settings.resolved_database_url)) as s:
+        assert s.scalars(select(Job)).all() == []  # no job admitted
+    quote = _quote(client, keys, job)
+    assert quote.status_code == 200 and quote.json()["admitted"], quote.text
+    r = client.post("/v1/jobs", json=job, headers=auth(keys.alice))
+    assert r.status_code == 202, r.text

@@ -152,6 +152,16 @@ LIRA_REFUSALS = [
             "cannot be audited by the one-run audit on digits-table",
         ),
         ({"dataset": "wine", "canaries": 18}, "validation-error", "out of range for wine"),
+        (
+            {"dataset": "icu3", **GRUD, "method": "expm_nf", "dpsgd": None, "delta": 0},
+            "validation-error",
+            "on icu3 (timeseries, K ≥ 3 classes); auditable there: dpsgd",
+        ),
+        (
+            {"dataset": "icu3", **GRUD, "dpsgd": {"engine": "ghost"}},
+            "invalid-plan",
+            "engine 'ghost'",
+        ),
         ({**CNN, "dataset": "wine"}, "validation-error", "model 'cnn' cannot be audited"),
         (
             {"dataset": "digits-table", "canary_kind": "gradient"},
@@ -346,6 +356,7 @@ def test_a_small_audit_runs_end_to_end(client: Any, keys: Any, settings: Any) ->
             {"dataset": "digits-table", **MLP, "canaries": 40, "dpsgd": {"engine": "ghost"}},
             id="mlp-ghost-digits-table",
         ),
+        pytest.param({"dataset": "icu3", **GRUD, "canaries": 40}, id="grud-dpsgd-icu3"),
     ],
 )
 def test_audits_of_the_other_auditable_pairs_run_end_to_end(
@@ -355,8 +366,9 @@ def test_audits_of_the_other_auditable_pairs_run_end_to_end(
     sampler) on Adult, DP-SGD with white-box gradient canaries and DP-SGD on an MLP (exact
     and ghost engines), a CNN, multinomial logistic regression and an MLP by DP-SGD on the
     bundled digits, and the same two on the bundled K-class tables (wine: 3 classes, 178
-    rows, so at most 17 canaries; digits-table: 10 classes): through the API, the worker's
-    task and back, with the run's public figures."""
+    rows, so at most 17 canaries; digits-table: 10 classes), K-logit GRU-D on the ICU
+    sample's 3-class variant (icu3): through the API, the worker's task and back, with the
+    run's public figures."""
     r = _post(client, keys.admin, **changes)
     assert r.status_code == 202, r.text
     queued = r.json()

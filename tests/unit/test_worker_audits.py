@@ -85,6 +85,10 @@ _REFUSALS: list[tuple[str, dict[str, object]]] = [
         "digits-table has 10 classes: gradient canaries",
         {"dataset": "digits-table", "canary_kind": "gradient"},
     ),
+    (
+        "on icu3 \\(timeseries, K ≥ 3 classes\\)",
+        {"method": "expm_nf", "delta": 0.0, "dataset": "icu3", "model": GrudSpec()},
+    ),
 ]
 """Requests the one-run audit refuses, as (the refusal's text, the request less
 method="dpsgd", ε = 1, δ = 1e-5, 10 canaries); "CNN" stands for :data:`CNN`."""
@@ -395,16 +399,32 @@ def test_with_its_noise_the_same_cnn_audit_stays_below_the_claim(small_digits: N
 
 
 @pytest.mark.parametrize(
-    ("folder", "text", "classes"),
-    [("wine", "wine_text", 3), ("digits-table", "digits_text", 10)],
+    ("folder", "text", "file", "classes", "auditable_as"),
+    [
+        ("wine", "wine_text", "wine.data.gz", 3, ("tabular", ("logistic", "mlp"))),
+        (
+            "digits-table",
+            "digits_text",
+            "digits-table.data.gz",
+            10,
+            ("tabular", ("logistic", "mlp")),
+        ),
+        ("icu3", "outcomes_text", "outcomes.csv.gz", 3, ("timeseries", ("grud",))),
+    ],
 )
-def test_the_bundled_k_class_tables_are_scikit_learns_data(
-    folder: str, text: str, classes: int, tmp_path: Path
+def test_the_bundled_k_class_sets_are_what_their_scripts_write(
+    folder: str,
+    text: str,
+    file: str,
+    classes: int,
+    auditable_as: tuple[str, tuple[str, ...]],
+    tmp_path: Path,
 ) -> None:
-    """examples/wine and examples/digits-table: their make.py rewrites the committed file
-    byte for byte from scikit-learn's copy (no download), and its schema declares the K
-    classes the gate compares; the table of the digits encodes to the digits' pixel
-    encoding (pixel / 16) with the same labels."""
+    """examples/wine, examples/digits-table (from scikit-learn's copies, no download) and
+    examples/icu3 (from examples/icu): their make.py rewrites the committed file byte for
+    byte, the schema declares the K classes the gate compares, every class occurs, and
+    the audit runs DP-SGD only there; the table of the digits encodes to the digits'
+    pixel encoding (pixel / 16) with the same labels."""
     import importlib.util
 
     from service.audits import auditable, public_schema
@@ -415,11 +435,12 @@ def test_the_bundled_k_class_tables_are_scikit_learns_data(
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     module.write_gzip(tmp_path / "t.gz", getattr(module, text)())
-    assert (tmp_path / "t.gz").read_bytes() == (here / f"{folder}.data.gz").read_bytes()
+    assert (tmp_path / "t.gz").read_bytes() == (here / file).read_bytes()
     assert int(getattr(public_schema(folder), "n_classes", 2)) == classes
-    assert auditable(folder) == ("tabular, K ≥ 3 classes", {"dpsgd": ("logistic", "mlp")})
+    kind, models = auditable_as
+    assert auditable(folder) == (f"{kind}, K ≥ 3 classes", {"dpsgd": models})
     data = load_public(folder)
-    assert sorted(set(data.y.tolist())) == list(range(classes))
+    assert sorted(set(int(v) for v in data.y.tolist())) == list(range(classes))
     if folder == "digits-table":
         pixels = load_public("digits")
         assert torch.equal(data.x, pixels.x.reshape(len(pixels.x), -1))

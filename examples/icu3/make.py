@@ -1,0 +1,62 @@
+"""Write the bundled 3-class synthetic ICU sample's outcomes (examples/icu3/outcomes.csv.gz)
+from the synthetic ICU sample of examples/icu (its observations are shared, not copied).
+
+The file is committed; this script documents how it was made and reproduces it byte for
+byte (gzip with no name and a zero timestamp):
+
+    .venv/bin/python examples/icu3/make.py
+
+The outcome ``discharge`` of each of the 2,000 stays, one of three classes, by a fixed
+rule on examples/icu's files (synthetic data: no real stay behind it): ``died`` where
+examples/icu's outcome ``died`` is ``yes``; otherwise ``ward`` where the stay's lactate
+observed in its last 24 hours averages above 2 mmol/L (the public reference mean of
+examples/icu/schema.yaml), else ``home`` (no lactate observed then included).
+"""
+
+from __future__ import annotations
+
+import gzip
+from pathlib import Path
+
+import pandas as pd
+
+HERE = Path(__file__).resolve().parent
+ICU = HERE.parent / "icu"
+OUT = HERE / "outcomes.csv.gz"
+LACTATE_MEAN = 2.0  # mmol/L: examples/icu/schema.yaml's public mean
+LATE_HOURS = 24.0  # the last 24 of the 48 hours
+
+
+def outcomes_text() -> str:
+    """The CSV: ``stay_id,discharge``, one line per stay, in examples/icu's order."""
+    obs = pd.read_csv(ICU / "observations.csv.gz")
+    died = pd.read_csv(ICU / "outcomes.csv.gz")
+    late = obs[(obs["variable"] == "lactate") & (obs["time"] >= 48.0 - LATE_HOURS)]
+    lactate = late.groupby("stay_id")["value"].mean()
+    high = died["stay_id"].map(lactate).fillna(0.0) > LACTATE_MEAN
+    discharge = [
+        "died" if d == "yes" else ("ward" if h else "home")
+        for d, h in zip(died["died"], high, strict=True)
+    ]
+    lines = ["stay_id,discharge"] + [
+        f"{s},{c}" for s, c in zip(died["stay_id"], discharge, strict=True)
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def write_gzip(path: Path, text: str) -> None:
+    """Gzip whose bytes depend on the text alone (no file name, timestamp 0)."""
+    with (
+        open(path, "wb") as raw,
+        gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0, compresslevel=9) as gz,
+    ):
+        gz.write(text.encode("ascii"))
+
+
+def main() -> None:
+    write_gzip(OUT, outcomes_text())
+    print(f"wrote {OUT}")
+
+
+if __name__ == "__main__":
+    main()
