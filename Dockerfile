@@ -20,6 +20,10 @@ COPY service ./service
 COPY worker ./worker
 COPY enclave ./enclave
 COPY migrations ./migrations
+# The bundled public datasets the admin's audits run on (service/audits.py): the installed
+# package cannot find them beside itself, so their folder is named here.
+COPY examples ./examples
+ENV ENCLAVE_EXAMPLES_DIR=/app/examples
 RUN python -m pip install ".${EXTRAS}"
 RUN useradd --create-home enclave
 USER enclave

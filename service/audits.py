@@ -58,6 +58,7 @@ worker/audits.py and writes the result back here.
 from __future__ import annotations
 
 import math
+import os
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -126,6 +127,10 @@ __all__ = [
 ]
 
 REPO = Path(__file__).resolve().parents[1]
+EXAMPLES = Path(os.environ.get("ENCLAVE_EXAMPLES_DIR") or REPO / "examples")
+"""The bundled public datasets' folder: the repository's examples/, or ``ENCLAVE_EXAMPLES_DIR``
+where the package is installed away from its repository (the Dockerfile copies examples/ to
+/app/examples and sets it: an installed package's parent folder is site-packages)."""
 
 
 @dataclass(frozen=True)
@@ -145,18 +150,18 @@ class PublicDataset:
 
 
 PUBLIC_DATASETS: dict[str, PublicDataset] = {
-    "adult": PublicDataset(REPO / "examples" / "adult", rows=30_162, features=104),
-    "icu": PublicDataset(REPO / "examples" / "icu", rows=2_000, features=8, kind="timeseries"),
-    "digits": PublicDataset(REPO / "examples" / "digits", rows=1_797, features=64, kind="images"),
+    "adult": PublicDataset(EXAMPLES / "adult", rows=30_162, features=104),
+    "icu": PublicDataset(EXAMPLES / "icu", rows=2_000, features=8, kind="timeseries"),
+    "digits": PublicDataset(EXAMPLES / "digits", rows=1_797, features=64, kind="images"),
     # Tabular with K ≥ 3 classes (both ship inside scikit-learn): the only bundled data
     # whose audits open the release gate of a K-class tabular dataset (service/audit_gate.py
     # compares K). Wine covers K = 3 (m ≤ 17); the digits as 64 columns K = 10 (m ≤ 179).
-    "wine": PublicDataset(REPO / "examples" / "wine", rows=178, features=13),
-    "digits-table": PublicDataset(REPO / "examples" / "digits-table", rows=1_797, features=64),
+    "wine": PublicDataset(EXAMPLES / "wine", rows=178, features=13),
+    "digits-table": PublicDataset(EXAMPLES / "digits-table", rows=1_797, features=64),
     # The ICU sample's stays with a 3-class outcome (examples/icu3/make.py): the only
     # bundled series whose audits open the gate of a K-class (K = 3) time series.
     "icu3": PublicDataset(
-        REPO / "examples" / "icu3",
+        EXAMPLES / "icu3",
         rows=2_000,
         features=8,
         kind="timeseries",
@@ -294,6 +299,12 @@ def check_request(
             "dataset",
         )
     public = PUBLIC_DATASETS[dataset]
+    if not (public.folder / "schema.yaml").is_file():  # an installation fault, said as such
+        raise AuditRefused(
+            f"the bundled dataset {dataset!r} is not installed with this service (no "
+            f"{public.folder / 'schema.yaml'}; ENCLAVE_EXAMPLES_DIR names the examples folder)",
+            "dataset",
+        )
     kind, methods = auditable(dataset)
     if method not in methods:
         raise AuditRefused(

@@ -3,6 +3,9 @@ here; `.ci/run` also runs `docker-compose config` when the tool is installed).""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import yaml
@@ -57,3 +60,18 @@ def test_flower_is_optional_and_sees_no_private_data() -> None:
     assert all(p.startswith("127.0.0.1:") for p in flower["ports"])
     assert flower["build"]["args"]["EXTRAS"] == "[monitoring]"
     assert 'ARG EXTRAS=""' in (REPO / "Dockerfile").read_text()
+
+
+def test_the_image_carries_the_bundled_datasets_and_names_their_folder(tmp_path: Path) -> None:
+    """The installed package's parent folder is site-packages, not the repository: the
+    image copies examples/ and ENCLAVE_EXAMPLES_DIR points the audits at it."""
+    dockerfile = (REPO / "Dockerfile").read_text()
+    assert "COPY examples ./examples" in dockerfile
+    assert "ENV ENCLAVE_EXAMPLES_DIR=/app/examples" in dockerfile
+    assert "WORKDIR /app" in dockerfile
+    code = "from service.audits import PUBLIC_DATASETS as P; print(P['adult'].folder)"
+    env = {**os.environ, "ENCLAVE_EXAMPLES_DIR": str(tmp_path)}
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, cwd=REPO, capture_output=True, text=True, check=True
+    )
+    assert out.stdout.strip() == str(tmp_path / "adult")

@@ -472,3 +472,17 @@ def test_the_audit_catches_logistic_regression_on_the_digits_table_with_noise_di
     )
     assert (a.model, a.dataset, a.rows, a.steps) == ("logistic", "digits-table", 800, 1_200)
     assert a.bound.epsilon > 0.0, a.bound
+
+
+def test_a_bundled_dataset_missing_from_the_installation_is_refused_not_a_crash(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """An image built without examples/ (the Dockerfile once copied none) read schema.yaml
+    from a folder that is not there: the audit now says so instead of raising
+    FileNotFoundError (a 5xx at the API)."""
+    import service.audits as service_audits
+
+    missing = service_audits.PublicDataset(tmp_path / "adult", rows=30_162, features=104)
+    monkeypatch.setitem(service_audits.PUBLIC_DATASETS, "adult", missing)
+    with pytest.raises(AuditRefused, match="not installed with this service"):
+        run_one_run_audit(method="dpsgd", epsilon=1.0, delta=1e-5, canaries=10, dataset="adult")
