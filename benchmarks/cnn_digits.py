@@ -19,6 +19,18 @@ cnn_digits.md.
 
     .venv/bin/python benchmarks/cnn_digits.py --generated 28x28x1 --rows 10000 --epochs 2 --rounds 1
 
+With --schedules constant,exponential (issue 20, item 4: decaying against constant noise at
+equal ε), the product's engine alone runs under each noise schedule at the same (ε, δ), batch,
+epochs and model, each plan built by the API's planner (plan_for_dataset: σ, or σ₀ of
+σ_e = σ₀·R^{e/2} per epoch e at --decay R, calibrated so the whole run meets ε), schedules
+interleaved within each round (their order alternates between rounds); it reports accuracy
+(median, min-max) and time per epoch per schedule, and writes (or replaces) its own section of
+cnn_digits.md. Without --schedules, the comparison against Opacus above, as before.
+
+    .venv/bin/python benchmarks/cnn_digits.py --schedules constant,exponential --rounds 3
+    .venv/bin/python benchmarks/cnn_digits.py --generated 28x28x1 --rows 10000 --epochs 2 \
+        --rounds 2 --schedules constant,exponential --decay 0.5
+
 The public row count is the true one here (registration would use a DP noisy count).
 """
 
@@ -169,6 +181,143 @@ def _shape(text: str) -> tuple[int, int, int]:
     return h, w, c
 
 
+SCHEDULES = ("constant", "exponential")
+
+
+def _convs(spec: CnnSpec) -> str:
+    layers = cnn_geometry(spec)
+    c, h, w = layers[-1].pooled
+    return (
+        "; ".join(
+            f"conv {g.c_in}→{g.c_out} {g.kernel}×{g.kernel} pad {g.padding}, ReLU"
+            + (", avg 2×2" if g.pool else "")
+            for g in layers
+        )
+        + f"; Linear {c * h * w}→10"
+    )
+
+
+def _schedules(text: str) -> list[str]:
+    names = [v.strip() for v in text.split(",") if v.strip()]
+    unknown = sorted(set(names) - set(SCHEDULES))
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(f"schedules are among {', '.join(SCHEDULES)}: {text!r}")
+    return names
+
+
+def _request(
+    name: str, eps: float, epochs: int | None, schedule: str | None = None, decay: float = 0.0
+) -> JobRequest:
+    """The API's request for the benchmark's CNN: default batch, ``epochs`` (None: the plan's
+    default), and with ``schedule`` given, that noise schedule (R = ``decay`` if exponential)."""
+    options: dict[str, Any] = {} if epochs is None else {"epochs": epochs}
+    if schedule == "exponential":
+        options |= {"noise_schedule": "exponential", "noise_decay": decay}
+    return JobRequest.model_validate(
+        {
+            "dataset": name,
+            "method": "dpsgd",
+            "epsilon": eps,
+            "delta": 1e-5,
+            "model": {"kind": "cnn", "conv": CONV},
+            **({"dpsgd": options} if options else {}),
+        }
+    )
+
+
+def _compare_schedules(
+    args: argparse.Namespace, digits: Any, test: Any, load_before: tuple[float, ...]
+) -> None:
+    """The product's engine under each of ``args.schedules`` at equal (ε, δ), batch, epochs and
+    model (see the module's docstring); writes its section of cnn_digits.md."""
+    public, x_test = digits.public, torch.from_numpy(test.x)
+    lines = [
+        "| ε | schedule | batch | epochs | steps | σ first epoch | σ last epoch | s/epoch "
+        "(median) | accuracy median | accuracy min-max | accuracy per round |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    spec: CnnSpec | None = None
+    for eps in args.epsilons:
+        plans = {}
+        for schedule in args.schedules:
+            request = _request(public["name"], eps, args.epochs, schedule, args.decay)
+            try:
+                plan = plan_for_dataset(request, n_rows=len(digits.labels), public_schema=public)
+            except ValueError as exc:  # PlanError (a ValueError): the refusal is the finding
+                raise SystemExit(f"ε = {eps:g}, {schedule}: the planner refuses it: {exc}") from exc
+            assert plan.guarantee == "proven"
+            MECHANISMS[mechanism_key(plan)].resolve()  # its imports before the forks
+            plans[schedule] = (request, plan)
+        seconds: dict[str, list[float]] = {s: [] for s in args.schedules}
+        accuracy: dict[str, list[float]] = {s: [] for s in args.schedules}
+        for r in range(args.rounds):
+            order = args.schedules if r % 2 == 0 else args.schedules[::-1]
+            for schedule in order:
+                request, plan = plans[schedule]
+                spec = CnnSpec.model_validate(plan.model)
+                (wall, state), _ = _forked(_product, plan, request.model, digits.data)
+                module = build_module(spec, digits.x.shape[1])
+                module.load_state_dict(state)
+                seconds[schedule].append(wall / plan.mechanism["epochs"])
+                accuracy[schedule].append(_accuracy(module, x_test, test.labels))
+                print(
+                    f"ε = {eps:g} {schedule}: {seconds[schedule][-1]:.3f} s/epoch, "
+                    f"accuracy {accuracy[schedule][-1]:.3f}",
+                    flush=True,
+                )
+        for schedule in args.schedules:
+            m = plans[schedule][1].mechanism
+            sigmas = m.get("noise_multipliers") or [m["noise_multiplier"]]
+            acc = accuracy[schedule]
+            name = schedule if schedule == "constant" else f"exponential, R = {args.decay:g}"
+            lines.append(
+                f"| {eps:g} | {name} | {m['batch_size']} | {m['epochs']} | {m['steps']} | "
+                f"{sigmas[0]:.3f} | {sigmas[-1]:.3f} | "
+                f"{statistics.median(seconds[schedule]):.3f} | "
+                f"{statistics.median(acc):.3f} | {min(acc):.3f}-{max(acc):.3f} | "
+                f"{', '.join(f'{a:.3f}' for a in acc)} |"
+            )
+    load_after = os.getloadavg()
+    assert spec is not None
+    params = plans[args.schedules[0]][1].mechanism["parameters"]
+    if args.generated is None:
+        what = "digits"
+        where = f"Accuracy on the {len(digits.labels):,} training images"
+    else:
+        gh, gw, gc = args.generated
+        what = f"generated {gh}×{gw}×{gc} images"
+        where = (
+            f"Data: {generated_description(args.rows, args.test_rows, args.generated)} "
+            f"Accuracy on the {args.test_rows:,} held-out images"
+        )
+    heading = f"## Constant against decaying noise at equal ε: {what}"
+    epochs = "default epochs" if args.epochs is None else f"epochs {args.epochs}"
+    text = "\n".join(
+        [
+            heading,
+            "",
+            "Command: `.venv/bin/python benchmarks/cnn_digits.py " + " ".join(sys.argv[1:]) + "`",
+            f"Machine: {os.cpu_count()} cores, shared; load average {load_before[0]:.1f} before, "
+            f"{load_after[0]:.1f} after; torch {torch.__version__}, one thread.",
+            "",
+            f"The product's exact engine only, the CNN of the sections above ({_convs(spec)}; "
+            f"{params} parameters), default batch, {epochs}, clip C = 1, lr = 1, "
+            "δ = 1e-5; each schedule's plan from the API's planner (plan_for_dataset): "
+            "constant σ, or σ_e = σ₀·R^{e/2} in epoch e with σ₀ calibrated on the whole "
+            "schedule's history at the same (ε, δ) (service/privacy/schedules.py). "
+            f"{where}, one per run; rounds: {args.rounds}, schedules interleaved within each "
+            "round (order alternating between rounds); time per epoch is the run's wall time "
+            "over its epochs (a forked child per run), median over rounds.",
+            "",
+            *lines,
+            "",
+        ]
+    )
+    print(text)
+    if not args.no_write:
+        _write(heading, text)
+
+
 def _write(heading: str | None, text: str) -> None:
     """Replace the section of cnn_digits.md under ``heading`` (a '## ' line), or the file's
     head before its first '## ' section when None; a new section goes at the end."""
@@ -196,6 +345,14 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=10_000)
     parser.add_argument("--test-rows", type=int, default=2_000)
     parser.add_argument("--epochs", type=int, default=None)
+    parser.add_argument(
+        "--schedules",
+        type=_schedules,
+        default=None,
+        metavar="constant,exponential",
+        help="compare the product's noise schedules at equal ε (no Opacus run)",
+    )
+    parser.add_argument("--decay", type=float, default=0.8, help="R of the exponential schedule")
     args = parser.parse_args()
     torch.set_num_threads(1)
     from opacus import PrivacyEngine  # noqa: F401  (imported before the forks, not in each)
@@ -213,6 +370,9 @@ def main() -> None:
     y = torch.from_numpy(labels.astype(np.float32))
     x_test = torch.from_numpy(test.x)
     load_before = os.getloadavg()
+    if args.schedules is not None:
+        _compare_schedules(args, digits, test, load_before)
+        return
     lines = [
         "| ε | batch | epochs | steps | σ | product s/epoch | Opacus s/epoch | product / Opacus | "
         "product peak MB | Opacus peak MB | product / Opacus | "
@@ -226,16 +386,7 @@ def main() -> None:
     schema = ImageSchema.model_validate(public)
     estimates = []
     for eps in args.epsilons:
-        request = JobRequest.model_validate(
-            {
-                "dataset": public["name"],
-                "method": "dpsgd",
-                "epsilon": eps,
-                "delta": 1e-5,
-                "model": {"kind": "cnn", "conv": CONV},
-                **({} if args.epochs is None else {"dpsgd": {"epochs": args.epochs}}),
-            }
-        )
+        request = _request(public["name"], eps, args.epochs)
         plan = plan_for_dataset(request, n_rows=len(labels), public_schema=public)
         assert plan.guarantee == "proven"
         MECHANISMS[mechanism_key(plan)].resolve()  # its imports before the forks, not in each
@@ -285,13 +436,6 @@ def main() -> None:
     clear = [_non_private(spec_used, plan_m, x, y, test, lr) for lr in lrs]
     load_after = os.getloadavg()
     params = plan_m["parameters"]
-    layers = cnn_geometry(spec_used)
-    convs = "; ".join(
-        f"conv {g.c_in}→{g.c_out} {g.kernel}×{g.kernel} pad {g.padding}, ReLU"
-        + (", avg 2×2" if g.pool else "")
-        for g in layers
-    )
-    c, h, w = layers[-1].pooled
     if args.generated is None:
         heading = None
         title = "# DP-SGD on a CNN, digits: the exact convolution engine against stock Opacus"
@@ -313,7 +457,7 @@ def main() -> None:
             f"Machine: {os.cpu_count()} cores, shared; load average {load_before[0]:.1f} before, "
             f"{load_after[0]:.1f} after; torch {torch.__version__}, one thread for both.",
             "",
-            f"CNN: {convs}; Linear {c * h * w}→10 ({params} parameters). The API's plan "
+            f"CNN: {_convs(spec_used)} ({params} parameters). The API's plan "
             f"({epochs} for a CNN, clip C = 1, lr = 1, δ = 1e-5); Opacus runs the same "
             "expected batch, Poisson rate, σ, C, lr and number of steps. "
             f"{where}, one per round (rounds: {args.rounds}, interleaved); time per epoch is "
