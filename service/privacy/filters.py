@@ -381,24 +381,130 @@ def max_admissible_epsilon(
     curve), as ε ↦ PureDpEvent(ε) and ε ↦ ExponentialMechanismEvent(ε) are. The
     charge is computed exactly as the ledger does (``curve_to_micro_up`` of the
     event's curve on ``orders``), so the answer is admitted and answer + 1e-6
-    is not. Returns 0.0 when not even ε = 0 is admitted.
+    is not (both evaluated). Returns 0.0 when not even ε = 0 is admitted.
+
+    The bisection (:func:`_admissible_walk`) is answered as :func:`rdp_admits` would,
+    but not always by a curve at its own point (issue 26: ~49 curves per answer, ~5 ms,
+    in every quote's "remaining after"): admission at m micro-units implies it below m,
+    refusal implies it above, so an evaluated point answers every point on its side;
+    where none answers, the walk is replayed on a secant estimate of where the
+    filter's margin (the largest b_α − s_α − c_α(m) over the orders with finite
+    charge, ≥ 0 iff admitted) crosses 0, and the replay's final pair is evaluated:
+    5.5 curves on average instead of 32 (1,300 random ledgers). The same answer as the
+    walk that evaluates every point, wherever the computed charge is monotone in ε
+    (tests/unit/privacy/test_filters.py compares them).
     """
     alphas = validate_orders(orders)
     spent = _check_vector("spent_micro", spent_micro)
     budget = _check_vector("budget_micro", budget_micro, allow_negative=True)
+    if len(spent) != len(budget):
+        raise ValueError(f"vector lengths differ: spent {len(spent)}, budget {len(budget)}")
+    margins: dict[int, float] = {}  # m → the filter's margin at ε = m micro-units
+    cap = _MICRO_SEARCH_CAP
 
-    def admitted(m: int) -> bool:
+    def margin(m: int) -> float:
         charge = curve_to_micro_up(event_for_epsilon(from_micro(m)).rdp(alphas))
-        return rdp_admits(spent_micro=spent, charge_micro=charge, budget_micro=budget)
+        if len(charge) != len(spent):
+            raise ValueError(f"vector lengths differ: spent {len(spent)}, charge {len(charge)}")
+        usable = [b - s - c for s, c, b in zip(spent, charge, budget, strict=True) if c < MICRO_CAP]
+        return max(usable) if usable else -math.inf
 
+    top = [-1, cap + 1]  # the largest admitted point evaluated, the smallest refused one
+
+    def answer(m: int) -> bool | None:
+        if m in margins:
+            return margins[m] >= 0
+        yes, no = m <= top[0], m >= top[1]
+        return yes if yes != no else None
+
+    def strict(m: int) -> bool:
+        decided = answer(m)
+        if decided is None:
+            raise _UnansweredMicro(m)
+        return decided
+
+    guesses = 0
+    while True:
+        try:
+            last, first_refused = _admissible_walk(strict)
+        except _UnansweredMicro as stop:
+            pending = stop.m
+        else:
+            missing = [m for m in (last, first_refused) if m is not None and m not in margins]
+            if not missing:
+                return from_micro(last)
+            pending = missing[0]
+        estimate = _margin_root(margins) if guesses < _MAX_MICRO_GUESSES else None
+        if estimate is not None:
+
+            def predicted(m: int, estimate: float = estimate) -> bool:
+                decided = answer(m)
+                return m <= estimate if decided is None else decided
+
+            p_last, p_refused = _admissible_walk(predicted)
+            guess = next(
+                (m for m in (p_last, p_refused) if m is not None and m not in margins), None
+            )
+            if guess is not None:
+                guesses += 1
+                pending = guess
+        margins[pending] = found = margin(pending)
+        if found >= 0:
+            top[0] = max(top[0], pending)
+        else:
+            top[1] = min(top[1], pending)
+
+
+_MAX_MICRO_GUESSES = 16
+"""Evaluations at guessed points per :func:`max_admissible_epsilon`; then the walk's."""
+
+_MICRO_SEARCH_CAP = int(EPSILON_TOTAL_MAX * 1_000_000) * 4
+"""The largest ε (micro-units) :func:`max_admissible_epsilon` tries."""
+
+
+class _UnansweredMicro(Exception):
+    """The walk asked at a point that no evaluation answers yet."""
+
+    def __init__(self, m: int) -> None:
+        super().__init__(m)
+        self.m = m
+
+
+def _margin_root(margins: dict[int, float]) -> float | None:
+    """Where the margin crosses 0 (speed only: a wrong estimate costs evaluations, never
+    changes the answer): the secant through the largest admitted and the smallest
+    refused point evaluated (regula falsi), or through the two points of finite margin
+    nearest 0 while none is refused; the bracket's middle where the secant leaves it
+    (twice the largest admitted point while none is refused); None before two points."""
+    admitted = max((k for k, g in margins.items() if g >= 0), default=None)
+    refused = min((k for k, g in margins.items() if g < 0), default=None)
+    if admitted is None or len(margins) < 2:
+        return None
+    if refused is not None and math.isfinite(margins[refused]):
+        (k0, g0), (k1, g1) = (admitted, margins[admitted]), (refused, margins[refused])
+    else:
+        finite = sorted((abs(g), k, g) for k, g in margins.items() if math.isfinite(g))
+        if len(finite) < 2:
+            return None if refused is None else 0.5 * (admitted + refused)
+        (_, k0, g0), (_, k1, g1) = finite[0], finite[1]
+    estimate = k0 - g0 * (k1 - k0) / (g1 - g0) if g1 != g0 else math.nan
+    if refused is None:
+        return estimate if admitted < estimate else 2.0 * max(admitted, 1)
+    return estimate if admitted <= estimate < refused else 0.5 * (admitted + refused)
+
+
+def _admissible_walk(admitted: Callable[[int], bool]) -> tuple[int, int | None]:
+    """The bisection of :func:`max_admissible_epsilon` on ``admitted(m)`` (ε = m
+    micro-units): (the answer in micro-units, the refused point next to it, None where
+    there is none: nothing admitted, or the cap reached)."""
     if not admitted(0):
-        return 0.0
-    cap = int(EPSILON_TOTAL_MAX * 1_000_000) * 4
+        return 0, None
+    cap = _MICRO_SEARCH_CAP
     lo, hi = 0, 1_000_000  # invariant once bracketed: admitted(lo), not admitted(hi)
     while admitted(hi):
         lo = hi
         if hi >= cap:
-            return from_micro(hi)
+            return hi, None
         hi = min(2 * hi, cap)
     while hi - lo > 1:
         mid = (lo + hi) // 2
@@ -406,7 +512,7 @@ def max_admissible_epsilon(
             lo = mid
         else:
             hi = mid
-    return from_micro(lo)
+    return lo, hi
 
 
 def max_admissible_pure_epsilon(

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from service.privacy import filters
 from service.privacy.amounts import MICRO_CAP, curve_to_micro_up, from_micro, to_micro_up
 from service.privacy.events import (
     DpEvent,
@@ -379,3 +381,70 @@ def test_remaining_epsilon_of_a_fresh_budget_is_explained() -> None:
     overhead = math.log(255 / 256) + (math.log(N / 1e-5) - math.log(256)) / 255
     assert overhead == pytest.approx(0.0321, abs=1e-4)
     assert fresh == pytest.approx(10.0 - overhead, abs=2e-6)
+
+
+# ------------------------------------------- the remaining ε's answers (issue 26)
+
+
+def _plain_remaining(
+    spent: list[int], budget: list[int], event_for_epsilon: Callable[[float], DpEvent]
+) -> tuple[float, int]:
+    """The bisection as it was before issue 26's change: rdp_admits on the curve at every
+    point it asks at. (the answer, curves computed)."""
+    calls: list[int] = []
+
+    def admitted(m: int) -> bool:
+        calls.append(m)
+        charge = curve_to_micro_up(event_for_epsilon(from_micro(m)).rdp(ORDERS))
+        return rdp_admits(spent_micro=spent, charge_micro=charge, budget_micro=budget)
+
+    answer, _ = filters._admissible_walk(admitted)
+    return from_micro(answer), len(calls)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_remaining_epsilon_answers_as_the_plain_bisection(seed: int) -> None:
+    """max_admissible_epsilon against the bisection that evaluates every point: the same
+    float on ledgers of pure, exponential-mechanism and DP-SGD charges (budgets from 0.1
+    to 10⁶ nats, exhausted ones too), with a fraction of its curves; the answer is
+    admitted and the answer + 1e-6 refused, both evaluated."""
+    rng = np.random.default_rng(seed)
+    n_fast = n_plain = 0
+    for _ in range(40):
+        total = float(rng.choice([0.1, 1.0, 3.0, 10.0, 1e2, 1e4, 1e6]))
+        budget = rdp_budget_micro(epsilon_total=total, delta_total=float(rng.choice([1e-3, 1e-6])))
+        spent = [0] * N
+        for _ in range(int(rng.integers(0, 7))):
+            kind = rng.uniform()
+            event: DpEvent
+            if kind < 0.4:
+                event = PureDpEvent(epsilon=float(rng.uniform(0.0, total / 3)))
+            elif kind < 0.7:
+                event = ExponentialMechanismEvent(epsilon=float(rng.uniform(0.0, total / 3)))
+            else:
+                event = PoissonSubsampledGaussianEvent(
+                    sampling_rate=float(rng.choice([0.001, 0.01, 0.1])),
+                    noise_multiplier=float(rng.uniform(0.5, 5.0)),
+                    steps=int(rng.integers(1, 2000)),
+                )
+            spent = [s + c for s, c in zip(spent, curve_to_micro_up(event.rdp()), strict=True)]
+        pure = rng.uniform() < 0.7
+        evaluated: list[float] = []
+
+        def event_for(eps: float, pure: bool = pure, evaluated: list[float] = evaluated) -> DpEvent:
+            evaluated.append(eps)
+            return PureDpEvent(epsilon=eps) if pure else ExponentialMechanismEvent(epsilon=eps)
+
+        found = max_admissible_epsilon(
+            spent_micro=spent, budget_micro=budget, event_for_epsilon=event_for
+        )
+        plain, count = _plain_remaining(spent, budget, event_for)
+        assert repr(found) == repr(plain)
+        fast_count = len(evaluated) - count
+        n_fast += fast_count
+        n_plain += count
+        assert fast_count <= count
+        assert found in evaluated[:fast_count]
+        if found > 0.0:
+            assert from_micro(to_micro_up(found) + 1) in evaluated[:fast_count]
+    assert n_fast < 0.3 * n_plain
