@@ -12,13 +12,16 @@ Each metric's interval is pointwise (not simultaneous across metrics or cells).
   that also treats sampling and noise together: the row sum is replaced by its worst case
   in the convex order (a binomial on the range's two ends), so it holds for any
   population and is conservative for a spread-out one such as log losses.
-* :func:`calibration_error_interval`, :func:`auc_interval` are still a union bound over
-  the noise exceeding its (1 − α_n) quantile t (so the noiseless statistic lies within t
-  of the released one) and a sampling bound at level α_s that is monotone in the
-  statistic (so widening by t keeps it valid), α split equally between the events (three
-  for AUC, whose ratio U/(n₊n₋) also has noisy class counts); their sampling bounds (McDiarmid)
-  and the calibration error's bias bound hold for any population, so they are valid but
-  conservative.
+* :func:`auc_interval` (binary) bounds 2U's sampling and noise together in the same way
+  (a U-statistic lies below a binomial of min(n₊, n₋) trials in the convex order,
+  Hoeffding 1963 §5), with the noisy class count in a box at part of α (Berger & Boos
+  1994); the calibration error's upper end likewise (the empirical ECE lies above a mean
+  of n values in [−1, 1]). Both hold for any population, so they remain conservative.
+* The calibration error's lower end and the macro AUC (K ≥ 3) are still union bounds
+  over the noise exceeding its (1 − α_n) quantile t (so the noiseless statistic lies
+  within t of the released one) and a sampling bound at level α_s that is monotone in the
+  statistic (so widening by t keeps it valid): McDiarmid's bounded differences, and for
+  the calibration error a bias bound.
 """
 
 from __future__ import annotations
@@ -209,11 +212,13 @@ def _binomial_pmf(c: FloatArray, n: int, p: float) -> FloatArray:
     return np.asarray(np.exp(log_pmf), dtype=np.float64)
 
 
-def _mean_lower(s: int, n: int, top: int, noise: NoiseKind, scale: float, tail: float) -> float:
+def _mean_lower(s: float, n: int, top: float, noise: NoiseKind, scale: float, tail: float) -> float:
     """A μ excluded from below, the largest found: a μ with a v < s such that
     E(top·Bin(n, μ) + N − v)_+/(s − v) ≤ ``tail`` less the error allowance (0 if μ = 0 is
-    not excluded). That ratio bounds P_μ(S + N ≥ s) from above for any sum S of n
-    independent values in [0, ``top``] of mean top·μ (:func:`bounded_mean_interval`) and,
+    not excluded). That ratio bounds P_μ(S + N ≥ s) from above for any S below
+    top·Bin(n, μ) in the convex order, e.g. a sum of n independent values in [0, ``top``]
+    of mean top·μ (:func:`bounded_mean_interval`) or a scaled AUC (:func:`auc_interval`);
+    ``s`` and ``top`` may be real (N stays the worker's integer noise), and,
     for a fixed v, increases with μ, so the v found at the returned μ excludes every
     smaller μ as well. The binomial is summed over a window |c − nμ| ≤ 10 + 8√(nμ(1 − μ))
     and each side outside it is charged its mass times its largest term (the terms increase
@@ -321,24 +326,41 @@ def calibration_error_interval(
 ) -> Interval:
     """Interval for the population binned calibration error
     ECE = Σ_b |E[(O − C)·1{C ∈ b}]| (O the outcome, C the confidence, fixed public bins)
-    from the noisy integer T̃ = T + N, f = T/(G n) the empirical ECE.
+    from the noisy integer T̃ = T + N, T = Σ_b |Σ_{i∈b} q_i| (q_i = (o_i − c_i) on the grid
+    G, in [−G, G]), f = T/(G n) the empirical ECE; each side at α/2.
 
+    Lower end (f's bias):
     * Sampling: f changes by ≤ 2/n when one row changes, so McDiarmid 1989 gives
       P(|f − E f| ≥ s) ≤ 2exp(−n s²/2), s = √(2 ln(2/(α/2))/n).
     * Bias: |E S_b/n| ≤ E|S_b/n| (Jensen), so ECE ≤ E f, and
       E f − ECE ≤ Σ_b √Var(S_b/n) ≤ Σ_b √(E[w_b²]/n) ≤ √(B/n) (Cauchy–Schwarz, Σ_b E[w_b²]
       = E[(O − C)²] ≤ 1), with w_b = (O − C)1{C ∈ b}.
-    * Noise: t/(G n) at α/2; the grid moves ECE by ≤ 1/(2G).
+    * Noise: t/(G n) at α/2 (two-sided, so α/4 below, as is McDiarmid's share).
+
+    Upper end, sampling and noise together: with σ_b the sign of the population's
+    E[Σ_{i∈b} q_i], T ≥ Σ_b σ_b Σ_{i∈b} q_i = Σ_i σ_{b(i)} q_i, a sum of n independent
+    values in [−G, G] of mean G·μ_q, μ_q ≥ ECE − 1/(2G) (the grid moves each row by ≤ ½).
+    So X = 2nG − Σ_i(σ_{b(i)} q_i + G) − N ≥ nG − T̃ is a sum of n values in [0, 2G] of
+    mean 2G·ν, ν = (1 − μ_q)/2, plus noise −N ~ N, and :func:`_mean_lower` (Hoeffding
+    1963's convex-order step and Bentkus 2004's tail bound, as in
+    :func:`bounded_mean_interval`) at s = nG − T̃ ≤ X gives ν_L with P(ν < ν_L) ≤ α/2
+    (its bound decreases in s); hence ECE ≤ 1 − 2ν_L + 1/(2G). Its sampling spread is the
+    worst case of a mean of n values in [−1, 1], √(1/n) (McDiarmid's upper term, used
+    before, was √(2 ln(4/α)/n) plus the noise's quantile).
     """
     n = count_at_least("trials", trials, low=1)
+    s_noise = positive_number("scale", scale)
     a = _split_alpha(confidence, 2)
-    t = noise_tail(noise=noise, scale=scale, probability=a)
+    t = noise_tail(noise=noise, scale=s_noise, probability=a)
     s = math.sqrt(2.0 * math.log(2.0 / a) / n)
     f = noisy_total / (ECE_GRID * n)
     noise_width = t / (ECE_GRID * n) + 1.0 / (2.0 * ECE_GRID)
     lower = f - noise_width - s - math.sqrt(bins / n)
-    upper = f + noise_width + s
-    return Interval(max(0.0, lower), min(1.0, upper), confidence)
+    nu_low = _mean_lower(
+        float(n * ECE_GRID - int(noisy_total)), n, 2.0 * ECE_GRID, noise, s_noise, a
+    )
+    upper = 1.0 - 2.0 * nu_low + 1.0 / (2.0 * ECE_GRID)
+    return Interval(max(0.0, lower), min(1.0, max(upper, lower)), confidence)
 
 
 def _auc_range(twice_u: int, t: int, lo: int, hi: int, n: int) -> tuple[float, float]:
@@ -353,12 +375,85 @@ def _auc_range(twice_u: int, t: int, lo: int, hi: int, n: int) -> tuple[float, f
     return a, b
 
 
+AUC_COUNT_ALPHA: Final[float] = 0.25
+"""The part of α the binary AUC interval spends on its box for the positive count n₊; the
+rest goes, half a side, to the joint tail bound of 2U's sampling and noise. A public
+constant (fixed before any release), chosen on benchmarks/private_evaluation.py's
+population: the box's width enters the ratio U/(n₊n₋) quadratically, the tail bound's level
+only logarithmically."""
+
+
+def _binary_auc_interval(
+    *,
+    twice_u: int,
+    count: int,
+    n: int,
+    noise: NoiseKind,
+    scale: float,
+    count_scale: float,
+    confidence: float,
+) -> Interval:
+    """Binary AUC A from the noisy ũ = 2U + N and ñ₊ = n₊ + N' (:func:`auc_interval`):
+
+    * Counts (Berger & Boos 1994, "P values maximized over a confidence set for the nuisance
+      parameter", JASA 89, 1012–1016: a test maximised over a confidence set for the
+      nuisance parameter, plus that set's level): |N'| ≤ τ (:func:`noise_tail` at
+      γ = AUC_COUNT_ALPHA·α), so n₊ = m lies in [lo, hi] = [ñ₊ − τ, ñ₊ + τ] ∩ [1, n − 1]; on
+      it D_m = 2m(n − m) lies in [D_lo, D_hi] and k_m = min(m, n − m) ≥ k = min(lo, n − hi).
+    * Sampling, conditional on the labels with n₊ = m: the holdout's AUC Â = U/(m(n − m))
+      is a two-sample U-statistic of the kernel h ∈ {0, ½, 1} with mean A. Hoeffding 1963
+      (§5, his representation of a U-statistic as an average of means of independent
+      terms) writes Â = E[V | data], V the mean of h over k pairs of distinct positives and
+      negatives chosen at random (any k ≤ k_m: every pair is equally likely), whose k terms
+      are independent with mean A; so E f(Â) ≤ E f(V) for convex f (Jensen), and
+      E f(V) ≤ E f(Bin(k, A)/k) (values in [0, 1] below the Bernoulli of their mean in the
+      convex order, the step of Hoeffding 1963's Thm 1 used in
+      :func:`bounded_mean_interval`). Its variance A(1 − A)/k is, up to k = min(n₊, n₋),
+      the largest an AUC estimate can have (Birnbaum & Klose 1957, "Bounds for the
+      variance of the Mann–Whitney statistic", Ann. Math. Statist. 28, 933–945); McDiarmid's
+      bound, used before, has the variance of 1/(1/n₊ + 1/n₋) ≈ k/2 pairs.
+    * Noise, jointly with the sampling: T = ũ/D_m = Â + N/D_m. For m in the box,
+      D_lo·T = D_lo·Â + (D_lo/D_m)·N lies below (D_lo/k)·Bin(k, A) + N in the convex order
+      (λN ≤_cx N for λ ∈ [0, 1] as E N = 0: f(λx) ≤ λf(x) + (1 − λ)f(0) and f(0) ≤ E f(N);
+      sums of independent terms keep the order, Shaked & Shanthikumar 2007, "Stochastic
+      Orders", Thm 3.A.12), so :func:`_mean_lower` (Bentkus 2004's bound
+      P(X ≥ s) ≤ inf_v E(X − v)_+/(s − v) on that dominating law) excludes A from below at
+      level β = (α − γ)/2 when D_lo·x ≥ that bound's quantile, x = ũ/D_hi (ũ ≥ 0; ũ/D_lo
+      else) being ≤ T's observed value for every m in the box. Above, the mirror image
+      (1 − Â has the same form with mean 1 − A, −N ~ N) at x' = ũ/D_lo (ũ/D_hi if ũ < 0).
+      A miss needs the box to miss (≤ γ) or one of the two tests to reject the true A
+      (≤ β each, conditionally on the labels), so coverage ≥ 1 − α for every labelling.
+    """
+    alpha = 1.0 - confidence
+    gamma = alpha * AUC_COUNT_ALPHA
+    beta = (alpha - gamma) / 2.0
+    if beta <= 1e-10 or n < 2:
+        return Interval(0.0, 1.0, confidence)
+    tau = noise_tail(noise=noise, scale=count_scale, probability=gamma)
+    lo, hi = max(1, count - tau), min(n - 1, count + tau)
+    if lo > hi:
+        return Interval(0.0, 1.0, confidence)
+    d_lo = 2.0 * min(lo * (n - lo), hi * (n - hi))
+    mid = min(max(n // 2, lo), hi)
+    d_hi = 2.0 * mid * (n - mid)
+    pairs = min(lo, n - hi)
+    top = d_lo / pairs
+    x_low = twice_u / (d_hi if twice_u >= 0 else d_lo)
+    x_high = twice_u / (d_lo if twice_u >= 0 else d_hi)
+    lower = _mean_lower(d_lo * x_low, pairs, top, noise, scale, beta)
+    upper = 1.0 - _mean_lower(d_lo * (1.0 - x_high), pairs, top, noise, scale, beta)
+    return Interval(max(0.0, lower), min(1.0, max(upper, lower)), confidence)
+
+
 def auc_interval(
     *, plan: EvaluationPlan, noisy_twice_u: Sequence[int], noisy_counts: Sequence[int]
 ) -> Interval:
     """Interval for the AUC from the noisy 2U (binary; K ≥ 3: each class's 2U_k) and the
-    noisy class counts (binary: n₊; K ≥ 3: each n_k), three events at α/3 each (union
-    bound, conservative):
+    noisy class counts (binary: n₊; K ≥ 3: each n_k).
+
+    Binary: :func:`_binary_auc_interval` (sampling and 2U's noise bounded together, the
+    count by a box at AUC_COUNT_ALPHA·α). K ≥ 3: three events at α/3 each (union bound,
+    conservative):
 
     * 2U's noise: |N| ≤ t per coordinate (:func:`noise_tail` at α/3, K ≥ 3 at α/(3K)), so
       2U ∈ [ũ − t, ũ + t];
@@ -383,6 +478,16 @@ def auc_interval(
     """
     entry = plan.metric("auc")
     assert entry.count_scale is not None
+    if plan.classes == 2 and len(noisy_twice_u) == 1 and len(noisy_counts) == 1:
+        return _binary_auc_interval(
+            twice_u=int(noisy_twice_u[0]),
+            count=int(noisy_counts[0]),
+            n=plan.n,
+            noise=plan.noise,
+            scale=entry.scale,
+            count_scale=entry.count_scale,
+            confidence=plan.confidence,
+        )
     a = _split_alpha(plan.confidence, 3)
     k = plan.classes
     n = plan.n
