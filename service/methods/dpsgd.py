@@ -71,7 +71,6 @@ from service.modelspec import (
     MlpSpec,
     ModelSpec,
     cnn_row_floats,
-    cnn_row_macs,
     parameter_count,
 )
 from service.privacy.events import (
@@ -441,11 +440,22 @@ DPSGD_GRUD_ELEMENTS_PER_S = 1e7  # torch.func vmap over GRU-D, elements = B·P·
 # _CHUNK_ELEMENTS (a unit test checks they agree; the worker's slice is also at most
 # REDUCE_CHUNK rows, so this stays on the high side).
 DPSGD_CHUNK_ELEMENTS = 1 << 24
-# CNN (worker/mechanisms/exact_conv.py): multiply-adds per row of one exact pass
-# (modelspec.cnn_row_macs) at this rate, float64 with the grid passes; measured by
-# benchmarks/cnn_digits.py (benchmarks/results/cnn_digits.md) and set below the busy
-# machine's figure, as the constants above.
-DPSGD_CNN_MACS_PER_S = 2e7
+# CNN (worker/mechanisms/exact_conv.py), issue 20: per step, a cost per layer (each
+# convolution and the head) and the float64 values the exact engine holds per row
+# (modelspec.cnn_row_floats: patches, maps, the row's gradient and contribution) times the
+# expected batch, at a rate. The engine is a few dozen torch calls per layer and chunk of
+# rows, each a pass over those values, so its time follows the floats, not the multiply-adds:
+# measured with benchmarks/cnn_estimates.py (benchmarks/results/cnn_estimates.md; 8×8 digits,
+# 28×28×1, 32×32×3, 2-3 convolutions, B = 32-256), the multiply-add rate spread 4.4× between
+# shapes (3.8-16.6 GMAC/s at load ≤ 3) and the float rate 2.3×. Float rates: 2e8-4.6e8/s
+# quiet-ish (2 torch threads, load 1-3), 1.0e7-1.3e7/s shared (the slowest steps, 2 threads,
+# load 4-8: each call waits on both threads' time slices, 10-50× slower; one thread at load
+# 4-5 was 3-20× faster than two); per layer ~3 ms quiet, ~0.15 s shared (the 8×8 digits,
+# whose 3 layers took 0.48 s per step with few floats). Set near the shared per-layer figure
+# and 2× below the slowest shared float rate: every measured shape's slowest step is under
+# its estimate (1.5× at least) and its quiet-ish step 40-96× under it.
+DPSGD_CNN_LAYER_OVERHEAD_S = 0.1
+DPSGD_CNN_FLOATS_PER_S = 5e6
 
 
 def dpsgd_work_twin(request: JobRequest) -> JobRequest | None:
@@ -477,7 +487,9 @@ def _dpsgd_batch_ceiling(m: Mapping[str, Any]) -> int:
 def dpsgd_seconds(plan: PrivacyPlan, *, series_steps: int | None = None) -> float:
     """Estimated worker time (s) of a ``dpsgd`` plan, from public values only: samples ×
     steps × (per-step cost [+ T × per-grid-step cost for GRU-D] + expected batch ×
-    parameters [× T for GRU-D] / the path's element rate)."""
+    parameters [× T for GRU-D] / the path's element rate); for a CNN, samples × steps ×
+    (per-step cost + layers × per-layer cost + expected batch × the exact engine's floats
+    per row / its float rate)."""
     spec: ModelSpec = MODEL_SPEC.validate_python(plan.model)
     return plan.samples * dpsgd_training_seconds(spec, plan.mechanism, series_steps=series_steps)
 
@@ -490,7 +502,9 @@ def dpsgd_training_seconds(
     elements = float(m["expected_batch_size"]) * int(m["parameters"])
     per_step = DPSGD_STEP_OVERHEAD_S
     if isinstance(spec, CnnSpec):
-        per_step += float(m["expected_batch_size"]) * cnn_row_macs(spec) / DPSGD_CNN_MACS_PER_S
+        layers = len(spec.conv) + 1  # the convolutions and the head
+        floats = float(m["expected_batch_size"]) * cnn_row_floats(spec)
+        per_step += layers * DPSGD_CNN_LAYER_OVERHEAD_S + floats / DPSGD_CNN_FLOATS_PER_S
     elif isinstance(spec, GrudSpec):
         t = series_steps or 1
         per_step += t * DPSGD_GRID_STEP_OVERHEAD_S + elements * t / DPSGD_GRUD_ELEMENTS_PER_S
