@@ -1,13 +1,14 @@
 """Private evaluation (issue 21): coverage and width of the released intervals over
 simulated holdouts, and the ε an empirical distinguisher shows against the charged ε.
 
-    .venv/bin/python benchmarks/private_evaluation.py --runs 1000 --audit-runs 3000
+    .venv/bin/python benchmarks/private_evaluation.py --runs 1000 --audit-runs 3000 --auc-runs 1000
 
 Population: the discrete one of tests/unit/test_private_evaluation.py (five score levels,
 binary labels), so every population metric is an exact sum. Holdout n = 300, nominal
 level 0.90, all four scalar metrics in one plan (equal shares of ε, δ = 1e-6). Accuracy
 also gets its exact coverage (the law of the released count summed, no simulation) and,
-as the anchor, the union-bound interval it replaced (issue 21) on the same releases. The
+as the anchor, the union-bound interval it replaced (issue 21) on the same releases; the
+binary AUC and the calibration error likewise get the union bounds e8230b0 replaced. The
 distinguishers are the unit tests' (accuracy: ε = 1, n = 50; AUC: ε = 2, n = 400, one
 positive moved across all negatives), with more runs. Last, AUC alone at n = 300, ε = 1
 against the retired propose-test-release mechanism (``--only-auc`` runs just that table).
@@ -25,8 +26,15 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from service.privacy.audit import clopper_pearson_lower, clopper_pearson_upper, threshold_bound
-from service.privacy.evaluation import NoiseKind, laplace_scale, noise_tail, plan_evaluation
-from service.privacy.evaluation_intervals import Interval
+from service.privacy.evaluation import (
+    ECE_GRID,
+    EvaluationPlan,
+    NoiseKind,
+    laplace_scale,
+    noise_tail,
+    plan_evaluation,
+)
+from service.privacy.evaluation_intervals import Interval, _auc_range
 from service.privacy.sampling import noise_slack
 from tests.unit.test_private_evaluation import (
     _PMODEL,
@@ -61,15 +69,44 @@ def union_bound_interval(noisy: int, n: int, noise: NoiseKind, scale: float) -> 
     return Interval(lo, hi, 0.9)
 
 
+def auc_union_bound(plan: EvaluationPlan, twice_u: int, count: int) -> Interval:
+    """The binary AUC interval before e8230b0 (the anchor): 2U's noise, the count's noise
+    and McDiarmid's sampling bound, α/3 each (union bound)."""
+    e = plan.metric("auc")
+    assert e.count_scale is not None
+    a, n = (1.0 - plan.confidence) / 3.0, plan.n
+    t = noise_tail(noise=plan.noise, scale=e.scale, probability=a)
+    tau = noise_tail(noise=plan.noise, scale=e.count_scale, probability=a)
+    lo, hi = max(1, count - tau), min(n - 1, count + tau)
+    if lo > hi:
+        return Interval(0.0, 1.0, plan.confidence)
+    low, high = _auc_range(twice_u, t, lo, hi, n)
+    s = math.sqrt(math.log(2.0 / a) * (1.0 / lo + 1.0 / (n - hi)) / 2.0)
+    return Interval(max(0.0, low - s), min(1.0, high + s), plan.confidence)
+
+
+def ece_union_bound(plan: EvaluationPlan, total: int) -> Interval:
+    """The calibration error's interval before e8230b0 (the anchor): noise quantile and
+    McDiarmid at α/2 each, two-sided, and the bias bound √(B/n) below."""
+    e, n = plan.metric("calibration_error"), plan.n
+    a = (1.0 - plan.confidence) / 2.0
+    t = noise_tail(noise=plan.noise, scale=e.scale, probability=a)
+    s = math.sqrt(2.0 * math.log(2.0 / a) / n)
+    f = total / (ECE_GRID * n)
+    w = t / (ECE_GRID * n) + 1.0 / (2.0 * ECE_GRID)
+    lower = f - w - s - math.sqrt(plan.bins / n)
+    return Interval(max(0.0, lower), min(1.0, f + w + s), plan.confidence)
+
+
 def coverage(runs: int) -> None:
     truth = _population_binary(1e-4, 10)
     print(
         "| noise | ε | accuracy: exact coverage, exact mean width | "
         "accuracy before (union bound): coverage, mean width | width ratio after/before | "
         + " | ".join(f"{m}: coverage, mean width" for m in METRICS)
-        + " |"
+        + " | auc before (union bound) | calibration_error before (union bound) |"
     )
-    print("|---|---:|---:|---:|---:|" + "---:|" * len(METRICS))
+    print("|---|---:|---:|---:|---:|" + "---:|" * (len(METRICS) + 2))
     noises: tuple[NoiseKind, ...] = ("laplace", "gaussian")
     for noise in noises:
         for eps in (0.5, 1.0, 4.0):
@@ -82,6 +119,7 @@ def coverage(runs: int) -> None:
             cov = dict.fromkeys(METRICS, 0)
             width = dict.fromkeys(METRICS, 0.0)
             old_cov, old_width = 0, 0.0
+            anchors = {"auc": [0, 0.0], "calibration_error": [0, 0.0]}
             for _ in range(runs):
                 p, y = _draw_binary(rng, plan.n)
                 r = evaluate(plan=plan, probabilities=p, labels=y)
@@ -93,7 +131,20 @@ def coverage(runs: int) -> None:
                 old = union_bound_interval(round(r.accuracy.value * plan.n), plan.n, noise, scale)
                 old_cov += _inside(truth["accuracy"], old)
                 old_width += old.upper - old.lower
-            cells = " | ".join(f"{cov[m] / runs:.3f}, {width[m] / runs:.3f}" for m in METRICS)
+                assert r.auc is not None and r.calibration_error is not None
+                total = round(r.calibration_error.value * ECE_GRID * plan.n)
+                for m, iv in (
+                    (
+                        "auc",
+                        auc_union_bound(plan, r.auc.noisy_twice_u[0], r.auc.noisy_class_counts[0]),
+                    ),
+                    ("calibration_error", ece_union_bound(plan, total)),
+                ):
+                    anchors[m][0] += _inside(truth[m], iv)
+                    anchors[m][1] += iv.upper - iv.lower
+            cells = " | ".join(
+                f"{cov[m] / runs:.3f}, {width[m] / runs:.3f}" for m in METRICS
+            ) + "".join(f" | {c / runs:.3f}, {w / runs:.3f}" for c, w in anchors.values())
             print(
                 f"| {noise} | {eps:g} | {exact:.4f}, {exact_width:.3f} | "
                 f"{old_cov / runs:.3f}, {old_width / runs:.3f} | "

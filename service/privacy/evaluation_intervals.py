@@ -422,7 +422,8 @@ def _binary_auc_interval(
       else) being ≤ T's observed value for every m in the box. Above, the mirror image
       (1 − Â has the same form with mean 1 − A, −N ~ N) at x' = ũ/D_lo (ũ/D_hi if ũ < 0).
       A miss needs the box to miss (≤ γ) or one of the two tests to reject the true A
-      (≤ β each, conditionally on the labels), so coverage ≥ 1 − α for every labelling.
+      (≤ β each, conditionally on the labels), so coverage ≥ 1 − α for every labelling
+      with both classes present (one class empty: no AUC, probability (1 − p₊)ⁿ + p₊ⁿ).
     """
     alpha = 1.0 - confidence
     gamma = alpha * AUC_COUNT_ALPHA
