@@ -446,14 +446,14 @@ DPSGD_CHUNK_ELEMENTS = 1 << 24
 # expected batch, at a rate. The engine is a few dozen torch calls per layer and chunk of
 # rows, each a pass over those values, so its time follows the floats, not the multiply-adds:
 # measured with benchmarks/cnn_estimates.py (benchmarks/results/cnn_estimates.md; 8×8 digits,
-# 28×28×1, 32×32×3, 2-3 convolutions, B = 32-256), the multiply-add rate spread 4.4× between
-# shapes (3.8-16.6 GMAC/s at load ≤ 3) and the float rate 2.3×. Float rates: 2e8-4.6e8/s
-# quiet-ish (2 torch threads, load 1-3), 1.0e7-1.3e7/s shared (the slowest steps, 2 threads,
-# load 4-8: each call waits on both threads' time slices, 10-50× slower; one thread at load
-# 4-5 was 3-20× faster than two); per layer ~3 ms quiet, ~0.15 s shared (the 8×8 digits,
-# whose 3 layers took 0.48 s per step with few floats). Set near the shared per-layer figure
-# and 2× below the slowest shared float rate: every measured shape's slowest step is under
-# its estimate (1.5× at least) and its quiet-ish step 40-96× under it.
+# 28×28×1, 32×32×3, 2-3 convolutions, B = 32-256), the multiply-add rate spread 5.5-6×
+# between shapes and the float rate 1.6-1.9×. Float rates: 2.4e8-4.6e8/s quiet (the fastest
+# steps, 2 torch threads), 8e6-1.3e7/s shared (the slowest, 2 threads at load 4-9: each
+# call waits on both threads' time slices, 10-50× slower; one thread at load 4-5 was 3-20×
+# faster than two); per layer ~3 ms quiet, ~0.15 s shared (the 8×8 digits, whose 3 layers
+# took 0.48 s per step with few floats). Set near the shared per-layer figure and below the
+# slowest shared float rate: every measured shape's slowest step is under its estimate
+# (1.5× at least) and its fastest 50-96× under it.
 DPSGD_CNN_LAYER_OVERHEAD_S = 0.1
 DPSGD_CNN_FLOATS_PER_S = 5e6
 

@@ -2,7 +2,7 @@
 (service/methods/dpsgd.py, ``dpsgd_training_seconds``: a cost per layer and the exact
 engine's floats per row). It is a ceiling for a busy shared machine, since the release hold
 (service/release_hold.py) is made from it: every per-step time benchmarks/cnn_estimates.py
-measured and committed (benchmarks/results/cnn_estimates.json, loads 4-8 on 2 cores) is under
+measured and committed (benchmarks/results/cnn_estimates.json, load 3.9-9.1 on 2 cores) is under
 it, and none of those steps is more than 100× under it (the constants' stated ceiling
 policy). It grows with the public sizes it counts, and the 32×32×3 10,000-image 2-epoch job
 (refused at 5,123 s before) fits the default job time limit. No test here times anything:
