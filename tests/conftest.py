@@ -4,6 +4,22 @@ test), settings pointed at a temporary home, an API client, a small registered d
 from __future__ import annotations
 
 import os
+
+# pytest-xdist runs one test process per core (scripts/test: -n 2 on 2 cores): each process,
+# and every worker, API or CLI process a test starts (they inherit the environment), then
+# uses one CPU thread for torch and BLAS. torch's default is one thread per core, so two
+# test processes asked for four on two cores; small torch operations then wait on each
+# other's threads: an ExpM+NF image job's test (its HMC reference: 5,600 small products)
+# took 37-57 s at two threads and 4-6 s at one, alternated at load 8. Set before numpy or
+# torch is imported (OMP_NUM_THREADS is read at their start); torch is told again in case a
+# plugin imported it first. Tests that compare thread counts set their own.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    for _name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        os.environ[_name] = "1"
+    import torch
+
+    torch.set_num_threads(1)
+
 import shutil
 import uuid
 from collections.abc import Iterator
