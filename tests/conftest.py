@@ -112,6 +112,17 @@ def pg_url(_pg_admin: tuple[Engine, str, ThreadPoolExecutor]) -> Iterator[str]:
         yield make_url(PG_URL).set(database=name).render_as_string(hide_password=False)
     finally:
         engine_for.cache_clear()
+        # The test's engines may still hold pooled connections (clearing the cache does not
+        # close them): end them now, as the drop's FORCE did when it ran here, so that
+        # drops queued behind a slow one cannot pile up connections to max_connections.
+        with admin.connect() as conn:
+            conn.execute(
+                text(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                    "WHERE datname = :name AND pid <> pg_backend_pid()"
+                ),
+                {"name": name},
+            )
         dropper.submit(_drop_database, admin, name)
 
 
