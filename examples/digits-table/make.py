@@ -14,13 +14,16 @@ names, then ``digit``), then 1,797 rows of integers, in scikit-learn's order.
 
 from __future__ import annotations
 
-import gzip
+import sys
 from pathlib import Path
 
 import numpy as np
 from sklearn.datasets import load_digits
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))  # examples/reproducible.py (script or loaded by path)
+from reproducible import write_sample  # noqa: E402
+
 OUT = HERE / "digits-table.data.gz"
 COLUMNS = [f"pixel_{r}_{c}" for r in range(8) for c in range(8)]
 
@@ -39,18 +42,8 @@ def digits_text() -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_gzip(path: Path, text: str) -> None:
-    """Gzip whose bytes depend on the text alone (no file name, timestamp 0)."""
-    with (
-        open(path, "wb") as raw,
-        gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0, compresslevel=9) as gz,
-    ):
-        gz.write(text.encode("ascii"))
-
-
 def main() -> None:
-    write_gzip(OUT, digits_text())
-    print(f"wrote {OUT}")
+    write_sample(OUT, digits_text)
 
 
 if __name__ == "__main__":

@@ -15,12 +15,15 @@ examples/icu/schema.yaml), else ``home`` (no lactate observed then included).
 
 from __future__ import annotations
 
-import gzip
+import sys
 from pathlib import Path
 
 import pandas as pd
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))  # examples/reproducible.py (script or loaded by path)
+from reproducible import write_sample  # noqa: E402
+
 ICU = HERE.parent / "icu"
 OUT = HERE / "outcomes.csv.gz"
 LACTATE_MEAN = 2.0  # mmol/L: examples/icu/schema.yaml's public mean
@@ -44,18 +47,8 @@ def outcomes_text() -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_gzip(path: Path, text: str) -> None:
-    """Gzip whose bytes depend on the text alone (no file name, timestamp 0)."""
-    with (
-        open(path, "wb") as raw,
-        gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0, compresslevel=9) as gz,
-    ):
-        gz.write(text.encode("ascii"))
-
-
 def main() -> None:
-    write_gzip(OUT, outcomes_text())
-    print(f"wrote {OUT}")
+    write_sample(OUT, outcomes_text)
 
 
 if __name__ == "__main__":

@@ -434,7 +434,7 @@ def test_the_bundled_k_class_sets_are_what_their_scripts_write(
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    module.write_gzip(tmp_path / "t.gz", getattr(module, text)())
+    module.write_sample(tmp_path / "t.gz", getattr(module, text))
     assert (tmp_path / "t.gz").read_bytes() == (here / file).read_bytes()
     assert int(getattr(public_schema(folder), "n_classes", 2)) == classes
     kind, models = auditable_as
