@@ -210,6 +210,7 @@ from service.privacy.amounts import (
     to_micro_up,
 )
 from service.privacy.events import DpEvent, PureDpEvent
+from service.privacy.guided_search import guided_walk
 from service.privacy.orders import ORDERS
 from service.privacy.rdp import validate_orders
 
@@ -399,60 +400,24 @@ def max_admissible_epsilon(
     budget = _check_vector("budget_micro", budget_micro, allow_negative=True)
     if len(spent) != len(budget):
         raise ValueError(f"vector lengths differ: spent {len(spent)}, budget {len(budget)}")
-    margins: dict[int, float] = {}  # m → the filter's margin at ε = m micro-units
-    cap = _MICRO_SEARCH_CAP
 
     def margin(m: int) -> float:
+        """The filter's margin at ε = m micro-units (≥ 0 iff admitted)."""
         charge = curve_to_micro_up(event_for_epsilon(from_micro(m)).rdp(alphas))
         if len(charge) != len(spent):
             raise ValueError(f"vector lengths differ: spent {len(spent)}, charge {len(charge)}")
         usable = [b - s - c for s, c, b in zip(spent, charge, budget, strict=True) if c < MICRO_CAP]
         return max(usable) if usable else -math.inf
 
-    top = [-1, cap + 1]  # the largest admitted point evaluated, the smallest refused one
-
-    def answer(m: int) -> bool | None:
-        if m in margins:
-            return margins[m] >= 0
-        yes, no = m <= top[0], m >= top[1]
-        return yes if yes != no else None
-
-    def strict(m: int) -> bool:
-        decided = answer(m)
-        if decided is None:
-            raise _UnansweredMicro(m)
-        return decided
-
-    guesses = 0
-    while True:
-        try:
-            last, first_refused = _admissible_walk(strict)
-        except _UnansweredMicro as stop:
-            pending = stop.m
-        else:
-            missing = [m for m in (last, first_refused) if m is not None and m not in margins]
-            if not missing:
-                return from_micro(last)
-            pending = missing[0]
-        estimate = _margin_root(margins) if guesses < _MAX_MICRO_GUESSES else None
-        if estimate is not None:
-
-            def predicted(m: int, estimate: float = estimate) -> bool:
-                decided = answer(m)
-                return m <= estimate if decided is None else decided
-
-            p_last, p_refused = _admissible_walk(predicted)
-            guess = next(
-                (m for m in (p_last, p_refused) if m is not None and m not in margins), None
-            )
-            if guess is not None:
-                guesses += 1
-                pending = guess
-        margins[pending] = found = margin(pending)
-        if found >= 0:
-            top[0] = max(top[0], pending)
-        else:
-            top[1] = min(top[1], pending)
+    last, _ = guided_walk(
+        _admissible_walk,
+        evaluate=margin,
+        sufficient=lambda g: g >= 0,
+        yes_upward=False,
+        estimate=_margin_root,
+        max_guesses=_MAX_MICRO_GUESSES,
+    )
+    return from_micro(last)
 
 
 _MAX_MICRO_GUESSES = 16
@@ -460,14 +425,6 @@ _MAX_MICRO_GUESSES = 16
 
 _MICRO_SEARCH_CAP = int(EPSILON_TOTAL_MAX * 1_000_000) * 4
 """The largest ε (micro-units) :func:`max_admissible_epsilon` tries."""
-
-
-class _UnansweredMicro(Exception):
-    """The walk asked at a point that no evaluation answers yet."""
-
-    def __init__(self, m: int) -> None:
-        super().__init__(m)
-        self.m = m
 
 
 def _margin_root(margins: dict[int, float]) -> float | None:

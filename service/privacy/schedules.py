@@ -52,6 +52,7 @@ from service.privacy.events import (
     PmfSlackEvent,
     PoissonSubsampledGaussianEvent,
 )
+from service.privacy.guided_search import guided_walk
 
 __all__ = [
     "TcdpEstimate",
@@ -272,18 +273,18 @@ def _smallest_sufficient_sigma0(
     fewer evaluations of eps (issue 26: ~10 per plan, ~4.5 ms each for 5 epochs by PLD,
     most of a decaying-schedule quote).
 
-    The walk asks "eps(x) ≤ target?" at a sequence of points, each depending on the
-    answers before it. An answer is not always evaluated at x: eps is non-increasing, so
-    an evaluated y ≤ x with eps(y) ≤ target answers yes at x, and an evaluated y ≥ x with
-    eps(y) > target answers no (:func:`_answer`; where evaluated points disagree with
-    each other, x itself is evaluated). Where the walk reaches a point that no evaluation
-    answers yet, we evaluate where its end is most likely: the walk is replayed with the
-    unanswered points decided by an estimate of the root (a secant on log eps against
-    log σ₀ through the two evaluated points nearest the target, :func:`_root_estimate`),
-    and the replay's last two points (its final hi and lo) are evaluated. When the
-    estimate is right, the walk then completes with both of them evaluated: 4–6
-    evaluations instead of 10. After 8 such guesses, the walk's own next unanswered point
-    is evaluated, as the plain walk does.
+    The walk asks "eps(x) ≤ target?" at a sequence of points, each depending on the answers
+    before it. An answer is not always evaluated at x: eps is non-increasing, so an
+    evaluated y ≤ x with eps(y) ≤ target answers yes at x, and an evaluated y ≥ x with
+    eps(y) > target answers no (where evaluated points disagree with each other, x itself is
+    evaluated: service/privacy/guided_search.py runs the walk this way). Where the walk
+    reaches a point that no evaluation answers yet, we evaluate where its end is most
+    likely: the walk is replayed with the unanswered points decided by an estimate of the
+    root (a secant on log eps against log σ₀ through the two evaluated points nearest the
+    target, :func:`_root_estimate`), and the replay's last two points (its final hi and lo)
+    are evaluated. When the estimate is right, the walk then completes with both of them
+    evaluated: 4–6 evaluations instead of 10. After 8 such guesses, the walk's own next
+    unanswered point is evaluated, as the plain walk does.
 
     The result is the walk's: it ends at the same hi whenever eps, as computed, is
     non-increasing over the points evaluated and asked (the test
@@ -294,43 +295,17 @@ def _smallest_sufficient_sigma0(
     monotonicity of the true ε (more noise per epoch is a post-processing of less), of
     which the accountants' eps are upper bounds.
     """
-    known: dict[float, float] = {}
-    guesses = 0
-
-    def strict(x: float) -> bool:
-        decided = _answer(known, x, target)
-        if decided is None:
-            raise _Unanswered(x)
-        return decided
-
-    while True:
-        try:
-            hi, lo = _bisection_walk(strict, target=target, start=start, rel_tol=rel_tol, what=what)
-        except _Unanswered as stop:
-            pending = stop.x
-        else:
-            missing = [x for x in (hi, lo) if x is not None and x not in known]
-            if not missing:
-                return hi
-            pending = missing[0]
-        estimate = _root_estimate(known, target) if guesses < _MAX_GUESSES else None
-        if estimate is not None:
-
-            def predicted(x: float, estimate: float = estimate) -> bool:
-                decided = _answer(known, x, target)
-                return x >= estimate if decided is None else decided
-
-            try:
-                p_hi, p_lo = _bisection_walk(
-                    predicted, target=target, start=start, rel_tol=rel_tol, what=what
-                )
-            except ValueError:  # predicted unreachable: the walk's own point decides
-                p_hi, p_lo = pending, None
-            guess = next((x for x in (p_hi, p_lo) if x is not None and x not in known), None)
-            if guess is not None:
-                guesses += 1
-                pending = guess
-        known[pending] = eps_of_sigma0(pending)
+    hi, _ = guided_walk(
+        lambda sufficient: _bisection_walk(
+            sufficient, target=target, start=start, rel_tol=rel_tol, what=what
+        ),
+        evaluate=eps_of_sigma0,
+        sufficient=lambda eps: eps <= target,
+        yes_upward=True,
+        estimate=lambda known: _root_estimate(known, target),
+        max_guesses=_MAX_GUESSES,
+    )
+    return hi
 
 
 _MAX_GUESSES = 8
@@ -341,24 +316,6 @@ _STEP = 1.25
 
 _SLOPE_GUESS = -1.5
 """d log ε / d log σ₀ assumed with one evaluated point (measured: −1.1 … −3.4)."""
-
-
-class _Unanswered(Exception):
-    """The walk asked at a point that no evaluation answers yet."""
-
-    def __init__(self, x: float) -> None:
-        super().__init__(x)
-        self.x = x
-
-
-def _answer(known: dict[float, float], x: float, target: float) -> bool | None:
-    """eps(x) ≤ target, from the evaluated points ``known`` (σ₀ → eps) and eps
-    non-increasing; None where none answers, or where they answer both ways."""
-    if x in known:
-        return known[x] <= target
-    yes = any(e <= target and y <= x for y, e in known.items())
-    no = any(e > target and y >= x for y, e in known.items())
-    return yes if yes != no else None
 
 
 def _root_estimate(known: dict[float, float], target: float) -> float | None:
