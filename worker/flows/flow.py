@@ -126,8 +126,11 @@ class Flow(nn.Module):
         return torch.where(inside, log_q, torch.full_like(log_q, -math.inf))
 
     def invertibility_margin(self) -> Tensor:
-        margins = [t.invertibility_margin() for t in self.layers()]
-        return torch.stack(margins).min() if margins else torch.tensor(1.0)
+        # A layer without parameters (BoxTanh) states its margin on the CPU: the margins
+        # meet on the device of the flow's parameters (CUDA when the job runs there).
+        device = next((p.device for p in self.parameters()), torch.device("cpu"))
+        margins = [t.invertibility_margin().to(device) for t in self.layers()]
+        return torch.stack(margins).min() if margins else torch.tensor(1.0, device=device)
 
 
 def build_transforms(

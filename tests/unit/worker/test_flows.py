@@ -243,3 +243,13 @@ def test_box_log_det_is_stable_and_the_density_is_zero_outside() -> None:
         draws = flow.rsample(2000, generator=torch.Generator().manual_seed(0)).x
     assert lp[0] == -math.inf and lp[1] == -math.inf and torch.isfinite(lp[2])
     assert float(draws.abs().max()) < 3.0
+
+
+def test_invertibility_margin_lives_on_the_flows_device() -> None:
+    """A flow on a public domain holds BoxTanh, which has no parameters and states its
+    margin on the CPU: the flow's margin is on its parameters' device (a CUDA job's
+    ExpM+NF failed there, mixing devices: benchmarks/gpu_methods.py). The meta device
+    stands in for CUDA on a machine without one."""
+    flow = build_flow(FlowConfig(kind="planar", layers=2, domain_radius=3.0), 2)
+    assert float(flow.invertibility_margin()) > 0
+    assert flow.to("meta").invertibility_margin().device.type == "meta"
