@@ -161,8 +161,9 @@ def admin_audit(
             "icu (the synthetic ICU sample, GRU-D), icu3 (its stays with a 3-class outcome, "
             "GRU-D by dpsgd), digits (8 × 8 handwritten digits, 10 "
             "classes: a CNN by dpsgd, --model taking its JSON spec, or logistic regression "
-            "or an MLP by dpsgd), or wine (3 classes) or digits-table (the digits as 64 "
-            "columns, 10 classes), tabular: logistic regression or an MLP by dpsgd."
+            "or an MLP by dpsgd), or wine (3 classes), digits-table (the digits as 64 "
+            "columns, 10 classes) or digits-table-k3 … -k9 (its rows of the first K digits, "
+            "K classes), tabular: logistic regression or an MLP by dpsgd."
         ),
     ] = "adult",
     model: Annotated[

@@ -31,11 +31,12 @@ unless an audit (service/audits.py) of the same configuration passed within that
   GRU-D audit a K-class one), and K sets the head's parameter count; requiring equality
   is the narrow reading the gate can defend (an audit of the code path that ran), not a
   claim that K changes the privacy of a step. The bundled tabular datasets have K = 2
-  (Adult), 3 (wine) and 10 (digits-table, the digits as 64 columns), the bundled time
-  series K = 2 (the ICU sample) and 3 (icu3, its stays with a 3-class outcome), so an
-  audit opens the gate of a dataset of those K only: a tabular dataset of K = 4 to 9 or
-  K ≥ 11, or a time series of K ≥ 4, has no audit that opens it (its jobs are refused
-  while the gate is on).
+  (Adult), 3 (wine), 10 (digits-table, the digits as 64 columns) and 3 to 9 (its views
+  digits-table-k3 … -k9, the rows of its first K digits: service/audits.py's
+  DIGITS_TABLE_VIEWS), the bundled time series K = 2 (the ICU sample) and 3 (icu3, its
+  stays with a 3-class outcome), so an audit opens the gate of a dataset of those K only:
+  a tabular dataset of K ≥ 11, or a time series of K ≥ 4, has no audit that opens it (its
+  jobs are refused while the gate is on).
   Images: a CNN's convolutions run over maps of the image's size, its head's fan-in is
   the last map's size, so the same ``conv`` layers on 28 × 28 or 3-channel images are
   another network (another parameter count, other per-row gradient sizes in the exact

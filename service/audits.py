@@ -31,14 +31,16 @@ the digits' public schema as a job's are from its dataset's), and multinomial lo
 regression (the default there) and MLPs by DP-SGD on the 64 flattened pixels, as a job on
 an image dataset trains them (engines as for their K-class jobs: service/plans.py's
 ``MULTICLASS_MODELS``). ExpM is not audited on the digits (a K-class ExpM job exists,
-its audit does not yet). On the two bundled tabular sets of K ≥ 3 classes
-(:data:`MULTICLASS_TABULAR`; both ship inside scikit-learn): examples/wine (178 rows, 13
-numeric columns, 3 classes) and examples/digits-table (the digits as 1,797 rows of 64
-numeric columns, 10 classes), multinomial logistic regression (the default) and MLPs by
-DP-SGD, as on the digits' pixels; their passing audits open the release gate of a
-registered tabular dataset of 3, respectively 10, classes (service/audit_gate.py compares
-K). Wine's 178 rows allow at most 17 canaries (ceiling ≈ 1.65 at 95%, δ = 1e-5), the
-digits-table's 179 (≈ 4.08). On examples/icu3 (the ICU sample's 2,000 stays with a
+its audit does not yet). On the bundled tabular sets of K ≥ 3 classes
+(:data:`MULTICLASS_TABULAR`; both sources ship inside scikit-learn): examples/wine (178
+rows, 13 numeric columns, 3 classes), examples/digits-table (the digits as 1,797 rows of 64
+numeric columns, 10 classes) and its views digits-table-k3 … -k9 (:data:`DIGITS_TABLE_VIEWS`:
+the rows of the first K digits, the classes cut to those K), multinomial logistic
+regression (the default) and MLPs by DP-SGD, as on the digits' pixels; a passing audit on
+one opens the release gate of a registered tabular dataset of its K classes
+(service/audit_gate.py compares K), so every K from 3 to 10 has a set. Wine's 178 rows
+allow at most 17 canaries (ceiling ≈ 1.65 at 95%, δ = 1e-5), the digits-table's 179
+(≈ 4.08), its views 53 (K = 3) to 161 (K = 9). On examples/icu3 (the ICU sample's 2,000 stays with a
 synthetic 3-class outcome, :data:`MULTICLASS_SERIES`), K-logit GRU-D by DP-SGD (exact
 engine), whose pass opens the gate of a registered 3-class time series.
 The canaries' scores are minus their loss under the released model, so a model family the
@@ -72,6 +74,7 @@ from sqlalchemy import Float, ForeignKey, Index, String, and_, func, or_, select
 from sqlalchemy.orm import Mapped, Session, mapped_column
 
 from service.datasets.kinds import DATA_KINDS, DatasetSchema, load_schema_yaml
+from service.datasets.tabular import TabularSchema
 from service.jobs import as_utc
 from service.ledger.tables import Analyst, Base, utcnow
 from service.modelspec import GrudSpec, LogisticSpec, ModelSpec
@@ -94,6 +97,7 @@ from service.schemas.expm_nf import ExpmNfOptions
 __all__ = [
     "AUDITABLE",
     "AUDITABLE_METHODS",
+    "DIGITS_TABLE_VIEWS",
     "GRADIENT_CANARY_METHODS",
     "LIRA_DATASET",
     "LIRA_DEFAULT_MODELS",
@@ -147,7 +151,29 @@ class PublicDataset:
     kind: str = "tabular"
     observations: str = "observations.csv.gz"
     """A time series' observations file, relative to ``folder`` (icu3 shares icu's)."""
+    first_classes: int | None = None
+    """K for a view of the tabular dataset in ``folder`` (None: the whole dataset): its
+    schema's target cut to the first K of its classes (:func:`public_schema`) and the rows
+    of those classes, the ones the cut schema's validation keeps (worker/audits.py's
+    ``load_public``; a row of another class is an unknown target value there)."""
 
+
+DIGITS_TABLE_VIEWS: dict[int, int] = {
+    3: 537,
+    4: 720,
+    5: 901,
+    6: 1_083,
+    7: 1_264,
+    8: 1_443,
+    9: 1_617,
+}
+"""K → rows of ``digits-table-k{K}``, the bundled K-class tabular audit sets for K = 3 … 9
+(K = 10 is the digits-table itself). The rule, public and fixed: the rows of
+examples/digits-table whose digit is one of the first K classes (0 … K − 1), the schema's
+classes cut to those K. The rows are the digits' per-class counts in scikit-learn's
+``load_digits`` (178, 182, 177, 183, 181, 182, 181, 179, 174, 180 for 0 … 9), summed; a test
+checks each against the worker's count. Each allows m ≤ 10% of its rows (53 canaries at
+K = 3, 90 at K = 5, 161 at K = 9: ceilings ≈ 2.85, 3.39, 3.98 at 95%, δ = 1e-5, rounded up)."""
 
 PUBLIC_DATASETS: dict[str, PublicDataset] = {
     "adult": PublicDataset(EXAMPLES / "adult", rows=30_162, features=104),
@@ -155,9 +181,18 @@ PUBLIC_DATASETS: dict[str, PublicDataset] = {
     "digits": PublicDataset(EXAMPLES / "digits", rows=1_797, features=64, kind="images"),
     # Tabular with K ≥ 3 classes (both ship inside scikit-learn): the only bundled data
     # whose audits open the release gate of a K-class tabular dataset (service/audit_gate.py
-    # compares K). Wine covers K = 3 (m ≤ 17); the digits as 64 columns K = 10 (m ≤ 179).
+    # compares K). Wine covers K = 3 (m ≤ 17); the digits as 64 columns K = 10 (m ≤ 179),
+    # their views below K = 3 to 9.
     "wine": PublicDataset(EXAMPLES / "wine", rows=178, features=13),
     "digits-table": PublicDataset(EXAMPLES / "digits-table", rows=1_797, features=64),
+    # digits-table-k3 … -k9 (:data:`DIGITS_TABLE_VIEWS`): views of the digits-table, no
+    # file of their own, so every K from 3 to 10 has a bundled tabular audit set.
+    **{
+        f"digits-table-k{k}": PublicDataset(
+            EXAMPLES / "digits-table", rows=rows, features=64, first_classes=k
+        )
+        for k, rows in DIGITS_TABLE_VIEWS.items()
+    },
     # The ICU sample's stays with a 3-class outcome (examples/icu3/make.py): the only
     # bundled series whose audits open the gate of a K-class (K = 3) time series.
     "icu3": PublicDataset(
@@ -266,8 +301,20 @@ class AuditRefused(ValueError):
 
 @cache
 def public_schema(dataset: str) -> DatasetSchema:
-    """A bundled dataset's public schema (its schema.yaml)."""
-    return load_schema_yaml((PUBLIC_DATASETS[dataset].folder / "schema.yaml").read_text())
+    """A bundled dataset's public schema (its schema.yaml); for a view of its first K
+    classes (:attr:`PublicDataset.first_classes`), that schema named after the view, its
+    target's classes cut to the first K."""
+    public = PUBLIC_DATASETS[dataset]
+    schema = load_schema_yaml((public.folder / "schema.yaml").read_text())
+    if public.first_classes is None:
+        return schema
+    k = public.first_classes
+    if not isinstance(schema, TabularSchema) or not 3 <= k < schema.n_classes:
+        raise ValueError(f"{dataset}: a view of K ≥ 3 classes needs a tabular source of > K")
+    doc = schema.model_dump(mode="json")
+    doc["name"] = dataset
+    doc["target"]["classes"] = doc["target"]["classes"][:k]
+    return TabularSchema.model_validate(doc)
 
 
 def default_guesses(canaries: int) -> int:
@@ -290,7 +337,7 @@ def check_request(
     model kind it cannot run or score with that method (``model``: None skips this check),
     m outside [1, 10% of the rows], r outside [1, m], gradient canaries for a method
     other than DP-SGD, for a model in :data:`NO_GRADIENT_CANARY_MODELS` or on a dataset
-    of K ≥ 3 classes (digits, wine, digits-table). ``rows``: the
+    of K ≥ 3 classes (digits, wine, digits-table and its views). ``rows``: the
     rows counted (the worker's count); default the dataset's public count."""
     if dataset not in PUBLIC_DATASETS:
         raise AuditRefused(

@@ -5,8 +5,9 @@ auditing with one (1) training run", arXiv:2305.08846), black-box, input-space c
 on a PUBLIC dataset bundled with the product (public Adult, the synthetic ICU sample of
 examples/icu and its 3-class variant examples/icu3, the handwritten digits of
 examples/digits, or the 3-class wine and 10-class digits-table of examples/wine and
-examples/digits-table, tabular), so nothing is charged to any dataset's budget and no
-private row is read:
+examples/digits-table, tabular, and the digits-table's views digits-table-k3 … -k9 of its
+first K digits), so nothing is charged to any dataset's budget and no private row is
+read:
 
 1. m canaries: m rows (stays, for the ICU sample; images, for the digits) of the public
    training set, drawn without replacement by the enclave's secure RNG
@@ -60,9 +61,9 @@ from service.audits import (
     check_request,
     default_guesses,
     default_model,
+    public_schema,
 )
 from service.datasets.images import ImageSchema
-from service.datasets.kinds import load_schema_yaml
 from service.datasets.tabular import TabularSchema, encode, validate_frame
 from service.datasets.timeseries import TimeSeriesSchema, encode_series
 from service.modelspec import MODEL_SPEC, ModelSpec
@@ -112,14 +113,18 @@ class OneRunAudit:
 def load_public(dataset: str) -> TabularTrainingSet:
     """A bundled public dataset's training part, encoded as the worker encodes rows (a time
     series as GRU-D's inputs, with the schema's public means; images read and validated by
-    their schema and encoded as a registered image dataset's are)."""
+    their schema and encoded as a registered image dataset's are). The schema is
+    service.audits.public_schema's: a view of the first K classes (digits-table-k5) reads
+    its folder's file under the cut schema, whose validation keeps the rows of those K
+    classes (a row of another class is an unknown target value) and encodes them as the
+    whole table's rows are."""
     if dataset not in PUBLIC_DATASETS:
         raise AuditRefused(
             f"unknown public dataset {dataset!r}; bundled: {', '.join(PUBLIC_DATASETS)}"
         )
     public = PUBLIC_DATASETS[dataset]
     folder = public.folder
-    schema = load_schema_yaml((folder / "schema.yaml").read_text())
+    schema = public_schema(dataset)
     if isinstance(schema, TimeSeriesSchema):
         prepared = prepare_series(schema, folder / public.observations, folder / "outcomes.csv.gz")
         series = encode_series(schema, prepared.validated)
@@ -133,7 +138,8 @@ def load_public(dataset: str) -> TabularTrainingSet:
         return image_training_set(schema, images.pixels, images.y, torch.device("cpu"))
     if not isinstance(schema, TabularSchema):
         raise AuditRefused(f"public dataset {dataset!r} is neither tabular, images nor a series")
-    raw = pd.read_csv(folder / f"{dataset}.data.gz", **schema.read_csv_kwargs())
+    # A table's file is named after its folder (a view shares its source's).
+    raw = pd.read_csv(folder / f"{folder.name}.data.gz", **schema.read_csv_kwargs())
     table = encode(schema, validate_frame(schema, raw).frame)
     return TabularTrainingSet(x=torch.from_numpy(table.x), y=torch.from_numpy(table.y))
 

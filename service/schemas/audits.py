@@ -116,8 +116,10 @@ class AuditRequest(ApiInput):
         "model: the CNN spec a job gives, its image shape and classes filled in; or "
         "multinomial logistic regression, the default there, or an MLP, by dpsgd on the "
         "flattened pixels), or a tabular target of K ≥ 3 classes: wine, 178 rows of 13 "
-        "columns, 3 classes, or digits-table, the digits as 1,797 rows of 64 columns, 10 "
-        "classes (multinomial logistic regression, the default, or an MLP, by dpsgd). "
+        "columns, 3 classes, digits-table, the digits as 1,797 rows of 64 columns, 10 "
+        "classes, or digits-table-k3 … digits-table-k9, its rows of the first K digits "
+        "(0 … K − 1), K classes (multinomial logistic regression, the default, or an MLP, "
+        "by dpsgd). "
         "Registered datasets are not audited.",
     )
     guesses: Canaries | None = Field(

@@ -22,7 +22,7 @@ from typer.testing import CliRunner
 
 from enclave.cli import app
 from service.api.routes import jobs as routes
-from service.audit_gate import GateCheck, recheck_under_lock, set_audit_gate
+from service.audit_gate import GateCheck, JobAudit, recheck_under_lock, set_audit_gate
 from service.audits import Audit
 from service.datasets.kinds import parse_dataset_schema
 from service.db import engine_for, transaction
@@ -778,3 +778,67 @@ def test_an_audit_on_the_bundled_three_class_series_opens_the_gate_of_k_3_series
     assert quote.status_code == 200 and quote.json()["admitted"], quote.text
     r = client.post("/v1/jobs", json=job, headers=auth(keys.alice))
     assert r.status_code == 202, r.text
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_an_audit_on_a_digits_table_view_opens_the_gate_of_its_k_only(
+    client: Any, keys: Any, settings: Any, tmp_path: Path
+) -> None:
+    """A K the bundled files alone never covered: a real one-run audit through the API and
+    the worker's task of multinomial logistic regression by DP-SGD on digits-table-k5 (the
+    digits-table's rows of digits 0-4, 5 classes), at ε = 4, above the ceiling of its 40
+    canaries (2.55), so it passes whatever its bound. With the gate on, the registered
+    5-class "five" (digits 0-4 of the table) admits the job of that configuration (its σ at
+    least the audit's), while the 6-class "six" (digits 0-5) refuses it (quote and
+    submission: 422 naming its 6 classes, nothing charged, no job admitted)."""
+    _register_digits_table(settings, tmp_path, "five", 5)
+    _register_digits_table(settings, tmp_path, "six", 6)
+    options = {"epochs": 1, "batch_size": 50}
+    body = {"method": "dpsgd", "epsilon": 4.0, "delta": 1e-5, "dataset": "digits-table-k5"}
+    r = client.post(
+        "/v1/admin/audits",
+        json={**body, "canaries": 40, "dpsgd": options},
+        headers=auth(keys.admin),
+    )
+    assert r.status_code == 202, r.text
+    assert execute_audit(r.json()["id"], settings) == AuditOutcome.done
+    done = client.get(f"/v1/admin/audits/{r.json()['id']}", headers=auth(keys.admin)).json()
+    assert done["status"] == "done", done
+    assert done["result"]["rows"] == 901
+    assert done["result"]["epsilon_lower_bound"] <= done["result"]["ceiling"] < 4.0
+    job = {**JOB, "dataset": "five", "model": {"kind": "logistic"}, "dpsgd": options}
+    six = {**job, "dataset": "six"}
+    for body in (job, six):
+        r = _quote(client, keys, body)
+        assert r.status_code == 200, r.text
+        # The precondition of the decisions below: no job σ under the audit's.
+        sigma = r.json()["plan"]["mechanism"]["noise_multiplier"]
+        assert sigma >= done["result"]["noise_multiplier"], r.text
+    for name in ("five", "six"):
+        r = client.put(
+            f"/v1/admin/datasets/{name}/audit-gate",
+            json={"max_age_days": 30},
+            headers=auth(keys.admin),
+        )
+        assert r.status_code == 200, r.text
+    before = client.get("/v1/datasets/six", headers=auth(keys.alice)).json()
+    for path in ("/v1/quote", "/v1/jobs"):
+        r = client.post(path, json=six, headers=auth(keys.alice))
+        assert r.status_code == 422 and r.headers["content-type"] == PROBLEM_JSON, r.text
+        assert r.json()["type"].endswith("audit-gate"), r.text
+        assert "no done audit matches it" in r.json()["detail"], r.text
+        assert "data 6 classes" in r.json()["detail"], r.text
+    after = client.get("/v1/datasets/six", headers=auth(keys.alice)).json()
+    assert (after["budget"], after["analyst_budget"]) == (
+        before["budget"],
+        before["analyst_budget"],
+    )  # nothing charged
+    with transaction(engine_for(settings.resolved_database_url)) as s:
+        assert s.scalars(select(Job)).all() == []  # no job admitted
+    quote = _quote(client, keys, job)
+    assert quote.status_code == 200 and quote.json()["admitted"], quote.text
+    r = client.post("/v1/jobs", json=job, headers=auth(keys.alice))
+    assert r.status_code == 202, r.text
+    with transaction(engine_for(settings.resolved_database_url)) as s:
+        link = s.get(JobAudit, r.json()["id"])
+        assert link is not None and link.audit_id == done["id"]  # admitted on this audit

@@ -152,6 +152,17 @@ LIRA_REFUSALS = [
             "cannot be audited by the one-run audit on digits-table",
         ),
         ({"dataset": "wine", "canaries": 18}, "validation-error", "out of range for wine"),
+        # digits-table-k5: the digits-table's 901 rows of digits 0-4, so m ≤ 90.
+        (
+            {"dataset": "digits-table-k5", "canaries": 91},
+            "validation-error",
+            "out of range for digits-table-k5 (901 rows): between 1 and 90",
+        ),
+        (
+            {"dataset": "digits-table-k5", "canary_kind": "gradient"},
+            "validation-error",
+            "digits-table-k5 has 5 classes",
+        ),
         (
             {"dataset": "icu3", **GRUD, "method": "expm_nf", "dpsgd": None, "delta": 0},
             "validation-error",
@@ -357,6 +368,9 @@ def test_a_small_audit_runs_end_to_end(client: Any, keys: Any, settings: Any) ->
             id="mlp-ghost-digits-table",
         ),
         pytest.param({"dataset": "icu3", **GRUD, "canaries": 40}, id="grud-dpsgd-icu3"),
+        pytest.param(
+            {"dataset": "digits-table-k5", "canaries": 20}, id="logistic-dpsgd-digits-table-k5"
+        ),
     ],
 )
 def test_audits_of_the_other_auditable_pairs_run_end_to_end(
@@ -366,9 +380,9 @@ def test_audits_of_the_other_auditable_pairs_run_end_to_end(
     sampler) on Adult, DP-SGD with white-box gradient canaries and DP-SGD on an MLP (exact
     and ghost engines), a CNN, multinomial logistic regression and an MLP by DP-SGD on the
     bundled digits, and the same two on the bundled K-class tables (wine: 3 classes, 178
-    rows, so at most 17 canaries; digits-table: 10 classes), K-logit GRU-D on the ICU
-    sample's 3-class variant (icu3): through the API, the worker's task and back, with the
-    run's public figures."""
+    rows, so at most 17 canaries; digits-table: 10 classes; its view digits-table-k5, the
+    901 rows of digits 0-4: 5 classes), K-logit GRU-D on the ICU sample's 3-class variant
+    (icu3): through the API, the worker's task and back, with the run's public figures."""
     r = _post(client, keys.admin, **changes)
     assert r.status_code == 202, r.text
     queued = r.json()
@@ -491,7 +505,8 @@ def test_a_running_audit_is_taken_again_only_after_the_time_limit(
 
 
 def test_the_public_facts_are_what_the_worker_reads() -> None:
-    """The service checks m against a row count it does not read: the worker's."""
+    """The service checks m against a row count it does not read: the worker's (every
+    bundled set, the digits-table's views digits-table-k3 … -k9 included)."""
     for name, public in PUBLIC_DATASETS.items():
         data = load_public(name)
         assert (data.n, data.n_features) == (public.rows, public.features)

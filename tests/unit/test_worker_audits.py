@@ -447,6 +447,38 @@ def test_the_bundled_k_class_sets_are_what_their_scripts_write(
         assert torch.equal(data.y, pixels.y.to(data.y.dtype))
 
 
+@pytest.mark.parametrize("classes", range(3, 10))
+def test_the_digits_table_views_are_its_rows_of_the_first_k_digits(classes: int) -> None:
+    """digits-table-k{K} (service/audits.py, no file of its own): the rows of the bundled
+    digits-table whose digit is below K, counted here from the CSV itself, encoded as the
+    whole table encodes them (same pixels, same labels, same order), under the table's
+    schema named after the view with its first K classes; a K-class tabular set the audit
+    runs DP-SGD on, so with wine and the table every K from 2 to 10 has a tabular set."""
+    import pandas as pd
+
+    from service.audits import DIGITS_TABLE_VIEWS, auditable, public_schema
+
+    name = f"digits-table-k{classes}"
+    folder = Path(__file__).resolve().parents[2] / "examples" / "digits-table"
+    digits = pd.read_csv(folder / "digits-table.data.gz")["digit"]
+    assert (
+        PUBLIC_DATASETS[name].rows == DIGITS_TABLE_VIEWS[classes] == int((digits < classes).sum())
+    )
+    schema = public_schema(name)
+    whole = public_schema("digits-table")
+    assert (schema.name, schema.target.classes) == (name, [str(k) for k in range(classes)])
+    assert schema.columns == whole.columns and schema.target.column == whole.target.column
+    assert auditable(name) == ("tabular, K ≥ 3 classes", {"dpsgd": ("logistic", "mlp")})
+    view, table = load_public(name), load_public("digits-table")
+    kept = table.y < classes
+    assert (view.n, view.n_features) == (DIGITS_TABLE_VIEWS[classes], 64)
+    assert torch.equal(view.x, table.x[kept]) and torch.equal(view.y, table.y[kept])
+    tabular = {
+        public_schema(n).n_classes for n, p in PUBLIC_DATASETS.items() if p.kind == "tabular"
+    }
+    assert tabular == set(range(2, 11))
+
+
 @pytest.fixture
 def small_digits_table(monkeypatch: pytest.MonkeyPatch) -> None:
     """800 rows of the bundled digits-table (seeded), small_digits' design on the table."""
