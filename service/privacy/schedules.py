@@ -44,7 +44,6 @@ from service.privacy.calibrate import (
     Accountant,
     calibrate_noise_multiplier,
     epsilon_for,
-    gdp_log_slope,
     pld_value_discretization,
 )
 from service.privacy.events import (
@@ -217,12 +216,7 @@ def calibrate_sigma0(
         f"δ = {delta:g} ({accountant})"
     )
     return _smallest_sufficient_sigma0(
-        _SlopedEpsilon(
-            eps_of_sigma0,
-            slope=gdp_log_slope(
-                sampling_rate=sampling_rate, steps=spe * n_epochs, epsilon=target, delta=delta
-            ),
-        ),
+        eps_of_sigma0,
         target=target,
         start=_starting_guess(
             sampling_rate=sampling_rate,
@@ -235,18 +229,6 @@ def calibrate_sigma0(
         rel_tol=rel_tol,
         what=what,
     )
-
-
-@dataclass(frozen=True)
-class _SlopedEpsilon:
-    """eps(σ₀) with a guess of d log eps / d log σ₀ for :func:`_root_estimate` (speed
-    only): calibrate_sigma0's, with the μ-GDP approximation's slope for its T steps."""
-
-    eps_of_sigma0: Callable[[float], float]
-    slope: float
-
-    def __call__(self, sigma0: float) -> float:
-        return self.eps_of_sigma0(sigma0)
 
 
 def _starting_guess(
@@ -299,11 +281,11 @@ def _smallest_sufficient_sigma0(
     reaches a point that no evaluation answers yet, we evaluate where its end is most
     likely: the walk is replayed with the unanswered points decided by an estimate of the
     root (:func:`_root_estimate`: log eps against log σ₀ interpolated through the evaluated
-    points nearest the target, or extrapolated from one with the slope that a
-    :class:`_SlopedEpsilon` ``eps_of_sigma0`` carries), and the replay's last two points
-    (its final hi and lo) are evaluated. When the estimate is right, the walk then
-    completes with both of them evaluated: 3–6 evaluations instead of 10. After 8 such
-    guesses, the walk's own next unanswered point is evaluated, as the plain walk does.
+    points nearest the target, or extrapolated from one with a guessed slope), and the
+    replay's last two points (its final hi and lo) are evaluated. When the estimate is
+    right, the walk then completes with both of them evaluated: 3–6 evaluations instead
+    of 10. After 8 such guesses, the walk's own next unanswered point is evaluated, as the
+    plain walk does.
 
     The result is the walk's: it ends at the same hi whenever eps, as computed, is
     non-increasing over the points evaluated and asked (the test
@@ -314,7 +296,6 @@ def _smallest_sufficient_sigma0(
     monotonicity of the true ε (more noise per epoch is a post-processing of less), of
     which the accountants' eps are upper bounds.
     """
-    slope = eps_of_sigma0.slope if isinstance(eps_of_sigma0, _SlopedEpsilon) else _SLOPE_GUESS
     hi, _ = guided_walk(
         lambda sufficient: _bisection_walk(
             sufficient, target=target, start=start, rel_tol=rel_tol, what=what
@@ -322,7 +303,7 @@ def _smallest_sufficient_sigma0(
         evaluate=eps_of_sigma0,
         sufficient=lambda eps: eps <= target,
         yes_upward=True,
-        estimate=lambda known: _root_estimate(known, target, slope),
+        estimate=lambda known: _root_estimate(known, target),
         max_guesses=_MAX_GUESSES,
     )
     return hi
@@ -334,29 +315,29 @@ _MAX_GUESSES = 8
 _STEP = 1.25
 """The walk's bracketing step (×1.25 or ÷1.25 from the start)."""
 
-_SLOPE_GUESS = -1.5
-"""d log ε / d log σ₀ assumed with one evaluated point where the caller gives no usable
-slope (measured: −1.1 … −3.4)."""
+_SLOPE_GUESS = -2.0
+"""d log ε / d log σ₀ assumed with one evaluated point (measured: −1.1 … −3.4; −2.0 and
+−2.4 near the root of benchmarks/quote_latency.py's two kinds of exponential-schedule
+requests; −1.5 until issue 26's ninth session)."""
 
 
-def _root_estimate(known: dict[float, float], target: float, slope: float) -> float | None:
+def _root_estimate(known: dict[float, float], target: float) -> float | None:
     """Where eps(σ₀) = target, estimated from the evaluated points (speed only: a wrong
     estimate costs evaluations, never changes the result). In x = log σ₀, g = log eps:
     the parabola through the three finite, positive points nearest the target (its root
     by Newton's method from the secant's), else the secant through the two nearest, else
-    the line through the nearest with ``slope`` (d g / d x; :data:`_SLOPE_GUESS` where it
-    is not < −0.05), falling back to the next of these where one has no decreasing root;
-    kept inside the bracket the points give, or within one step of the walk where they
-    give one side only; None where there is no such guess (or no point with a finite,
-    positive eps, e.g. a PLD's 0 near the floor).
+    the line through the nearest with the slope :data:`_SLOPE_GUESS`, falling back to the
+    next of these where one has no decreasing root; kept inside the bracket the points
+    give, or within one step of the walk where they give one side only; None where there
+    is no such guess (or no point with a finite, positive eps, e.g. a PLD's 0 near the
+    floor).
 
-    Which guesses (issue 26, measured on the eight σ₀ searches of
-    benchmarks/quote_latency.py's exponential-schedule requests and 80 random ones, both
-    accountants): calibrate_sigma0 passes the μ-GDP approximation's slope for its
-    T steps (noise.gdp_log_slope: −1.8 where the searches' own points give −2.0,
-    against the fixed −1.5 before), and the parabola turns a third evaluated point into
-    an estimate within the walk's final bracket more often than the secant: 5.75 → 5.1
-    evaluations per search on the eight, 4.2 → 3.8 on the 80."""
+    Evaluations per σ₀ search (issue 26; the same σ₀ in every case), with the secant and
+    a slope of −1.5 before / now: 5.75 / 4.25 on the never-seen requests of
+    benchmarks/quote_latency.py's exponential schedule, 3.1 / 3.0 on its new-inputs
+    requests, 4.6 / 4.6 on 300 random searches (both accountants, slack, floors). A
+    third point lands the parabola's estimate in the walk's final bracket more often
+    than the secant; the slope decides whether the first guess does."""
     log_t = math.log(target)
     points = sorted(
         (abs(math.log(e) - log_t), math.log(y), math.log(e))
@@ -366,7 +347,7 @@ def _root_estimate(known: dict[float, float], target: float, slope: float) -> fl
     if not points:
         return None
     _, x0, g0 = points[0]
-    log_estimate = x0 + (log_t - g0) / (slope if slope < -0.05 else _SLOPE_GUESS)
+    log_estimate = x0 + (log_t - g0) / _SLOPE_GUESS
     if len(points) > 1:
         _, x1, g1 = points[1]
         d01 = (g1 - g0) / (x1 - x0) if x1 != x0 else 0.0

@@ -55,7 +55,6 @@ from service.privacy.calibrate.noise import (
     NoiseCalibration,
     calibrate,
     calibrate_noise_multiplier,
-    gdp_log_slope,
 )
 
 __all__ = [
@@ -70,7 +69,6 @@ __all__ = [
     "calibrate",
     "calibrate_noise_multiplier",
     "epsilon_for",
-    "gdp_log_slope",
     "pld_epsilon",
     "pld_value_discretization",
 ]

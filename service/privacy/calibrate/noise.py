@@ -48,7 +48,7 @@ from service.privacy.calibrate.rdp_epsilon import rdp_epsilon_of
 from service.privacy.calibrate.search import Unreachable, search_sigma
 from service.privacy.events import PoissonSubsampledGaussianEvent
 
-__all__ = ["NoiseCalibration", "calibrate", "calibrate_noise_multiplier", "gdp_log_slope"]
+__all__ = ["NoiseCalibration", "calibrate", "calibrate_noise_multiplier"]
 
 
 def _gdp_sigma(*, sampling_rate: float, steps: int, epsilon: float, delta: float) -> float:
@@ -66,17 +66,6 @@ def _gdp_sigma(*, sampling_rate: float, steps: int, epsilon: float, delta: float
     else:
         sigma = 1.0 / math.sqrt(math.log1p(mu * mu / (sampling_rate * sampling_rate * steps)))
     return min(max(sigma, NOISE_MULTIPLIER_MIN), NOISE_MULTIPLIER_MAX)
-
-
-def gdp_log_slope(*, sampling_rate: float, steps: int, epsilon: float, delta: float) -> float:
-    """d log ε / d log σ of the μ-GDP approximation of :func:`_gdp_sigma` near its σ for
-    ``epsilon`` (the secant between ε and 1.05·ε; −1.0 where both σ are one of the range's
-    ends): a guess of the slope for a search's first step (speed only)."""
-    start = _gdp_sigma(sampling_rate=sampling_rate, steps=steps, epsilon=epsilon, delta=delta)
-    nudged = _gdp_sigma(
-        sampling_rate=sampling_rate, steps=steps, epsilon=epsilon * 1.05, delta=delta
-    )
-    return math.log(1.05) / math.log(nudged / start) if nudged != start else -1.0
 
 
 @lru_cache(maxsize=1024)
@@ -280,7 +269,9 @@ def _calibrate_cached(
 ) -> NoiseCalibration:
     what = f"q = {q:g}, steps = {steps}, δ = {delta:g} ({accountant})"
     start = _gdp_sigma(sampling_rate=q, steps=steps, epsilon=target, delta=delta)
-    slope = gdp_log_slope(sampling_rate=q, steps=steps, epsilon=target, delta=delta)
+    # d log ε / d log σ of the same approximation, for the first secant step
+    nudged = _gdp_sigma(sampling_rate=q, steps=steps, epsilon=target * 1.05, delta=delta)
+    slope = math.log(1.05) / math.log(nudged / start) if nudged != start else -1.0
     pld_result: NoiseCalibration | None = None
     if accountant == "pld":
         vdi = pld_value_discretization(epsilon=target, steps=steps)
