@@ -94,7 +94,21 @@ def test_a_three_class_mlp_trains_by_dpsgd_and_is_scored(
         assert r.exit_code == 0, r.output
         assert f"{scored.accuracy:.4f}" in r.output and f"{scored.auc:.4f}" in r.output
     # Hyperparameter tuning of a K-class MLP: candidates scored by their noisy accuracy.
-    tuning = {**HYPER, "dataset": "tri", "model": {"kind": "mlp", "hidden": [8]}}
+    # Learning rates 2 and 4, not HYPER's 0.5 and 2: at 0.5 (2 epochs) the [8] tanh net
+    # sometimes stays far from fitted (mean 0.941, sd 0.049 where selected) and the noisy
+    # selection picks it about half the time. 460 releases at HYPER's grid: mean 0.962,
+    # sd 0.041, 2 below 2/3 (0.627, 0.656), one failing test in ~230, which CI saw once
+    # (0.6647). At [2, 4]: 1500 releases, mean 0.9795, sd 0.0052, min 0.915, none below
+    # 2/3; a generalised Pareto fit to the lowest 10 % puts P(accuracy <= 2/3) at 6e-6
+    # (normal tail: z = 60). The exact and ghost releases above: 260 runs each, mean
+    # 0.983, sd 0.0015, min 0.979 (z > 200). Measured through this test's API and worker
+    # path (a /tmp script looping its releases), 2026-11-26.
+    tuning = {
+        **HYPER,
+        "dataset": "tri",
+        "model": {"kind": "mlp", "hidden": [8]},
+        "learning_rates": [2.0, 4.0],
+    }
     r = client.post("/v1/selections", json=tuning, headers=headers)
     assert r.status_code == 202, r.text
     from worker.runner import Outcome, execute_job
