@@ -598,9 +598,19 @@ def api(host: str = "127.0.0.1", port: int = 8000, workers: int = 1) -> None:
     """Run the HTTP API (outside the enclave)."""
     import uvicorn
 
+    from enclave.processes import API_KEEP_ALIVE_S
+
     # The app's own access log (service/logs.py: JSON lines with request ids) replaces
-    # uvicorn's; uvicorn keeps its startup and error lines.
-    uvicorn.run("service.asgi:app", host=host, port=port, workers=workers, access_log=False)
+    # uvicorn's; uvicorn keeps its startup and error lines. Keep-alive: longer than the
+    # clients' and proxies' own idle limits (see API_KEEP_ALIVE_S).
+    uvicorn.run(
+        "service.asgi:app",
+        host=host,
+        port=port,
+        workers=workers,
+        access_log=False,
+        timeout_keep_alive=API_KEEP_ALIVE_S,
+    )
 
 
 @app.command("worker")

@@ -14,6 +14,17 @@ import httpx
 
 from service.private_files import open_private_file
 
+# How long the API keeps an idle keep-alive connection open (uvicorn's default: 5 s).
+# Longer than any client or proxy in front of it keeps one idle: a keep-alive connection
+# has a race at the server's timeout (the server closes it just as the client, seeing it
+# idle but open, sends its next request on it; the client gets "Server disconnected
+# without sending a response"). httpx keeps idle connections 5 s, the same as uvicorn's
+# default, so the race was open to every httpx client; reverse proxies commonly keep 60 s
+# (AWS ALB's default idle timeout; nginx's upstream keepalive_timeout: 60 s). At 65 s the
+# client's side always gives a connection up first. An idle connection costs the server
+# one socket and no thread.
+API_KEEP_ALIVE_S = 65
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -54,6 +65,8 @@ def start_api(
         "warning",
         "--workers",
         str(workers),
+        "--timeout-keep-alive",
+        str(API_KEEP_ALIVE_S),
     ]
     out = _open_log(log) if log else subprocess.DEVNULL
     return subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, cwd=cwd)
