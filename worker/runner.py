@@ -522,7 +522,8 @@ def execute_job(job_id: str, settings: Settings | None = None) -> Outcome:
         _reach(engine, job_id, token, JobStage.planned)
         with Heartbeat(engine, job_id, token, interval, total=progress_total(plan)) as hb:
             apply_threads(settings.worker_threads)
-            device = resolve_device(settings.device)
+            trains = trained_plan if trained_plan is not None else plan
+            device = resolve_device(settings.device, method=trains.method, model=trains.model)
             selected: dict[str, Any] | None = None
             evaluated: dict[str, Any] | None = None
             if request.method == "evaluation":
