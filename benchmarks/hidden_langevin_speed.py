@@ -4,8 +4,8 @@ the current one the working tree unless ``--current`` names another), alternatel
 processes.
 
 Adult (30,162 × 104, the schema's one-hot blocks as worker/data.py passes them), method
-``expm`` with ``accounting: hidden`` and l2 = 300 (T = 1703 full-batch steps), the plan the
-service builds. Every round runs, for each ε and thread count, one release in the baseline
+``expm`` with ``accounting: hidden`` and l2 = 300 (T = 1703 full-batch steps; ``--l2``), the
+plan the service builds. Every round runs, for each ε and thread count, one release in the baseline
 tree then one in the current tree, each in its own process (imports and data loading are
 not timed), with the release's noise drawn under one fixed ChaCha20 key so that the two
 trees' releases can be compared bit for bit (the sha256 of the released tensors). Wall and
@@ -15,7 +15,9 @@ beside the modules), which a worker host pays once.
 
     .venv/bin/python benchmarks/hidden_langevin_speed.py --baseline /tmp/h24base
         [--current /tmp/h24cur] [--rounds 3] [--epsilons 1,0.01] [--threads 1,2] [--profile]
-        [--warm-up-current]
+        [--warm-up-current] [--l2 300]
+
+``--l2``: the plan's l2 (default 300: T = 1703; the product's default 30 gives T = 17023).
 
 ``--profile``: one cProfile of a release per (ε, threads) in the current tree, its top
 functions by own time printed (cProfile sees the main thread only: at 2 threads the parts
@@ -43,7 +45,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def release(
-    tree: Path, epsilon: float, threads: int, profile: bool, warm: bool = False
+    tree: Path, epsilon: float, threads: int, profile: bool, warm: bool = False, l2: float = 300.0
 ) -> dict[str, object]:
     """One timed release in this process, with ``tree`` first on the import path (after
     worker/kernel_warm_up.py's warm-up, untimed, where ``warm``)."""
@@ -83,7 +85,7 @@ def release(
             "method": "expm",
             "epsilon": epsilon,
             "delta": 1e-5,
-            "expm": {"accounting": "hidden", "l2": 300.0},
+            "expm": {"accounting": "hidden", "l2": l2},
         }
     )
     plan = build_plan(
@@ -129,9 +131,14 @@ def release(
 
 
 def run(
-    tree: Path, epsilon: float, threads: int, profile: bool = False, warm: bool = False
+    tree: Path,
+    epsilon: float,
+    threads: int,
+    profile: bool = False,
+    warm: bool = False,
+    l2: float = 300.0,
 ) -> dict[str, object]:
-    args = [sys.executable, __file__, "--one", str(tree), str(epsilon), str(threads)]
+    args = [sys.executable, __file__, "--one", str(tree), str(epsilon), str(threads), str(l2)]
     done = subprocess.run(
         [*args, *(["--profile"] if profile else []), *(["--warm"] if warm else [])],
         check=False,
@@ -159,9 +166,8 @@ def _spread(values: list[float]) -> str:
 def main() -> None:
     if sys.argv[1:2] == ["--one"]:
         tree, eps, threads = Path(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4])
-        print(
-            json.dumps(release(tree, eps, threads, "--profile" in sys.argv, "--warm" in sys.argv))
-        )
+        flags = "--profile" in sys.argv, "--warm" in sys.argv
+        print(json.dumps(release(tree, eps, threads, *flags, l2=float(sys.argv[5]))))
         return
     ap = argparse.ArgumentParser()
     ap.add_argument("--baseline", type=Path, required=True)
@@ -171,6 +177,7 @@ def main() -> None:
     ap.add_argument("--threads", default="1,2")
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--warm-up-current", action="store_true", help="module docstring")
+    ap.add_argument("--l2", type=float, default=300.0, help="the plan's l2 (T follows)")
     args = ap.parse_args()
     warm = {"baseline": False, "current": args.warm_up_current}
     epsilons = [float(e) for e in args.epsilons.split(",")]
@@ -180,9 +187,10 @@ def main() -> None:
         for eps in epsilons:
             for threads in thread_counts:
                 print(f"== profile: current tree, ε = {eps:g}, {threads} thread(s)", flush=True)
-                run(trees["current"], eps, threads, profile=True, warm=warm["current"])
+                run(trees["current"], eps, threads, True, warm["current"], args.l2)
     for name, tree in trees.items():  # untimed: fills numba's on-disk cache of each tree
-        print(f"warm-up {name}: {run(tree, epsilons[0], 1, warm=warm[name])}", flush=True)
+        out = run(tree, epsilons[0], 1, warm=warm[name], l2=args.l2)
+        print(f"warm-up {name}: {out}", flush=True)
     results: dict[tuple[str, float, int], list[dict[str, object]]] = {}
     loads = []
     for r in range(args.rounds):
@@ -190,7 +198,7 @@ def main() -> None:
         for eps in epsilons:
             for threads in thread_counts:
                 for name, tree in trees.items():
-                    out = run(tree, eps, threads, warm=warm[name])
+                    out = run(tree, eps, threads, warm=warm[name], l2=args.l2)
                     results.setdefault((name, eps, threads), []).append(out)
                     print(f"round {r + 1} {name} ε={eps:g} {threads}t: {out}", flush=True)
     loads.append(os.getloadavg()[0])

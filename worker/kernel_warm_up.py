@@ -166,6 +166,40 @@ def _warm_langevin() -> None:
     _check(not nan and finite and bool(np.all(r == np.trunc(r))), "binary cells")
 
 
+def _warm_lattice_steps() -> None:
+    """Two steps of the hidden-iterate chain's compiled loop on :func:`_warm_langevin`'s
+    rows (four dense θ entries: two dense columns; one group of two blocks)."""
+    rows, parameters = 6, 5
+    columns = np.array([[1.0] * rows, [0.0, 3.0, 1.0, 2.0, 0.0, 5.0]])
+    table_columns = np.array([[[5, 0, 1], [5, 2, 3]]], dtype=np.int64)
+    cells = np.array([[0, 1, 2, 1, 0, 2]], dtype=np.int64)
+    y = np.array([0.0, 1.0, 1.0, 0.0, 1.0, 0.0])
+    x = np.array([3.0, -1.0, 2.0, 0.0, 1.0])
+    noise = np.array([[1, 0, -2, 5, 0], [0, 3, 1, -1, 2]], dtype=np.int64)
+    done = langevin.lattice_steps_kernel(
+        x,
+        noise,
+        0.99,
+        2.0**-20,
+        2.0**10,
+        columns,
+        np.array([4, 3], dtype=np.intp),
+        table_columns,
+        cells,
+        y,
+        2.0**-28,
+        2.0**16,
+        2.0**8,
+        np.empty(rows),
+        np.empty((1, 3)),
+        np.empty((1, 3)),
+        np.empty(parameters + 1),
+        np.empty(2),
+        np.empty(parameters + 1),
+    )
+    _check(done == 2 and bool(np.all(x == np.trunc(x))), "lattice steps")
+
+
 _WARMERS: Final[tuple[tuple[Callable[[], None], tuple[Any, ...]], ...]] = (
     (_warm_scalars, (ieee_math.exp_one, ieee_math.log_one, fp.sigmoid_element)),
     (_warm_fixed_point, (fp._sigmoid_kernel, fp._tanh_grid_kernel)),
@@ -180,6 +214,7 @@ _WARMERS: Final[tuple[tuple[Callable[[], None], tuple[Any, ...]], ...]] = (
         ),
     ),
     (_warm_langevin, (langevin._binary_cells_kernel,)),
+    (_warm_lattice_steps, (langevin.lattice_steps_kernel,)),
 )
 """Each warm-up step and the kernels it calls."""
 

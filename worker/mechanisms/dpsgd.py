@@ -187,6 +187,19 @@ class NoiseStream:
         self.left -= 1
         return out
 
+    def draw_steps(self, *, scale: float, same_scale_ahead: int, most: int) -> torch.Tensor:
+        """Noise for the next 1 to ``most`` steps at once, (steps, size) int64: the rows that
+        as many calls of :meth:`draw` would return, from the same refills of the same sizes
+        (so the same draws in the same order); fewer than ``most`` where the buffer ends
+        first. ``same_scale_ahead`` as for :meth:`draw`, counted from the first of them."""
+        first = self.draw(scale=scale, same_scale_ahead=same_scale_ahead)
+        count = max(0, min(most - 1, len(self._buffer) - self._next))
+        if not count:
+            return first.unsqueeze(0)
+        self._next += count
+        self.left -= count
+        return self._buffer[self._next - count - 1 : self._next]
+
 
 @dataclass(frozen=True)
 class SampledBlock:

@@ -588,6 +588,39 @@ class ExactRowSums:
         # Integers below 2^53 throughout: exact in any order.
         return torch.from_numpy(out).round().to(torch.int64)
 
+    def binary_cells_inputs(self) -> tuple[Any, ...] | None:
+        """For a binary target with one-hot blocks and float64 labels in one part: the
+        arguments of :func:`_binary_cells_kernel` that do not change from step to step
+        (the dense columns, their indices, the packed table columns, the cells, the labels,
+        the two scalings, and each step's scratch: residuals, tables, cell sums, gradient
+        sums, the dense θ and θ_ext), for :func:`lattice_steps_kernel`; None otherwise
+        (the caller then steps through :meth:`gradient_sum`)."""
+        if len(self._chunks) != 1 or not self._blocks or self.classes != 1:
+            return None
+        _, backward, ys = self._chunks[0]
+        if ys.dtype != torch.float64:
+            return None
+        columns = backward.numpy()
+        dense = np.ascontiguousarray(self._dense_columns.numpy(), dtype=np.intp)
+        tables = self._packed_columns[:, 0].shape
+        b = self._kw
+        return (
+            columns,
+            dense,
+            self._packed_columns,
+            self._structured[0],
+            ys.numpy(),
+            2.0 ** -(b["feature_bits"] + b["theta_bits"]),
+            2.0 ** b["residual_bits"],
+            self._unit,
+            np.empty(columns.shape[1], dtype=np.float64),
+            np.empty(tables, dtype=np.float64),
+            np.empty(tables, dtype=np.float64),
+            np.empty(self.parameters + 1, dtype=np.float64),
+            np.empty(dense.shape[0], dtype=np.float64),
+            np.empty(self.parameters + 1, dtype=np.float64),
+        )
+
     def gradient_sum(
         self, theta_int: torch.Tensor, *, pool: ThreadPoolExecutor | None = None
     ) -> torch.Tensor:
@@ -663,6 +696,99 @@ def _binary_cells_kernel(
             for c in range(size):
                 sums[table_columns[g, m, c]] += counts[g, c]
     return False
+
+
+@ieee_njit
+def lattice_steps_kernel(
+    x: np.ndarray,
+    noise: np.ndarray,
+    rho: float,
+    g: float,
+    limit: float,
+    columns: np.ndarray,
+    dense: np.ndarray,
+    table_columns: np.ndarray,
+    cells: np.ndarray,
+    y: np.ndarray,
+    logit_scale: float,
+    residual_scale: float,
+    unit: float,
+    r: np.ndarray,
+    tables: np.ndarray,
+    counts: np.ndarray,
+    sums: np.ndarray,
+    theta: np.ndarray,
+    extended: np.ndarray,
+) -> int:  # pragma: no cover - compiled (numba runs this source as machine code)
+    """Consecutive steps of the hidden-iterate chain (worker/mechanisms/langevin_hidden.py)
+    for a binary target with one-hot blocks in one part, one step per row of ``noise``
+    (steps, P) int64, updating the lattice point ``x`` (P,) float64 in place; the other
+    arguments are :meth:`ExactRowSums.binary_cells_inputs`. Per step, the same values and
+    IEEE operations as the chain's numpy loop around :meth:`ExactRowSums.gradient_sum`
+    (one part: :meth:`~ExactRowSums._binary_part_sum`), so the same bits:
+
+    * θ_ext = (x, 0)·2^c and the dense θ = x[dense] (exact: a power-of-two scaling, copies);
+    * G: :func:`_binary_cells_kernel` (zeroed cell and gradient sums), the block columns'
+      sums scaled by 2^c, the dense columns' sums Σᵢ columns[k, i]·r_i (integer products and
+      partial sums below 2^53: exact in any order, the GEMV's value), each entry then
+      through int64 and back (an exact integer: its value, −0 read as +0, as
+      ``.round().to(torch.int64)`` and ``astype(np.float64)`` do);
+    * v = rint(fl(fl(ρ·x) − fl(g·G))) (np.round to 0 decimals is rint, ties to even), then
+      v + N with N's int64 converted to float64 (exact below 2^53), clamped to
+      [−limit, limit] (np.clip's value: min then max, no NaN reaches it).
+
+    Returns the number of steps done: all of them, or the index of a step whose numerator
+    was NaN, which is left undone (x as before it) for the caller's numpy path."""
+    steps, parameters = noise.shape
+    rows = r.shape[0]
+    for step in range(steps):
+        for j in range(parameters):
+            extended[j] = x[j] * unit
+        extended[parameters] = 0.0
+        for k in range(dense.shape[0]):
+            theta[k] = x[dense[k]]
+        counts[:] = 0.0
+        sums[:] = 0.0
+        if _binary_cells_kernel(
+            columns,
+            theta,
+            extended,
+            table_columns,
+            cells,
+            y,
+            logit_scale,
+            residual_scale,
+            r,
+            tables,
+            counts,
+            sums,
+        ):
+            return step
+        for j in range(parameters):
+            sums[j] *= unit
+        for k in range(dense.shape[0]):
+            # four partial sums (exact integers: any order), for the loop's latency
+            s0 = 0.0
+            s1 = 0.0
+            s2 = 0.0
+            s3 = 0.0
+            i = 0
+            while i + 4 <= rows:
+                s0 += columns[k, i] * r[i]
+                s1 += columns[k, i + 1] * r[i + 1]
+                s2 += columns[k, i + 2] * r[i + 2]
+                s3 += columns[k, i + 3] * r[i + 3]
+                i += 4
+            while i < rows:
+                s0 += columns[k, i] * r[i]
+                i += 1
+            sums[dense[k]] = (s0 + s1) + (s2 + s3)
+        for j in range(parameters):
+            gradient = float(np.int64(sums[j]))
+            v = np.rint(x[j] * rho - gradient * g)
+            v = v + float(noise[step, j])
+            x[j] = max(min(v, limit), -limit)
+    return steps
 
 
 _TABLE_CELLS = 4096

@@ -20,12 +20,19 @@ module runs exactly that chain and nothing else:
   checked_rows`); the plan's grid and constants are recomputed from its public values
   and must be the ones the proof's were (:class:`PlanMismatch` otherwise).
 
+A binary target with one-hot blocks in one part (one worker thread) runs its steps in
+compiled calls of up to 64 steps (:func:`~worker.mechanisms.langevin.lattice_steps_kernel`:
+the same exact sums and the same three IEEE operations, rounding, noise addition and clamp
+per coordinate, so the same bits; the noise rows those of the per-step draws,
+:meth:`~worker.mechanisms.dpsgd.NoiseStream.draw_steps`); every other case steps in numpy.
+
 K ≥ 3 classes: x is the (d + 1) × K matrix, G the exact (d + 1) × K sum of the softmax
 residuals (with langevin.py's exact per-row residual check), the same elementwise update.
 """
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,6 +45,8 @@ from worker.mechanisms.base import MechanismOutput, PlanMismatch, ProgressFn, Ta
 from worker.mechanisms.dpsgd import NoiseStream
 from worker.mechanisms.guards import GuardFailed
 from worker.mechanisms.langevin import (
+    ExactRowSums,
+    lattice_steps_kernel,
     logistic_releases,
     run_expm_langevin,
     threaded_row_sums,
@@ -121,18 +130,59 @@ def sample_hidden_langevin(
         parameters=chain.parameters,
         classes=chain.classes,
     ) as (sums, pool):
-        for step in range(1, params.steps + 1):
-            summed = sums.gradient_sum(torch.from_numpy(x), pool=pool).numpy()
-            # v = fl(fl(ρ·x) − fl(g·G)): G's int64 entries are below 2^53 (exact as floats).
-            np.multiply(x, rho, out=v)
-            np.multiply(summed.astype(np.float64), g, out=gg)
-            np.subtract(v, gg, out=v)
-            np.round(v, out=v)  # to the nearest integer (ties to even): the lattice
-            step_noise = noise.draw(scale=scale, same_scale_ahead=params.steps - step + 1)
-            np.add(v, step_noise.numpy().reshape(shape), out=v)  # integers below 2^53
-            np.clip(v, -limit, limit, out=x)
-            progress(done + step, total)
+        fused = sums.binary_cells_inputs() if chain.classes == 1 and pool is None else None
+        step = 1
+        while fused is not None and step <= params.steps:
+            # Up to _FUSED_STEPS steps in one compiled call (lattice_steps_kernel: the same
+            # operations as the loop below, so the same bits), their noise the rows the
+            # per-step draws would have returned.
+            block = noise.draw_steps(
+                scale=scale, same_scale_ahead=params.steps - step + 1, most=_FUSED_STEPS
+            ).numpy()
+            start = 0
+            while start < len(block):
+                done_now = lattice_steps_kernel(x, block[start:], rho, g, limit, *fused)
+                for _ in range(done_now):
+                    progress(done + step, total)
+                    step += 1
+                start += done_now
+                if start < len(block):  # a NaN numerator: this step by the numpy path
+                    _numpy_step(sums, x, v, gg, rho, g, limit, block[start], pool)
+                    progress(done + step, total)
+                    step, start = step + 1, start + 1
+        for later in range(step, params.steps + 1):
+            step_noise = noise.draw(scale=scale, same_scale_ahead=params.steps - later + 1)
+            _numpy_step(sums, x, v, gg, rho, g, limit, step_noise.numpy(), pool)
+            progress(done + later, total)
     return torch.from_numpy(np.ldexp(x, -b))
+
+
+_FUSED_STEPS = 64
+"""Steps per compiled call of :func:`~worker.mechanisms.langevin.lattice_steps_kernel`
+(progress is reported after each call, for each of its steps)."""
+
+
+def _numpy_step(
+    sums: ExactRowSums,
+    x: np.ndarray,
+    v: np.ndarray,
+    gg: np.ndarray,
+    rho: float,
+    g: float,
+    limit: float,
+    step_noise: np.ndarray,
+    pool: ThreadPoolExecutor | None,
+) -> None:
+    """One step of the chain (module docstring) by numpy, x updated in place: G, then
+    x ← clamp(round(fl(fl(ρ·x) − fl(g·G))) + N, −limit, limit)."""
+    summed = sums.gradient_sum(torch.from_numpy(x), pool=pool).numpy()
+    # v = fl(fl(ρ·x) − fl(g·G)): G's int64 entries are below 2^53 (exact as floats).
+    np.multiply(x, rho, out=v)
+    np.multiply(summed.astype(np.float64), g, out=gg)
+    np.subtract(v, gg, out=v)
+    np.round(v, out=v)  # to the nearest integer (ties to even): the lattice
+    np.add(v, step_noise.reshape(x.shape), out=v)  # integers below 2^53
+    np.clip(v, -limit, limit, out=x)
 
 
 def run_langevin_plan(

@@ -56,6 +56,30 @@ def _binary_cells_args() -> tuple[Any, ...]:
     )
 
 
+def _lattice_steps_args() -> tuple[Any, ...]:
+    rng = np.random.default_rng(6)
+    cells = _binary_cells_args()
+    dense = np.array([0, 4, 7], dtype=np.intp)  # the 3 dense columns' θ entries
+    x = np.round(rng.standard_normal(9) * 2.0**10)
+    noise = rng.integers(-50, 50, (4, 9))
+    # columns, dense, table columns, cells, y, the two scalings, 2^c, then the scratch
+    scratch = (np.empty(45), np.empty((2, 12)), np.empty((2, 12)), np.empty(10))
+    return (
+        x,
+        noise,
+        0.999,
+        2.0**-12,
+        2.0**20,
+        cells[0],
+        dense,
+        *cells[3:8],
+        2.0**8,
+        *scratch,
+        np.empty(3),
+        np.empty(10),
+    )
+
+
 def _fast_plans() -> tuple[Any, Any, Any]:
     scale = 1107296.256
     plan = noise._gaussian_plan(scale)
@@ -121,6 +145,7 @@ def _lead_args() -> tuple[Any, ...]:
         (fp._tanh_grid_kernel, _tanh_args),
         (fp._sigmoid_kernel, _sigmoid_args),
         (langevin._binary_cells_kernel, _binary_cells_args),
+        (langevin.lattice_steps_kernel, _lattice_steps_args),
         (noise._screen_kernel, _screen_args),
         (noise._lead_v_kernel, _lead_args),
         (noise._open_kernel, _open_args),
@@ -146,6 +171,7 @@ def test_kernels_compile_to_ieee_operations_only(
         fp._tanh_grid_kernel,
         fp._sigmoid_kernel,
         langevin._binary_cells_kernel,
+        langevin.lattice_steps_kernel,
         noise._open_kernel,
     ):
         assert re.search(r"\bfmul\b", llvm) and re.search(r"\bfdiv\b", llvm)

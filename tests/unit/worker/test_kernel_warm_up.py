@@ -63,6 +63,15 @@ sums = ExactRowSums(
     x_int, y, feature_bits=8, residual_bits=16, theta_bits=20, one_hot=((1, 4),), parts=2
 )
 sums.gradient_sum(torch.from_numpy(np.round(rng.standard_normal(7) * 2.0**20)))
+# the hidden-iterate chain's compiled steps (one part), noise rows as the chain takes them
+from worker.mechanisms.dpsgd import NoiseStream
+from worker.mechanisms.langevin import lattice_steps_kernel
+
+single = ExactRowSums(x_int, y, feature_bits=8, residual_bits=16, theta_bits=20, one_hot=((1, 4),))
+stream = NoiseStream(rng=np.random.Generator(ChaCha(key=4, rounds=20)), size=7, steps=5)
+block = stream.draw_steps(scale=30.0, same_scale_ahead=5, most=5).numpy()
+fused = single.binary_cells_inputs()
+lattice_steps_kernel(np.zeros(7), block[1:], 0.99, 2.0**-20, 2.0**30, *fused)
 report["after_release_calls"] = signatures()
 
 

@@ -210,3 +210,106 @@ def test_chain_finds_the_signal_at_a_large_epsilon() -> None:
     from sklearn.metrics import roc_auc_score
 
     assert roc_auc_score(data.y.numpy(), scores.numpy()) > 0.8
+
+
+def _one_hot_data(rows: int, seed: int = 0) -> TabularTrainingSet:
+    """D = 5 features: one numeric column, then a one-hot block of 4 levels (some rows
+    all-zero, a level outside the declared ones)."""
+    g = torch.Generator().manual_seed(seed)
+    numeric = torch.rand((rows, 1), generator=g)
+    level = torch.randint(0, 5, (rows,), generator=g)
+    block = torch.zeros((rows, 4))
+    inside = level < 4
+    block[inside, level[inside]] = 1.0
+    x = torch.cat([numeric, block], dim=1)  # ‖(x, 1)‖² ≤ 3 ≤ B
+    signal = numeric[:, 0] + (level == 1).float() - 0.5 * (level == 3).float()
+    y = (signal + 0.2 * torch.randn(rows, generator=g) > 0.6).float()
+    return TabularTrainingSet(x, y, one_hot_blocks=((1, 4),))
+
+
+def test_compiled_steps_release_the_numpy_loops_bits(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The chain's compiled loop (one part, binary, one-hot blocks: lattice_steps_kernel)
+    releases exactly the numpy loop's lattice point under the same noise, over several
+    compiled calls and a last partial one, and reports every step once, in order."""
+    from randomgen import ChaCha
+
+    import worker.mechanisms.langevin_hidden as hidden
+    from worker.mechanisms.langevin import ExactRowSums
+
+    plan = _plan(_request(epsilon=5.0, accounting="hidden", steps=300))
+    params = HiddenLangevinParams.from_plan(plan.mechanism)
+    data = _one_hot_data(N_ROWS, seed=4)
+    monkeypatch.setattr(hidden, "secure_rng", lambda: np.random.Generator(ChaCha(key=3)))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # one part: the compiled loop's case
+    try:
+        calls: list[int] = []
+        compiled = sample_hidden_langevin(
+            params=params,
+            data=data,
+            device=torch.device("cpu"),
+            progress=lambda done, total: calls.append(done),
+        )
+        used = []
+        original = ExactRowSums.binary_cells_inputs
+
+        def spy(self: ExactRowSums) -> object:
+            used.append(original(self) is not None)
+            return None  # the numpy loop instead
+
+        monkeypatch.setattr(ExactRowSums, "binary_cells_inputs", spy)
+        reference = sample_hidden_langevin(
+            params=params, data=data, device=torch.device("cpu"), progress=lambda *_: None
+        )
+    finally:
+        torch.set_num_threads(threads)
+    assert used == [True]  # the first run took the compiled loop
+    assert calls == list(range(1, 301))
+    assert float(reference.abs().max()) > 0  # the chain moved
+    assert torch.equal(compiled, reference)
+    assert compiled.numpy().tobytes() == reference.numpy().tobytes()
+
+
+def test_compiled_steps_leave_a_nan_step_undone() -> None:
+    from worker.mechanisms.langevin import ExactRowSums, lattice_steps_kernel, quantised_features
+
+    data = _one_hot_data(40)
+    x_int = quantised_features(data.x, feature_bits=9, norm_sq_bound=BOUND)
+    sums = ExactRowSums(
+        x_int, data.y, feature_bits=9, residual_bits=20, theta_bits=20, one_hot=((1, 4),)
+    )
+    fused = sums.binary_cells_inputs()
+    assert fused is not None
+    x = np.array([1.0, np.nan, 3.0, 0.0, -2.0, 5.0])
+    before = x.copy()
+    noise = np.ones((3, 6), dtype=np.int64)
+    assert lattice_steps_kernel(x, noise, 0.5, 2.0**-30, 2.0**30, *fused) == 0
+    assert np.array_equal(x, before, equal_nan=True)
+    x = np.array([1.0, 2.0, 3.0, 0.0, -2.0, 5.0])
+    assert lattice_steps_kernel(x, noise, 0.5, 2.0**-30, 2.0**30, *fused) == 3
+
+
+def test_noise_steps_at_once_are_the_per_step_draws(monkeypatch: pytest.MonkeyPatch) -> None:
+    """NoiseStream.draw_steps returns the rows that per-step draws would, refilling at the
+    same steps with the same sizes (a block of 3 steps here), so the generator is read the
+    same way."""
+    from randomgen import ChaCha
+
+    from worker.mechanisms import dpsgd
+
+    monkeypatch.setattr(dpsgd, "_NOISE_BLOCK_ELEMENTS", 12)
+    steps, size = 11, 4
+
+    def stream() -> dpsgd.NoiseStream:
+        return dpsgd.NoiseStream(rng=np.random.Generator(ChaCha(key=5)), size=size, steps=steps)
+
+    one, many = stream(), stream()
+    assert many.block == 3
+    single = [one.draw(scale=40.0, same_scale_ahead=steps - k) for k in range(steps)]
+    rows: list[torch.Tensor] = []
+    for most in (2, 1, 5, 5, 5):
+        rows.extend(many.draw_steps(scale=40.0, same_scale_ahead=steps - len(rows), most=most))
+    assert len(rows) == steps and many.left == one.left == 0
+    assert torch.equal(torch.stack(rows), torch.stack(single))
+    next_words = one.rng.bit_generator.random_raw(4), many.rng.bit_generator.random_raw(4)
+    assert np.array_equal(*next_words)  # the generators were read alike
