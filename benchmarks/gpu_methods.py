@@ -43,15 +43,13 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from digits_data import generated_sets, load_digits_set  # noqa: E402
-from job_estimates import _dataset, _request  # noqa: E402
+from job_estimates import SAMPLER_CASES, _dataset, _request  # noqa: E402
+from job_estimates import _evaluation as job_evaluation  # noqa: E402
 
-from service.datasets.kinds import parse_dataset_schema  # noqa: E402
-from service.evaluations import evaluation_plan  # noqa: E402
 from service.modelspec import MODEL_SPEC  # noqa: E402
 from service.plans import plan_for_dataset  # noqa: E402
 from service.schemas import PrivacyPlan  # noqa: E402
-from worker.data import load_holdout, load_training_set  # noqa: E402
-from worker.evaluation_job import run_evaluation  # noqa: E402
+from worker.data import load_training_set  # noqa: E402
 from worker.mechanisms.base import TabularTrainingSet  # noqa: E402
 from worker.mechanisms.registry import run_mechanism  # noqa: E402
 from worker.models import build_module  # noqa: E402
@@ -230,31 +228,10 @@ def cases(folder: Path) -> list[tuple[str, Run]]:
         n_adult,
         {**expm, "expm": {"accounting": "hidden"}},
     )
-    training(
-        "expm mcmc, 8 chains 10+10 it, 8 leapfrog",
-        adult,
-        n_adult,
-        {**expm, "expm": {"sampler": "mcmc", "steps": 10, "warmup": 10, "leapfrog_steps": 8}},
-    )
-    nf = {"epsilon": 1.0, "delta": 0.0, "method": "expm_nf"}
-    training(
-        "expm_nf logistic planar, 100 steps, R=10",
-        adult,
-        n_adult,
-        {**nf, "expm_nf": {"steps": 100, "domain_radius": 10.0}},
-    )
-    training(
-        "expm_nf mlp [16] planar, 20 steps",
-        adult,
-        n_adult,
-        {**nf, "model": {"kind": "mlp", "hidden": [16]}, "expm_nf": {"steps": 20}},
-    )
-    training(
-        "expm_nf grud H=16, 20 steps",
-        icu,
-        n_icu,
-        {**nf, "model": {"kind": "grud", "hidden": 16}, "expm_nf": {"steps": 20}},
-    )
+    for name, dataset, body in SAMPLER_CASES:  # MCMC and ExpM+NF, as job_estimates.py's
+        training(
+            name, icu if dataset == "icu" else adult, n_icu if dataset == "icu" else n_adult, body
+        )
     for kind, body in (
         ("features cfs_greedy", {"kind": "features", "method": "cfs_greedy"}),
         (
@@ -299,31 +276,10 @@ def _selection(
 
 
 def _evaluation(folder: Path, schema: dict[str, Any], model: dict[str, Any]) -> Run:
-    request = _request(
-        {
-            "method": "evaluation",
-            "model": model,
-            "epsilon": 1.0,
-            "delta": 0.0,
-            "evaluation": {
-                "job_id": "bench",
-                "sample": 0,
-                "metrics": ["accuracy", "log_loss", "auc", "calibration_error"],
-                "noise": "laplace",
-                "confidence": 0.95,
-            },
-        }
-    )
-    stats = evaluation_plan(request, holdout_rows=3000, public_schema=schema)
-    spec = MODEL_SPEC.validate_python(model)
-    parsed = parse_dataset_schema(schema)
-
-    def run(device: torch.device) -> object:
-        module = build_module(spec, parsed.n_features)
-        data = load_holdout(folder, schema, device, before_first_read=lambda: None)
-        return run_evaluation(plan=stats, module=module, data=data)
-
-    return run
+    """job_estimates.py's evaluation case (3,000 holdout rows), on the CPU as the worker
+    scores (:data:`CPU_ONLY`)."""
+    _, run = job_evaluation(folder, schema, model, 3000)
+    return lambda device: run()
 
 
 def _timed(run: Run, device: torch.device) -> tuple[float | None, str | None]:

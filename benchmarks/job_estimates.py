@@ -58,6 +58,42 @@ from worker.models import build_module  # noqa: E402
 RESULTS = ROOT / "benchmarks" / "results"
 CPU = torch.device("cpu")
 
+_NF = {"epsilon": 1.0, "delta": 0.0, "method": "expm_nf"}
+SAMPLER_CASES: list[tuple[str, str, dict[str, Any]]] = [
+    (
+        "expm mcmc logistic, 8 chains 10+10 it, 8 leapfrog",
+        "adult",
+        {
+            "epsilon": 1.0,
+            "delta": 1e-5,
+            "method": "expm",
+            "expm": {"sampler": "mcmc", "steps": 10, "warmup": 10, "leapfrog_steps": 8},
+        },
+    ),
+    (
+        "expm_nf logistic planar, 100 steps, R=10 (no fidelity check)",
+        "adult",
+        {**_NF, "expm_nf": {"steps": 100, "domain_radius": 10.0}},
+    ),
+    (
+        "expm_nf mlp [16] planar, 20 steps",
+        "adult",
+        {**_NF, "model": {"kind": "mlp", "hidden": [16]}, "expm_nf": {"steps": 20}},
+    ),
+    (
+        "expm_nf logistic sylvester, 50 steps, R=10",
+        "adult",
+        {**_NF, "expm_nf": {"steps": 50, "flow": "sylvester", "domain_radius": 10.0}},
+    ),
+    (
+        "expm_nf grud H=16, 20 steps",
+        "icu",
+        {**_NF, "model": {"kind": "grud", "hidden": 16}, "expm_nf": {"steps": 20}},
+    ),
+]
+"""The samplers' cases (name, bundled dataset, request body): steps cut from the defaults
+(benchmarks/gpu_methods.py runs the same cases on CPU and CUDA)."""
+
 
 def _dataset(folder: Path, name: str, holdout: int) -> tuple[dict[str, Any], int]:
     """Store a bundled dataset (training rows and a holdout of ``holdout`` rows) in
@@ -185,41 +221,10 @@ def cases(folder: Path) -> list[tuple[str, PrivacyPlan, dict[str, Any], Callable
             "dpsgd": {"epochs": 1, "batch_size": 256},
         },
     )
-    training(
-        "expm mcmc logistic, 8 chains 10+10 it, 8 leapfrog",
-        adult,
-        n_adult,
-        {
-            **dp,
-            "method": "expm",
-            "expm": {"sampler": "mcmc", "steps": 10, "warmup": 10, "leapfrog_steps": 8},
-        },
-    )
-    nf = {"epsilon": 1.0, "delta": 0.0, "method": "expm_nf"}
-    training(
-        "expm_nf logistic planar, 100 steps, R=10 (no fidelity check)",
-        adult,
-        n_adult,
-        {**nf, "expm_nf": {"steps": 100, "domain_radius": 10.0}},
-    )
-    training(
-        "expm_nf mlp [16] planar, 20 steps",
-        adult,
-        n_adult,
-        {**nf, "model": {"kind": "mlp", "hidden": [16]}, "expm_nf": {"steps": 20}},
-    )
-    training(
-        "expm_nf logistic sylvester, 50 steps, R=10",
-        adult,
-        n_adult,
-        {**nf, "expm_nf": {"steps": 50, "flow": "sylvester", "domain_radius": 10.0}},
-    )
-    training(
-        "expm_nf grud H=16, 20 steps",
-        icu,
-        n_icu,
-        {**nf, "model": {"kind": "grud", "hidden": 16}, "expm_nf": {"steps": 20}},
-    )
+    for name, dataset, body in SAMPLER_CASES:
+        training(
+            name, icu if dataset == "icu" else adult, n_icu if dataset == "icu" else n_adult, body
+        )
     for name, schema, model, holdout in (
         ("evaluation logistic, 3000 rows", adult, {"kind": "logistic"}, 3000),
         (
