@@ -84,6 +84,29 @@ def _warm_fixed_point() -> None:
         _check(target[0, 0] == 0.0 and target[1, 1] == 0.0 and bounded, "tanh̃ grid")
 
 
+def _warm_mlp_rows() -> None:
+    """exact_net's MLP path per block of rows: the tanh backward with the outer product
+    (one logit) and with a given product, the scaling of the clipped rows (the hidden layer's
+    and the logit's column), and the row maxima and squares alone."""
+    h = np.array([[0.0, 2.0**16, -3.0], [5.0, -(2.0**16), 1.0]])
+    upper = np.array([2.0, -1.0])
+    weight = np.array([1.0, -4.0, 3.0])
+    t = np.empty((2, 3))
+    top, t_sq, h_sq = np.empty(2), np.empty(2), np.empty(2)
+    fp._tanh_backward_kernel(t, upper, weight, True, h, fp.pow2(32), fp.pow2(-33), top, t_sq, h_sq)
+    _check(t[0, 1] == 0.0 and h_sq[0] == 2.0**32 + 9.0 and top[0] == 3.0, "tanh backward")
+    fp._tanh_backward_kernel(
+        t, np.empty(0), np.empty(0), False, h, fp.pow2(32), fp.pow2(-33), top, t_sq, h_sq
+    )
+    v = np.empty((2, 3))
+    fp._scale_rows_kernel(h, np.array([0.5, 0.0]), fp.pow2(-20), v, top, t_sq)
+    _check(bool(np.all(v[1] == 0.0)) and top[1] == 0.0 and t_sq[1] == 0.0, "row scaling")
+    column = upper[:, None]
+    fp._scale_rows_kernel(column, upper, fp.pow2(-20), np.empty((2, 1)), top, t_sq)
+    fp._row_maxima_and_squares(h, h, top, t_sq, h_sq, True)
+    _check(top[0] == 2.0**16 and t_sq[1] == h_sq[1], "row maxima and squares")
+
+
 def _warm_noise() -> None:
     """The rounded Gaussian's fast chunk (noise._accepted_chunk's kernels in its order, with
     its plan tables, read-only as there): V, V's tail for four entries, the screen, the open
@@ -203,6 +226,10 @@ def _warm_lattice_steps() -> None:
 _WARMERS: Final[tuple[tuple[Callable[[], None], tuple[Any, ...]], ...]] = (
     (_warm_scalars, (ieee_math.exp_one, ieee_math.log_one, fp.sigmoid_element)),
     (_warm_fixed_point, (fp._sigmoid_kernel, fp._tanh_grid_kernel)),
+    (
+        _warm_mlp_rows,
+        (fp._tanh_backward_kernel, fp._scale_rows_kernel, fp._row_maxima_and_squares),
+    ),
     (
         _warm_noise,
         (

@@ -563,3 +563,78 @@ def test_tanh_grid_block_is_the_reference_sequence(scale_bits: int, out_bits: in
         got = np.empty_like(z)
         fp.tanh_grid_block(z, scale_bits=scale_bits, out_bits=out_bits, out=got)
     assert np.array_equal(got.view(np.int64), want.view(np.int64))
+
+
+@pytest.mark.parametrize("columns", [1, 3, 4, 33, 1024])
+def test_mlp_row_kernels_are_the_numpy_sequences(columns: int) -> None:
+    """fixed_point._tanh_backward_kernel and _scale_rows_kernel (issue 25: one compiled loop
+    each in exact_net's MLP path) against the numpy passes they replaced, bit for bit: T
+    (outer product and given product), V, the row maxima of |·| with np.maximum.reduce's NaN
+    rule, and the row sums of squares where they are exact integer sums (np.vecdot's);
+    rows with NaN, ±inf, ±0 and values where H² or T overflow included."""
+    rng = np.random.default_rng(90 + columns)
+    rows = 9
+    h = np.round(rng.uniform(-(2.0**16), 2.0**16, (rows, columns)))
+    upper = np.round(rng.standard_normal(rows) * 2.0**20)
+    weight = np.round(rng.standard_normal(columns) * 2.0**30)
+    given = np.round(rng.standard_normal((rows, columns)) * 2.0**40)
+    h[1, 0], upper[2], h[3, -1], weight[0] = np.nan, np.inf, 1e200, -0.0
+    h[4] = -0.0
+    upper[5] = 0.0
+    given[6, 0] = -np.inf
+    given[7, -1] = np.nan
+    full, scale = fp.pow2(32), fp.pow2(-68)
+
+    def numpy_back(t: np.ndarray) -> np.ndarray:
+        factor = np.multiply(h, h)
+        np.subtract(full, factor, out=factor)
+        t = t * factor
+        t *= scale
+        return np.rint(t, out=t)
+
+    def same(a: np.ndarray, b: np.ndarray) -> bool:
+        return a.tobytes() == b.tobytes()
+
+    with np.errstate(all="ignore"):
+        for outer, start in ((True, upper[:, None] * weight[None, :]), (False, given)):
+            expected = numpy_back(start)
+            t = np.empty_like(h) if outer else given.copy()
+            top, t_sq, h_sq = np.empty(rows), np.empty(rows), np.empty(rows)
+            fp._tanh_backward_kernel(
+                t,
+                upper if outer else np.empty(0),
+                weight if outer else np.empty(0),
+                outer,
+                h,
+                full,
+                scale,
+                top,
+                t_sq,
+                h_sq,
+            )
+            assert same(t, expected)
+            reference_top = np.maximum.reduce(np.abs(expected), axis=1)
+            assert np.array_equal(top, reference_top, equal_nan=True)
+            assert same(np.isnan(top), np.isnan(reference_top))
+            finite = reference_top < 2.0 ** en._half_bits(columns)  # exact sums (NaN: False)
+            assert same(t_sq[finite], np.vecdot(expected, expected)[finite])
+            exact_h = np.all(np.isfinite(h) & (np.abs(h) <= 2.0**16), axis=1)
+            assert same(h_sq[exact_h], np.vecdot(h, h)[exact_h])
+            assert finite.sum() >= 2 and exact_h.sum() >= 5  # the comparisons saw rows
+
+        g = np.round(rng.standard_normal((rows, columns)) * 2.0**25)
+        g[0, 0], g[1, -1], g[2] = np.nan, -np.inf, -0.0
+        w = rng.uniform(0.0, 1.0, rows)
+        w[3], w[4] = 0.0, np.nan
+        expected = np.multiply(g, w[:, None])
+        expected *= fp.pow2(-20)
+        np.rint(expected, out=expected)
+        out, top, sq = np.empty_like(g), np.empty(rows), np.empty(rows)
+        fp._scale_rows_kernel(g, w, fp.pow2(-20), out, top, sq)
+        reference_top = np.maximum.reduce(np.abs(expected), axis=1)
+        assert same(out, expected)
+        assert np.array_equal(top, reference_top, equal_nan=True)
+        finite = reference_top < 2.0 ** en._half_bits(columns)  # exact sums (NaN: False)
+        assert same(sq[finite], np.vecdot(expected, expected)[finite])
+        assert finite.sum() >= 5
+        assert same(np.isnan(sq), np.isnan(reference_top))  # NaN rows: NaN sums

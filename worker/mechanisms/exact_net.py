@@ -87,7 +87,12 @@ Route (a) of the issue, exact fixed-point arithmetic through the network. Notati
   worked through in blocks of rows (every value before the chunk's sum is a function of
   its row alone, so blocking changes no bit) with each block's forward, backward, norms
   and weights in cache, tanh̃ by fixed_point.tanh_grid_block (fewer passes, the same
-  bits: argued there). Each is argued where it is made; tests/unit/test_exact_net.py's
+  bits: argued there); the tanh backward (fixed_point._tanh_backward_kernel) and the
+  clipped rows' scaling V = round(B·w·2^-20) (fixed_point._scale_rows_kernel) are compiled
+  loops (worker/ieee_jit.py: each source operation one IEEE operation, no FMA, no
+  fast-math) with the numpy passes' operations in their order, and they also form the row
+  maxima (iii) and the rows' sums of squares, used only where those are exact integer
+  sums (ii). Each is argued where it is made; tests/unit/test_exact_net.py's
   golden sha256 pins the sums to those of the code before (cb078aa), and tests compare
   the logistic and MLP paths with the general one.
 
@@ -116,7 +121,9 @@ import torch
 from worker.mechanisms.base import PlanMismatch
 from worker.mechanisms.fixed_point import (
     MAX_GRID_BITS,
+    _scale_rows_kernel,
     _sigmoid_block,
+    _tanh_backward_kernel,
     parameters_on_grid,
     pow2,
     pow2_tensor,
@@ -162,6 +169,8 @@ _MARGIN: Final[float] = 2.0**-20  # the weights aim at c_row·(1 − 2^-20)
 #: Adult batches (thread CPU time, shared machine) 65536 took 0.74x-0.93x the time of
 #: 16384 at widths 64-1024, the same sums (benchmarks/results/dpsgd_widths.md).
 _MLP_BLOCK: Final[int] = 1 << 16
+_NO_VALUES: Final[npt.NDArray[np.float64]] = np.empty(0)
+"""The compiled tanh backward's unused operands (its ``upper``/``weight`` when T is given)."""
 # Exact powers of two of the logistic path (ExactNetClipper._logistic_sum).
 _P_C: Final[float] = math.ldexp(1.0, FEATURE_BITS)
 _P_INV_C: Final[float] = math.ldexp(1.0, -FEATURE_BITS)
@@ -838,7 +847,9 @@ class ExactNetClipper:
         numpy, writing the hidden activations (zeroed on invalid rows), the V_l and the
         rows' U_i/(1 + 2^-40) into the chunk's arrays and updating ``valid`` and ``a2`` (views
         of the chunk's); ``first`` holds the block's layer-0 numerators Z (the chunk's one
-        product). Each step names the general path's operation it repeats."""
+        product). Each step names the general path's operation it repeats; the tanh
+        backward and the scaling of the clipped rows run as compiled loops of the same
+        operations (fixed_point._tanh_backward_kernel, _scale_rows_kernel)."""
         last = len(layers) - 1
         z = inputs = first
         numerators = []
@@ -883,25 +894,48 @@ class ExactNetClipper:
             grads = [b]
         largest: list[npt.NDArray[np.float64]] = []
         grad_limit = pow2(GRAD_BITS + GRAD_RANGE_BITS)
+        rows = first.shape[0]
+        # tanh: each layer's Σ_k T² and each hidden layer's Σ_k H², per row, from the
+        # backward kernel (used below where they are exact integer sums)
+        grad_sums: list[npt.NDArray[np.float64]] = []
+        hidden_sums: list[npt.NDArray[np.float64]] = []
         for index in range(last, 0, -1):
             layer = layers[index]
             upper = grads[0]
             # T = B·W_int: for one output a single product per element (one rounding, as
             # the matrix product's; exact on a valid row), else a product of integers (ii)
-            t = upper * layer.weight if upper.shape[1] == 1 else _matmul(upper, layer.weight)
+            outer = upper.shape[1] == 1
             if relu:  # round(T·2^-b)·[Z > 0]
+                t = upper * layer.weight if outer else _matmul(upper, layer.weight)
                 t *= pow2(-layer.bits)
                 np.rint(t, out=t)
                 t *= numerators[index - 1] > 0
-            else:  # round(T·(2^32 − H²)·2^-(b + 32)); 2^32 − H² exact (|H| ≤ 2^16)
-                factor = np.multiply(hidden[index - 1], hidden[index - 1])
-                np.subtract(pow2(2 * HIDDEN_BITS), factor, out=factor)
-                t *= factor
-                t *= pow2(-(layer.bits + 2 * HIDDEN_BITS))
-                np.rint(t, out=t)
-            # max|B| ≤ L ⇔ max B ≤ L and min B ≥ −L (NaN compares false both ways); the
-            # row maxima serve norm_sq_upper below
-            top = np.maximum.reduce(np.abs(t), axis=1)
+                # max|B| ≤ L ⇔ max B ≤ L and min B ≥ −L (NaN compares false both ways);
+                # the row maxima serve norm_sq_upper below
+                top = np.maximum.reduce(np.abs(t), axis=1)
+            else:
+                # round(T·(2^32 − H²)·2^-(b + 32)); 2^32 − H² exact (|H| ≤ 2^16), the row
+                # maxima of |T| and the sums Σ T², Σ H² in one compiled loop
+                # (fixed_point._tanh_backward_kernel: the same IEEE operations per element)
+                h = hidden[index - 1]
+                t = np.empty(h.shape) if outer else _matmul(upper, layer.weight)
+                top = np.empty(rows)
+                t_sq = np.empty(rows)
+                h_sq = np.empty(rows)
+                _tanh_backward_kernel(
+                    t,
+                    upper[:, 0] if outer else _NO_VALUES,
+                    layer.weight[0] if outer else _NO_VALUES,
+                    outer,
+                    h,
+                    pow2(2 * HIDDEN_BITS),
+                    pow2(-(layer.bits + 2 * HIDDEN_BITS)),
+                    top,
+                    t_sq,
+                    h_sq,
+                )
+                grad_sums.insert(0, t_sq)
+                hidden_sums.insert(0, h_sq)
             valid &= top <= grad_limit
             grads.insert(0, t)
             largest.insert(0, top)
@@ -912,7 +946,7 @@ class ExactNetClipper:
                 v[invalid] = 0.0
         # contributions(): the inputs' norms (_input_norm_sq), the grads' (norm_sq_upper)
         in_sq = [a2]
-        for h in hidden:
+        for index, h in enumerate(hidden):
             if relu:
                 column = (
                     pow2(HIDDEN_BITS)
@@ -923,14 +957,27 @@ class ExactNetClipper:
                     _norm_sq_upper_np(np.column_stack((h, np.broadcast_to(column, valid.shape))))
                 )
             else:  # ‖[H, 2^16]‖² = Σ H² + 2^32, exact (_norm_sq_bounded)
-                h2 = np.vecdot(h, h)
+                # Σ H² from the backward kernel: on a valid row an exact integer sum
+                # (|H| ≤ 2^16, width + 1 ≤ 2^18: _mlp_numpy_supports), so np.vecdot's bits
+                # in any order; the invalid rows' H are zeroed, as their sums here
+                h2 = hidden_sums[index]
+                if invalid is not None:
+                    h2[invalid] = 0.0
                 h2 += (
                     pow2(2 * HIDDEN_BITS)
                     if invalid is None
                     else np.where(valid, pow2(2 * HIDDEN_BITS), 0.0)
                 )
                 in_sq.append(h2)
-        grad_sq = [_norm_sq_upper_np(g, top) for g, top in zip(grads[:-1], largest, strict=True)]
+        if relu:
+            grad_sq = [
+                _norm_sq_upper_np(g, top) for g, top in zip(grads[:-1], largest, strict=True)
+            ]
+        else:
+            grad_sq = [
+                _norm_sq_from_sums(g, top, sq, invalid)
+                for g, top, sq in zip(grads[:-1], largest, grad_sums, strict=True)
+            ]
         grad_sq.append(_column_norm_sq(b) if b.ndim == 1 else _norm_sq_upper_np(b))
         n_sq = np.zeros_like(a2)
         r_sq = np.zeros_like(a2)
@@ -946,14 +993,16 @@ class ExactNetClipper:
         np.minimum(w, self._units, out=w)
         if invalid is not None:
             w[invalid] = 0.0
-        column = w[:, None]
         sums = np.zeros_like(a2)
         for index, (g, a_sq, layer) in enumerate(zip(grads, in_sq, layers, strict=True)):
-            v = np.multiply(g, column, out=scaled[index])  # round(B·w·2^-20)
-            v *= _P_INV_GRAD
-            np.rint(v, out=v)
+            # round(B·w·2^-20) with the row maxima of |V| and Σ V² in one compiled loop
+            # (fixed_point._scale_rows_kernel: the same IEEE operations per element)
+            v = scaled[index]
+            top = np.empty(rows)
+            sq = np.empty(rows)
+            _scale_rows_kernel(g, w, _P_INV_GRAD, v, top, sq)
             one_logit = index == last and v.shape[1] == 1
-            v_sq = _column_norm_sq(v[:, 0]) if one_logit else _norm_sq_upper_np(v)
+            v_sq = _column_norm_sq(v[:, 0]) if one_logit else _norm_sq_from_sums(v, top, sq, None)
             sums = sums + v_sq * a_sq * pow2(-2 * layer.in_bits)
         total[:] = sums
 
@@ -1034,6 +1083,26 @@ def _norm_sq_upper_np(
     magnitude = np.abs(v) if magnitude is None else magnitude
     q = np.ceil(np.ldexp(magnitude, -shift[:, None]))  # exact scaling, ceiling
     return np.ldexp(np.vecdot(q, q), 2 * shift)
+
+
+def _norm_sq_from_sums(
+    v: npt.NDArray[np.float64],
+    largest: npt.NDArray[np.float64],
+    sums: npt.NDArray[np.float64],
+    invalid: npt.NDArray[np.bool_] | None,
+) -> npt.NDArray[np.float64]:
+    """:func:`_norm_sq_upper_np` (v, largest) for integer-valued v (rows ≥ 1, width) whose
+    row sums Σ_k v² a compiled kernel has already formed (``sums``; ``invalid``: the rows
+    zeroed in v and ``largest`` after the kernel ran, whose sums are set to 0 here, in
+    place). Where every row's maximum is below 2^h, _norm_sq_upper_np returns np.vecdot(v, v):
+    every square is an integer ≤ 2^2h and every partial sum ≤ width·2^2h ≤ 2^52, exact in any
+    order, so the kernel's sums are those bits. Otherwise (or a NaN maximum) the general
+    branch, unchanged."""
+    if np.maximum.reduce(largest) < pow2(_half_bits(v.shape[1])):
+        if invalid is not None:
+            sums[invalid] = 0.0
+        return sums
+    return _norm_sq_upper_np(v, largest)
 
 
 def _features_on_grid(features: npt.NDArray[np.floating]) -> npt.NDArray[np.float64]:

@@ -399,3 +399,138 @@ def tanh_on_grid(
     if append is not None:
         return torch.from_numpy(out)
     return torch.from_numpy(out.reshape(shape))
+
+
+@ieee_njit
+def _row_maxima_and_squares(
+    v: np.ndarray, w: np.ndarray, top: np.ndarray, v_sq: np.ndarray, w_sq: np.ndarray, both: bool
+) -> None:  # pragma: no cover - compiled (numba runs this source as machine code)
+    """Per row r of v: ``top[r]`` = max_k |v| with np.maximum.reduce's NaN rule (NaN where a
+    v is NaN, else the largest |v|, +0 for a row of ±0) and ``v_sq[r]`` = Σ_k v², and where
+    ``both``, ``w_sq[r]`` = Σ_k w² for w of v's shape. The sums run in four interleaved
+    partial sums (lanes k mod 4, then (s0 + s1) + (s2 + s3)); a caller uses them only where
+    every term and partial sum is an integer below 2^53, exact in any order ((ii) of
+    exact_net), i.e. np.vecdot's bits. The NaN rule: a NaN v makes its square and the row's
+    sum NaN, and no finite or infinite v can (squares are ≥ 0, +inf + +inf = +inf), so the row
+    has a NaN exactly when its sum is NaN; the lanes' maxima skip NaN (a comparison with NaN
+    is false) and give the largest |v| of the others."""
+    rows, columns = v.shape
+    for r in range(rows):
+        m0 = 0.0
+        m1 = 0.0
+        m2 = 0.0
+        m3 = 0.0
+        s0 = 0.0
+        s1 = 0.0
+        s2 = 0.0
+        s3 = 0.0
+        g0 = 0.0
+        g1 = 0.0
+        g2 = 0.0
+        g3 = 0.0
+        k = 0
+        while k + 4 <= columns:
+            x0 = v[r, k]
+            x1 = v[r, k + 1]
+            x2 = v[r, k + 2]
+            x3 = v[r, k + 3]
+            s0 += x0 * x0
+            s1 += x1 * x1
+            s2 += x2 * x2
+            s3 += x3 * x3
+            a0 = abs(x0)
+            a1 = abs(x1)
+            a2 = abs(x2)
+            a3 = abs(x3)
+            m0 = a0 if a0 > m0 else m0
+            m1 = a1 if a1 > m1 else m1
+            m2 = a2 if a2 > m2 else m2
+            m3 = a3 if a3 > m3 else m3
+            if both:
+                h0 = w[r, k]
+                h1 = w[r, k + 1]
+                h2 = w[r, k + 2]
+                h3 = w[r, k + 3]
+                g0 += h0 * h0
+                g1 += h1 * h1
+                g2 += h2 * h2
+                g3 += h3 * h3
+            k += 4
+        while k < columns:
+            x0 = v[r, k]
+            s0 += x0 * x0
+            a0 = abs(x0)
+            m0 = a0 if a0 > m0 else m0
+            if both:
+                h0 = w[r, k]
+                g0 += h0 * h0
+            k += 1
+        total = (s0 + s1) + (s2 + s3)
+        v_sq[r] = total
+        top[r] = np.nan if total != total else max(max(m0, m1), max(m2, m3))
+        if both:
+            w_sq[r] = (g0 + g1) + (g2 + g3)
+
+
+@ieee_njit
+def _tanh_backward_kernel(
+    t: np.ndarray,
+    upper: np.ndarray,
+    weight: np.ndarray,
+    outer: bool,
+    h: np.ndarray,
+    full: float,
+    scale: float,
+    top: np.ndarray,
+    t_sq: np.ndarray,
+    h_sq: np.ndarray,
+) -> None:  # pragma: no cover - compiled (numba runs this source as machine code)
+    """exact_net's tanh backward for one block of rows in one compiled loop (worker/ieee_jit.py:
+    each line below one IEEE operation, no FMA, the same bits as the numpy passes it replaces;
+    tests/unit/test_exact_net.py compares them): T = B·W (``outer``: upper[r]·weight[k], one
+    product per element; else ``t`` holds the matrix product already), then
+    T = round(T·(2^32 − H²)·2^-(b + 32)) with ``full`` = 2^32 and ``scale`` = 2^-(b + 32), in
+    the numpy order (H·H, full − H², T·factor, ·scale, round half to even), written to ``t``;
+    then per row, by :func:`_row_maxima_and_squares`, ``top`` = max_k |T| (np.maximum.reduce's
+    NaN rule), ``t_sq`` = Σ_k T² and ``h_sq`` = Σ_k H² (exact where the caller uses them)."""
+    rows, columns = t.shape
+    if outer:
+        for r in range(rows):
+            b = upper[r]
+            for k in range(columns):
+                x = b * weight[k]
+                hv = h[r, k]
+                factor = hv * hv
+                factor = full - factor
+                x = x * factor
+                x = x * scale
+                t[r, k] = np.rint(x)
+    else:
+        for r in range(rows):
+            for k in range(columns):
+                x = t[r, k]
+                hv = h[r, k]
+                factor = hv * hv
+                factor = full - factor
+                x = x * factor
+                x = x * scale
+                t[r, k] = np.rint(x)
+    _row_maxima_and_squares(t, h, top, t_sq, h_sq, True)
+
+
+@ieee_njit
+def _scale_rows_kernel(
+    g: np.ndarray, w: np.ndarray, scale: float, out: np.ndarray, top: np.ndarray, sq: np.ndarray
+) -> None:  # pragma: no cover - compiled (numba runs this source as machine code)
+    """exact_net's V = round(B·w·2^-20) for one block of rows in one compiled loop
+    (worker/ieee_jit.py; the numpy order: B·w_r, ·``scale`` (2^-20), round half to even),
+    written to ``out``; then per row, by :func:`_row_maxima_and_squares`, ``top`` = max_k |V|
+    (np.maximum.reduce's NaN rule) and ``sq`` = Σ_k V² (exact where the caller uses it)."""
+    rows, columns = g.shape
+    for r in range(rows):
+        wr = w[r]
+        for k in range(columns):
+            x = g[r, k] * wr
+            x = x * scale
+            out[r, k] = np.rint(x)
+    _row_maxima_and_squares(out, out, top, sq, sq, False)

@@ -32,6 +32,21 @@ def _tanh_args() -> tuple[Any, ...]:
     return z, fp.pow2(-35), fp.pow2(17), fp.pow2(16), np.empty_like(z)
 
 
+def _tanh_backward_args() -> tuple[Any, ...]:
+    rng = np.random.default_rng(5)
+    h = np.round(rng.uniform(-(2.0**16), 2.0**16, (4, 33)))
+    upper = np.round(rng.standard_normal(4) * 2.0**20)
+    weight = np.round(rng.standard_normal(33) * 2.0**30)
+    out = [np.empty(4) for _ in range(3)]
+    return np.empty_like(h), upper, weight, True, h, fp.pow2(32), fp.pow2(-62), *out
+
+
+def _scale_rows_args() -> tuple[Any, ...]:
+    rng = np.random.default_rng(6)
+    g = np.round(rng.standard_normal((4, 33)) * 2.0**25)
+    return g, rng.uniform(0.0, 1.0, 4), fp.pow2(-20), np.empty_like(g), np.empty(4), np.empty(4)
+
+
 def _sigmoid_args() -> tuple[Any, ...]:
     z = np.random.default_rng(4).standard_normal(67) * 30.0
     return z, np.empty_like(z)
@@ -144,6 +159,8 @@ def _lead_args() -> tuple[Any, ...]:
     [
         (fp._tanh_grid_kernel, _tanh_args),
         (fp._sigmoid_kernel, _sigmoid_args),
+        (fp._tanh_backward_kernel, _tanh_backward_args),
+        (fp._scale_rows_kernel, _scale_rows_args),
         (langevin._binary_cells_kernel, _binary_cells_args),
         (langevin.lattice_steps_kernel, _lattice_steps_args),
         (noise._screen_kernel, _screen_args),
