@@ -163,7 +163,8 @@ def admin_audit(
             "classes: a CNN by dpsgd, --model taking its JSON spec, or logistic regression "
             "or an MLP by dpsgd), or wine (3 classes), digits-table (the digits as 64 "
             "columns, 10 classes) or digits-table-k3 … -k9 (its rows of the first K digits, "
-            "K classes), tabular: logistic regression or an MLP by dpsgd."
+            "K classes), tabular: logistic regression or an MLP by dpsgd, logistic "
+            "regression by expm (its Langevin sampler)."
         ),
     ] = "adult",
     model: Annotated[

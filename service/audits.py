@@ -30,19 +30,28 @@ request's ``model`` is the CNN spec a job gives, its image shape and classes fil
 the digits' public schema as a job's are from its dataset's), and multinomial logistic
 regression (the default there) and MLPs by DP-SGD on the 64 flattened pixels, as a job on
 an image dataset trains them (engines as for their K-class jobs: service/plans.py's
-``MULTICLASS_MODELS``). ExpM is not audited on the digits (a K-class ExpM job exists,
-its audit does not yet). On the bundled tabular sets of K ≥ 3 classes
-(:data:`MULTICLASS_TABULAR`; both sources ship inside scikit-learn): examples/wine (178
-rows, 13 numeric columns, 3 classes), examples/digits-table (the digits as 1,797 rows of 64
-numeric columns, 10 classes) and its views digits-table-k3 … -k9 (:data:`DIGITS_TABLE_VIEWS`:
-the rows of the first K digits, the classes cut to those K), multinomial logistic
-regression (the default) and MLPs by DP-SGD, as on the digits' pixels; a passing audit on
+``MULTICLASS_MODELS``). ExpM is not audited on the digits' images (a K-class ExpM job
+runs on a tabular dataset; its audit runs on the K-class tables below). On the bundled
+tabular sets of K ≥ 3 classes (:data:`MULTICLASS_TABULAR`; both sources ship inside
+scikit-learn): examples/wine (178 rows, 13 numeric columns, 3 classes),
+examples/digits-table (the digits as 1,797 rows of 64 numeric columns, 10 classes) and its
+views digits-table-k3 … -k9 (:data:`DIGITS_TABLE_VIEWS`: the rows of the first K digits,
+the classes cut to those K), multinomial logistic regression (the default) and MLPs by
+DP-SGD, as on the digits' pixels, and multinomial logistic regression by ``expm`` with its
+Langevin sampler (the proven K-class ExpM job's: service/plans.py's ``MULTICLASS_MODELS``,
+worker/mechanisms/langevin.py), its plan built by :func:`audit_plan` as for the binary
+audit on Adult (the row-norm bound B from the set's public schema,
+:func:`row_norm_sq_bound`; K from it too) and its canaries scored by their softmax
+cross-entropy as DP-SGD's K-class ones are; ExpM's HMC sampler (``mcmc``) trains no K-class
+target (a 422 from the plan), and the hidden-iterate accounting needs a schema stating
+max_rows, which no bundled schema does (likewise a 422, as on Adult). A passing audit on
 one opens the release gate of a registered tabular dataset of its K classes
-(service/audit_gate.py compares K), so every K from 3 to 10 has a set. Wine's 178 rows
-allow at most 17 canaries (ceiling ≈ 1.65 at 95%, δ = 1e-5), the digits-table's 179
-(≈ 4.08), its views 53 (K = 3) to 161 (K = 9). On examples/icu3 (the ICU sample's 2,000 stays with a
-synthetic 3-class outcome, :data:`MULTICLASS_SERIES`), K-logit GRU-D by DP-SGD (exact
-engine), whose pass opens the gate of a registered 3-class time series.
+(service/audit_gate.py compares K) for its method, so every K from 3 to 10 has a set.
+Wine's 178 rows allow at most 17 canaries (ceiling ≈ 1.65 at 95%, δ = 1e-5), the
+digits-table's 179 (≈ 4.08), its views 53 (K = 3) to 161 (K = 9). On examples/icu3 (the
+ICU sample's 2,000 stays with a synthetic 3-class outcome, :data:`MULTICLASS_SERIES`),
+K-logit GRU-D by DP-SGD (exact engine), whose pass opens the gate of a registered 3-class
+time series.
 The canaries' scores are minus their loss under the released model, so a model family the
 worker cannot score, or a method whose release is not one model of that family, is
 refused. A registered dataset is never
@@ -216,11 +225,12 @@ AUDITABLE: dict[str, dict[str, tuple[str, ...]]] = {
         # model: an MLP's is scored as DP-SGD's is.
         "expm_nf": ("logistic", "mlp"),
     },
-    # A tabular target of K ≥ 3 classes (wine, digits-table): DP-SGD on multinomial
-    # logistic regression and MLPs, scored by their softmax cross-entropy, as on the
-    # digits' images; ExpM+NF's utility is binary, and ExpM's K-class audit does not exist
-    # yet (as on the digits).
-    MULTICLASS_TABULAR: {"dpsgd": ("logistic", "mlp")},
+    # A tabular target of K ≥ 3 classes (wine, digits-table and its views): DP-SGD on
+    # multinomial logistic regression and MLPs, and ExpM (its Langevin sampler, the one
+    # that trains K classes: service/plans.py's MULTICLASS_MODELS) on multinomial logistic
+    # regression, all scored by their softmax cross-entropy, as on the digits' images;
+    # ExpM+NF's utility is binary.
+    MULTICLASS_TABULAR: {"dpsgd": ("logistic", "mlp"), "expm": ("logistic",)},
     "timeseries": {"dpsgd": ("grud",), "expm_nf": ("grud",)},
     # A K-class outcome (icu3): K-logit GRU-D by DP-SGD (its exact engine, the only one
     # K-class GRU-D has: service/plans.py); ExpM+NF's utility is binary.

@@ -20,8 +20,9 @@ read:
    model, options, (ε, δ)) and the public row count, by the worker's own mechanism
    (worker.mechanisms.registry.run_mechanism, as a job runs it: DP-SGD with its engines on
    logistic regression, MLPs and GRU-D and with its exact engine on CNNs, ExpM's Langevin
-   sampler, ExpM's HMC sampler (its first chain's final state is the release, as for a
-   one-sample job), ExpM+NF); service/audits.py's ``AUDITABLE`` says which pairs.
+   sampler (binary, or multinomial on the K-class tables), ExpM's HMC sampler (its first
+   chain's final state is the release, as for a one-sample job), ExpM+NF);
+   service/audits.py's ``AUDITABLE`` says which pairs.
 4. Each canary is scored by minus its loss under the released model (a member is fitted
    better; the logistic loss, or the softmax cross-entropy for K ≥ 3 classes); ties broken
    by a secure random order. The auditor guesses "in" for the k₊ highest scores and "out"

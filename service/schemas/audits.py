@@ -119,7 +119,7 @@ class AuditRequest(ApiInput):
         "columns, 3 classes, digits-table, the digits as 1,797 rows of 64 columns, 10 "
         "classes, or digits-table-k3 … digits-table-k9, its rows of the first K digits "
         "(0 … K − 1), K classes (multinomial logistic regression, the default, or an MLP, "
-        "by dpsgd). "
+        "by dpsgd; multinomial logistic regression by expm, its Langevin sampler). "
         "Registered datasets are not audited.",
     )
     guesses: Canaries | None = Field(

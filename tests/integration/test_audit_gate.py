@@ -842,3 +842,87 @@ def test_an_audit_on_a_digits_table_view_opens_the_gate_of_its_k_only(
     with transaction(engine_for(settings.resolved_database_url)) as s:
         link = s.get(JobAudit, r.json()["id"])
         assert link is not None and link.audit_id == done["id"]  # admitted on this audit
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_an_expm_audit_on_wine_opens_the_gate_of_a_three_class_table_for_expm_jobs(
+    client: Any, keys: Any, settings: Any, tmp_path: Path
+) -> None:
+    """Real one-run audits through the API and the worker's task on the bundled wine (3
+    classes, m = 17, ceiling ≈ 1.65), at ε = 4, so each passes whatever its bound: first
+    multinomial logistic regression by DP-SGD only. With the gate on, the registered
+    3-class "tri" admits its DP-SGD job of that configuration but refuses its ExpM job
+    (Langevin sampler; quote and submission: 422 naming method expm, nothing charged, no
+    job admitted): a DP-SGD audit covers no ExpM job. Then ExpM's own audit on wine (its
+    Langevin sampler on multinomial logistic regression, the row-norm bound from wine's
+    schema): the same ExpM job on "tri" is admitted (its σ at least the audit's) and names
+    that audit, while the binary toy still refuses the ExpM job (its audit is K = 3)."""
+    from tests.integration.test_multiclass import _register, _three_classes
+
+    _register(settings, *_three_classes(tmp_path))  # "tri": 3 classes, 3 columns
+    options = {"epochs": 1, "batch_size": 50}
+
+    def audit(method: str) -> dict[str, Any]:
+        body = {"method": method, "epsilon": 4.0, "delta": 1e-5, "dataset": "wine"}
+        body |= {"canaries": 17, "dpsgd": options if method == "dpsgd" else None}
+        r = client.post("/v1/admin/audits", json=body, headers=auth(keys.admin))
+        assert r.status_code == 202, r.text
+        assert execute_audit(r.json()["id"], settings) == AuditOutcome.done
+        done = client.get(f"/v1/admin/audits/{r.json()['id']}", headers=auth(keys.admin)).json()
+        assert done["status"] == "done", done
+        assert done["result"]["epsilon_lower_bound"] <= done["result"]["ceiling"] < 4.0
+        return dict(done)
+
+    dpsgd_audit = audit("dpsgd")
+    dpsgd_job = {**JOB, "dataset": "tri", "model": {"kind": "logistic"}, "dpsgd": options}
+    expm_job = {**EXPM_JOB, "dataset": "tri", "model": {"kind": "logistic"}}
+    r = _quote(client, keys, dpsgd_job)
+    assert r.status_code == 200, r.text
+    assert (
+        r.json()["plan"]["mechanism"]["noise_multiplier"]
+        >= dpsgd_audit["result"]["noise_multiplier"]
+    )
+    for name in ("tri", "toy"):
+        r = client.put(
+            f"/v1/admin/datasets/{name}/audit-gate",
+            json={"max_age_days": 30},
+            headers=auth(keys.admin),
+        )
+        assert r.status_code == 200, r.text
+
+    def refused(body: dict[str, Any], words: str) -> None:
+        name = body["dataset"]
+        before = client.get(f"/v1/datasets/{name}", headers=auth(keys.alice)).json()
+        for path in ("/v1/quote", "/v1/jobs"):
+            r = client.post(path, json=body, headers=auth(keys.alice))
+            assert r.status_code == 422 and r.headers["content-type"] == PROBLEM_JSON, r.text
+            assert r.json()["type"].endswith("audit-gate"), r.text
+            assert "no done audit matches it" in r.json()["detail"], r.text
+            assert words in r.json()["detail"], r.text
+        after = client.get(f"/v1/datasets/{name}", headers=auth(keys.alice)).json()
+        assert (after["budget"], after["analyst_budget"]) == (
+            before["budget"],
+            before["analyst_budget"],
+        )  # nothing charged
+
+    refused(expm_job, "method expm")  # the DP-SGD audit matches DP-SGD jobs only
+    with transaction(engine_for(settings.resolved_database_url)) as s:
+        assert s.scalars(select(Job)).all() == []  # no job admitted
+    quote = _quote(client, keys, dpsgd_job)
+    assert quote.status_code == 200 and quote.json()["admitted"], quote.text
+
+    expm_audit = audit("expm")
+    assert expm_audit["result"]["sampling_rate"] is None  # ExpM: full batch, no Poisson q
+    r = _quote(client, keys, expm_job)
+    assert r.status_code == 200, r.text
+    mechanism = r.json()["plan"]["mechanism"]
+    assert (mechanism["sampler"], mechanism["classes"]) == ("langevin", 3)
+    # The precondition of the admission below: the job's σ no lower than the audit's.
+    assert mechanism["noise_multiplier"] >= expm_audit["result"]["noise_multiplier"], r.text
+    assert r.json()["admitted"], r.text
+    refused({**expm_job, "dataset": "toy", "model": {"kind": "logistic"}}, "data 2 classes")
+    r = client.post("/v1/jobs", json=expm_job, headers=auth(keys.alice))
+    assert r.status_code == 202, r.text
+    with transaction(engine_for(settings.resolved_database_url)) as s:
+        link = s.get(JobAudit, r.json()["id"])
+        assert link is not None and link.audit_id == expm_audit["id"]  # admitted on it

@@ -52,6 +52,9 @@ MCMC = {
 """ExpM's HMC sampler (the exact mechanism's), short chains: seconds on Adult."""
 NF_MLP = {"method": "expm_nf", "model": {"kind": "mlp"}, "dpsgd": None, "delta": 0.0}
 """ExpM+NF (nominal, δ = 0) on the product's default MLP (one hidden layer of 16 units)."""
+EXPM_WINE = {"dataset": "wine", "method": "expm", "dpsgd": None, "canaries": 17}
+"""ExpM's Langevin sampler on wine's 3 classes (multinomial logistic regression), the most
+canaries wine allows (m = 17, ceiling ≈ 1.65 at 95%): well under a second."""
 LIRA = {"attack": "lira", "shadow_models": 8, "pool": 200, "canaries": None, "dpsgd": None}
 """SMALL made a tiny LiRA audit (DP-SGD at ε = 1, logistic regression, 8 models, 200 rows)."""
 
@@ -140,11 +143,33 @@ LIRA_REFUSALS = [
         ({"dataset": "digits", **GRUD}, "validation-error", "model 'grud' cannot be audited"),
         ({"dataset": "digits", "canary_kind": "gradient"}, "validation-error", "10 classes"),
         ({**CNN, "method": "expm", "dpsgd": None}, "validation-error", "cannot be audited"),
-        # The bundled K-class tables: DP-SGD only (input canaries), m ≤ 10% of the rows.
+        # The bundled K-class tables: DP-SGD, and ExpM's Langevin sampler on multinomial
+        # logistic regression (input canaries), m ≤ 10% of the rows.
         (
-            {"dataset": "wine", "method": "expm", "dpsgd": None},
+            {"dataset": "wine", "method": "expm_nf", "dpsgd": None, "delta": 0},
             "validation-error",
-            "on wine (tabular, K ≥ 3 classes); auditable there: dpsgd",
+            "on wine (tabular, K ≥ 3 classes); auditable there: dpsgd, expm",
+        ),
+        (
+            {"dataset": "wine", **MLP, "method": "expm", "dpsgd": None},
+            "validation-error",
+            "model 'mlp' cannot be audited with expm on wine",
+        ),
+        # ExpM's HMC sampler trains no K-class target (service/plans.py): the plan's 422.
+        (
+            {**MCMC, "dataset": "wine", "canaries": 17},
+            "invalid-plan",
+            "not by method 'expm', model 'logistic'",
+        ),
+        (
+            {**EXPM_WINE, "canary_kind": "gradient"},
+            "validation-error",
+            "gradient canaries need",
+        ),
+        (
+            {**EXPM_WINE, "expm": {"accounting": "hidden"}},
+            "invalid-plan",
+            "no max_rows",
         ),
         (
             {"dataset": "digits-table", "method": "expm_nf", "dpsgd": None, "delta": 0},
@@ -362,6 +387,7 @@ def test_a_small_audit_runs_end_to_end(client: Any, keys: Any, settings: Any) ->
         pytest.param({"dataset": "digits", **MLP, "canaries": 40}, id="mlp-dpsgd-digits"),
         pytest.param({"dataset": "wine", "canaries": 17}, id="logistic-dpsgd-wine"),
         pytest.param({"dataset": "wine", **MLP, "canaries": 17}, id="mlp-dpsgd-wine"),
+        pytest.param(EXPM_WINE, id="expm-langevin-wine"),
         pytest.param({"dataset": "digits-table", "canaries": 40}, id="logistic-dpsgd-digits-table"),
         pytest.param(
             {"dataset": "digits-table", **MLP, "canaries": 40, "dpsgd": {"engine": "ghost"}},
@@ -381,8 +407,9 @@ def test_audits_of_the_other_auditable_pairs_run_end_to_end(
     and ghost engines), a CNN, multinomial logistic regression and an MLP by DP-SGD on the
     bundled digits, and the same two on the bundled K-class tables (wine: 3 classes, 178
     rows, so at most 17 canaries; digits-table: 10 classes; its view digits-table-k5, the
-    901 rows of digits 0-4: 5 classes), K-logit GRU-D on the ICU sample's 3-class variant
-    (icu3): through the API, the worker's task and back, with the run's public figures."""
+    901 rows of digits 0-4: 5 classes) with ExpM's Langevin sampler on wine (multinomial
+    logistic regression), K-logit GRU-D on the ICU sample's 3-class variant (icu3): through
+    the API, the worker's task and back, with the run's public figures."""
     r = _post(client, keys.admin, **changes)
     assert r.status_code == 202, r.text
     queued = r.json()
@@ -393,6 +420,8 @@ def test_audits_of_the_other_auditable_pairs_run_end_to_end(
     m = changes["canaries"]
     assert result["canaries"] == m and result["guesses"] == max(2, m // 5)  # 8 of 40, 3 of 17
     assert 0.0 <= result["epsilon_lower_bound"] <= result["ceiling"]
+    # The ceiling beside the bound: the most m canaries could show (wine's 17: ≈ 1.65).
+    assert done["ceiling"] == pytest.approx(ceiling(canaries=m, confidence=0.95, delta=1e-5))
     dataset = changes.get("dataset", "adult")
     assert result["rows"] == PUBLIC_DATASETS[dataset].rows
     with transaction(engine_for(settings.resolved_database_url)) as s:
