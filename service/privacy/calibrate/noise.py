@@ -334,10 +334,11 @@ def _rdp_epsilon(q: float, steps: int, sigma: float, delta: float) -> float:
     remembered per exact input (a pure function: a hit is the float a miss computes).
 
     Searches for nearby targets walk the same grid points (search.py: every σ evaluated
-    is on the public grid): the σ searches of a selection's per-training ε bisection
-    (service.selection.kinds.with_total_epsilon) differ in their target by less than the
-    grid's resolution after ~25 of its ~44 steps, and then evaluate σ already evaluated
-    (~40 % of their evaluations). Bounded: 8,192 floats and keys, < 2 MB."""
+    is on the public grid), so a repeated or nearby request finds its σ evaluated. The
+    selections' per-training ε search (service.selection.kinds ``largest_within``) is now a
+    regula falsi of a dozen or so plans, not the ~44-step bisection this cache was sized
+    for: a never-seen selection quote hits it for about 1 % of its evaluations (measured
+    2026-11-26; it was ~40 % under the bisection). Bounded: 8,192 floats and keys, < 2 MB."""
     one = PoissonSubsampledGaussianEvent(sampling_rate=q, noise_multiplier=sigma, steps=steps)
     return rdp_epsilon_of(one, delta)
 
