@@ -904,12 +904,20 @@ def threaded_row_sums(
     norm_sq_bound: int,
     parameters: int,
     classes: int,
+    one_part_binary_cells: bool = False,
 ) -> Iterator[tuple[ExactRowSums, ThreadPoolExecutor | None]]:
     """A release's prepared sums and the threads to compute them on, for both Langevin
     chains: the rows after :func:`checked_rows`, in :class:`ExactRowSums` with as many parts
     as the worker's threads (ENCLAVE_WORKER_THREADS, a public setting; one off the CPU) and
     the data's public one-hot blocks; with several threads, a pool of them and torch at one
-    intra-op thread while the block runs."""
+    intra-op thread while the block runs.
+
+    ``one_part_binary_cells``: where :meth:`ExactRowSums.binary_cells_inputs` can apply (a
+    binary target, one-hot blocks, the rows within one part's 2^20), one part and no pool
+    whatever the worker's threads, for the hidden chain's compiled steps
+    (:func:`lattice_steps_kernel`). The same sums: each part's is an exact integer, so one
+    part's sum is two parts' added (the class docstring). The choice reads the public
+    schema and setting and the row count, as the split into parts does already."""
     x_int, y = checked_rows(
         data,
         device=device,
@@ -919,6 +927,13 @@ def threaded_row_sums(
         classes=classes,
     )
     threads = torch.get_num_threads() if device.type == "cpu" else 1
+    if (
+        one_part_binary_cells
+        and classes == 1
+        and data.one_hot_blocks
+        and int(x_int.shape[0]) <= _CHUNK_ROWS
+    ):
+        threads = 1
     sums = ExactRowSums(
         x_int,
         y,

@@ -20,11 +20,14 @@ module runs exactly that chain and nothing else:
   checked_rows`); the plan's grid and constants are recomputed from its public values
   and must be the ones the proof's were (:class:`PlanMismatch` otherwise).
 
-A binary target with one-hot blocks in one part (one worker thread) runs its steps in
-compiled calls of up to 64 steps (:func:`~worker.mechanisms.langevin.lattice_steps_kernel`:
-the same exact sums and the same three IEEE operations, rounding, noise addition and clamp
-per coordinate, so the same bits; the noise rows those of the per-step draws,
-:meth:`~worker.mechanisms.dpsgd.NoiseStream.draw_steps`); every other case steps in numpy.
+A binary target with one-hot blocks runs its steps in compiled calls of up to 64 steps
+(:func:`~worker.mechanisms.langevin.lattice_steps_kernel`: the same exact sums and the same
+three IEEE operations, rounding, noise addition and clamp per coordinate, so the same bits;
+the noise rows those of the per-step draws,
+:meth:`~worker.mechanisms.dpsgd.NoiseStream.draw_steps`), on one thread and the rows in one
+part whatever the worker's threads (``one_part_binary_cells``: each part's sum is an exact
+integer, so one part gives the parts' total). That was faster than the per-step loop over two
+parts on two threads (benchmarks/results/expm_hidden.md); every other case steps in numpy.
 
 K ≥ 3 classes: x is the (d + 1) × K matrix, G the exact (d + 1) × K sum of the softmax
 residuals (with langevin.py's exact per-row residual check), the same elementwise update.
@@ -129,6 +132,7 @@ def sample_hidden_langevin(
         norm_sq_bound=chain.row_norm_sq_bound,
         parameters=chain.parameters,
         classes=chain.classes,
+        one_part_binary_cells=True,
     ) as (sums, pool):
         fused = sums.binary_cells_inputs() if chain.classes == 1 and pool is None else None
         step = 1

@@ -4,7 +4,11 @@ worker runs (worker/mechanisms/langevin_hidden.py)."""
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import math
+from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import pytest
@@ -313,3 +317,50 @@ def test_noise_steps_at_once_are_the_per_step_draws(monkeypatch: pytest.MonkeyPa
     assert torch.equal(torch.stack(rows), torch.stack(single))
     next_words = one.rng.bit_generator.random_raw(4), many.rng.bit_generator.random_raw(4)
     assert np.array_equal(*next_words)  # the generators were read alike
+
+
+def test_two_threads_release_the_one_thread_bits(monkeypatch: pytest.MonkeyPatch) -> None:
+    """At two worker threads a binary target with one-hot blocks runs the compiled steps on
+    one part (threaded_row_sums' one_part_binary_cells), and releases the bits of one
+    thread and of the per-step loop over two parts on two threads (the rows split in two,
+    each part's exact sum on the pool): the parts' integer sums add up to the one part's,
+    so any difference between them would change the released lattice point."""
+    from randomgen import ChaCha
+
+    import worker.mechanisms.langevin_hidden as hidden
+    from worker.mechanisms.langevin import threaded_row_sums
+
+    plan = _plan(_request(epsilon=5.0, accounting="hidden", steps=200))
+    params = HiddenLangevinParams.from_plan(plan.mechanism)
+    data = _one_hot_data(N_ROWS, seed=7)
+    monkeypatch.setattr(hidden, "secure_rng", lambda: np.random.Generator(ChaCha(key=9)))
+    seen: list[tuple[int, bool, bool]] = []  # (parts, pool, compiled inputs)
+
+    def spied(*args: Any, one_part: bool, **kwargs: Any) -> Iterator[Any]:
+        kwargs["one_part_binary_cells"] = one_part
+        with threaded_row_sums(*args, **kwargs) as (sums, pool):
+            compiled = sums.binary_cells_inputs() is not None
+            seen.append((len(sums._chunks), pool is not None, compiled))
+            yield sums, pool
+
+    def release(threads: int, *, one_part: bool) -> torch.Tensor:
+        monkeypatch.setattr(
+            hidden,
+            "threaded_row_sums",
+            contextlib.contextmanager(functools.partial(spied, one_part=one_part)),
+        )
+        torch.set_num_threads(threads)
+        return sample_hidden_langevin(
+            params=params, data=data, device=torch.device("cpu"), progress=lambda *_: None
+        )
+
+    threads = torch.get_num_threads()
+    try:
+        one = release(1, one_part=True)
+        two = release(2, one_part=True)
+        two_parts = release(2, one_part=False)  # the per-step loop, two parts, a pool
+    finally:
+        torch.set_num_threads(threads)
+    assert seen == [(1, False, True), (1, False, True), (2, True, False)]
+    assert float(one.abs().max()) > 0  # the chain moved
+    assert one.numpy().tobytes() == two.numpy().tobytes() == two_parts.numpy().tobytes()
