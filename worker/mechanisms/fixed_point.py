@@ -494,27 +494,15 @@ def _tanh_backward_kernel(
     then per row, by :func:`_row_maxima_and_squares`, ``top`` = max_k |T| (np.maximum.reduce's
     NaN rule), ``t_sq`` = Σ_k T² and ``h_sq`` = Σ_k H² (exact where the caller uses them)."""
     rows, columns = t.shape
-    if outer:
-        for r in range(rows):
-            b = upper[r]
-            for k in range(columns):
-                x = b * weight[k]
-                hv = h[r, k]
-                factor = hv * hv
-                factor = full - factor
-                x = x * factor
-                x = x * scale
-                t[r, k] = np.rint(x)
-    else:
-        for r in range(rows):
-            for k in range(columns):
-                x = t[r, k]
-                hv = h[r, k]
-                factor = hv * hv
-                factor = full - factor
-                x = x * factor
-                x = x * scale
-                t[r, k] = np.rint(x)
+    for r in range(rows):
+        for k in range(columns):
+            x = upper[r] * weight[k] if outer else t[r, k]
+            hv = h[r, k]
+            factor = hv * hv
+            factor = full - factor
+            x = x * factor
+            x = x * scale
+            t[r, k] = np.rint(x)
     _row_maxima_and_squares(t, h, top, t_sq, h_sq, True)
 
 
